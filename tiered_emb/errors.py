@@ -1,0 +1,79 @@
+"""Every error tiered_emb raises.
+
+Each class derives from :class:`TieredEmbError` *and* the builtin a caller would
+naturally catch (``ValueError``, ``KeyError``, ``OSError`` ...), and each message names
+the field and the value given plus a hint of what to change.  A call that raises one of
+these has changed nothing.
+"""
+from __future__ import annotations
+
+
+class TieredEmbError(Exception):
+    """Base of every tiered_emb error."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        self.hint = hint
+        super().__init__(f"{message}. Hint: {hint}" if hint else message)
+
+
+class ConfigError(TieredEmbError, ValueError):
+    """A configuration field has an invalid value."""
+
+
+class DeviceError(TieredEmbError, RuntimeError):
+    """The requested device (``device="cuda"``) is not usable."""
+
+
+class UnknownTableError(TieredEmbError, KeyError):
+    """A table name that the store does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return self.args[0]
+
+
+class IdTypeError(TieredEmbError, TypeError):
+    """Ids that are not integers."""
+
+
+class IdRangeError(TieredEmbError, IndexError):
+    """Ids that are negative or not below the table's ``num_rows``."""
+
+
+class RowShapeError(TieredEmbError, ValueError):
+    """Rows or gradients whose shape does not match (len(ids), dim)."""
+
+
+class RowDtypeError(TieredEmbError, TypeError):
+    """Rows or gradients of a dtype other than the table's."""
+
+
+class NonFiniteGradientError(TieredEmbError, FloatingPointError):
+    """A gradient (or a written row) holds NaN or infinity."""
+
+
+class StoreExistsError(TieredEmbError, FileExistsError):
+    """``TieredStore.create`` on a path that already exists."""
+
+
+class StoreNotFoundError(TieredEmbError, FileNotFoundError):
+    """``TieredStore.open`` on a path that holds no store."""
+
+
+class StoreLockedError(TieredEmbError, BlockingIOError):
+    """Another writer (in this or another process) holds the store."""
+
+
+class CorruptStoreError(TieredEmbError, OSError):
+    """The manifest or the LMDB environment cannot be read back."""
+
+
+class StoreFullError(TieredEmbError, OSError):
+    """The disk under the store is full; the failed write was rolled back."""
+
+
+class StoreClosedError(TieredEmbError, RuntimeError):
+    """A call on a store after ``close()``."""
+
+
+class PrefetchError(TieredEmbError, RuntimeError):
+    """The background prefetch thread failed; raised in the step that needed its rows."""

@@ -1,0 +1,95 @@
+"""The id -> slot index of a cache tier, in Numba.
+
+An open-addressing hash table with linear probing and backward-shift deletion (no
+tombstones, so probe lengths stay short under constant churn).  Its size is the next
+power of two at or above twice the tier's capacity: memory scales with the tier, not
+with the id space.  State is two preallocated arrays changed in place:
+
+- ``keys``: int64 (table_size,), ``EMPTY`` (-1) where free; ids are >= 0.
+- ``vals``: int32 (table_size,), the slot of ``keys[i]``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+EMPTY = -1
+
+
+def table_size_for(capacity_rows: int) -> int:
+    """Hash table size for a tier of ``capacity_rows``: a power of two >= 2 * capacity."""
+    return 1 << max(3, int(2 * max(capacity_rows, 1) - 1).bit_length())
+
+
+def new_index(capacity_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Empty ``(keys, vals)`` for a tier of ``capacity_rows``."""
+    size = table_size_for(capacity_rows)
+    return np.full(size, EMPTY, dtype=np.int64), np.zeros(size, dtype=np.int32)
+
+
+@numba.njit(inline="always")
+def _hash_home(key, mask):
+    """Home bucket of ``key``: the splitmix64 finaliser, masked."""
+    z = np.uint64(key)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return np.int64(z & np.uint64(mask))
+
+
+@numba.njit(cache=True)
+def _index_find(keys, vals, key):
+    """Slot of ``key``, or -1."""
+    mask = keys.shape[0] - 1
+    i = _hash_home(key, mask)
+    while True:
+        k = keys[i]
+        if k == key:
+            return np.int64(vals[i])
+        if k == EMPTY:
+            return np.int64(-1)
+        i = (i + 1) & mask
+
+
+@numba.njit(cache=True)
+def _index_put(keys, vals, key, slot):
+    """Insert ``key -> slot`` (``key`` must be absent; the table is never full)."""
+    mask = keys.shape[0] - 1
+    i = _hash_home(key, mask)
+    while keys[i] != EMPTY:
+        i = (i + 1) & mask
+    keys[i] = key
+    vals[i] = slot
+
+
+@numba.njit(cache=True)
+def _index_del(keys, vals, key):
+    """Remove ``key`` (present) and shift later entries of its run back into the gap."""
+    mask = keys.shape[0] - 1
+    i = _hash_home(key, mask)
+    while keys[i] != key:
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        kj = keys[j]
+        if kj == EMPTY:
+            break
+        home = _hash_home(kj, mask)
+        # kj may move into the gap at i only if its home is not cyclically in (i, j].
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            keys[i] = kj
+            vals[i] = vals[j]
+            i = j
+    keys[i] = EMPTY
+
+
+@numba.njit(cache=True)
+def _index_find_many(keys, vals, ids, out):
+    """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,)."""
+    for i in range(ids.shape[0]):
+        out[i] = _index_find(keys, vals, ids[i])

@@ -1,0 +1,177 @@
+"""Batch kernels of the step: dedupe (plan), gather and pool (forward), reduce (backward).
+
+All are ``@njit`` over preallocated arrays.  Parallel loops run over *distinct* outputs
+(rows, bags, unique ids) and every sum runs in batch-position order, so results are
+bitwise the same for any thread count.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .index import _hash_home
+
+
+@numba.njit(cache=True)
+def _dedupe(ids, uniq, inverse):
+    """Unique ids in first-occurrence order.
+
+    ``ids`` int64 (n,); writes ``uniq`` int64 (>= k,) and ``inverse`` int64 (n,) with
+    ``uniq[inverse[i]] == ids[i]``; returns k.
+    """
+    n = ids.shape[0]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    keys = np.full(size, -1, dtype=np.int64)
+    vals = np.empty(size, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        key = ids[i]
+        h = _hash_home(key, mask)
+        while True:
+            kk = keys[h]
+            if kk == key:
+                inverse[i] = vals[h]
+                break
+            if kk == -1:
+                keys[h] = key
+                vals[h] = k
+                uniq[k] = key
+                inverse[i] = k
+                k += 1
+                break
+            h = (h + 1) & mask
+    return k
+
+
+def dedupe(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(uniq, inverse)`` of int64 ``ids`` (n,), uniq in first-occurrence order.
+
+    Examples
+    --------
+    >>> u, inv = dedupe(np.array([5, 3, 5, 9]))
+    >>> u.tolist(), inv.tolist()
+    ([5, 3, 9], [0, 1, 0, 2])
+    """
+    uniq = np.empty(ids.shape[0], dtype=np.int64)
+    inverse = np.empty(ids.shape[0], dtype=np.int64)
+    k = _dedupe(ids, uniq, inverse)
+    return uniq[:k], inverse
+
+
+@numba.njit(parallel=True, cache=True)
+def _gather_rows(records, slots, inverse, out):
+    """``out[i] = records[slots[inverse[i]], :out.shape[1]]``; float32, (n, dim)."""
+    dim = out.shape[1]
+    for i in numba.prange(out.shape[0]):
+        src = records[slots[inverse[i]]]
+        dst = out[i]
+        for j in range(dim):
+            dst[j] = src[j]
+
+
+@numba.njit(parallel=True, cache=True)
+def _gather_positions(records, slots, inverse, positions, first, out):
+    """``out[p] = records[slots[inverse[p] - first], :dim]`` for each p in ``positions``."""
+    dim = out.shape[1]
+    for q in numba.prange(positions.shape[0]):
+        p = positions[q]
+        src = records[slots[inverse[p] - first]]
+        for j in range(dim):
+            out[p, j] = src[j]
+
+
+@numba.njit(cache=True)
+def _group_positions(inverse, k, starts, order):
+    """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
+    are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
+    starts[:] = 0
+    for i in range(inverse.shape[0]):
+        starts[inverse[i] + 1] += 1
+    for u in range(k):
+        starts[u + 1] += starts[u]
+    fill = starts[:k].copy()
+    for i in range(inverse.shape[0]):
+        u = inverse[i]
+        order[fill[u]] = i
+        fill[u] += 1
+
+
+@numba.njit(parallel=True, cache=True)
+def _reduce_grads(grads, starts, order, out):
+    """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32)."""
+    dim = grads.shape[1]
+    for u in numba.prange(out.shape[0]):
+        for j in range(dim):
+            out[u, j] = 0.0
+        for q in range(starts[u], starts[u + 1]):
+            g = grads[order[q]]
+            for j in range(dim):
+                out[u, j] += g[j]
+
+
+def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
+    """Sum gradient rows of duplicate ids: float32 (n, dim) -> (k, dim), in batch order per id."""
+    starts = np.empty(k + 1, dtype=np.int64)
+    order = np.empty(inverse.shape[0], dtype=np.int64)
+    _group_positions(inverse, k, starts, order)
+    out = np.empty((k, grads.shape[1]), dtype=np.float32)
+    _reduce_grads(grads, starts, order, out)
+    return out
+
+
+@numba.njit(cache=True)
+def _last_occurrence(inverse, k, last):
+    """``last[u]`` = the last batch position of unique ``u`` (a write's winner)."""
+    for i in range(inverse.shape[0]):
+        last[inverse[i]] = i
+
+
+@numba.njit(cache=True)
+def _all_finite(a):
+    flat = a.reshape(-1)
+    for i in range(flat.shape[0]):
+        if not np.isfinite(flat[i]):
+            return False
+    return True
+
+
+@numba.njit(parallel=True, cache=True)
+def _pool_bags(rows, offsets, weights, use_weights, mean, out):
+    """Pool ``rows`` (n, dim) into bags: ``out[b] = sum rows[offsets[b]:offsets[b+1]]``.
+
+    In position order within each bag; ``weights`` (n,) scale rows when ``use_weights``;
+    ``mean`` divides by the bag length (empty bags give zeros).  float32 (B, dim).
+    """
+    dim = rows.shape[1]
+    for b in numba.prange(out.shape[0]):
+        for j in range(dim):
+            out[b, j] = 0.0
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        for i in range(lo, hi):
+            w = weights[i] if use_weights else np.float32(1.0)
+            for j in range(dim):
+                out[b, j] += w * rows[i, j]
+        if mean and hi > lo:
+            inv = np.float32(1.0) / np.float32(hi - lo)
+            for j in range(dim):
+                out[b, j] *= inv
+
+
+@numba.njit(parallel=True, cache=True)
+def _unpool_grads(grad_out, offsets, weights, use_weights, mean, out):
+    """Backward of :func:`_pool_bags`: each position's gradient row (n, dim) from its bag's."""
+    dim = grad_out.shape[1]
+    for b in numba.prange(grad_out.shape[0]):
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        scale = np.float32(1.0)
+        if mean and hi > lo:
+            scale = np.float32(1.0) / np.float32(hi - lo)
+        for i in range(lo, hi):
+            w = scale * (weights[i] if use_weights else np.float32(1.0))
+            for j in range(dim):
+                out[i, j] = w * grad_out[b, j]

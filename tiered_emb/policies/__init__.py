@@ -1,0 +1,79 @@
+"""Eviction policies of the cache tiers, chosen by name.
+
+A policy is data: an entry of :data:`POLICIES` maps a name to a small integer code, and
+the tier kernels dispatch on that code (Numba compiles one kernel; no jitclass, no Python
+object in the hot loop).  Each policy supplies three operations on the state tuple ``P``
+(see :mod:`tiered_emb.policies._state`):
+
+- ``attach(slot)``: the slot becomes a candidate for eviction (released by its batch);
+- ``detach(slot)``: the slot stops being a candidate (pinned by a batch, or removed);
+- ``victim()``: detach and return the next slot to evict.
+
+Use metadata (count, last use) is kept by :func:`_touch` / :func:`_fresh`, common to all.
+Pinned slots are simply not attached, so a policy never sees them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+
+from ._state import CLOCK, new_policy_state  # noqa: F401  (re-exported)
+from .lfu import _lfu_attach, _lfu_detach, _lfu_victim
+from .lru import _lru_attach, _lru_detach, _lru_victim
+
+LRU = 0
+LFU = 1
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    code: int
+    summary: str
+
+
+POLICIES: dict[str, PolicySpec] = {
+    "lru": PolicySpec(LRU, "least recently used first"),
+    "lfu": PolicySpec(LFU, "lowest use count first, then least recently used, then lowest slot"),
+}
+
+
+@numba.njit(inline="always")
+def _attach(code, P, slot):
+    if code == LRU:
+        _lru_attach(P, slot)
+    else:
+        _lfu_attach(P, slot)
+
+
+@numba.njit(inline="always")
+def _detach(code, P, slot):
+    if code == LRU:
+        _lru_detach(P, slot)
+    else:
+        _lfu_detach(P, slot)
+
+
+@numba.njit(inline="always")
+def _victim(code, P):
+    if code == LRU:
+        return _lru_victim(P)
+    return _lfu_victim(P)
+
+
+@numba.njit(inline="always")
+def _touch(P, slot):
+    """Record one more use of a resident slot."""
+    meta = P[6]
+    meta[CLOCK] += 1
+    P[2][slot] += 1
+    P[3][slot] = meta[CLOCK]
+
+
+@numba.njit(inline="always")
+def _fresh(P, slot):
+    """Start the use metadata of a newly admitted slot (one use, now)."""
+    meta = P[6]
+    meta[CLOCK] += 1
+    P[2][slot] = 1
+    P[3][slot] = meta[CLOCK]

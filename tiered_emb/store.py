@@ -1,0 +1,519 @@
+"""TieredStore: one directory holding several embedding tables across HBM, DDR and LMDB.
+
+A step walks this file top to bottom (see docs/architecture.md):
+
+``lookup`` / ``apply_gradients`` / ``write``
+  -> :meth:`_plan`      validate ids, dedupe (first-occurrence order)
+  -> :meth:`_chunks`    per chunk of at most the HBM capacity: resolve (HBM probe, pin),
+                        bring misses up (DDR take -> LMDB read -> lazy init), push victims
+                        down (DDR admit -> dirty ones to LMDB); yields the pinned slots
+  -> gather / optimizer update on those slots, then release the pins
+
+A batch with more unique ids than HBM holds is answered chunk by chunk (the spill path):
+slower, never different.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from ._backend import resolve_xp, to_host, to_xp
+from .config import TableConfig, TierConfig
+from .errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, NonFiniteGradientError,
+                     RowDtypeError, RowShapeError, StoreClosedError, StoreExistsError, StoreLockedError,
+                     StoreNotFoundError, UnknownTableError)
+from .init import init_rows
+from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
+from .optimizers import apply_update
+from .tiers import DdrTier, HbmTier, SsdTier
+
+FORMAT = "tiered_emb/1"
+_TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
+
+
+class _Table:
+    """One table's tiers and counters."""
+
+    def __init__(self, cfg: TableConfig, tiers: TierConfig, xp):
+        self.cfg = cfg
+        self.hbm = HbmTier(tiers.hbm_rows, cfg.record_width, tiers.policy, xp)
+        self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
+        self.counters = {tier: dict.fromkeys(_TIER_COUNTERS, 0) for tier in ("hbm", "ddr", "ssd")}
+        self.counters["ssd"]["lazy_inits"] = 0
+
+
+class TieredStore:
+    """Embedding tables kept across HBM (CuPy or NumPy), DDR (NumPy) and LMDB.
+
+    Build one with :meth:`create` or :meth:`open`; use it as a context manager.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np
+    >>> from tiered_emb import TieredStore, TableConfig, TierConfig
+    >>> d = tempfile.mkdtemp()
+    >>> with TieredStore.create(d + "/s", [TableConfig("t", dim=4)], TierConfig(hbm_rows=2, device="cpu")) as s:
+    ...     s.write("t", np.array([7]), np.ones((1, 4), np.float32))
+    ...     s.lookup("t", np.array([7, 1, 7])).shape
+    (3, 4)
+    """
+
+    # ------------------------------------------------------------------ lifecycle
+    def __init__(self, path: Path, tables: list[TableConfig], tiers: TierConfig, seed: int, lock_fd: int,
+                 ssd: SsdTier, meta: dict):
+        self.path = path
+        self.tiers = tiers
+        self.seed = seed
+        self.xp = resolve_xp(tiers.device)
+        self._lock_fd = lock_fd
+        self._ssd = ssd
+        self._meta = meta
+        self._tables = {t.name: _Table(t, tiers, self.xp) for t in tables}
+        self._closed = False
+
+    @classmethod
+    def create(cls, path, tables, tiers: TierConfig, seed: int = 0) -> "TieredStore":
+        """Create a new store directory at ``path`` (which must not exist).
+
+        Parameters
+        ----------
+        path : str or Path
+        tables : list of TableConfig (distinct names)
+        tiers : TierConfig
+        seed : int, 0 <= seed < 2**64; with the table name and id it fixes every initial row
+        """
+        path = Path(path)
+        tables = list(tables)
+        if not tables or not all(isinstance(t, TableConfig) for t in tables):
+            raise ConfigError(f"tables={tables!r} is invalid", "pass a non-empty list of TableConfig")
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tables have duplicate names {sorted(names)}", "give every table its own name")
+        if not isinstance(tiers, TierConfig):
+            raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+            raise ConfigError(f"seed={seed!r} is invalid", "use an int in [0, 2**64)")
+        if path.exists():
+            raise StoreExistsError(f"store path {str(path)!r} already exists",
+                                   "open it with TieredStore.open, or choose a new path")
+        resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
+        path.mkdir(parents=True)
+        lock_fd = _lock(path)
+        try:
+            ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
+                          tiers.map_size_bytes)
+            meta = {"format": FORMAT, "epoch": 0}
+            ssd.checkpoint({}, meta, None)
+            store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
+            store._write_manifest()
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return store
+
+    @classmethod
+    def open(cls, path, tiers: TierConfig | None = None, restore: str = "checkpoint") -> "TieredStore":
+        """Open an existing store.
+
+        Parameters
+        ----------
+        tiers : TierConfig, optional
+            New tier sizes / policy / device; the stored ones by default.
+        restore : ``"checkpoint"`` (default) or ``"latest"``
+            What to find after a crash: the last checkpoint, or also every row flushed
+            or written back since.
+        """
+        path = Path(path)
+        if restore not in ("checkpoint", "latest"):
+            raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():
+            raise StoreNotFoundError(f"no store at {str(path)!r} (no manifest.json)",
+                                     "check the path, or make one with TieredStore.create")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            if manifest.get("format") != FORMAT:
+                raise ValueError(f"format {manifest.get('format')!r}")
+            tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
+            stored_tiers = TierConfig(**manifest["tiers"])
+            seed = int(manifest["seed"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise CorruptStoreError(f"manifest {str(manifest_path)!r} is corrupt ({err})",
+                                    "restore the store directory from a backup") from err
+        if tiers is not None and not isinstance(tiers, TierConfig):
+            raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
+        tiers = tiers or stored_tiers
+        lock_fd = _lock(path)
+        try:
+            resolve_xp(tiers.device)
+            ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
+                          max(tiers.map_size_bytes, stored_tiers.map_size_bytes))
+            meta = ssd.read_meta()
+            if restore == "latest":
+                ssd.promote_pending()
+            else:
+                ssd.discard_pending()
+            store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return store
+
+    def _write_manifest(self) -> None:
+        manifest = {"format": FORMAT, "version": __version__, "seed": self.seed, "epoch": self._meta["epoch"],
+                    "tables": [t.cfg.to_dict() for t in self._tables.values()], "tiers": self.tiers.to_dict()}
+        tmp = self.path / "manifest.json.tmp"
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / "manifest.json")
+
+    def close(self) -> None:
+        """Checkpoint, then release the LMDB environment and the writer lock (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self.checkpoint()
+        finally:
+            self._closed = True
+            self._ssd.close()
+            os.close(self._lock_fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def tables(self) -> dict[str, TableConfig]:
+        return {n: t.cfg for n, t in self._tables.items()}
+
+    @property
+    def extra(self) -> bytes | None:
+        """The ``extra`` bytes saved by the last :meth:`checkpoint` (e.g. a trainer's state)."""
+        self._check_open()
+        return self._ssd.read_extra()
+
+    @property
+    def epoch(self) -> int:
+        """How many checkpoints this store has taken."""
+        return int(self._meta["epoch"])
+
+    # ------------------------------------------------------------------ validation
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {str(self.path)!r} is closed", "open it again with TieredStore.open")
+
+    def _table(self, name) -> _Table:
+        self._check_open()
+        t = self._tables.get(name)
+        if t is None:
+            raise UnknownTableError(f"table {name!r} is not in store {str(self.path)!r}",
+                                    f"use one of {sorted(self._tables)}")
+        return t
+
+    @staticmethod
+    def _ids(t: _Table, ids) -> np.ndarray:
+        a = np.asarray(ids)
+        if a.dtype.kind not in "iu":
+            raise IdTypeError(f"ids for table {t.cfg.name!r} have dtype {a.dtype}",
+                              "pass integer ids, e.g. np.asarray(ids, dtype=np.int64)")
+        if a.ndim != 1:
+            raise IdTypeError(f"ids for table {t.cfg.name!r} have shape {a.shape}", "pass a 1-D array (ravel it)")
+        if a.shape[0] == 0:
+            return a.astype(np.int64)
+        if a.dtype == np.uint64 and int(a.max()) > 2**63 - 1:
+            raise IdRangeError(f"id {int(a.max())} of table {t.cfg.name!r} is beyond int64", "ids are int64 >= 0")
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        lo, hi = int(a.min()), int(a.max())
+        if lo < 0:
+            raise IdRangeError(f"id {lo} of table {t.cfg.name!r} is negative", "ids are >= 0")
+        if t.cfg.num_rows is not None and hi >= t.cfg.num_rows:
+            raise IdRangeError(f"id {hi} of table {t.cfg.name!r} is not below num_rows={t.cfg.num_rows}",
+                               "check the id mapping, or create the table with a larger num_rows (or None)")
+        return a
+
+    @staticmethod
+    def _rows(t: _Table, rows, n: int, what: str) -> np.ndarray:
+        r = to_host(rows) if not isinstance(rows, np.ndarray) and hasattr(rows, "get") else np.asarray(rows)
+        if r.dtype != np.float32:
+            raise RowDtypeError(f"{what} for table {t.cfg.name!r} have dtype {r.dtype}",
+                                "pass float32, e.g. np.asarray(x, dtype=np.float32)")
+        if r.shape != (n, t.cfg.dim):
+            raise RowShapeError(f"{what} for table {t.cfg.name!r} have shape {r.shape}, expected {(n, t.cfg.dim)}",
+                                "pass one row of the table's dim per id")
+        return np.ascontiguousarray(r)
+
+    # ------------------------------------------------------------------ the step
+    def _chunks(self, t: _Table, uids: np.ndarray):
+        """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each pinned in HBM."""
+        cap = t.hbm.unpinned_capacity
+        for start in range(0, uids.shape[0], cap):
+            chunk = uids[start:start + cap]
+            slots = self._bring_up(t, chunk)
+            try:
+                yield start, slots
+            finally:
+                t.hbm.release(slots)
+
+    def _bring_up(self, t: _Table, chunk: np.ndarray) -> np.ndarray:
+        """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down."""
+        c = t.counters
+        slots, miss_idx, vids, vrows, vdirty = t.hbm.resolve(chunk)
+        k, m = chunk.shape[0], miss_idx.shape[0]
+        c["hbm"]["lookups"] += k
+        c["hbm"]["hits"] += k - m
+        c["hbm"]["misses"] += m
+        c["hbm"]["evictions"] += vids.shape[0]
+        if m:
+            miss_ids = chunk[miss_idx]
+            rows = np.empty((m, t.cfg.record_width), dtype=np.float32)
+            dirty = np.zeros(m, dtype=np.uint8)
+            found = t.ddr.take(miss_ids, rows, dirty)
+            n_ddr = int(found.sum())
+            c["ddr"]["lookups"] += m
+            c["ddr"]["hits"] += n_ddr
+            c["ddr"]["misses"] += m - n_ddr
+            if n_ddr < m:
+                rest = np.flatnonzero(found == 0)
+                sub = np.empty((rest.shape[0], t.cfg.record_width), dtype=np.float32)
+                on_ssd = self._ssd.read(t.cfg.name, miss_ids[rest], sub)
+                n_ssd = int(on_ssd.sum())
+                c["ssd"]["lookups"] += rest.shape[0]
+                c["ssd"]["hits"] += n_ssd
+                c["ssd"]["misses"] += rest.shape[0] - n_ssd
+                if n_ssd < rest.shape[0]:
+                    fresh = np.flatnonzero(~on_ssd)
+                    sub[fresh] = init_rows(t.cfg, miss_ids[rest[fresh]], self.seed)
+                    c["ssd"]["lazy_inits"] += fresh.shape[0]
+                rows[rest] = sub
+            t.hbm.fill(slots[miss_idx], rows, dirty)
+        if vids.shape[0]:
+            c["hbm"]["writebacks"] += int(vdirty.sum())
+            ev_ids, ev_rows, n_ev = t.ddr.admit(vids, vrows, vdirty)
+            c["ddr"]["evictions"] += n_ev
+            c["ddr"]["writebacks"] += ev_ids.shape[0]
+            if ev_ids.shape[0]:
+                c["ssd"]["writebacks"] += self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)})
+        return slots
+
+    def lookup(self, table: str, ids):
+        """Newest rows of ``ids``, duplicates allowed.
+
+        Parameters
+        ----------
+        table : str
+        ids : int array (n,), >= 0 and below ``num_rows`` when it is set
+
+        Returns
+        -------
+        float32 array (n, dim) on the HBM backend (``store.xp``).
+        """
+        t = self._table(table)
+        ids = self._ids(t, ids)
+        uids, inverse = dedupe(ids)
+        n, dim = ids.shape[0], t.cfg.dim
+        xp = self.xp
+        if uids.shape[0] <= t.hbm.unpinned_capacity:
+            for _, slots in self._chunks(t, uids):
+                if xp is np:
+                    out = np.empty((n, dim), dtype=np.float32)
+                    _gather_rows(t.hbm.records, slots, inverse, out)
+                else:
+                    out = t.hbm.records[xp.asarray(slots[inverse]), :dim]
+            return out if uids.shape[0] else xp.empty((0, dim), dtype=xp.float32)
+        # Spill path: more unique ids than HBM holds; positions grouped by chunk.
+        out_host = np.empty((n, dim), dtype=np.float32)
+        cap = t.hbm.unpinned_capacity
+        by_chunk = np.argsort(inverse // cap, kind="stable")
+        bounds = np.searchsorted((inverse // cap)[by_chunk], np.arange(0, uids.shape[0] // cap + 2))
+        for start, slots in self._chunks(t, uids):
+            ci = start // cap
+            positions = by_chunk[bounds[ci]:bounds[ci + 1]]
+            if xp is np:
+                _gather_positions(t.hbm.records, slots, inverse, positions, start, out_host)
+            else:
+                out_host[positions] = t.hbm.rows_at(slots[inverse[positions] - start])[:, :dim]
+        return to_xp(xp, out_host)
+
+    def apply_gradients(self, table: str, ids, grads, nonfinite: str = "raise") -> None:
+        """Apply the table's optimizer: duplicate ids' gradients summed in batch order, one update per row.
+
+        Parameters
+        ----------
+        ids : int array (n,)
+        grads : float32 array (n, dim), host or HBM backend
+        nonfinite : ``"raise"`` (NonFiniteGradientError, nothing changes), ``"skip"`` (rows
+            whose summed gradient is not finite are left alone) or ``"zero"`` (treated as 0)
+        """
+        t = self._table(table)
+        ids = self._ids(t, ids)
+        g = self._rows(t, grads, ids.shape[0], "gradients")
+        if nonfinite not in ("raise", "skip", "zero"):
+            raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
+        if ids.shape[0] == 0:
+            return
+        uids, inverse = dedupe(ids)
+        summed = reduce_grads(g, inverse, uids.shape[0])
+        if not _all_finite(summed):
+            bad = ~np.isfinite(summed).all(axis=1)
+            if nonfinite == "raise":
+                raise NonFiniteGradientError(
+                    f"gradients of table {t.cfg.name!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
+                    "lower the learning rate or clip gradients; apply_gradients(..., nonfinite='skip'|'zero') tolerates them")
+            if nonfinite == "skip":
+                uids, summed = uids[~bad], summed[~bad]
+            else:
+                summed[~np.isfinite(summed)] = 0.0
+        opt = t.cfg.optimizer
+        for start, slots in self._chunks(t, uids):
+            apply_update(opt, t.hbm.records, slots if self.xp is np else self.xp.asarray(slots),
+                         summed[start:start + slots.shape[0]], self.xp)
+            t.hbm.dirty[slots] = 1
+
+    def write(self, table: str, ids, rows) -> None:
+        """Set the weights of ``ids`` (optimizer state kept); for duplicates the last row wins.
+
+        ``rows``: float32 (n, dim), finite.
+        """
+        t = self._table(table)
+        ids = self._ids(t, ids)
+        r = self._rows(t, rows, ids.shape[0], "rows")
+        if not _all_finite(r):
+            raise NonFiniteGradientError(f"rows written to table {t.cfg.name!r} hold NaN/inf",
+                                         "write finite values")
+        if ids.shape[0] == 0:
+            return
+        uids, inverse = dedupe(ids)
+        last = np.empty(uids.shape[0], dtype=np.int64)
+        _last_occurrence(inverse, uids.shape[0], last)
+        rows_u = r[last]
+        dim = t.cfg.dim
+        for start, slots in self._chunks(t, uids):
+            xs = to_xp(self.xp, slots)
+            t.hbm.records[xs, :dim] = to_xp(self.xp, rows_u[start:start + slots.shape[0]])
+            t.hbm.dirty[slots] = 1
+
+    def peek(self, table: str, ids, with_state: bool = False) -> np.ndarray:
+        """Newest values of ``ids`` as NumPy, without touching any cache state.
+
+        Returns float32 (n, dim), or (n, dim + state_width) records with ``with_state``.
+        """
+        t = self._table(table)
+        ids = self._ids(t, ids)
+        out = np.empty((ids.shape[0], t.cfg.record_width), dtype=np.float32)
+        hs = t.hbm.find(ids)
+        at_h = np.flatnonzero(hs >= 0)
+        if at_h.shape[0]:
+            out[at_h] = t.hbm.rows_at(hs[at_h])
+        rest = np.flatnonzero(hs < 0)
+        ds = t.ddr.find(ids[rest])
+        at_d = ds >= 0
+        out[rest[at_d]] = t.ddr.records[ds[at_d]]
+        rest = rest[~at_d]
+        sub = np.empty((rest.shape[0], t.cfg.record_width), dtype=np.float32)
+        found = self._ssd.read(t.cfg.name, ids[rest], sub)
+        if (~found).any():
+            sub[~found] = init_rows(t.cfg, ids[rest[~found]], self.seed)
+        out[rest] = sub
+        return out if with_state else np.ascontiguousarray(out[:, : t.cfg.dim])
+
+    # ------------------------------------------------------------------ durability
+    def _dirty_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {}
+        for name, t in sorted(self._tables.items()):
+            parts_ids, parts_rows = [], []
+            for tier in (t.hbm, t.ddr):
+                slots = np.flatnonzero((tier.dirty != 0) & (tier.slot_ids >= 0))
+                if slots.shape[0]:
+                    parts_ids.append(tier.slot_ids[slots])
+                    parts_rows.append(t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
+            if parts_ids:
+                out[name] = (np.concatenate(parts_ids), np.concatenate(parts_rows))
+        return out
+
+    def _mark_clean(self) -> None:
+        for t in self._tables.values():
+            t.hbm.dirty[:] = 0
+            t.ddr.dirty[:] = 0
+
+    def flush(self) -> int:
+        """Write every dirty row to LMDB (durable; not a checkpoint). Returns rows written."""
+        self._check_open()
+        batches = self._dirty_rows()
+        n = self._ssd.write_pending(batches)
+        self._mark_clean()
+        for name, (ids, _) in batches.items():
+            self._tables[name].counters["ssd"]["writebacks"] += ids.shape[0]
+        return n
+
+    def checkpoint(self, extra: bytes | None = None) -> int:
+        """Flush and make this instant the store's durable point, atomically.
+
+        After it returns, a crash at any instant loses nothing up to here, and
+        :meth:`open` restores it bitwise.  ``extra`` (bytes, e.g. a trainer's step and
+        dense weights) is saved in the same transaction; read it back as :attr:`extra`.
+        Returns the number of rows written.
+        """
+        self._check_open()
+        if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
+            raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")
+        batches = self._dirty_rows()
+        meta = dict(self._meta, epoch=self.epoch + 1)
+        n = self._ssd.checkpoint(batches, meta, extra)
+        self._meta = meta
+        self._mark_clean()
+        for name, (ids, _) in batches.items():
+            self._tables[name].counters["ssd"]["writebacks"] += ids.shape[0]
+        self._write_manifest()
+        return n
+
+    # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict:
+        """Per table and tier: lookups, hits, misses, evictions, writebacks, rows and bytes held.
+
+        ``lookups`` of a tier count the unique ids asked of it; ``ssd.misses`` are rows
+        created by the initialiser (never written); ``ssd.rows`` counts LMDB records.
+        """
+        self._check_open()
+        out = {}
+        for name, t in sorted(self._tables.items()):
+            row_bytes = 4 * t.cfg.record_width
+            s = {tier: dict(c) for tier, c in t.counters.items()}
+            s["hbm"].update(rows=t.hbm.resident_rows, capacity_rows=t.hbm.capacity_rows,
+                            bytes=t.hbm.resident_rows * row_bytes)
+            s["ddr"].update(rows=t.ddr.resident_rows, capacity_rows=t.ddr.capacity_rows,
+                            bytes=t.ddr.resident_rows * row_bytes)
+            ssd = self._ssd.table_stats(name)
+            s["ssd"].update(rows=ssd["rows"] + ssd["pending_rows"], bytes=ssd["bytes"] + ssd["pending_bytes"])
+            for tier in ("hbm", "ddr", "ssd"):
+                look = s[tier]["lookups"]
+                s[tier]["hit_rate"] = s[tier]["hits"] / look if look else 0.0
+            out[name] = s
+        return out
+
+    def disk_bytes(self) -> int:
+        """Bytes of the LMDB files on disk."""
+        self._check_open()
+        return self._ssd.file_bytes()
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        os.close(fd)
+        raise StoreLockedError(f"store {str(path)!r} is held by another writer",
+                               "close the other TieredStore (or process) using it first") from err
+    return fd
+
+
+__all__ = ["TieredStore"]

@@ -1,0 +1,6 @@
+"""The three tiers: HBM (:mod:`.hbm`), DDR (:mod:`.ddr`) and SSD/LMDB (:mod:`.ssd`)."""
+from .ddr import DdrTier
+from .hbm import HbmTier
+from .ssd import SsdTier
+
+__all__ = ["HbmTier", "DdrTier", "SsdTier"]

@@ -1,0 +1,230 @@
+"""What the HBM and DDR tiers share: slots, the id -> slot index, the policy, pins, dirty flags.
+
+A tier holds ``capacity_rows`` records in slots.  Its bookkeeping lives on the host in
+preallocated arrays changed by the ``@njit`` kernels below; only the records array of the
+HBM tier lives on the device.
+
+Arrays (``cap`` = capacity, at least 1 so a zero-capacity DDR still has valid shapes):
+
+- ``slot_ids``: int64 (cap,), the id in each slot or -1;
+- ``dirty``: uint8 (cap,), 1 where the slot is newer than the tier below;
+- ``pins``: int32 (cap,), batches holding the slot; a pinned slot is never a victim;
+- ``free``: int32 (cap,), stack of free slots (``fmeta[0]`` entries), lowest slot on top;
+- ``fmeta``: int64 (2,), ``[free count, capacity]``;
+- ``keys``, ``vals``: the index (:mod:`tiered_emb.index`); ``P``: the policy state.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..index import _index_del, _index_find, _index_find_many, _index_put, new_index
+from ..policies import POLICIES, _attach, _detach, _fresh, _touch, _victim, new_policy_state
+
+
+class CacheTier:
+    """Index, policy and bookkeeping of one cache tier of one table."""
+
+    def __init__(self, capacity_rows: int, policy: str):
+        cap = max(int(capacity_rows), 1)
+        self.capacity_rows = int(capacity_rows)
+        self.code = POLICIES[policy].code
+        self.keys, self.vals = new_index(cap)
+        self.P = new_policy_state(cap)
+        self.slot_ids = np.full(cap, -1, dtype=np.int64)
+        self.dirty = np.zeros(cap, dtype=np.uint8)
+        self.pins = np.zeros(cap, dtype=np.int32)
+        self.free = np.arange(self.capacity_rows - 1, -1, -1, dtype=np.int32)
+        if self.free.shape[0] == 0:
+            self.free = np.zeros(1, dtype=np.int32)
+        self.fmeta = np.array([self.capacity_rows, self.capacity_rows], dtype=np.int64)
+
+    @property
+    def resident_rows(self) -> int:
+        return self.capacity_rows - int(self.fmeta[0])
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
+        out = np.empty(ids.shape[0], dtype=np.int64)
+        _index_find_many(self.keys, self.vals, ids, out)
+        return out
+
+    def resident(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, ids)`` of every resident row, in slot order."""
+        slots = np.flatnonzero(self.slot_ids >= 0)
+        return slots, self.slot_ids[slots]
+
+
+@numba.njit(cache=True)
+def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids,
+                   out_slots, miss_idx, victim_slots, victim_ids, victim_dirty):
+    """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot, pinned.
+
+    Pass 1 pins the hits so no miss of the same chunk can evict them; pass 2 walks the
+    chunk in order: a hit is touched, a miss takes a free slot or the policy's victim.
+    Writes ``out_slots`` (k,), ``miss_idx`` (positions in ``uids`` that missed), and the
+    victims' slots, ids and dirty flags (the caller copies their rows out before it writes
+    the missed rows in).  Returns ``(n_miss, n_victims)``; n_victims is -1 when the tier
+    ran out of unpinned slots (the caller must chunk by capacity).
+    """
+    k = uids.shape[0]
+    for i in range(k):
+        s = _index_find(keys, vals, uids[i])
+        out_slots[i] = s
+        if s >= 0:
+            if pins[s] == 0:
+                _detach(code, P, s)
+            pins[s] += 1
+    n_miss = 0
+    n_victims = 0
+    for i in range(k):
+        s = out_slots[i]
+        if s >= 0:
+            _touch(P, s)
+            continue
+        if fmeta[0] > 0:
+            fmeta[0] -= 1
+            s = free[fmeta[0]]
+        else:
+            s = _victim(code, P)
+            if s < 0:
+                return n_miss, -1
+            vid = slot_ids[s]
+            victim_slots[n_victims] = s
+            victim_ids[n_victims] = vid
+            victim_dirty[n_victims] = dirty[s]
+            n_victims += 1
+            _index_del(keys, vals, vid)
+        slot_ids[s] = uids[i]
+        dirty[s] = 0
+        _index_put(keys, vals, uids[i], s)
+        _fresh(P, s)
+        pins[s] = 1
+        out_slots[i] = s
+        miss_idx[n_miss] = i
+        n_miss += 1
+    return n_miss, n_victims
+
+
+@numba.njit(cache=True)
+def _cache_release(code, P, pins, slots):
+    """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        pins[s] -= 1
+        if pins[s] == 0:
+            _attach(code, P, s)
+
+
+@numba.njit(cache=True)
+def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids,
+                out_rows, out_dirty, found):
+    """Move the rows of ``ids`` present here out of the tier (exclusive caching).
+
+    ``records`` (cap, W) float32 host; ``out_rows`` (k, W), ``out_dirty`` (k,) uint8,
+    ``found`` (k,) uint8 are written for the ids found.  Returns the number found.
+    """
+    n_found = 0
+    for i in range(ids.shape[0]):
+        s = _index_find(keys, vals, ids[i])
+        if s < 0:
+            found[i] = 0
+            continue
+        found[i] = 1
+        n_found += 1
+        out_rows[i, :] = records[s, :]
+        out_dirty[i] = dirty[s]
+        if pins[s] == 0:
+            _detach(code, P, s)
+        pins[s] = 0
+        _index_del(keys, vals, ids[i])
+        slot_ids[s] = -1
+        dirty[s] = 0
+        free[fmeta[0]] = s
+        fmeta[0] += 1
+    return n_found
+
+
+@numba.njit(cache=True)
+def _cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids, rows,
+                 rows_dirty, ev_ids, ev_rows):
+    """Admit rows of ``ids`` (absent here), evicting by policy; dirty evictions go out.
+
+    ``rows`` (k, W) float32 and ``rows_dirty`` (k,) uint8 come from the tier above.  The
+    dirty rows pushed out (possibly incoming rows themselves, when capacity is 0 or
+    smaller than k) are written to ``ev_ids`` / ``ev_rows`` for the tier below.
+    Returns ``(n_dirty_out, n_evicted)``.
+    """
+    n_out = 0
+    n_ev = 0
+    cap = fmeta[1]
+    for i in range(ids.shape[0]):
+        if cap == 0:
+            n_ev += 1
+            if rows_dirty[i]:
+                ev_ids[n_out] = ids[i]
+                ev_rows[n_out, :] = rows[i, :]
+                n_out += 1
+            continue
+        if fmeta[0] > 0:
+            fmeta[0] -= 1
+            s = free[fmeta[0]]
+        else:
+            s = _victim(code, P)
+            vid = slot_ids[s]
+            n_ev += 1
+            if dirty[s]:
+                ev_ids[n_out] = vid
+                ev_rows[n_out, :] = records[s, :]
+                n_out += 1
+            _index_del(keys, vals, vid)
+        slot_ids[s] = ids[i]
+        _index_put(keys, vals, ids[i], s)
+        records[s, :] = rows[i, :]
+        dirty[s] = rows_dirty[i]
+        _fresh(P, s)
+        _attach(code, P, s)
+    return n_out, n_ev
+
+
+@numba.njit(cache=True)
+def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
+    """Run a request trace (int64 (n,)) one request at a time; returns the hit count.
+
+    The same decisions as the store makes for batches of one id: the policy kernels
+    alone, without moving rows (used by benchmarks and the simulator).
+    """
+    hits = 0
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            _detach(code, P, s)
+            _touch(P, s)
+            _attach(code, P, s)
+            continue
+        if fmeta[0] > 0:
+            fmeta[0] -= 1
+            s = free[fmeta[0]]
+        else:
+            s = _victim(code, P)
+            _index_del(keys, vals, slot_ids[s])
+        slot_ids[s] = key
+        _index_put(keys, vals, key, s)
+        _fresh(P, s)
+        _attach(code, P, s)
+    return hits
+
+
+def simulate(trace: np.ndarray, capacity_rows: int, policy: str = "lru") -> int:
+    """Hits of ``policy`` with ``capacity_rows`` on ``trace`` (int64 (n,)), one id per request.
+
+    Examples
+    --------
+    >>> simulate(np.array([1, 2, 1, 3, 1, 2]), 2, "lru")
+    2
+    """
+    t = CacheTier(capacity_rows, policy)
+    return int(_simulate_requests(t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta,
+                                  np.ascontiguousarray(trace, dtype=np.int64)))

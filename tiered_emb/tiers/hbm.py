@@ -1,0 +1,56 @@
+"""The HBM tier: the rows a batch reads and updates, on the ``xp`` device.
+
+Bookkeeping (index, policy, pins) stays on the host in :class:`CacheTier`; the records
+array lives on the device so gathers and optimizer updates never leave it.  Rows cross
+the host boundary only on a miss (up) or an eviction (down), batched per chunk.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._backend import to_host, to_xp
+from .cache import CacheTier, _cache_release, _cache_resolve
+
+
+class HbmTier(CacheTier):
+    def __init__(self, capacity_rows: int, width: int, policy: str, xp):
+        super().__init__(capacity_rows, policy)
+        self.xp = xp
+        self.width = width
+        self.records = xp.zeros((max(capacity_rows, 1), width), dtype=xp.float32)
+
+    @property
+    def unpinned_capacity(self) -> int:
+        return self.capacity_rows - int(np.count_nonzero(self.pins))
+
+    def resolve(self, uids: np.ndarray):
+        """Pin a slot for every id of ``uids`` (int64 (k,), distinct).
+
+        Returns ``(slots, miss_idx, victim_ids, victim_rows, victim_dirty)``: the slots
+        (int64 (k,)), positions of ``uids`` whose rows the caller must write into their
+        slots, and the evicted rows (host float32 (v, W)) for the tier below.
+        """
+        k = uids.shape[0]
+        slots = np.empty(k, dtype=np.int64)
+        miss_idx = np.empty(k, dtype=np.int64)
+        vslots = np.empty(k, dtype=np.int64)
+        vids = np.empty(k, dtype=np.int64)
+        vdirty = np.empty(k, dtype=np.uint8)
+        n_miss, n_v = _cache_resolve(self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty,
+                                     self.pins, self.free, self.fmeta, uids, slots, miss_idx, vslots, vids, vdirty)
+        if n_v < 0:
+            raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
+        victim_rows = to_host(self.records[to_xp(self.xp, vslots[:n_v])]) if n_v else None
+        return slots, miss_idx[:n_miss], vids[:n_v], victim_rows, vdirty[:n_v]
+
+    def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
+        """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
+        self.records[to_xp(self.xp, slots)] = to_xp(self.xp, rows)
+        self.dirty[slots] = dirty
+
+    def release(self, slots: np.ndarray) -> None:
+        _cache_release(self.code, self.P, self.pins, slots)
+
+    def rows_at(self, slots: np.ndarray) -> np.ndarray:
+        """Host copy of the records in ``slots``."""
+        return to_host(self.records[to_xp(self.xp, slots)])

@@ -1,0 +1,214 @@
+"""The SSD tier: every row ever written, in one LMDB environment per store.
+
+Two named databases per table:
+
+- ``t:<table>``: rows as of the last checkpoint;
+- ``p:<table>``: rows written back since (dirty evictions and :meth:`flush`).
+
+A read looks in ``p:`` first, then ``t:``.  :meth:`checkpoint` moves ``p:`` into ``t:``
+and writes the store's meta record in *one* write transaction, so LMDB's atomic commit
+makes the checkpoint a single durable point: reopening drops ``p:`` and finds exactly
+the last checkpoint (or keeps it, with ``restore="latest"``).
+
+Keys are the id as 8 big-endian bytes (LMDB's byte order is then id order); a value is
+one tag byte (0 raw, 1 zstd) and the record's float32 bytes: weights, then optimizer
+state.  The map doubles by itself when full; a full disk raises
+:class:`~tiered_emb.errors.StoreFullError` after the transaction is rolled back.
+"""
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import zstandard
+
+from ..errors import CorruptStoreError, StoreFullError, StoreLockedError
+
+_RAW = 0
+_ZSTD = 1
+_META_DB = b"meta"
+
+
+class SsdTier:
+    def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
+                 map_size_bytes: int):
+        self.path = Path(path)
+        self.widths = dict(table_widths)
+        self.compression = compression
+        self._zc = zstandard.ZstdCompressor(level=compression) if compression else None
+        self._zd = zstandard.ZstdDecompressor()
+        try:
+            self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=2 * len(self.widths) + 2,
+                                 subdir=True, readahead=False, meminit=False, max_readers=64)
+            self._meta = self.env.open_db(_META_DB)
+            self._main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(self.widths)}
+            self._pending = {n: self.env.open_db(b"p:" + n.encode()) for n in sorted(self.widths)}
+        except lmdb.LockError as err:
+            raise StoreLockedError(f"LMDB environment {self.path} is locked", "close the other writer first") from err
+        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.BadValsizeError,
+                lmdb.PageNotFoundError) as err:
+            raise CorruptStoreError(f"LMDB environment {self.path} is corrupt or not an LMDB file ({err})",
+                                    "restore the store directory from a backup") from err
+        except lmdb.Error as err:
+            raise CorruptStoreError(f"LMDB environment {self.path} cannot be opened ({err})",
+                                    "check the store directory and its permissions") from err
+        self._n_pending = {n: self._entries(self._pending[n]) for n in self.widths}
+
+    # ----------------------------------------------------------------- encoding
+    def _encode(self, row: np.ndarray) -> bytes:
+        raw = row.tobytes()
+        if self._zc is None:
+            return bytes((_RAW,)) + raw
+        return bytes((_ZSTD,)) + self._zc.compress(raw)
+
+    def _decode(self, value, out_row: np.ndarray) -> None:
+        tag = value[0]
+        body = bytes(value[1:])
+        if tag == _ZSTD:
+            body = self._zd.decompress(body)
+        elif tag != _RAW:
+            raise CorruptStoreError(f"an LMDB record of {self.path} has unknown tag {tag}", "restore from a backup")
+        if len(body) != out_row.nbytes:
+            raise CorruptStoreError(f"an LMDB record of {self.path} has {len(body)} bytes, expected {out_row.nbytes}",
+                                    "restore from a backup")
+        out_row[:] = np.frombuffer(body, dtype=np.float32)
+
+    @staticmethod
+    def _key(i: int) -> bytes:
+        return int(i).to_bytes(8, "big")
+
+    # ----------------------------------------------------------------- reads
+    def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
+        """Read the records of ``ids`` (int64 (k,)) into ``out_rows`` (k, W); returns the found mask (bool (k,))."""
+        found = np.zeros(ids.shape[0], dtype=bool)
+        if ids.shape[0] == 0:
+            return found
+        main, pending = self._main[table], self._pending[table]
+        check_pending = self._n_pending[table] > 0
+        order = np.argsort(ids, kind="stable")  # key order: sequential B-tree walks
+        try:
+            with self.env.begin(buffers=True) as txn:
+                for i in order.tolist():
+                    key = self._key(ids[i])
+                    v = txn.get(key, db=pending) if check_pending else None
+                    if v is None:
+                        v = txn.get(key, db=main)
+                    if v is not None:
+                        self._decode(v, out_rows[i])
+                        found[i] = True
+        except lmdb.Error as err:
+            raise CorruptStoreError(f"reading table {table!r} from {self.path} failed ({err})",
+                                    "restore the store directory from a backup") from err
+        return found
+
+    # ----------------------------------------------------------------- writes
+    def _write(self, fn) -> None:
+        """Run ``fn(txn)`` in one write transaction; grow the map and retry when full."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    fn(txn)
+                return
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.Error as err:
+                if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
+                    raise StoreFullError(f"the disk under {self.path} is full ({err}); the write was rolled back",
+                                         "free disk space or move the store, then call flush()/checkpoint() again") from err
+                raise CorruptStoreError(f"writing to {self.path} failed ({err}); the write was rolled back",
+                                        "check the disk and the store directory") from err
+
+    def _put_rows(self, txn, db, ids: np.ndarray, rows: np.ndarray) -> None:
+        order = np.argsort(ids, kind="stable")
+        with txn.cursor(db=db) as cur:
+            cur.putmulti([(self._key(ids[i]), self._encode(rows[i])) for i in order.tolist()])
+
+    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]]) -> int:
+        """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written."""
+        batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
+        if not batches:
+            return 0
+
+        def fn(txn):
+            for t, (ids, rows) in batches.items():
+                self._put_rows(txn, self._pending[t], ids, rows)
+
+        self._write(fn)
+        for t in batches:
+            self._n_pending[t] = self._entries(self._pending[t])
+        return sum(b[0].shape[0] for b in batches.values())
+
+    def checkpoint(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict, extra: bytes | None) -> int:
+        """Make ``batches`` and everything pending the new checkpoint, with ``meta``, atomically."""
+        batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
+
+        def fn(txn):
+            for t in sorted(self.widths):
+                if self._n_pending[t]:
+                    with txn.cursor(db=self._pending[t]) as cur:
+                        pairs = [(bytes(k), bytes(v)) for k, v in cur]
+                    with txn.cursor(db=self._main[t]) as cur:
+                        cur.putmulti(pairs)
+                    txn.drop(self._pending[t], delete=False)
+                if t in batches:
+                    self._put_rows(txn, self._main[t], *batches[t])
+            txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._meta)
+            if extra is not None:
+                txn.put(b"extra", bytes(extra), db=self._meta)
+
+        self._write(fn)
+        for t in self.widths:
+            self._n_pending[t] = 0
+        self.env.sync(True)
+        return sum(b[0].shape[0] for b in batches.values())
+
+    def discard_pending(self) -> None:
+        """Drop what was written since the last checkpoint (reopen at the checkpoint)."""
+        def fn(txn):
+            for t in sorted(self.widths):
+                txn.drop(self._pending[t], delete=False)
+        self._write(fn)
+        self._n_pending = {t: 0 for t in self.widths}
+
+    def promote_pending(self) -> None:
+        """Keep what was written since the last checkpoint (reopen at the latest flush)."""
+        self.checkpoint({}, self.read_meta(), None)
+
+    def read_meta(self) -> dict:
+        with self.env.begin() as txn:
+            v = txn.get(b"meta", db=self._meta)
+        if v is None:
+            raise CorruptStoreError(f"the LMDB environment {self.path} has no meta record",
+                                    "the store was never checkpointed; recreate it or restore a backup")
+        try:
+            return json.loads(bytes(v))
+        except ValueError as err:
+            raise CorruptStoreError(f"the meta record of {self.path} is not JSON", "restore from a backup") from err
+
+    def read_extra(self) -> bytes | None:
+        with self.env.begin() as txn:
+            v = txn.get(b"extra", db=self._meta)
+        return None if v is None else bytes(v)
+
+    # ----------------------------------------------------------------- introspection
+    def _entries(self, db) -> int:
+        with self.env.begin() as txn:
+            return int(txn.stat(db)["entries"])
+
+    def table_stats(self, table: str) -> dict:
+        with self.env.begin() as txn:
+            out = {}
+            for label, db in (("rows", self._main[table]), ("pending_rows", self._pending[table])):
+                st = txn.stat(db)
+                out[label] = int(st["entries"])
+                out[label.replace("rows", "bytes")] = int(st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]))
+        return out
+
+    def file_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+
+    def close(self) -> None:
+        self.env.close()
