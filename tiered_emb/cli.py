@@ -1,0 +1,22 @@
+"""``tiered-emb`` command: one argparse subcommand per job; each module adds its own parser."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path of each subcommand; each module has ``add_parser(subparsers)``.
+_COMMANDS = ["tiered_emb.stream"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tiered-emb", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for mod in _COMMANDS:
+        importlib.import_module(mod).add_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

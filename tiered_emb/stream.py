@@ -1,0 +1,84 @@
+"""The streaming job: Zipf batches through a store larger than HBM + DDR; per-tier statistics.
+
+``tiered-emb stream`` runs it.  It is the storage engine alone, without a model: every
+batch is a lookup plus a row-wise update of the rows it touched, so rows become dirty,
+move down the tiers and land in LMDB.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import TableConfig, TierConfig
+from .optimizers import RowWiseAdagrad
+from .sim.traces import zipf_ids
+from .store import TieredStore
+
+
+def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream=sys.stderr) -> None:
+    """One-line progress bar (rewritten in place)."""
+    done = int(width * i / max(n, 1))
+    rate = i / max(time.perf_counter() - t0, 1e-9)
+    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {rate:,.1f}/s {extra}")
+    if i >= n:
+        stream.write("\n")
+    stream.flush()
+
+
+def format_tier_table(stats: dict) -> str:
+    """A table of per-tier statistics for every table of ``store.stats()``."""
+    head = f"{'table':<10} {'tier':<4} {'lookups':>11} {'hit rate':>8} {'evictions':>10} {'writebacks':>10} {'rows':>10} {'MiB':>8}"
+    lines = [head, "-" * len(head)]
+    for name, s in stats.items():
+        for tier in ("hbm", "ddr", "ssd"):
+            t = s[tier]
+            lines.append(f"{name:<10} {tier:<4} {t['lookups']:>11,} {t['hit_rate']:>8.3f} {t['evictions']:>10,} "
+                         f"{t['writebacks']:>10,} {t['rows']:>10,} {t['bytes'] / 2**20:>8.1f}")
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("stream", help="stream Zipf batches through a store larger than HBM+DDR; print tier stats")
+    p.add_argument("--run-dir", default="runs/stream", help="store directory (replaced)")
+    p.add_argument("--tables", type=int, default=4)
+    p.add_argument("--ids", type=int, default=2_000_000, help="distinct ids per table")
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--alpha", type=float, default=1.05)
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--hbm-rows", type=int, default=8192)
+    p.add_argument("--ddr-rows", type=int, default=32768)
+    p.add_argument("--policy", default="lru")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    run_dir = Path(args.run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    tables = [TableConfig(f"t{i}", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
+              for i in range(args.tables)]
+    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu")
+    t0 = time.perf_counter()
+    with TieredStore.create(run_dir, tables, tiers, seed=args.seed) as store:
+        for step in range(args.steps):
+            for i, t in enumerate(tables):
+                ids = zipf_ids(args.ids, args.alpha, args.batch, seed=args.seed * 1_000_003 + step * 131 + i)
+                rows = store.lookup(t.name, ids)
+                store.apply_gradients(t.name, ids, np.asarray(rows) * np.float32(0.01))
+            progress(step + 1, args.steps, t0, "steps")
+        store.checkpoint()
+        elapsed = time.perf_counter() - t0
+        stats = store.stats()
+        print(format_tier_table(stats))
+        touched = sum(s["ssd"]["rows"] + s["hbm"]["rows"] + s["ddr"]["rows"] for s in stats.values())
+        cap = args.tables * (args.hbm_rows + args.ddr_rows)
+        print(f"\n{args.steps} steps x {args.tables} tables x {args.batch} ids in {elapsed:.1f} s "
+              f"({args.steps * args.tables * args.batch / elapsed:,.0f} lookups/s); "
+              f"rows stored {touched:,} = {touched / cap:.1f}x HBM+DDR capacity; LMDB files {store.disk_bytes() / 2**20:.1f} MiB")
+    return 0
