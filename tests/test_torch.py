@@ -1,0 +1,176 @@
+"""The torch front end against torch.nn.EmbeddingBag / torch.nn.Embedding on the same weights,
+and the fused path bitwise against the store's plain lookup + apply_gradients."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tiered_emb import SGD, Adagrad, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
+from tiered_emb.kernels import _pool_bags, _unpool_grads  # noqa: E402
+from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags  # noqa: E402
+from tiered_emb.torch import TieredEmbedding, TieredEmbeddingBag, TieredEmbeddingBagCollection  # noqa: E402
+
+ROWS, DIM, LR = 50, 8, 0.5
+
+
+def _store(tmp_path, name="s", hbm_rows=64, optimizer=None, tables=("t",)):
+    cfgs = [TableConfig(t, dim=DIM, num_rows=ROWS, optimizer=optimizer or SGD(LR)) for t in tables]
+    return TieredStore.create(tmp_path / name, cfgs, TierConfig(hbm_rows=hbm_rows, ddr_rows=8, device="cpu"), seed=3)
+
+
+def _batch(seed, bags=6, max_len=5):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_len, bags)
+    lengths[0] = 3  # at least one duplicate-prone bag
+    ids = rng.integers(0, 12, int(lengths.sum()))  # few distinct ids: many duplicates
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return torch.from_numpy(ids), torch.from_numpy(offsets), lengths
+
+
+def _torch_bag(store, mode):
+    w = torch.from_numpy(store.peek("t", np.arange(ROWS)).copy())
+    return torch.nn.EmbeddingBag.from_pretrained(w, freeze=False, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bag_forward_and_update_match_torch(tmp_path, mode, weighted):
+    if weighted and mode == "mean":
+        pytest.skip("torch allows per_sample_weights only with mode='sum'")
+    store = _store(tmp_path)
+    ref = _torch_bag(store, mode)
+    ours = TieredEmbeddingBag(store, "t", mode=mode)
+    ids, offsets, _ = _batch(0)
+    psw = torch.linspace(0.5, 2.0, ids.shape[0]) if weighted else None
+    psw_ref = psw.clone().requires_grad_() if weighted else None
+    psw_ours = psw.clone().requires_grad_() if weighted else None
+    out_ref = ref(ids, offsets, per_sample_weights=psw_ref)
+    out = ours(ids, offsets, per_sample_weights=psw_ours)
+    torch.testing.assert_close(out, out_ref, rtol=1e-6, atol=1e-7)
+    grad = torch.linspace(-1.0, 1.0, out.numel()).reshape(out.shape)
+    out_ref.backward(grad)
+    out.backward(grad)
+    with torch.no_grad():
+        expected = ref.weight - LR * ref.weight.grad
+    torch.testing.assert_close(torch.from_numpy(store.peek("t", np.arange(ROWS))), expected, rtol=1e-6, atol=1e-7)
+    if weighted:
+        torch.testing.assert_close(psw_ours.grad, psw_ref.grad, rtol=1e-6, atol=1e-6)
+    store.close()
+
+
+def test_bag_2d_input_and_include_last_offset(tmp_path):
+    store = _store(tmp_path)
+    ref = _torch_bag(store, "sum")
+    x = torch.tensor([[1, 2, 2], [4, 1, 0]])
+    with torch.no_grad():
+        torch.testing.assert_close(TieredEmbeddingBag(store, "t")(x), ref(x), rtol=1e-6, atol=1e-7)
+        bag = TieredEmbeddingBag(store, "t", mode="mean", include_last_offset=True)
+        ids, offs = torch.tensor([3, 4, 5, 6]), torch.tensor([0, 1, 1, 4])
+        ref_m = torch.nn.EmbeddingBag.from_pretrained(ref.weight, mode="mean", include_last_offset=True)
+        torch.testing.assert_close(bag(ids, offs), ref_m(ids, offs), rtol=1e-6, atol=1e-7)
+    store.close()
+
+
+def test_embedding_matches_torch(tmp_path):
+    store = _store(tmp_path, optimizer=Adagrad(lr=0.1))
+    w = torch.from_numpy(store.peek("t", np.arange(ROWS)).copy())
+    ref = torch.nn.Embedding.from_pretrained(w, freeze=False)
+    opt = torch.optim.Adagrad(ref.parameters(), lr=0.1, eps=1e-10)
+    ours = TieredEmbedding(store, "t")
+    x = torch.tensor([[3, 7, 3], [9, 3, 0]])
+    out, out_ref = ours(x), ref(x)
+    assert out.shape == (2, 3, DIM)
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=0)
+    g = torch.linspace(-2.0, 2.0, out.numel()).reshape(out.shape)
+    out.backward(g)
+    out_ref.backward(g)
+    opt.step()
+    torch.testing.assert_close(torch.from_numpy(store.peek("t", np.arange(ROWS))), ref.weight.detach(),
+                               rtol=1e-6, atol=1e-7)
+    store.close()
+
+
+@pytest.mark.parametrize("hbm_rows", [64, 3])  # 3: more unique ids than HBM holds (spill path)
+def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
+    fused = _store(tmp_path, "a", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
+    plain = _store(tmp_path, "b", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
+    for step in range(4):
+        ids, offsets, _ = _batch(step, bags=9)
+        ids = ids.numpy()
+        off = np.concatenate([offsets.numpy(), [ids.shape[0]]])
+        w = np.linspace(0.1, 1.0, ids.shape[0]).astype(np.float32)
+        for mean, weights in ((False, w), (True, None)):
+            plan = plan_bags(ids, off, weights, mean)
+            out = lookup_pooled(fused, "t", plan)
+            rows = plain.lookup("t", ids)
+            ref = np.empty_like(out)
+            use_w = weights is not None
+            wk = weights if use_w else np.empty(0, np.float32)
+            _pool_bags(rows, off, wk, use_w, mean, ref)
+            assert out.tobytes() == ref.tobytes()
+            grad_out = np.sin(np.arange(out.size, dtype=np.float32) + step).reshape(out.shape)
+            apply_pooled_gradients(fused, "t", plan, grad_out)
+            unpooled = np.empty((ids.shape[0], DIM), np.float32)
+            _unpool_grads(grad_out, off, wk, use_w, mean, unpooled)
+            plain.apply_gradients("t", ids, unpooled)
+    all_ids = np.arange(ROWS)
+    assert fused.peek("t", all_ids, with_state=True).tobytes() == plain.peek("t", all_ids, with_state=True).tobytes()
+    fused.close()
+    plain.close()
+
+
+def test_collection_dict_input(tmp_path):
+    store = _store(tmp_path, tables=("a", "b"))
+    ebc = TieredEmbeddingBagCollection(store, {"fa": "a", "fb": "b"})
+    feats = {"fa": (torch.tensor([1, 2, 3]), torch.tensor([2, 0, 1])), "fb": (torch.tensor([4, 4]), torch.tensor([1, 0, 1]))}
+    out = ebc(feats)
+    assert list(out) == ["fa", "fb"] and out["fa"].shape == (3, DIM) and out["fb"].shape == (3, DIM)
+    rows_a = store.peek("a", np.array([1, 2, 3]))
+    np.testing.assert_array_equal(out["fa"].detach().numpy()[0], rows_a[0] + rows_a[1])
+    assert not out["fa"].detach().numpy()[1].any()
+    before = store.peek("b", np.array([4]))
+    (out["fa"].sum() + out["fb"].sum()).backward()
+    np.testing.assert_allclose(store.peek("b", np.array([4])), before - LR * 2, rtol=1e-6)
+    with pytest.raises(ValueError):
+        ebc({"fa": feats["fa"]})
+    store.close()
+
+
+def test_collection_keyed_jagged_tensor(tmp_path):
+    kjt_mod = pytest.importorskip("torchrec.sparse.jagged_tensor")
+    store = _store(tmp_path, tables=("a", "b"))
+    ebc = TieredEmbeddingBagCollection(store, ["a", "b"])
+    kjt = kjt_mod.KeyedJaggedTensor.from_lengths_sync(keys=["a", "b"], values=torch.tensor([1, 2, 3, 4]),
+                                                       lengths=torch.tensor([2, 0, 1, 1]))
+    out = ebc(kjt)
+    assert out["a"].shape == (2, DIM) and out["b"].shape == (2, DIM)
+    store.close()
+
+
+def test_no_grad_reads_only_and_nonfinite_changes_nothing(tmp_path):
+    store = _store(tmp_path)
+    bag = TieredEmbeddingBag(store, "t")
+    ids, offsets, _ = _batch(1)
+    before = store.peek("t", np.arange(ROWS), with_state=True)
+    with torch.no_grad():
+        out = bag(ids, offsets)
+    assert not out.requires_grad
+    out = bag(ids, offsets)
+    with pytest.raises(NonFiniteGradientError):
+        (out * float("nan")).sum().backward()
+    assert store.peek("t", np.arange(ROWS), with_state=True).tobytes() == before.tobytes()
+    store.close()
+
+
+def test_dense_parameters_keep_their_torch_optimizer(tmp_path):
+    store = _store(tmp_path)
+    bag = TieredEmbeddingBag(store, "t")
+    lin = torch.nn.Linear(DIM, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    assert list(bag.parameters()) == []  # rows are not torch parameters
+    ids, offsets, _ = _batch(2)
+    before = lin.weight.detach().clone()
+    lin(bag(ids, offsets)).sum().backward()
+    opt.step()
+    assert not torch.equal(before, lin.weight.detach())
+    store.close()

@@ -1,0 +1,234 @@
+"""Pooled lookups and their fused backward: bags of ids straight from the HBM slots.
+
+The plain path of a bag forward is ``store.lookup(ids)`` (one (n, dim) row per id,
+gathered) followed by pooling; its backward is one gradient row per id, summed per
+unique id by the store.  For a batch of 8,192 bags x 20 ids x dim 128 those two
+intermediate (n, dim) arrays are 80 MiB each, written and read once: the cost of the
+step.  Here instead
+
+forward   dedupe once -> pin the unique ids in HBM -> pool each bag directly from
+          ``records[slots[inverse[i]]]`` (no gathered copy);
+backward  for each unique id, sum ``w_i * grad_out[bag(i)]`` over its positions in batch
+          order (no per-position copy) -> the table's optimizer on its slots.
+
+Both produce bitwise the values of the plain path: the same float32 products, summed
+in the same order (position order inside a bag, batch order per unique id).  The
+backward re-pins the rows (they are normally still resident: a hit), exactly as
+:meth:`TieredStore.apply_gradients` does, so cache state and statistics are those of
+the plain path too.  A batch with more unique ids than HBM holds falls back to the
+plain, chunked path.  Only the NumPy HBM backend takes the fused path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from .errors import ConfigError, IdTypeError, NonFiniteGradientError
+from .kernels import _all_finite, _group_positions, _pool_bags, dedupe
+from .optimizers import apply_update
+
+
+@dataclass
+class BagPlan:
+    """The ids of one batch of bags, planned once for forward and backward.
+
+    Attributes
+    ----------
+    ids : int64 (n,)
+    offsets : int64 (B + 1,), bag b is ``ids[offsets[b]:offsets[b+1]]``
+    weights : float32 (n,) or None, per-sample weights
+    mean : bool, divide each bag by its length
+    uids : int64 (k,), unique ids in first-occurrence order
+    inverse : int64 (n,), ``uids[inverse[i]] == ids[i]``
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray | None
+    mean: bool
+    uids: np.ndarray
+    inverse: np.ndarray
+
+    @property
+    def num_bags(self) -> int:
+        return self.offsets.shape[0] - 1
+
+
+def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None = None,
+              mean: bool = False) -> BagPlan:
+    """Dedupe a batch of bags.
+
+    Parameters
+    ----------
+    ids : int64 (n,)
+    offsets : int64 (B + 1,), non-decreasing, ``offsets[0] == 0``, ``offsets[-1] == n``
+    weights : float32 (n,), optional
+    mean : bool
+
+    Examples
+    --------
+    >>> p = plan_bags(np.array([4, 2, 4]), np.array([0, 2, 3]))
+    >>> p.uids.tolist(), p.num_bags
+    ([4, 2], 2)
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != ids.shape[0] \
+            or (offsets.shape[0] > 1 and bool((np.diff(offsets) < 0).any())):
+        raise IdTypeError(f"offsets {offsets[:8].tolist()}... do not describe bags of {ids.shape[0]} ids",
+                          "give non-decreasing offsets starting at 0 (and ending at len(ids) with include_last_offset)")
+    if weights is not None:
+        weights = np.ascontiguousarray(weights, dtype=np.float32)
+        if weights.shape != ids.shape:
+            raise ConfigError(f"per_sample_weights have shape {weights.shape}, ids {ids.shape}",
+                              "give one weight per id")
+    uids, inverse = dedupe(ids)
+    return BagPlan(ids, offsets, weights, bool(mean), uids, inverse)
+
+
+# --------------------------------------------------------------------------- kernels
+@numba.njit(parallel=True, cache=True)
+def _pool_from_slots(records, slots, inverse, offsets, weights, use_weights, mean, out):
+    """``out[b] = sum_i w_i * records[slots[inverse[i]], :dim]`` over bag b, in position order.
+
+    The arithmetic of :func:`tiered_emb.kernels._pool_bags` on rows it never copies.
+    ``records`` float32 (cap, W); ``out`` float32 (B, dim).
+    """
+    dim = out.shape[1]
+    for b in numba.prange(out.shape[0]):
+        acc = out[b]
+        for j in range(dim):
+            acc[j] = 0.0
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        for i in range(lo, hi):
+            w = weights[i] if use_weights else np.float32(1.0)
+            src = records[slots[inverse[i]]]
+            for j in range(dim):
+                acc[j] += w * src[j]
+        if mean and hi > lo:
+            inv = np.float32(1.0) / np.float32(hi - lo)
+            for j in range(dim):
+                acc[j] *= inv
+
+
+@numba.njit(cache=True)
+def _bag_of_positions(offsets, bag_of):
+    """``bag_of[i]`` = the bag holding position i (int64 (n,))."""
+    for b in range(offsets.shape[0] - 1):
+        for i in range(offsets[b], offsets[b + 1]):
+            bag_of[i] = b
+
+
+@numba.njit(parallel=True, cache=True)
+def _reduce_bag_grads(grad_out, starts, order, bag_of, offsets, weights, use_weights, mean, out):
+    """Per unique id: ``sum w_i * grad_out[bag(i)]`` over its positions, in batch order.
+
+    Bitwise :func:`_unpool_grads` followed by :func:`_reduce_grads`.  ``grad_out`` float32
+    (B, dim); ``out`` float32 (k, dim).
+    """
+    dim = grad_out.shape[1]
+    for u in numba.prange(out.shape[0]):
+        acc = out[u]
+        for j in range(dim):
+            acc[j] = 0.0
+        for q in range(starts[u], starts[u + 1]):
+            i = order[q]
+            b = bag_of[i]
+            scale = np.float32(1.0)
+            if mean:
+                scale = np.float32(1.0) / np.float32(offsets[b + 1] - offsets[b])
+            w = scale * (weights[i] if use_weights else np.float32(1.0))
+            g = grad_out[b]
+            for j in range(dim):
+                acc[j] += w * g[j]
+
+
+# --------------------------------------------------------------------------- the two halves
+def lookup_pooled(store, table: str, plan: BagPlan) -> np.ndarray:
+    """Pooled rows of every bag of ``plan``: float32 (B, dim), host NumPy.
+
+    Bitwise equal to pooling ``store.lookup(table, plan.ids)`` with
+    :func:`tiered_emb.kernels._pool_bags`.
+    """
+    t = store._table(table)
+    store._ids(t, plan.ids)  # validation: range and num_rows
+    dim = t.cfg.dim
+    out = np.empty((plan.num_bags, dim), dtype=np.float32)
+    use_w = plan.weights is not None
+    weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
+    if store.xp is np and plan.uids.shape[0] <= t.hbm.unpinned_capacity:
+        if plan.uids.shape[0] == 0:
+            out[:] = 0.0
+            return out
+        for _, slots in store._chunks(t, plan.uids):
+            _pool_from_slots(t.hbm.records, slots, plan.inverse, plan.offsets, weights, use_w, plan.mean, out)
+        return out
+    # Spill path (or a GPU HBM): rows gathered by the store, pooled on the host.
+    rows = store.lookup(table, plan.ids)
+    rows = rows if isinstance(rows, np.ndarray) else rows.get()
+    _pool_bags(rows, plan.offsets, weights, use_w, plan.mean, out)
+    return out
+
+
+def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> np.ndarray:
+    """Gradient of every unique id of ``plan`` from the bags' gradient ``grad_out`` (B, dim).
+
+    Returns float32 (k, dim), summed in batch order per id.
+    """
+    k = plan.uids.shape[0]
+    n = plan.ids.shape[0]
+    starts = np.empty(k + 1, dtype=np.int64)
+    order = np.empty(n, dtype=np.int64)
+    _group_positions(plan.inverse, k, starts, order)
+    bag_of = np.empty(n, dtype=np.int64)
+    _bag_of_positions(plan.offsets, bag_of)
+    use_w = plan.weights is not None
+    weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
+    out = np.empty((k, grad_out.shape[1]), dtype=np.float32)
+    _reduce_bag_grads(np.ascontiguousarray(grad_out, dtype=np.float32), starts, order, bag_of, plan.offsets,
+                      weights, use_w, plan.mean, out)
+    return out
+
+
+def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarray,
+                           nonfinite: str = "raise") -> None:
+    """The fused backward: the table's optimizer applied once per unique id of ``plan``.
+
+    Parameters
+    ----------
+    grad_out : float32 (B, dim), the gradient of the pooled output
+    nonfinite : as :meth:`TieredStore.apply_gradients`
+
+    Bitwise equal to ``store.apply_gradients(table, plan.ids, unpooled)`` where
+    ``unpooled`` is each position's gradient row.
+    """
+    t = store._table(table)
+    if nonfinite not in ("raise", "skip", "zero"):
+        raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
+    if plan.ids.shape[0] == 0:
+        return
+    uids = plan.uids
+    summed = reduce_bag_grads(plan, grad_out)
+    # The tail of TieredStore.apply_gradients, on gradients already summed per unique id.
+    if not _all_finite(summed):
+        bad = ~np.isfinite(summed).all(axis=1)
+        if nonfinite == "raise":
+            raise NonFiniteGradientError(
+                f"gradients of table {t.cfg.name!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
+                "lower the learning rate or clip gradients; nonfinite='skip'|'zero' tolerates them")
+        if nonfinite == "skip":
+            uids, summed = uids[~bad], summed[~bad]
+        else:
+            summed[~np.isfinite(summed)] = 0.0
+    opt = t.cfg.optimizer
+    xp = store.xp
+    for start, slots in store._chunks(t, uids):
+        apply_update(opt, t.hbm.records, slots if xp is np else xp.asarray(slots),
+                     summed[start:start + slots.shape[0]], xp)
+        t.hbm.dirty[slots] = 1
+
+
+__all__ = ["BagPlan", "plan_bags", "lookup_pooled", "reduce_bag_grads", "apply_pooled_gradients"]

@@ -1,0 +1,315 @@
+"""PyTorch front end: ``nn.Module`` s over a :class:`~tiered_emb.TieredStore` (the only module importing torch).
+
+The embedding rows never become torch parameters.  A forward reads them from the
+store; the backward hands their gradients to the store, whose optimizer (the table's
+``TableConfig.optimizer``) updates each touched row once, in place, in the HBM tier:
+a *fused* backward, with no dense gradient and no torch optimizer for the embeddings.
+Dense parameters of the surrounding model keep their torch optimizer as usual::
+
+    emb = TieredEmbeddingBag(store, "user", mode="sum")
+    out = mlp(emb(ids, offsets))          # (B, dim) pooled rows from the store
+    loss.backward()                       # embedding rows updated here, by the store
+    dense_opt.step()                      # the MLP's own optimizer
+
+With the NumPy HBM tier (no GPU), the forward pools straight from the HBM slots and the
+backward reduces the bags' gradients per unique id (:mod:`tiered_emb.pooled`); the
+output is a zero-copy ``torch.from_numpy`` view.  With a CuPy HBM tier the rows cross
+into torch by DLPack (no copy) and torch pools them on the GPU.
+
+A forward with gradients enabled plans one backward (kept in the autograd graph, freed
+with it); under ``torch.no_grad()`` it is a plain read.  As with any in-place update,
+run a batch's backward before the rows it read are updated by another batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import ConfigError, IdTypeError
+from .pooled import BagPlan, apply_pooled_gradients, lookup_pooled, plan_bags
+
+_MODES = ("sum", "mean")
+
+
+def _as_numpy_ids(x, what: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+            raise IdTypeError(f"{what} have dtype {x.dtype}", "pass integer ids (torch.long)")
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        return np.ascontiguousarray(x.numpy(), dtype=np.int64)
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise IdTypeError(f"{what} have dtype {a.dtype}", "pass integer ids")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids (n,), offsets (B+1,))`` from torch.nn.EmbeddingBag's input conventions."""
+    ids = _as_numpy_ids(input, "input ids")
+    if ids.ndim == 2:
+        if offsets is not None:
+            raise ConfigError("offsets were given with a 2-D input", "pass offsets=None for 2-D (B, L) input")
+        b, length = ids.shape
+        return ids.reshape(-1), np.arange(b + 1, dtype=np.int64) * length
+    if ids.ndim != 1:
+        raise IdTypeError(f"input ids have shape {tuple(ids.shape)}", "pass 1-D ids with offsets, or 2-D (B, L) ids")
+    if offsets is None:
+        raise ConfigError("a 1-D input needs offsets", "pass offsets (int64, one start per bag), or a 2-D input")
+    off = _as_numpy_ids(offsets, "offsets")
+    if off.ndim != 1:
+        raise IdTypeError(f"offsets have shape {tuple(off.shape)}", "pass 1-D offsets")
+    if not include_last_offset:
+        off = np.concatenate([off, np.array([ids.shape[0]], dtype=np.int64)])
+    return ids, off
+
+
+def _weights_of(per_sample_weights, n: int, mode: str):
+    if per_sample_weights is None:
+        return None
+    if mode != "sum":
+        raise ConfigError(f"per_sample_weights with mode={mode!r}", "per_sample_weights need mode='sum' (as in torch)")
+    w = per_sample_weights.detach().reshape(-1)
+    if w.shape[0] != n:
+        raise ConfigError(f"per_sample_weights have {w.shape[0]} values for {n} ids", "give one weight per id")
+    return np.ascontiguousarray(w.cpu().numpy(), dtype=np.float32)
+
+
+class _Batch:
+    """One forward's plan, kept for its backward."""
+
+    def __init__(self, store, table: str, plan: BagPlan, nonfinite: str):
+        self.store, self.table, self.plan, self.nonfinite = store, table, plan, nonfinite
+
+
+class _FusedBags(torch.autograd.Function):
+    """Pooled rows from the store; backward = the store's optimizer (host NumPy HBM)."""
+
+    @staticmethod
+    def forward(ctx, anchor, weights_t, batch: _Batch):
+        out = lookup_pooled(batch.store, batch.table, batch.plan)
+        ctx.batch = batch
+        ctx.weights_need_grad = weights_t is not None and weights_t.requires_grad
+        if ctx.weights_need_grad:
+            # d out[b] / d w_i = row_i: rows as read now (before the backward updates them).
+            ctx.rows = batch.store.peek(batch.table, batch.plan.ids)
+        return torch.from_numpy(out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        batch = ctx.batch
+        g = np.ascontiguousarray(grad_out.detach().cpu().numpy(), dtype=np.float32)
+        grad_w = None
+        if ctx.weights_need_grad:
+            plan = batch.plan
+            bag_of = np.repeat(np.arange(plan.num_bags), np.diff(plan.offsets))
+            grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
+            ctx.rows = None
+        apply_pooled_gradients(batch.store, batch.table, batch.plan, g, batch.nonfinite)
+        ctx.batch = None
+        return None, grad_w, None
+
+
+class _RowsFromStore(torch.autograd.Function):
+    """Rows of ``ids`` as a tensor (DLPack view); backward hands their gradient to the store."""
+
+    @staticmethod
+    def forward(ctx, anchor, store, table: str, ids: np.ndarray, nonfinite: str):
+        rows = store.lookup(table, ids)
+        ctx.args = (store, table, ids, nonfinite)
+        return torch.from_dlpack(rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_rows):
+        store, table, ids, nonfinite = ctx.args
+        g = grad_rows.detach().contiguous()
+        if store.xp is np:
+            store.apply_gradients(table, ids, g.cpu().numpy(), nonfinite=nonfinite)
+        else:
+            store.apply_gradients(table, ids, store.xp.from_dlpack(g), nonfinite=nonfinite)
+        ctx.args = None
+        return None, None, None, None, None
+
+
+class _StoreModule(torch.nn.Module):
+    def __init__(self, store, table: str, nonfinite: str):
+        super().__init__()
+        if table not in store.tables:
+            store._table(table)  # raises UnknownTableError with a hint
+        if nonfinite not in ("raise", "skip", "zero"):
+            raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
+        self.store = store
+        self.table = table
+        self.nonfinite = nonfinite
+        self.embedding_dim = store.tables[table].dim
+        # Not a Parameter: it only makes outputs require grad so autograd calls our backward.
+        self._anchor = torch.empty(0, requires_grad=True)
+
+    @staticmethod
+    def _needs_backward() -> bool:
+        return torch.is_grad_enabled()
+
+    def _pooled(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str) -> torch.Tensor:
+        weights = _weights_of(weights_t, ids.shape[0], mode)
+        plan = plan_bags(ids, offsets, weights, mean=(mode == "mean"))
+        if self.store.xp is not np:
+            return self._pooled_device(plan, weights_t, mode)
+        batch = _Batch(self.store, self.table, plan, self.nonfinite)
+        if not self._needs_backward():
+            return torch.from_numpy(lookup_pooled(self.store, self.table, plan))
+        return _FusedBags.apply(self._anchor, weights_t, batch)
+
+    def _pooled_device(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
+        """GPU HBM: rows by DLPack, pooled by torch on the device; backward through autograd."""
+        anchor = self._anchor if self._needs_backward() else self._anchor.detach()
+        rows = _RowsFromStore.apply(anchor, self.store, self.table, plan.ids, self.nonfinite)
+        dev = rows.device
+        idx = torch.arange(plan.ids.shape[0], device=dev)
+        off = torch.from_numpy(plan.offsets).to(dev)
+        w = None if weights_t is None else weights_t.reshape(-1).to(dev)
+        return F.embedding_bag(idx, rows, off, mode=mode, per_sample_weights=w, include_last_offset=True)
+
+
+class TieredEmbeddingBag(_StoreModule):
+    """Like :class:`torch.nn.EmbeddingBag`, over one table of a :class:`~tiered_emb.TieredStore`.
+
+    Parameters
+    ----------
+    store : TieredStore
+    table : str, a table of ``store``; its optimizer is applied in backward
+    mode : ``"sum"`` or ``"mean"``
+    include_last_offset : bool, as in torch (offsets has B + 1 entries)
+    nonfinite : ``"raise"`` (default), ``"skip"`` or ``"zero"``: NaN/inf gradients, as
+        :meth:`TieredStore.apply_gradients`
+
+    Examples
+    --------
+    >>> import tempfile, torch
+    >>> from tiered_emb import TieredStore, TableConfig, TierConfig, SGD
+    >>> s = TieredStore.create(tempfile.mkdtemp() + "/s", [TableConfig("t", 4, optimizer=SGD(0.1))],
+    ...                        TierConfig(hbm_rows=16, device="cpu"))
+    >>> bag = TieredEmbeddingBag(s, "t", mode="mean")
+    >>> out = bag(torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
+    >>> out.shape
+    torch.Size([2, 4])
+    >>> out.sum().backward()   # rows 1, 2, 3 updated by the store's SGD
+    >>> s.close()
+    """
+
+    def __init__(self, store, table: str, mode: str = "sum", include_last_offset: bool = False,
+                 nonfinite: str = "raise"):
+        super().__init__(store, table, nonfinite)
+        if mode not in _MODES:
+            raise ConfigError(f"mode={mode!r} is not supported", f"use one of {_MODES}")
+        self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
+
+    def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:
+        """Pooled rows, float32 (B, dim); ``input`` 1-D with ``offsets``, or 2-D (B, L)."""
+        ids, off = _bags_of(input, offsets, self.include_last_offset)
+        return self._pooled(ids, off, per_sample_weights, self.mode)
+
+    def extra_repr(self) -> str:
+        return f"table={self.table!r}, dim={self.embedding_dim}, mode={self.mode!r}"
+
+
+class TieredEmbedding(_StoreModule):
+    """Like :class:`torch.nn.Embedding` (one row per id, any input shape), over one table.
+
+    Examples
+    --------
+    >>> import tempfile, torch
+    >>> from tiered_emb import TieredStore, TableConfig, TierConfig
+    >>> s = TieredStore.create(tempfile.mkdtemp() + "/s", [TableConfig("t", 4)], TierConfig(16, device="cpu"))
+    >>> TieredEmbedding(s, "t")(torch.tensor([[1, 2], [2, 5]])).shape
+    torch.Size([2, 2, 4])
+    >>> s.close()
+    """
+
+    def __init__(self, store, table: str, nonfinite: str = "raise"):
+        super().__init__(store, table, nonfinite)
+
+    def forward(self, input) -> torch.Tensor:
+        ids = _as_numpy_ids(input, "input ids")
+        shape = tuple(ids.shape)
+        flat = ids.reshape(-1)
+        # Bags of one id: the pooled path is a gather, with the same fused backward.
+        out = self._pooled(flat, np.arange(flat.shape[0] + 1, dtype=np.int64), None, "sum")
+        return out.reshape(*shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"table={self.table!r}, dim={self.embedding_dim}"
+
+
+class TieredEmbeddingBagCollection(torch.nn.Module):
+    """One :class:`TieredEmbeddingBag` per feature, over the tables of one store.
+
+    Parameters
+    ----------
+    store : TieredStore
+    feature_tables : dict feature name -> table name (a list means feature == table)
+    mode : ``"sum"`` or ``"mean"``
+
+    ``forward`` takes a dict feature -> ``(values, lengths)`` (values int (n,), lengths int
+    (B,) per feature) or, when torchrec is installed, a ``KeyedJaggedTensor``; it returns
+    a dict feature -> float32 (B, dim), in the order of ``feature_tables``.
+
+    Examples
+    --------
+    >>> import tempfile, torch
+    >>> from tiered_emb import TieredStore, TableConfig, TierConfig
+    >>> s = TieredStore.create(tempfile.mkdtemp() + "/s", [TableConfig("a", 4), TableConfig("b", 8)],
+    ...                        TierConfig(16, device="cpu"))
+    >>> ebc = TieredEmbeddingBagCollection(s, ["a", "b"])
+    >>> out = ebc({"a": (torch.tensor([1, 2, 3]), torch.tensor([2, 1])), "b": (torch.tensor([7, 7]), torch.tensor([1, 1]))})
+    >>> {k: tuple(v.shape) for k, v in out.items()}
+    {'a': (2, 4), 'b': (2, 8)}
+    >>> s.close()
+    """
+
+    def __init__(self, store, feature_tables, mode: str = "sum", nonfinite: str = "raise"):
+        super().__init__()
+        if not isinstance(feature_tables, dict):
+            feature_tables = {f: f for f in feature_tables}
+        self.feature_tables = dict(feature_tables)
+        self.bags = torch.nn.ModuleDict({f: TieredEmbeddingBag(store, t, mode=mode, nonfinite=nonfinite)
+                                         for f, t in self.feature_tables.items()})
+
+    def forward(self, features) -> dict[str, torch.Tensor]:
+        """Pooled rows per feature; see the class docstring for ``features``."""
+        jagged = _jagged_of(features)
+        missing = [f for f in self.feature_tables if f not in jagged]
+        if missing:
+            raise ConfigError(f"features {missing} are missing from the batch", f"give every feature of {list(self.feature_tables)}")
+        out = {}
+        for f, bag in self.bags.items():
+            values, lengths, weights = jagged[f]
+            lengths = _as_numpy_ids(lengths, f"lengths of feature {f!r}")
+            offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            ids = _as_numpy_ids(values, f"values of feature {f!r}")
+            out[f] = bag._pooled(ids, offsets, weights, bag.mode)
+        return out
+
+
+def _jagged_of(features) -> dict:
+    """feature -> (values, lengths, weights or None) from a dict or a torchrec KeyedJaggedTensor."""
+    if isinstance(features, dict):
+        out = {}
+        for f, v in features.items():
+            if not isinstance(v, (tuple, list)) or len(v) not in (2, 3):
+                raise ConfigError(f"feature {f!r} is given as {type(v).__name__}",
+                                  "give (values, lengths) or (values, lengths, weights)")
+            out[f] = (v[0], v[1], v[2] if len(v) == 3 else None)
+        return out
+    if hasattr(features, "to_dict") and hasattr(features, "keys"):  # torchrec KeyedJaggedTensor
+        return {f: (jt.values(), jt.lengths(), jt.weights_or_none()) for f, jt in features.to_dict().items()}
+    raise ConfigError(f"features of type {type(features).__name__} are not supported",
+                      "pass a dict feature -> (values, lengths) or a torchrec KeyedJaggedTensor")
+
+
+__all__ = ["TieredEmbeddingBag", "TieredEmbedding", "TieredEmbeddingBagCollection"]
