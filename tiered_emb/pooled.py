@@ -12,11 +12,13 @@ backward  for each unique id, sum ``w_i * grad_out[bag(i)]`` over its positions 
           order (no per-position copy) -> the table's optimizer on its slots.
 
 Both produce bitwise the values of the plain path: the same float32 products, summed
-in the same order (position order inside a bag, batch order per unique id).  The
-backward re-pins the rows (they are normally still resident: a hit), exactly as
-:meth:`TieredStore.apply_gradients` does, so cache state and statistics are those of
-the plain path too.  A batch with more unique ids than HBM holds falls back to the
-plain, chunked path.  Only the NumPy HBM backend takes the fused path.
+in the same order (position order inside a bag, batch order per unique id), and the
+optimizer's arithmetic unchanged.  The backward updates the slots the forward pinned
+when they still hold the same ids (checked id by id; a slot holding its id holds the
+row's newest record), without resolving them again: one HBM lookup per batch instead of
+the plain path's two, so the policy sees one touch per batch.  Otherwise (rows evicted
+in between) it resolves them as :meth:`TieredStore.apply_gradients` does.  A batch with
+more unique ids than HBM holds, or a CuPy HBM, takes the plain, chunked path.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import numpy as np
 
 from .errors import ConfigError, IdTypeError, NonFiniteGradientError
 from .kernels import _all_finite, _group_positions, _pool_bags, dedupe
-from .optimizers import apply_update
+from .optimizers import _adagrad_update, _adam_update, _sgd_update, apply_update
 
 
 @dataclass
@@ -50,6 +52,7 @@ class BagPlan:
     mean: bool
     uids: np.ndarray
     inverse: np.ndarray
+    slots: np.ndarray | None = None  # HBM slots of uids at the forward (fused path), for the backward
 
     @property
     def num_bags(self) -> int:
@@ -114,20 +117,26 @@ def _pool_from_slots(records, slots, inverse, offsets, weights, use_weights, mea
                 acc[j] *= inv
 
 
-@numba.njit(cache=True)
-def _bag_of_positions(offsets, bag_of):
-    """``bag_of[i]`` = the bag holding position i (int64 (n,))."""
-    for b in range(offsets.shape[0] - 1):
-        for i in range(offsets[b], offsets[b + 1]):
+@numba.njit(parallel=True, cache=True)
+def _position_scales(offsets, weights, use_weights, mean, bag_of, scale):
+    """Each position's bag and factor ``w_i`` (times 1/len with ``mean``), as :func:`_unpool_grads` forms it."""
+    for b in numba.prange(offsets.shape[0] - 1):
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        s = np.float32(1.0)
+        if mean and hi > lo:
+            s = np.float32(1.0) / np.float32(hi - lo)
+        for i in range(lo, hi):
             bag_of[i] = b
+            scale[i] = s * (weights[i] if use_weights else np.float32(1.0))
 
 
 @numba.njit(parallel=True, cache=True)
-def _reduce_bag_grads(grad_out, starts, order, bag_of, offsets, weights, use_weights, mean, out):
-    """Per unique id: ``sum w_i * grad_out[bag(i)]`` over its positions, in batch order.
+def _reduce_bag_grads(grad_out, starts, order, bag_of, scale, out, bad):
+    """Per unique id: ``sum scale_i * grad_out[bag(i)]`` over its positions, in batch order.
 
     Bitwise :func:`_unpool_grads` followed by :func:`_reduce_grads`.  ``grad_out`` float32
-    (B, dim); ``out`` float32 (k, dim).
+    (B, dim); ``out`` float32 (k, dim); ``bad[u]`` (uint8 (k,)) = 1 where a sum is not finite.
     """
     dim = grad_out.shape[1]
     for u in numba.prange(out.shape[0]):
@@ -136,14 +145,63 @@ def _reduce_bag_grads(grad_out, starts, order, bag_of, offsets, weights, use_wei
             acc[j] = 0.0
         for q in range(starts[u], starts[u + 1]):
             i = order[q]
-            b = bag_of[i]
-            scale = np.float32(1.0)
-            if mean:
-                scale = np.float32(1.0) / np.float32(offsets[b + 1] - offsets[b])
-            w = scale * (weights[i] if use_weights else np.float32(1.0))
-            g = grad_out[b]
+            w = scale[i]
+            g = grad_out[bag_of[i]]
             for j in range(dim):
                 acc[j] += w * g[j]
+        finite = True
+        for j in range(dim):
+            finite &= np.isfinite(acc[j])
+        bad[u] = 0 if finite else 1
+
+
+@numba.njit(parallel=True, cache=True)
+def _rowwise_adagrad_by_four(records, slots, grads, params):
+    """:func:`tiered_emb.optimizers._rowwise_adagrad_update`, bitwise, four rows at a time.
+
+    Each row's float64 sum of squares still runs in column order; four independent rows
+    interleaved hide the latency of that serial chain.
+    """
+    lr = params[0]
+    eps = params[1]
+    k = slots.shape[0]
+    dim = grads.shape[1]
+    for q in numba.prange((k + 3) // 4):
+        u0 = 4 * q
+        if u0 + 4 <= k:
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            for j in range(dim):
+                g0 = np.float64(grads[u0, j])
+                g1 = np.float64(grads[u0 + 1, j])
+                g2 = np.float64(grads[u0 + 2, j])
+                g3 = np.float64(grads[u0 + 3, j])
+                a0 += g0 * g0
+                a1 += g1 * g1
+                a2 += g2 * g2
+                a3 += g3 * g3
+            accs = (a0, a1, a2, a3)
+            for d in range(4):
+                r = records[slots[u0 + d]]
+                s = r[dim] + np.float32(accs[d] / dim)
+                r[dim] = s
+                step = lr / (np.sqrt(s) + eps)
+                for j in range(dim):
+                    r[j] = r[j] - step * grads[u0 + d, j]
+        else:
+            for u in range(u0, k):
+                r = records[slots[u]]
+                acc = 0.0
+                for j in range(dim):
+                    g = np.float64(grads[u, j])
+                    acc += g * g
+                s = r[dim] + np.float32(acc / dim)
+                r[dim] = s
+                step = lr / (np.sqrt(s) + eps)
+                for j in range(dim):
+                    r[j] = r[j] - step * grads[u, j]
 
 
 # --------------------------------------------------------------------------- the two halves
@@ -165,6 +223,7 @@ def lookup_pooled(store, table: str, plan: BagPlan) -> np.ndarray:
             return out
         for _, slots in store._chunks(t, plan.uids):
             _pool_from_slots(t.hbm.records, slots, plan.inverse, plan.offsets, weights, use_w, plan.mean, out)
+            plan.slots = slots
         return out
     # Spill path (or a GPU HBM): rows gathered by the store, pooled on the host.
     rows = store.lookup(table, plan.ids)
@@ -173,10 +232,11 @@ def lookup_pooled(store, table: str, plan: BagPlan) -> np.ndarray:
     return out
 
 
-def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> np.ndarray:
+def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Gradient of every unique id of ``plan`` from the bags' gradient ``grad_out`` (B, dim).
 
-    Returns float32 (k, dim), summed in batch order per id.
+    Returns ``(summed, bad)``: float32 (k, dim) summed in batch order per id, and uint8
+    (k,) flags of the ids whose sum holds NaN or infinity.
     """
     k = plan.uids.shape[0]
     n = plan.ids.shape[0]
@@ -184,13 +244,14 @@ def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> np.ndarray:
     order = np.empty(n, dtype=np.int64)
     _group_positions(plan.inverse, k, starts, order)
     bag_of = np.empty(n, dtype=np.int64)
-    _bag_of_positions(plan.offsets, bag_of)
+    scale = np.empty(n, dtype=np.float32)
     use_w = plan.weights is not None
-    weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
+    _position_scales(plan.offsets, plan.weights if use_w else np.empty(0, dtype=np.float32), use_w, plan.mean,
+                     bag_of, scale)
     out = np.empty((k, grad_out.shape[1]), dtype=np.float32)
-    _reduce_bag_grads(np.ascontiguousarray(grad_out, dtype=np.float32), starts, order, bag_of, plan.offsets,
-                      weights, use_w, plan.mean, out)
-    return out
+    bad = np.empty(k, dtype=np.uint8)
+    _reduce_bag_grads(np.ascontiguousarray(grad_out, dtype=np.float32), starts, order, bag_of, scale, out, bad)
+    return out, bad
 
 
 def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarray,
@@ -211,10 +272,10 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
     if plan.ids.shape[0] == 0:
         return
     uids = plan.uids
-    summed = reduce_bag_grads(plan, grad_out)
+    summed, bad = reduce_bag_grads(plan, grad_out)
     # The tail of TieredStore.apply_gradients, on gradients already summed per unique id.
-    if not _all_finite(summed):
-        bad = ~np.isfinite(summed).all(axis=1)
+    if bad.any():
+        bad = bad.astype(bool)
         if nonfinite == "raise":
             raise NonFiniteGradientError(
                 f"gradients of table {t.cfg.name!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
@@ -225,10 +286,33 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
             summed[~np.isfinite(summed)] = 0.0
     opt = t.cfg.optimizer
     xp = store.xp
-    for start, slots in store._chunks(t, uids):
-        apply_update(opt, t.hbm.records, slots if xp is np else xp.asarray(slots),
-                     summed[start:start + slots.shape[0]], xp)
+    update = _FUSED_UPDATES.get(opt.name) if xp is np else None
+    slots = plan.slots
+    if update is not None and slots is not None and uids is plan.uids and _still_resident(t.hbm.slot_ids, slots, uids):
+        # The forward's slots still hold these ids: update them without resolving again.
+        update(t.hbm.records, slots, summed, opt.params())
         t.hbm.dirty[slots] = 1
+        return
+    for start, slots in store._chunks(t, uids):
+        chunk = summed[start:start + slots.shape[0]]
+        if update is not None:
+            update(t.hbm.records, slots, chunk, opt.params())
+        else:
+            apply_update(opt, t.hbm.records, slots if xp is np else xp.asarray(slots), chunk, xp)
+        t.hbm.dirty[slots] = 1
+
+
+@numba.njit(cache=True)
+def _still_resident(slot_ids, slots, uids):
+    """True when every ``slots[u]`` still holds ``uids[u]`` (its record is then the row's newest)."""
+    for u in range(uids.shape[0]):
+        if slot_ids[slots[u]] != uids[u]:
+            return False
+    return True
+
+
+_FUSED_UPDATES = {"rowwise_adagrad": _rowwise_adagrad_by_four, "sgd": _sgd_update, "adagrad": _adagrad_update,
+                  "adam": _adam_update}
 
 
 __all__ = ["BagPlan", "plan_bags", "lookup_pooled", "reduce_bag_grads", "apply_pooled_gradients"]
