@@ -1,0 +1,53 @@
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiered_emb.index import _index_del, _index_find, _index_put, new_index, table_size_for
+
+
+def test_table_size_scales_with_capacity_not_ids():
+    assert table_size_for(1) == 8
+    assert table_size_for(1000) == 2048
+    assert table_size_for(1024) == 2048
+    keys, vals = new_index(100)
+    assert keys.shape == (256,) and vals.shape == (256,)
+
+
+def test_hand_traced_insert_find_delete():
+    keys, vals = new_index(4)
+    for slot, key in enumerate([10, 2**62, 7, 0]):
+        _index_put(keys, vals, key, slot)
+    assert [_index_find(keys, vals, k) for k in (10, 2**62, 7, 0, 5)] == [0, 1, 2, 3, -1]
+    _index_del(keys, vals, 2**62)
+    assert _index_find(keys, vals, 2**62) == -1
+    assert [_index_find(keys, vals, k) for k in (10, 7, 0)] == [0, 2, 3]
+
+
+def test_backward_shift_keeps_colliding_runs_reachable():
+    keys, vals = new_index(4)  # 8 buckets: many collisions among 6 keys
+    ids = [1, 9, 17, 25, 33, 41]
+    for s, k in enumerate(ids):
+        _index_put(keys, vals, k, s)
+    for victim in (9, 1, 41):
+        _index_del(keys, vals, victim)
+        ids.remove(victim)
+        for k in ids:
+            assert _index_find(keys, vals, k) >= 0
+        assert _index_find(keys, vals, victim) == -1
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=200))
+def test_index_matches_a_dict(ops):
+    cap = 16
+    keys, vals = new_index(cap)
+    model = {}
+    for put, key in ops:
+        if put and key not in model and len(model) < cap:
+            model[key] = len(model) * 7 % 1000
+            _index_put(keys, vals, key, model[key])
+        elif not put and key in model:
+            del model[key]
+            _index_del(keys, vals, key)
+        for k in range(41):
+            assert _index_find(keys, vals, k) == model.get(k, -1)
+    assert int((keys != -1).sum()) == len(model)

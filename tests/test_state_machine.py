@@ -1,0 +1,98 @@
+"""A Hypothesis state machine: tiny tiers against a dict model, every row checked after each step."""
+import copy
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tiered_emb import Adagrad, RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
+from tiered_emb.testing.reference import ReferenceStore
+
+TABLES = [TableConfig("r", dim=3, optimizer=RowWiseAdagrad(lr=0.3)),
+          TableConfig("s", dim=2, num_rows=12, optimizer=Adagrad(lr=0.2)),
+          TableConfig("g", dim=4, optimizer=SGD(lr=0.1))]
+NAMES = [t.name for t in TABLES]
+ID_SPACE = 12
+
+ids_st = st.lists(st.integers(0, ID_SPACE - 1), min_size=0, max_size=9)
+tiers_st = st.builds(TierConfig, hbm_rows=st.integers(1, 5), ddr_rows=st.integers(0, 4),
+                     policy=st.sampled_from(["lru", "lfu"]), device=st.just("cpu"),
+                     ssd_compression=st.sampled_from([None, 1]))
+
+
+class StoreMachine(RuleBasedStateMachine):
+    @initialize(tiers=tiers_st)
+    def create(self, tiers):
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "store")
+        self.store = TieredStore.create(self.path, TABLES, tiers, seed=5)
+        self.model = ReferenceStore(TABLES, seed=5)
+        self.checkpointed = copy.deepcopy(self.model.rows)
+
+    @rule(table=st.sampled_from(NAMES), ids=ids_st)
+    def lookup(self, table, ids):
+        ids = np.array(ids, dtype=np.int64)
+        np.testing.assert_array_equal(self.store.lookup(table, ids), self.model.lookup(table, ids))
+
+    @rule(table=st.sampled_from(NAMES), ids=ids_st, scale=st.floats(-2, 2, width=32))
+    def write(self, table, ids, scale):
+        ids = np.array(ids, dtype=np.int64)
+        dim = self.model.tables[table].dim
+        rows = (np.arange(ids.shape[0] * dim, dtype=np.float32).reshape(-1, dim) * np.float32(scale))
+        self.store.write(table, ids, rows)
+        self.model.write(table, ids, rows)
+
+    @rule(table=st.sampled_from(NAMES), ids=ids_st, seed=st.integers(0, 2**16))
+    def apply_gradients(self, table, ids, seed):
+        ids = np.array(ids, dtype=np.int64)
+        dim = self.model.tables[table].dim
+        g = np.random.default_rng(seed).standard_normal((ids.shape[0], dim)).astype(np.float32)
+        self.store.apply_gradients(table, ids, g)
+        self.model.apply_gradients(table, ids, g)
+
+    @rule()
+    def flush(self):
+        self.store.flush()
+
+    @rule()
+    def checkpoint(self):
+        self.store.checkpoint()
+        self.checkpointed = copy.deepcopy(self.model.rows)
+
+    @rule(tiers=tiers_st)
+    def close_and_reopen(self, tiers):
+        self.store.close()
+        self.store = TieredStore.open(self.path, tiers=tiers)
+        self.checkpointed = copy.deepcopy(self.model.rows)
+
+    @rule(tiers=tiers_st)
+    def crash_and_reopen(self, tiers):
+        # no close(): whatever was not checkpointed is gone, the checkpoint is intact
+        self.store._ssd.close()
+        os.close(self.store._lock_fd)
+        self.store._closed = True
+        self.store = TieredStore.open(self.path, tiers=tiers)
+        self.model.rows = copy.deepcopy(self.checkpointed)
+
+    @invariant()
+    def every_row_matches(self):
+        if not hasattr(self, "store"):
+            return
+        ids = np.arange(ID_SPACE)
+        for t in NAMES:
+            np.testing.assert_array_equal(self.store.peek(t, ids, with_state=True),
+                                          self.model.peek_records(t, ids))
+
+    def teardown(self):
+        if hasattr(self, "store"):
+            self.store.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = settings(settings.default, max_examples=max(200, settings.default.max_examples),
+                                     stateful_step_count=30)

@@ -1,0 +1,317 @@
+"""TieredStore: the step API, tiers, durability and every typed error."""
+import json
+
+import numpy as np
+import pytest
+
+from tiered_emb import (RowWiseAdagrad, SGD, Normal, TableConfig, TieredStore, TierConfig, Uniform)
+from tiered_emb.errors import (ConfigError, CorruptStoreError, DeviceError, IdRangeError, IdTypeError,
+                               NonFiniteGradientError, RowDtypeError, RowShapeError, StoreClosedError,
+                               StoreExistsError, StoreLockedError, StoreNotFoundError, TieredEmbError,
+                               UnknownTableError)
+from tiered_emb.testing.reference import ReferenceStore
+
+TABLES = [TableConfig("a", dim=8, optimizer=RowWiseAdagrad(lr=0.1)),
+          TableConfig("b", dim=3, num_rows=100, init=Normal(std=0.1), optimizer=SGD(lr=0.5))]
+
+
+def cpu(hbm, ddr=0, **kw):
+    return TierConfig(hbm_rows=hbm, ddr_rows=ddr, device="cpu", **kw)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3)
+    yield s
+    s.close()
+
+
+def test_lookup_duplicates_and_lazy_rows(store):
+    ref = ReferenceStore(TABLES, seed=3)
+    ids = np.array([5, 1, 5, 2**40, 0])
+    out = store.lookup("a", ids)
+    assert out.shape == (5, 8) and out.dtype == np.float32
+    np.testing.assert_array_equal(out, ref.lookup("a", ids))
+    assert (out != 0).all()
+    # a lookup alone stores nothing in LMDB
+    store.checkpoint()
+    assert store.stats()["a"]["ssd"]["rows"] == 0
+
+
+def test_lazy_rows_do_not_depend_on_touch_order(tmp_path):
+    ids = np.arange(50)
+    with TieredStore.create(tmp_path / "x", TABLES, cpu(3), seed=9) as s1, \
+            TieredStore.create(tmp_path / "y", TABLES, cpu(64), seed=9) as s2:
+        a = s1.lookup("a", ids[::-1])[::-1]
+        b = s2.lookup("a", ids)
+        np.testing.assert_array_equal(a, b)
+    with TieredStore.create(tmp_path / "z", TABLES, cpu(64), seed=10) as s3:
+        assert not np.array_equal(s3.lookup("a", ids), b)
+
+
+def test_initialisers_have_the_asked_distribution(store):
+    w = store.peek("a", np.arange(2000)).ravel()
+    assert -0.05 <= w.min() and w.max() < 0.05 and abs(w.mean()) < 0.003
+    v = store.peek("b", np.arange(100)).ravel()
+    assert abs(v.std() - 0.1) < 0.02
+
+
+def test_write_then_read_across_tiers_and_reopen(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "s"
+    ref = ReferenceStore(TABLES, seed=0)
+    with TieredStore.create(path, TABLES, cpu(3, 2)) as s:
+        for _ in range(20):
+            ids = rng.integers(0, 30, size=7)
+            rows = rng.standard_normal((7, 8)).astype(np.float32)
+            s.write("a", ids, rows)
+            ref.write("a", ids, rows)
+            q = rng.integers(0, 30, size=9)
+            np.testing.assert_array_equal(s.lookup("a", q), ref.lookup("a", q))
+    with TieredStore.open(path, tiers=cpu(50, 0, policy="lfu")) as s:
+        np.testing.assert_array_equal(s.lookup("a", np.arange(30)), ref.lookup("a", np.arange(30)))
+
+
+def test_write_duplicates_last_wins(store):
+    store.write("a", np.array([4, 4]), np.stack([np.zeros(8), np.ones(8)]).astype(np.float32))
+    np.testing.assert_array_equal(store.peek("a", np.array([4])), np.ones((1, 8), np.float32))
+
+
+def test_spill_path_batch_larger_than_hbm_is_exact(tmp_path):
+    ref = ReferenceStore(TABLES, seed=1)
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(4, 3), seed=1) as s:
+        ids = np.array([9, 3, 7, 3, 11, 12, 13, 14, 15, 9, 1, 2])
+        g = np.linspace(-1, 1, ids.shape[0] * 8, dtype=np.float32).reshape(-1, 8)
+        s.apply_gradients("a", ids, g)
+        ref.apply_gradients("a", ids, g)
+        out = s.lookup("a", ids)
+        np.testing.assert_array_equal(out, ref.lookup("a", ids))
+        np.testing.assert_array_equal(s.peek("a", ids, with_state=True), ref.peek_records("a", ids))
+        assert s.stats()["a"]["hbm"]["rows"] == 4
+
+
+def test_peek_leaves_cache_state_alone(store):
+    store.lookup("a", np.array([1, 2, 3]))
+    before = store.stats()
+    store.peek("a", np.array([1, 50, 60]))
+    assert store.stats() == before
+
+
+def test_stats_count_tiers(store):
+    store.lookup("a", np.arange(10))   # 10 misses into HBM(4) -> DDR(4) -> 2 dropped (clean)
+    s = store.stats()["a"]
+    assert s["hbm"]["lookups"] == 10 and s["hbm"]["misses"] == 10 and s["hbm"]["rows"] == 4
+    assert s["ddr"]["rows"] == 4 and s["ssd"]["lazy_inits"] == 10
+    store.lookup("a", np.array([9]))
+    assert store.stats()["a"]["hbm"]["hits"] == 1
+
+
+def test_table_ten_times_larger_than_hbm_plus_ddr_lives_in_lmdb(tmp_path):
+    path = tmp_path / "big"
+    cfg = [TableConfig("t", dim=16, optimizer=RowWiseAdagrad(lr=0.05))]
+    n = 10 * (32 + 64) + 40
+    ids = np.arange(n)
+    with TieredStore.create(path, cfg, cpu(32, 64)) as s:
+        for start in range(0, n, 100):
+            b = ids[start:start + 100]
+            s.apply_gradients("t", b, np.full((b.shape[0], 16), 0.5, np.float32))
+        s.checkpoint()
+        st = s.stats()["t"]
+        assert st["ssd"]["rows"] >= n - 32 - 64
+        assert st["ssd"]["writebacks"] >= n - 32 - 64
+        expected = s.peek("t", ids, with_state=True)
+    data = (path / "lmdb" / "data.mdb").stat().st_size
+    assert data >= (n - 96) * 17 * 4
+    with TieredStore.open(path, tiers=cpu(8, 8)) as s:
+        np.testing.assert_array_equal(s.peek("t", ids, with_state=True), expected)
+        assert s.stats()["t"]["hbm"]["rows"] == 0
+        np.testing.assert_array_equal(s.lookup("t", ids), expected[:, :16])
+
+
+def test_compression_round_trips_and_can_change_on_open(tmp_path):
+    path = tmp_path / "z"
+    with TieredStore.create(path, TABLES, cpu(2, 0, ssd_compression=3)) as s:
+        s.write("a", np.arange(10), np.tile(np.arange(8, dtype=np.float32), (10, 1)))
+    with TieredStore.open(path, tiers=cpu(2, 0)) as s:
+        np.testing.assert_array_equal(s.peek("a", np.arange(10)), np.tile(np.arange(8, dtype=np.float32), (10, 1)))
+        s.write("a", np.array([11]), np.ones((1, 8), np.float32))
+    with TieredStore.open(path, tiers=cpu(2, 0, ssd_compression=9)) as s:
+        assert s.peek("a", np.array([11, 3]))[1, 7] == 7
+
+
+def test_lmdb_map_grows_by_itself(tmp_path):
+    cfg = [TableConfig("t", dim=256)]
+    with TieredStore.create(tmp_path / "m", cfg, cpu(1, 0, map_size_bytes=1 << 20)) as s:
+        s.write("t", np.arange(3000), np.ones((3000, 256), np.float32))  # ~3 MB > 1 MiB map
+        s.checkpoint()
+        assert s.peek("t", np.array([2999]))[0, 0] == 1
+
+
+def test_checkpoint_is_the_restore_point_and_latest_keeps_flushes(tmp_path):
+    path = tmp_path / "c"
+    s = TieredStore.create(path, TABLES, cpu(2))
+    s.write("a", np.array([1]), np.full((1, 8), 1, np.float32))
+    s.checkpoint(extra=b"step=1")
+    s.write("a", np.array([1, 2, 3]), np.full((3, 8), 2, np.float32))
+    s.flush()
+    # simulate a crash: drop the object without close(); release the lock by hand
+    s._ssd.close()
+    import os
+    os.close(s._lock_fd)
+    s._closed = True
+    with TieredStore.open(path) as r:
+        assert r.peek("a", np.array([1]))[0, 0] == 1 and r.extra == b"step=1"
+        assert r.epoch == 1
+        r._ssd.close(), os.close(r._lock_fd)
+        r._closed = True
+    # the checkpoint discarded what came after; 'latest' now finds the same point
+    with TieredStore.open(path, restore="latest") as r:
+        assert r.peek("a", np.array([1]))[0, 0] == 1
+
+
+def test_restore_latest_keeps_flushed_rows(tmp_path):
+    import os
+    path = tmp_path / "l"
+    s = TieredStore.create(path, TABLES, cpu(2))
+    s.write("a", np.array([1]), np.full((1, 8), 5, np.float32))
+    s.flush()
+    s._ssd.close(); os.close(s._lock_fd); s._closed = True
+    with TieredStore.open(path, restore="latest") as r:
+        assert r.peek("a", np.array([1]))[0, 0] == 5
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("ids, err", [
+    (np.array([1.0, 2.0]), IdTypeError),
+    (np.array([[1, 2]]), IdTypeError),
+    (np.array([-1]), IdRangeError),
+    (np.array([100]), IdRangeError),
+    (np.array([2**64 - 1], dtype=np.uint64), IdRangeError),
+    (["x"], IdTypeError),
+])
+def test_bad_ids_raise_typed_errors_and_change_nothing(store, ids, err):
+    before = store.stats()
+    with pytest.raises(err) as e:
+        store.lookup("b", ids)
+    assert "Hint:" in str(e.value) and isinstance(e.value, TieredEmbError)
+    with pytest.raises(err):
+        store.apply_gradients("b", ids, np.zeros((len(ids), 3), np.float32))
+    assert store.stats() == before
+
+
+def test_bad_rows_and_gradients(store):
+    ids = np.array([1, 2])
+    with pytest.raises(RowShapeError):
+        store.write("a", ids, np.zeros((2, 7), np.float32))
+    with pytest.raises(RowDtypeError):
+        store.write("a", ids, np.zeros((2, 8), np.float64))
+    before = store.peek("a", ids, with_state=True)
+    g = np.ones((2, 8), np.float32)
+    g[1, 3] = np.nan
+    with pytest.raises(NonFiniteGradientError):
+        store.apply_gradients("a", ids, g)
+    np.testing.assert_array_equal(store.peek("a", ids, with_state=True), before)
+    store.apply_gradients("a", ids, g, nonfinite="skip")
+    after = store.peek("a", ids, with_state=True)
+    np.testing.assert_array_equal(after[1], before[1])
+    assert not np.array_equal(after[0], before[0])
+    store.apply_gradients("a", ids, g, nonfinite="zero")
+    assert np.isfinite(store.peek("a", ids, with_state=True)).all()
+    with pytest.raises(UnknownTableError, match="use one of"):
+        store.lookup("nope", ids)
+
+
+def test_config_errors_name_field_and_value():
+    with pytest.raises(ConfigError, match="hbm_rows=0"):
+        TierConfig(hbm_rows=0)
+    with pytest.raises(ConfigError, match="policy='mru'"):
+        TierConfig(hbm_rows=1, policy="mru")
+    with pytest.raises(ConfigError, match="dim=0"):
+        TableConfig("t", dim=0)
+    with pytest.raises(ConfigError, match="name"):
+        TableConfig("a b", dim=1)
+    with pytest.raises(ConfigError, match="dtype"):
+        TableConfig("t", dim=1, dtype="float16")
+    with pytest.raises(ConfigError, match="Uniform"):
+        Uniform(1, 0)
+    with pytest.raises(ConfigError, match="lr"):
+        SGD(lr=-1)
+    with pytest.raises(ConfigError, match="ssd_compression"):
+        TierConfig(hbm_rows=1, ssd_compression=30)
+
+
+def test_store_path_errors(tmp_path):
+    with pytest.raises(StoreNotFoundError):
+        TieredStore.open(tmp_path / "missing")
+    TieredStore.create(tmp_path / "s", TABLES, cpu(2)).close()
+    with pytest.raises(StoreExistsError):
+        TieredStore.create(tmp_path / "s", TABLES, cpu(2))
+    with pytest.raises(ConfigError, match="duplicate"):
+        TieredStore.create(tmp_path / "d", [TABLES[0], TABLES[0]], cpu(2))
+
+
+def test_second_writer_is_refused(tmp_path):
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(2)):
+        with pytest.raises(StoreLockedError, match="another writer"):
+            TieredStore.open(tmp_path / "s")
+    TieredStore.open(tmp_path / "s").close()
+
+
+def test_closed_store_refuses_calls(tmp_path):
+    s = TieredStore.create(tmp_path / "s", TABLES, cpu(2))
+    s.close()
+    s.close()
+    with pytest.raises(StoreClosedError):
+        s.lookup("a", np.array([1]))
+
+
+def test_corrupt_manifest(tmp_path):
+    TieredStore.create(tmp_path / "s", TABLES, cpu(2)).close()
+    (tmp_path / "s" / "manifest.json").write_text("{not json")
+    with pytest.raises(CorruptStoreError, match="manifest"):
+        TieredStore.open(tmp_path / "s")
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(CorruptStoreError):
+        TieredStore.open(tmp_path / "s")
+
+
+def test_corrupt_lmdb_file(tmp_path):
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(2)) as s:
+        s.write("a", np.arange(5), np.ones((5, 8), np.float32))
+    data = tmp_path / "s" / "lmdb" / "data.mdb"
+    data.write_bytes(b"\x00garbage" * 512)
+    with pytest.raises(CorruptStoreError):
+        TieredStore.open(tmp_path / "s")
+    # the lock was released: the error left nothing held
+    with pytest.raises(CorruptStoreError):
+        TieredStore.open(tmp_path / "s")
+
+
+def test_cuda_without_gpu_is_a_clear_error(tmp_path, monkeypatch):
+    import tiered_emb._backend as be
+    monkeypatch.setattr(be, "_cupy_or_reason", lambda: (None, "CuPy is not importable (test)"))
+    with pytest.raises(DeviceError, match="device='cuda'"):
+        TieredStore.create(tmp_path / "g", TABLES, TierConfig(hbm_rows=2, device="cuda"))
+    assert not (tmp_path / "g").exists()
+
+
+def test_auto_device_falls_back_with_one_warning(monkeypatch):
+    import tiered_emb._backend as be
+    monkeypatch.setattr(be, "_cupy_or_reason", lambda: (None, "no GPU (test)"))
+    monkeypatch.setattr(be, "_warned", False)
+    monkeypatch.delenv("TIERED_EMB_DEVICE", raising=False)
+    with pytest.warns(be.DeviceFallbackWarning):
+        assert be.resolve_xp("auto") is np
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert be.resolve_xp("auto") is np
+
+
+def test_importing_does_not_import_torch_or_cupy():
+    import subprocess
+    import sys
+    code = "import sys, tiered_emb; print('torch' in sys.modules, 'cupy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

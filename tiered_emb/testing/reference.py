@@ -1,0 +1,149 @@
+"""Reference implementations: a dict of rows, and exact LRU / LFU in plain Python.
+
+They are slow on purpose: each line says what the fast path must do.  Tests compare the
+store's bytes and the Numba policies' decisions with these.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import TableConfig
+from ..init import init_rows
+
+
+class ReferencePolicy:
+    """One cache tier's decisions, batch by batch, as :class:`tiered_emb.tiers.cache.CacheTier` makes them.
+
+    A batch's distinct ids (first-occurrence order) are taken in chunks of at most
+    ``capacity`` ids.  Within a chunk the resident ids are pinned first; then, in order,
+    a resident id is used again and a missing id takes the lowest free slot, or the slot
+    of the victim: the unpinned resident with the smallest key, where the key is
+    ``last use`` for LRU and ``(use count, last use, slot)`` for LFU.
+    """
+
+    def __init__(self, capacity: int, policy: str):
+        assert policy in ("lru", "lfu")
+        self.capacity = capacity
+        self.policy = policy
+        self.clock = 0
+        self.slot_of: dict[int, int] = {}
+        self.count: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.free = list(range(capacity))  # lowest slot first
+
+    def _key(self, i: int):
+        if self.policy == "lru":
+            return (self.last[i],)
+        return (self.count[i], self.last[i], self.slot_of[i])
+
+    def access(self, chunk: list[int]) -> tuple[list[bool], list[int]]:
+        """One chunk of distinct ids (len <= capacity); returns (hit per id, evicted ids in order)."""
+        assert len(chunk) <= self.capacity and len(set(chunk)) == len(chunk)
+        pinned = {i for i in chunk if i in self.slot_of}
+        hits, evicted = [], []
+        for i in chunk:
+            self.clock += 1
+            if i in self.slot_of:
+                hits.append(True)
+                self.count[i] += 1
+                self.last[i] = self.clock
+                continue
+            hits.append(False)
+            if self.free:
+                slot = self.free.pop(0)
+            else:
+                victim = min((j for j in self.slot_of if j not in pinned), key=self._key)
+                slot = self.slot_of.pop(victim)
+                del self.count[victim], self.last[victim]
+                evicted.append(victim)
+            self.slot_of[i] = slot
+            self.count[i] = 1
+            self.last[i] = self.clock
+            pinned.add(i)
+        return hits, evicted
+
+    def access_batch(self, ids: list[int]) -> tuple[list[bool], list[int]]:
+        """A batch (duplicates allowed): distinct ids in first-occurrence order, chunked."""
+        uniq = list(dict.fromkeys(ids))
+        hits, evicted = [], []
+        for s in range(0, len(uniq), self.capacity):
+            h, e = self.access(uniq[s:s + self.capacity])
+            hits += h
+            evicted += e
+        return hits, evicted
+
+
+class ReferenceStore:
+    """The flat all-in-memory model of a store: ``{table: {id: record}}`` plus the initialiser.
+
+    Optimizer arithmetic is written out per row in float32 (float64 for the row-wise
+    mean, summed in element order), as the contract of :mod:`tiered_emb.optimizers`.
+    """
+
+    def __init__(self, tables: list[TableConfig], seed: int = 0):
+        self.tables = {t.name: t for t in tables}
+        self.seed = seed
+        self.rows: dict[str, dict[int, np.ndarray]] = {t.name: {} for t in tables}
+
+    def _record(self, table: str, i: int) -> np.ndarray:
+        rows = self.rows[table]
+        if i not in rows:
+            rows[i] = init_rows(self.tables[table], np.array([i], dtype=np.int64), self.seed)[0]
+        return rows[i]
+
+    def lookup(self, table: str, ids) -> np.ndarray:
+        dim = self.tables[table].dim
+        return np.stack([self._record(table, int(i))[:dim].copy() for i in ids]) if len(ids) else \
+            np.empty((0, dim), np.float32)
+
+    def peek_records(self, table: str, ids) -> np.ndarray:
+        return np.stack([self._record(table, int(i)).copy() for i in ids])
+
+    def write(self, table: str, ids, rows) -> None:
+        dim = self.tables[table].dim
+        for i, r in zip(ids, rows):
+            self._record(table, int(i))[:dim] = r
+
+    def apply_gradients(self, table: str, ids, grads) -> None:
+        cfg = self.tables[table]
+        summed: dict[int, np.ndarray] = {}
+        for i, g in zip(ids, grads):  # batch order per id
+            i = int(i)
+            if i in summed:
+                summed[i] = summed[i] + g.astype(np.float32)
+            else:
+                summed[i] = g.astype(np.float32).copy()
+        for i, g in summed.items():
+            _update_row(cfg, self._record(table, i), g)
+
+
+def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
+    opt, dim = cfg.optimizer, cfg.dim
+    f32 = np.float32
+    p = opt.params()
+    w = r[:dim]
+    if opt.name == "sgd":
+        w[:] = w - p[0] * g
+    elif opt.name == "adagrad":
+        s = r[dim:2 * dim] + g * g
+        r[dim:2 * dim] = s
+        w[:] = w - p[0] * (g / (np.sqrt(s) + p[1]))
+    elif opt.name == "rowwise_adagrad":
+        acc = 0.0
+        for x in g.tolist():
+            acc += float(f32(x)) * float(f32(x))
+        s = f32(r[dim] + f32(acc / dim))
+        r[dim] = s
+        step = f32(p[0] / (f32(np.sqrt(s)) + p[1]))
+        w[:] = w - step * g
+    else:
+        one = f32(1.0)
+        t = f32(r[3 * dim] + one)
+        r[3 * dim] = t
+        c1 = one - f32(np.float64(p[1]) ** np.float64(t))
+        c2 = one - f32(np.float64(p[2]) ** np.float64(t))
+        m = p[1] * r[dim:2 * dim] + (one - p[1]) * g
+        v = p[2] * r[2 * dim:3 * dim] + (one - p[2]) * g * g
+        r[dim:2 * dim] = m
+        r[2 * dim:3 * dim] = v
+        w[:] = w - p[0] * ((m / c1) / (np.sqrt(v / c2) + p[3]))
