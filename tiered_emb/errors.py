@@ -77,3 +77,11 @@ class StoreClosedError(TieredEmbError, RuntimeError):
 
 class PrefetchError(TieredEmbError, RuntimeError):
     """The background prefetch thread failed; raised in the step that needed its rows."""
+
+
+class TraceFileError(TieredEmbError, OSError):
+    """A trace file that is missing or not in the format it was read as."""
+
+
+class MissingExtraError(TieredEmbError, ImportError):
+    """An optional dependency (an extra such as ``bench``) is not installed."""

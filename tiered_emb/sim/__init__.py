@@ -1,4 +1,17 @@
-"""Cache-policy simulation: traces, policies, miss-ratio curves (standalone, no trainer)."""
-from .traces import zipf_ids
+"""Cache-policy simulation: traces, policies, miss-ratio curves (standalone, no trainer).
 
-__all__ = ["zipf_ids"]
+>>> import numpy as np
+>>> from tiered_emb.sim import simulate, zipf_ids
+>>> trace = zipf_ids(10_000, 1.0, 100_000, seed=0)
+>>> simulate(trace, 100, "lru") <= simulate(trace, 100, "belady")
+True
+"""
+from .engine import SIM_POLICIES, simulate
+from .mrc import MissRatioCurve, lru_curve, opt_curve
+from .policies import next_use_of
+from .traces import (drift_ids, read_column, read_criteo, read_npy, read_oracle_general, table_batches,
+                     write_npy, write_oracle_general, zipf_ids)
+
+__all__ = ["SIM_POLICIES", "simulate", "MissRatioCurve", "lru_curve", "opt_curve", "next_use_of",
+           "zipf_ids", "drift_ids", "table_batches", "read_npy", "write_npy", "read_column",
+           "read_criteo", "read_oracle_general", "write_oracle_general"]

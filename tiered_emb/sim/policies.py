@@ -1,0 +1,795 @@
+"""Simulator-only eviction policies: one ``@njit`` kernel per policy over preallocated arrays.
+
+Every kernel has the same shape: it runs a request trace (int64 ``(n,)``) through a cache
+of ``capacity`` objects of unit size, admitting every missed id (demand paging, as
+libCacheSim does), and returns the hit count.  ``hit_flags`` is either an empty uint8
+array or a uint8 ``(n,)`` array that receives 1 at each hit (the tests compare it
+request by request with :mod:`tiered_emb.testing.sim_reference`).
+
+The store's own LRU and LFU are not here: :func:`tiered_emb.sim.simulate` runs them
+through :func:`tiered_emb.tiers.cache._simulate_requests`, the kernels the store uses.
+The policies below follow libCacheSim's definitions so that hit ratios can be compared
+with it request for request (see ``docs/policies.md`` for the few places where they do
+not, and why):
+
+- FIFO: evict the oldest insertion; hits change nothing.
+- CLOCK: FIFO with one reference bit, set on a hit; the hand clears set bits (second
+  chance) and evicts the first clear one.  (libCacheSim ``Clock``, 1-bit counter.)
+- SIEVE: insertion order list, one visited bit; the hand walks from the oldest towards
+  the newest, clearing bits, evicts the first unvisited object and stays where it was.
+- S3-FIFO: small FIFO (10 %), main FIFO (90 %) with a 2-bit clock, ghost FIFO of ids
+  (90 %); the variant of libCacheSim 0.3.x (``S3FIFO.c``), including its warm-up rule.
+- ARC: T1/T2/B1/B2 with a float target ``p``, as libCacheSim's ``ARC.c``.
+- Belady (OPT/MIN): evict the resident whose next request is farthest away; ties, which
+  only arise among ids never requested again, go to the highest slot (any choice among
+  those gives the same hits).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..index import _index_del, _index_find, _index_put, new_index
+
+NIL = -1
+
+
+# --------------------------------------------------------------------------- helpers
+@numba.njit(cache=True)
+def _next_use(trace, order, next_use, never):
+    """``next_use[i]`` = position of the next request of ``trace[i]``, or ``never``.
+
+    ``order`` (int64 (n,)) is a *stable* argsort of ``trace``: equal ids appear in time
+    order, so each one's successor in ``order`` is its next request.
+    """
+    n = trace.shape[0]
+    for j in range(n):
+        i = order[j]
+        if j + 1 < n and trace[order[j + 1]] == trace[i]:
+            next_use[i] = order[j + 1]
+        else:
+            next_use[i] = never
+
+
+def next_use_of(trace: np.ndarray) -> np.ndarray:
+    """Position of each request's next request of the same id, or ``len(trace)`` if none.
+
+    Parameters
+    ----------
+    trace : int64 array (n,)
+
+    Returns
+    -------
+    int64 array (n,)
+
+    Examples
+    --------
+    >>> next_use_of(np.array([5, 6, 5, 5])).tolist()
+    [2, 4, 3, 4]
+    """
+    trace = np.ascontiguousarray(trace, dtype=np.int64)
+    order = np.argsort(trace, kind="stable").astype(np.int64)
+    out = np.empty(trace.shape[0], dtype=np.int64)
+    _next_use(trace, order, out, trace.shape[0])
+    return out
+
+
+# --------------------------------------------------------------------------- LRU
+@numba.njit(cache=True)
+def _lru_simulate(trace, capacity, keys, vals, slot_ids, newer, older, hit_flags):
+    """LRU over a list of slots (``newer`` / ``older`` int32 (capacity,)).
+
+    The same decisions as the store's kernel (:func:`tiered_emb.tiers.cache._simulate_requests`
+    with LRU; the tests compare them request by request) with the list ends held in
+    locals, which the compiler keeps in registers: several times faster.
+    """
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    used = 0
+    newest = NIL
+    oldest = NIL
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            if record:
+                hit_flags[i] = 1
+            if s == newest:
+                continue
+            a, b = older[s], newer[s]
+            if a == NIL:
+                oldest = b
+            else:
+                newer[a] = b
+            older[b] = a
+        elif used < capacity:
+            s = used
+            used += 1
+            slot_ids[s] = key
+            _index_put(keys, vals, key, s)
+        else:
+            s = oldest
+            oldest = newer[s]
+            if oldest != NIL:
+                older[oldest] = NIL
+            else:
+                newest = NIL
+            _index_del(keys, vals, slot_ids[s])
+            slot_ids[s] = key
+            _index_put(keys, vals, key, s)
+        older[s] = newest
+        newer[s] = NIL
+        if newest == NIL:
+            oldest = s
+        else:
+            newer[newest] = s
+        newest = s
+    return hits
+
+
+# --------------------------------------------------------------------------- LFU
+@numba.njit(inline="always")
+def _bucket_unlink_item(bnewest, boldest, inewer, iolder, b, s):
+    a, c = iolder[s], inewer[s]
+    if a == NIL:
+        boldest[b] = c
+    else:
+        inewer[a] = c
+    if c == NIL:
+        bnewest[b] = a
+    else:
+        iolder[c] = a
+
+
+@numba.njit(inline="always")
+def _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, b, s):
+    t = bnewest[b]
+    iolder[s] = t
+    inewer[s] = NIL
+    if t == NIL:
+        boldest[b] = s
+    else:
+        inewer[t] = s
+    bnewest[b] = s
+    bucket_of[s] = b
+
+
+@numba.njit(cache=True)
+def _lfu_simulate(trace, capacity, keys, vals, slot_ids, bucket_of, inewer, iolder,
+                  bcount, bnewest, boldest, bup, bdown, bfree, hit_flags):
+    """LFU in O(1) per request: buckets of equal use count, in increasing count order.
+
+    Each bucket (``bcount``, its items' list ``boldest`` .. ``bnewest``, neighbours
+    ``bdown`` / ``bup``; ``capacity + 1`` of them, free ones on the stack ``bfree``) lists
+    its slots in order of last use, so the victim, the oldest slot of the lowest bucket,
+    is the store's (lowest count, then least recently used; last uses are unique, so the
+    slot tie-break never applies).  Counts restart at 1 on admission, as in the store and
+    in libCacheSim.  The tests compare it with the store's kernel request by request.
+    """
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    used = 0
+    lowest = NIL
+    n_bfree = bfree.shape[0]
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            if record:
+                hit_flags[i] = 1
+            b = bucket_of[s]
+            up = bup[b]
+            if up == NIL or bcount[up] != bcount[b] + 1:
+                if boldest[b] == s and bnewest[b] == s:
+                    bcount[b] += 1  # alone in its bucket: the bucket moves up
+                    continue
+                n_bfree -= 1
+                nb = bfree[n_bfree]
+                bcount[nb] = bcount[b] + 1
+                bnewest[nb] = NIL
+                boldest[nb] = NIL
+                bdown[nb] = b
+                bup[nb] = up
+                if up != NIL:
+                    bdown[up] = nb
+                bup[b] = nb
+                up = nb
+            _bucket_unlink_item(bnewest, boldest, inewer, iolder, b, s)
+            _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, up, s)
+            if boldest[b] == NIL:
+                d = bdown[b]
+                bdown[up] = d
+                if d == NIL:
+                    lowest = up
+                else:
+                    bup[d] = up
+                bfree[n_bfree] = b
+                n_bfree += 1
+            continue
+        if used < capacity:
+            s = used
+            used += 1
+        else:
+            b = lowest
+            s = boldest[b]
+            _bucket_unlink_item(bnewest, boldest, inewer, iolder, b, s)
+            if boldest[b] == NIL:
+                lowest = bup[b]
+                if lowest != NIL:
+                    bdown[lowest] = NIL
+                bfree[n_bfree] = b
+                n_bfree += 1
+            _index_del(keys, vals, slot_ids[s])
+        slot_ids[s] = key
+        _index_put(keys, vals, key, s)
+        if lowest == NIL or bcount[lowest] != 1:
+            n_bfree -= 1
+            nb = bfree[n_bfree]
+            bcount[nb] = 1
+            bnewest[nb] = NIL
+            boldest[nb] = NIL
+            bdown[nb] = NIL
+            bup[nb] = lowest
+            if lowest != NIL:
+                bdown[lowest] = nb
+            lowest = nb
+        _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, lowest, s)
+    return hits
+
+
+# --------------------------------------------------------------------------- FIFO
+@numba.njit(cache=True)
+def _fifo_simulate(trace, capacity, keys, vals, ring, hit_flags):
+    """FIFO over a ring of ids (int64 (capacity,)); ``hand`` is the oldest position."""
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    used = 0
+    hand = 0
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        if _index_find(keys, vals, key) >= 0:
+            hits += 1
+            if record:
+                hit_flags[i] = 1
+            continue
+        if used < capacity:
+            pos = used
+            used += 1
+        else:
+            pos = hand
+            _index_del(keys, vals, ring[pos])
+            hand += 1
+            if hand == capacity:
+                hand = 0
+        ring[pos] = key
+        _index_put(keys, vals, key, pos)
+    return hits
+
+
+# --------------------------------------------------------------------------- CLOCK
+@numba.njit(cache=True)
+def _clock_simulate(trace, capacity, keys, vals, ring, ref, hit_flags):
+    """CLOCK: ring of ids and reference bits (uint8 (capacity,)).
+
+    Positions from ``hand`` onwards, cyclically, are oldest to newest; a second chance
+    passes the hand over an object, which makes it the newest, as libCacheSim's move to
+    the head of its list does.
+    """
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    used = 0
+    hand = 0
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            ref[s] = 1
+            if record:
+                hit_flags[i] = 1
+            continue
+        if used < capacity:
+            pos = used
+            used += 1
+        else:
+            while ref[hand]:
+                ref[hand] = 0
+                hand += 1
+                if hand == capacity:
+                    hand = 0
+            pos = hand
+            _index_del(keys, vals, ring[pos])
+            hand += 1
+            if hand == capacity:
+                hand = 0
+        ring[pos] = key
+        ref[pos] = 0
+        _index_put(keys, vals, key, pos)
+    return hits
+
+
+# --------------------------------------------------------------------------- SIEVE
+@numba.njit(cache=True)
+def _sieve_simulate(trace, capacity, keys, vals, slot_ids, newer, older, visited, hit_flags):
+    """SIEVE over a list of slots: ``newer`` / ``older`` (int32 (capacity,)) links.
+
+    New objects go to the newest end; the hand walks from the oldest end towards the
+    newest, wrapping to the oldest, and is left at the object newer than the victim.
+    """
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    used = 0
+    newest = NIL
+    oldest = NIL
+    hand = NIL
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            visited[s] = 1
+            if record:
+                hit_flags[i] = 1
+            continue
+        if used < capacity:
+            s = used
+            used += 1
+        else:
+            v = hand if hand != NIL else oldest
+            while visited[v]:
+                visited[v] = 0
+                v = newer[v]
+                if v == NIL:
+                    v = oldest
+            hand = newer[v]
+            # unlink v
+            a, b = older[v], newer[v]
+            if a == NIL:
+                oldest = b
+            else:
+                newer[a] = b
+            if b == NIL:
+                newest = a
+            else:
+                older[b] = a
+            _index_del(keys, vals, slot_ids[v])
+            s = v
+        slot_ids[s] = key
+        visited[s] = 0
+        older[s] = newest
+        newer[s] = NIL
+        if newest == NIL:
+            oldest = s
+        else:
+            newer[newest] = s
+        newest = s
+        _index_put(keys, vals, key, s)
+    return hits
+
+
+# --------------------------------------------------------------------------- S3-FIFO
+@numba.njit(inline="always")
+def _ring_push(ring, meta, q, slot):
+    """Append ``slot`` to queue ``q`` (meta[q] = [head, size]); ring rows are queues."""
+    cap = ring.shape[1]
+    pos = meta[q, 0] + meta[q, 1]
+    if pos >= cap:
+        pos -= cap
+    ring[q, pos] = slot
+    meta[q, 1] += 1
+
+
+@numba.njit(inline="always")
+def _ring_pop(ring, meta, q):
+    """Remove and return the oldest slot of queue ``q``."""
+    cap = ring.shape[1]
+    slot = ring[q, meta[q, 0]]
+    meta[q, 0] += 1
+    if meta[q, 0] == cap:
+        meta[q, 0] = 0
+    meta[q, 1] -= 1
+    return slot
+
+
+@numba.njit(cache=True)
+def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, vals, slot_ids,
+                     queue_of, freq, ring, qmeta, gkeys, gvals, gids, gnewer, golder, gfree,
+                     hit_flags):
+    """S3-FIFO.
+
+    Resident slots (``small_cap + main_cap`` of them) hold ``slot_ids``, ``queue_of``
+    (0 small, 1 main) and ``freq``; ``ring`` int32 (2, capacity) with ``qmeta`` int64
+    (2, 2) are the two FIFO queues.  The ghost is a FIFO list of ids over ``ghost_cap``
+    nodes (``gids``, ``gnewer``, ``golder``, free stack ``gfree``) with its own index
+    (``gkeys``, ``gvals``), since a ghost hit removes an id from its middle.
+    """
+    record = hit_flags.shape[0] > 0
+    capacity = small_cap + main_cap
+    hits = 0
+    used = 0
+    has_evicted = False
+    g_newest = NIL
+    g_oldest = NIL
+    g_size = 0
+    g_free_n = ghost_cap
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            freq[s] += 1
+            if record:
+                hit_flags[i] = 1
+            continue
+        hit_on_ghost = False
+        if ghost_cap > 0:
+            g = _index_find(gkeys, gvals, key)
+            if g >= 0:
+                hit_on_ghost = True
+                _index_del(gkeys, gvals, key)
+                a, b = golder[g], gnewer[g]
+                if a == NIL:
+                    g_oldest = b
+                else:
+                    gnewer[a] = b
+                if b == NIL:
+                    g_newest = a
+                else:
+                    golder[b] = a
+                gfree[g_free_n] = g
+                g_free_n += 1
+                g_size -= 1
+        if qmeta[0, 1] + qmeta[1, 1] >= capacity:
+            has_evicted = True
+            if qmeta[1, 1] > main_cap or qmeta[0, 1] == 0:
+                # main: a 2-bit clock in FIFO order
+                while True:
+                    v = _ring_pop(ring, qmeta, 1)
+                    if freq[v] >= 1:
+                        freq[v] = min(freq[v], 3) - 1
+                        _ring_push(ring, qmeta, 1, v)
+                    else:
+                        _index_del(keys, vals, slot_ids[v])
+                        s = v
+                        break
+            else:
+                while True:
+                    v = _ring_pop(ring, qmeta, 0)
+                    if freq[v] >= threshold:
+                        freq[v] = 0
+                        queue_of[v] = 1
+                        _ring_push(ring, qmeta, 1, v)
+                        if qmeta[0, 1] == 0:
+                            # small drained into main: the main clock frees a slot
+                            while True:
+                                w = _ring_pop(ring, qmeta, 1)
+                                if freq[w] >= 1:
+                                    freq[w] = min(freq[w], 3) - 1
+                                    _ring_push(ring, qmeta, 1, w)
+                                else:
+                                    _index_del(keys, vals, slot_ids[w])
+                                    s = w
+                                    break
+                            break
+                    else:
+                        vid = slot_ids[v]
+                        _index_del(keys, vals, vid)
+                        s = v
+                        if ghost_cap > 0:
+                            if g_size == ghost_cap:
+                                g = g_oldest
+                                g_oldest = gnewer[g]
+                                if g_oldest == NIL:
+                                    g_newest = NIL
+                                else:
+                                    golder[g_oldest] = NIL
+                                _index_del(gkeys, gvals, gids[g])
+                                g_size -= 1
+                            else:
+                                g_free_n -= 1
+                                g = gfree[g_free_n]
+                            gids[g] = vid
+                            golder[g] = g_newest
+                            gnewer[g] = NIL
+                            if g_newest == NIL:
+                                g_oldest = g
+                            else:
+                                gnewer[g_newest] = g
+                            g_newest = g
+                            g_size += 1
+                            _index_put(gkeys, gvals, vid, g)
+                        break
+        else:
+            s = used
+            used += 1
+        if hit_on_ghost:
+            q = 1
+        elif not has_evicted and qmeta[0, 1] >= small_cap:
+            q = 1
+        else:
+            q = 0
+        slot_ids[s] = key
+        queue_of[s] = q
+        freq[s] = 0
+        _ring_push(ring, qmeta, q, s)
+        _index_put(keys, vals, key, s)
+    return hits
+
+
+# --------------------------------------------------------------------------- ARC
+T1 = 0
+T2 = 1
+B1 = 2
+B2 = 3
+
+
+@numba.njit(inline="always")
+def _arc_unlink(lmeta, newer, older, lst, node):
+    a, b = older[node], newer[node]
+    if a == NIL:
+        lmeta[lst, 1] = b
+    else:
+        newer[a] = b
+    if b == NIL:
+        lmeta[lst, 0] = a
+    else:
+        older[b] = a
+    lmeta[lst, 2] -= 1
+
+
+@numba.njit(inline="always")
+def _arc_push_newest(lmeta, newer, older, where, lst, node):
+    head = lmeta[lst, 0]
+    older[node] = head
+    newer[node] = NIL
+    if head == NIL:
+        lmeta[lst, 1] = node
+    else:
+        newer[head] = node
+    lmeta[lst, 0] = node
+    lmeta[lst, 2] += 1
+    where[node] = lst
+
+
+@numba.njit(inline="always")
+def _arc_replace(lmeta, newer, older, where, p, in_b2):
+    """REPLACE of the ARC paper: demote the LRU of T1 (to B1) or of T2 (to B2)."""
+    n1 = lmeta[T1, 2]
+    if (n1 > 0 and (n1 > p or (n1 == p and in_b2))) or lmeta[T2, 2] == 0:
+        v = lmeta[T1, 1]
+        _arc_unlink(lmeta, newer, older, T1, v)
+        _arc_push_newest(lmeta, newer, older, where, B1, v)
+    else:
+        v = lmeta[T2, 1]
+        _arc_unlink(lmeta, newer, older, T2, v)
+        _arc_push_newest(lmeta, newer, older, where, B2, v)
+
+
+@numba.njit(inline="always")
+def _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, lst):
+    """Forget the LRU node of list ``lst``; returns the new free count."""
+    g = lmeta[lst, 1]
+    _arc_unlink(lmeta, newer, older, lst, g)
+    _index_del(keys, vals, node_ids[g])
+    free[n_free] = g
+    return n_free + 1
+
+
+@numba.njit(cache=True)
+def _arc_simulate(trace, capacity, keys, vals, node_ids, where, newer, older, free, lmeta, hit_flags):
+    """ARC over ``2 * capacity + 1`` nodes, each in one of T1, T2, B1, B2 (``where``).
+
+    ``lmeta`` int64 (4, 3): newest node, oldest node and length of each list.  ``free``
+    int32 (nodes,) is a stack of unused nodes, all on it at the start.  The target size
+    ``p`` of T1 is a float, adapted by ``max(|B2| / |B1|, 1)`` on a B1 hit (and the
+    converse on a B2 hit), as in libCacheSim (and the ARC paper's reference code).
+    """
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    p = 0.0
+    n_free = free.shape[0]
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        node = _index_find(keys, vals, key)
+        ghost_hit = False
+        in_b2 = False
+        if node >= 0:
+            lst = where[node]
+            if lst == T1 or lst == T2:
+                hits += 1
+                if record:
+                    hit_flags[i] = 1
+                _arc_unlink(lmeta, newer, older, lst, node)
+                _arc_push_newest(lmeta, newer, older, where, T2, node)
+                continue
+            ghost_hit = True
+            if lst == B1:
+                delta = max(lmeta[B2, 2] / lmeta[B1, 2], 1.0)
+                p = min(p + delta, float(capacity))
+            else:
+                in_b2 = True
+                delta = max(lmeta[B1, 2] / lmeta[B2, 2], 1.0)
+                p = max(p - delta, 0.0)
+            _arc_unlink(lmeta, newer, older, lst, node)
+            _index_del(keys, vals, key)
+            free[n_free] = node
+            n_free += 1
+        while lmeta[T1, 2] + lmeta[T2, 2] + 1 > capacity:
+            if ghost_hit:
+                _arc_replace(lmeta, newer, older, where, p, in_b2)
+            elif lmeta[T1, 2] + lmeta[B1, 2] + 1 > capacity:
+                if lmeta[B1, 2] > 0:
+                    n_free = _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, B1)
+                    _arc_replace(lmeta, newer, older, where, p, in_b2)
+                else:
+                    n_free = _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, T1)
+            else:
+                if (lmeta[T1, 2] + lmeta[T2, 2] + lmeta[B1, 2] + lmeta[B2, 2] >= 2 * capacity
+                        and lmeta[B2, 2] > 0):
+                    n_free = _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, B2)
+                _arc_replace(lmeta, newer, older, where, p, in_b2)
+        n_free -= 1
+        node = free[n_free]
+        node_ids[node] = key
+        _index_put(keys, vals, key, node)
+        _arc_push_newest(lmeta, newer, older, where, T2 if ghost_hit else T1, node)
+    return hits
+
+
+# --------------------------------------------------------------------------- Belady
+@numba.njit(inline="always")
+def _opt_above(due, a, b):
+    """Heap order of Belady: later next use first, then the higher slot."""
+    if due[a] != due[b]:
+        return due[a] > due[b]
+    return a > b
+
+
+@numba.njit(inline="always")
+def _opt_sift_up(heap, hpos, due, i):
+    s = heap[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        q = heap[parent]
+        if not _opt_above(due, s, q):
+            break
+        heap[i] = q
+        hpos[q] = i
+        i = parent
+    heap[i] = s
+    hpos[s] = i
+
+
+@numba.njit(inline="always")
+def _opt_sift_down(heap, hpos, due, i, n):
+    s = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _opt_above(due, heap[c + 1], heap[c]):
+            c += 1
+        if not _opt_above(due, heap[c], s):
+            break
+        heap[i] = heap[c]
+        hpos[heap[c]] = i
+        i = c
+    heap[i] = s
+    hpos[s] = i
+
+
+@numba.njit(cache=True)
+def _belady_simulate(trace, next_use, capacity, keys, vals, slot_ids, due, heap, hpos, hit_flags):
+    """Belady's MIN: a max-heap of slots keyed by ``due`` (next request position)."""
+    record = hit_flags.shape[0] > 0
+    hits = 0
+    used = 0
+    for i in range(trace.shape[0]):
+        key = trace[i]
+        s = _index_find(keys, vals, key)
+        if s >= 0:
+            hits += 1
+            if record:
+                hit_flags[i] = 1
+            due[s] = next_use[i]  # later than before: moves up
+            _opt_sift_up(heap, hpos, due, hpos[s])
+            continue
+        if used < capacity:
+            s = used
+            heap[used] = s
+            hpos[s] = used
+            used += 1
+            slot_ids[s] = key
+            due[s] = next_use[i]
+            _index_put(keys, vals, key, s)
+            _opt_sift_up(heap, hpos, due, used - 1)
+            continue
+        s = heap[0]
+        _index_del(keys, vals, slot_ids[s])
+        slot_ids[s] = key
+        due[s] = next_use[i]
+        _index_put(keys, vals, key, s)
+        _opt_sift_down(heap, hpos, due, 0, used)
+    return hits
+
+
+# --------------------------------------------------------------------------- drivers
+def _flags(n: int, record: bool) -> np.ndarray:
+    return np.zeros(n if record else 0, dtype=np.uint8)
+
+
+def lru_hits(trace, capacity, hit_flags):
+    keys, vals = new_index(capacity)
+    return _lru_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+                         np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32), hit_flags)
+
+
+def lfu_hits(trace, capacity, hit_flags):
+    keys, vals = new_index(capacity)
+    nb = capacity + 1
+    return _lfu_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+                         np.zeros(capacity, np.int32), np.full(capacity, NIL, np.int32),
+                         np.full(capacity, NIL, np.int32), np.zeros(nb, np.int64),
+                         np.full(nb, NIL, np.int32), np.full(nb, NIL, np.int32),
+                         np.full(nb, NIL, np.int32), np.full(nb, NIL, np.int32),
+                         np.arange(nb - 1, -1, -1, dtype=np.int32), hit_flags)
+
+
+def fifo_hits(trace, capacity, hit_flags):
+    keys, vals = new_index(capacity)
+    return _fifo_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64), hit_flags)
+
+
+def clock_hits(trace, capacity, hit_flags):
+    keys, vals = new_index(capacity)
+    return _clock_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+                           np.zeros(capacity, np.uint8), hit_flags)
+
+
+def sieve_hits(trace, capacity, hit_flags):
+    keys, vals = new_index(capacity)
+    return _sieve_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+                           np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32),
+                           np.zeros(capacity, np.uint8), hit_flags)
+
+
+def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9) -> tuple[int, int, int]:
+    """``(small, main, ghost)`` object counts, computed as libCacheSim does (C doubles cast
+    to int64), except that the small queue holds at least one object."""
+    small = max(int(capacity * small_ratio), 1) if capacity > 1 else 0
+    return small, capacity - small, int(capacity * ghost_ratio)
+
+
+def s3fifo_hits(trace, capacity, hit_flags, small_ratio=0.1, ghost_ratio=0.9, threshold=2):
+    small, main, ghost = s3fifo_sizes(capacity, small_ratio, ghost_ratio)
+    keys, vals = new_index(capacity)
+    gkeys, gvals = new_index(max(ghost, 1))
+    gcap = max(ghost, 1)
+    return _s3fifo_simulate(trace, small, main, ghost, threshold, keys, vals,
+                            np.empty(capacity, np.int64), np.zeros(capacity, np.uint8),
+                            np.zeros(capacity, np.int64), np.empty((2, capacity), np.int32),
+                            np.zeros((2, 2), np.int64), gkeys, gvals, np.empty(gcap, np.int64),
+                            np.full(gcap, NIL, np.int32), np.full(gcap, NIL, np.int32),
+                            np.arange(gcap - 1, -1, -1, dtype=np.int32), hit_flags)
+
+
+def arc_hits(trace, capacity, hit_flags):
+    nodes = 2 * capacity + 1
+    keys, vals = new_index(nodes)
+    lmeta = np.zeros((4, 3), np.int64)
+    lmeta[:, :2] = NIL
+    return _arc_simulate(trace, capacity, keys, vals, np.empty(nodes, np.int64),
+                         np.zeros(nodes, np.int8), np.full(nodes, NIL, np.int32),
+                         np.full(nodes, NIL, np.int32), np.arange(nodes - 1, -1, -1, dtype=np.int32),
+                         lmeta, hit_flags)
+
+
+def belady_hits(trace, capacity, hit_flags, next_use=None):
+    if next_use is None:
+        next_use = next_use_of(trace)
+    keys, vals = new_index(capacity)
+    return _belady_simulate(trace, next_use, capacity, keys, vals, np.empty(capacity, np.int64),
+                            np.zeros(capacity, np.int64), np.zeros(capacity, np.int32),
+                            np.zeros(capacity, np.int32), hit_flags)
