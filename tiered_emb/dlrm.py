@@ -1,0 +1,293 @@
+"""The main job: train a DLRM on click data whose embedding tables are larger than memory.
+
+``tiered-emb train`` runs it.  The model is Naumov et al. 2019's DLRM: a bottom MLP on
+the 13 dense features, one embedding table per categorical feature (26, held in a
+:class:`~tiered_emb.TieredStore` with tables together >= 10x the HBM + DDR capacity, so
+rows really live in LMDB), pairwise dot interaction, a top MLP.  The embedding rows are
+updated by the store's row-wise optimizer in the backward (fused); the MLPs by a torch
+optimizer.  The run directory holds the store; every checkpoint saves, atomically with
+the rows, the step, the dense weights and their optimizer state, so ``--resume``
+continues bitwise as if never interrupted (batches are a pure function of the step).
+
+torch is imported when the job runs, not when the CLI is built.
+"""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import TableConfig, TierConfig
+from .errors import ConfigError, StoreNotFoundError
+from .optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from .sim.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
+from .store import TieredStore
+from .stream import format_tier_table, progress
+
+_EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
+# Every option that shapes the model or the data; fixed for the life of a run directory.
+_RUN_KEYS = ("data", "rows", "dim", "batch", "alpha", "bottom", "top", "optimizer", "lr", "dense_lr", "seed")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a DLRM whose embedding tables are 10x larger than HBM+DDR",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", default="runs/dlrm", help="run directory holding the store (replaced unless --resume)")
+    p.add_argument("--resume", action="store_true", help="continue from the store's last checkpoint in --run-dir")
+    p.add_argument("--steps", type=int, default=200, help="train steps in total (a resumed run stops here too)")
+    p.add_argument("--batch", type=int, default=2048, help="samples per step")
+    p.add_argument("--rows", type=int, default=100_000, help="rows per table (26 tables)")
+    p.add_argument("--dim", type=int, default=16, help="embedding dim")
+    p.add_argument("--alpha", type=float, default=1.05, help="Zipf skew of the synthetic ids")
+    p.add_argument("--hbm-rows", type=int, default=4096, help="HBM-tier rows per table")
+    p.add_argument("--ddr-rows", type=int, default=4096, help="DDR-tier rows per table")
+    p.add_argument("--policy", default="lru", help="cache policy of the tiers (lru, lfu, ...)")
+    p.add_argument("--optimizer", default="rowwise_adagrad", choices=sorted(_EMB_OPTIMIZERS),
+                   help="the store's optimizer for the embedding rows")
+    p.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
+    p.add_argument("--dense-lr", type=float, default=0.05, help="learning rate of the MLPs (torch Adagrad)")
+    p.add_argument("--bottom", default="64", help="bottom MLP hidden sizes, comma separated (then dim)")
+    p.add_argument("--top", default="64", help="top MLP hidden sizes, comma separated (then 1)")
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out (and train) batches for the report")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+# --------------------------------------------------------------------------- model
+def _mlp(torch, sizes: list[int], last_relu: bool):
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def build_model(store, features: list[str], dim: int, bottom: list[int], top: list[int]):
+    """A DLRM over ``store``'s tables (one per feature): ``model(dense, feats) -> logits (B,)``."""
+    import torch
+
+    from .torch import TieredEmbeddingBagCollection
+
+    class DLRM(torch.nn.Module):
+        """Bottom MLP, embeddings, pairwise dot interaction, top MLP (Naumov et al. 2019)."""
+
+        def __init__(self):
+            super().__init__()
+            self.bottom = _mlp(torch, [NUM_DENSE, *bottom, dim], last_relu=True)
+            self.embeddings = TieredEmbeddingBagCollection(store, features, mode="sum")
+            n = len(features) + 1
+            self.register_buffer("_li", torch.tril_indices(n, n, offset=-1)[0], persistent=False)
+            self.register_buffer("_lj", torch.tril_indices(n, n, offset=-1)[1], persistent=False)
+            self.top = _mlp(torch, [dim + n * (n - 1) // 2, *top, 1], last_relu=False)
+
+        def forward(self, dense, feats):
+            x = self.bottom(dense)
+            pooled = self.embeddings(feats)
+            t = torch.stack([x, *pooled.values()], dim=1)  # (B, 27, dim)
+            z = torch.bmm(t, t.transpose(1, 2))[:, self._li, self._lj]
+            return self.top(torch.cat([x, z], dim=1)).squeeze(1)
+
+    return DLRM()
+
+
+# --------------------------------------------------------------------------- metrics
+def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean binary cross-entropy of ``probs`` (clipped to [1e-7, 1 - 1e-7])."""
+    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
+    y = labels.astype(np.float64)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve (rank statistic, ties averaged); 0.5 when one class is missing.
+
+    >>> auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
+    0.75
+    """
+    y = labels.astype(bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return 0.5
+    order = np.argsort(scores, kind="stable")
+    s = scores[order]
+    ranks = np.empty(s.shape[0], dtype=np.float64)
+    i = 0
+    while i < s.shape[0]:  # average ranks over ties
+        j = i
+        while j + 1 < s.shape[0] and s[j + 1] == s[i]:
+            j += 1
+        ranks[i:j + 1] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    r = np.empty_like(ranks)
+    r[order] = ranks
+    return float((r[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def aggregate_stats(stats: dict) -> dict:
+    """Per-tier counters summed over every table of ``store.stats()``, hit rates recomputed."""
+    total = {}
+    for s in stats.values():
+        for tier, c in s.items():
+            t = total.setdefault(tier, {})
+            for k, v in c.items():
+                if k != "hit_rate":
+                    t[k] = t.get(k, 0) + v
+    for c in total.values():
+        c["hit_rate"] = c["hits"] / c["lookups"] if c.get("lookups") else 0.0
+    return total
+
+
+# --------------------------------------------------------------------------- the job
+def _features() -> list[str]:
+    return [f"C{i + 1}" for i in range(NUM_CATS)]
+
+
+def _data(cfg: dict):
+    if cfg["data"]:
+        return CriteoTSV(cfg["data"], cfg["rows"], cfg["batch"])
+    return SyntheticClicks(cfg["rows"], cfg["batch"], alpha=cfg["alpha"], seed=cfg["seed"])
+
+
+def _to_torch(torch, dense, cats):
+    lengths = torch.ones(cats.shape[0], dtype=torch.int64)
+    feats = {f: (torch.from_numpy(np.ascontiguousarray(cats[:, i])), lengths) for i, f in enumerate(_features())}
+    return torch.from_numpy(dense), feats
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError as err:
+        raise ConfigError(f"MLP sizes {text!r} are invalid", "give comma-separated ints, e.g. 64,32") from err
+    if any(s < 1 for s in sizes):
+        raise ConfigError(f"MLP sizes {text!r} are invalid", "give sizes >= 1")
+    return sizes
+
+
+def _save_state(torch, store, step: int, model, opt) -> None:
+    buf = io.BytesIO()
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    store.checkpoint(buf.getvalue())
+
+
+def train(args) -> dict:
+    """Run the job described by the parsed ``args``; returns the report as a dict."""
+    import torch
+
+    run_dir = Path(args.run_dir)
+    store_dir = run_dir / "store"
+    config_path = run_dir / "config.json"
+    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu")
+    if args.resume:
+        if not config_path.is_file():
+            raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
+        cfg = json.loads(config_path.read_text())
+        store = TieredStore.open(store_dir, tiers=tiers)
+    else:
+        cfg = {k: getattr(args, k) for k in _RUN_KEYS}
+        if cfg["data"]:
+            cfg["data"] = str(Path(cfg["data"]).resolve())
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        opt_cls = _EMB_OPTIMIZERS[cfg["optimizer"]]
+        tables = [TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt_cls(lr=cfg["lr"]))
+                  for f in _features()]
+        store = TieredStore.create(store_dir, tables, tiers, seed=cfg["seed"])
+    try:
+        return _train_loop(torch, args, cfg, store)
+    finally:
+        store.close()
+
+
+def _train_loop(torch, args, cfg: dict, store) -> dict:
+    data = _data(cfg)
+    torch.manual_seed(cfg["seed"])
+    model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
+    dense_params = [p for p in model.parameters()]
+    opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
+    start = 0
+    saved = store.extra if args.resume else None
+    if saved:
+        state = torch.load(io.BytesIO(saved), weights_only=True)
+        start = int(state["step"])
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    model.train()
+    t0 = time.perf_counter()
+    ema = None
+    for step in range(start, args.steps):
+        dense, cats, labels = data.batch(step, "train")
+        x, feats = _to_torch(torch, dense, cats)
+        loss = loss_fn(model(x, feats), torch.from_numpy(labels))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # embedding rows are updated here, by the store
+        opt.step()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
+            _save_state(torch, store, step + 1, model, opt)
+        if not args.quiet and ((step + 1 - start) % 5 == 0 or step + 1 == args.steps):
+            progress(step + 1 - start, args.steps - start, t0, f"steps  loss {ema:.4f}")
+    train_s = time.perf_counter() - t0
+    done = max(args.steps - start, 0)
+    if done or start < args.steps:
+        _save_state(torch, store, max(args.steps, start), model, opt)
+    stats = store.stats()  # training's statistics, before evaluation reads more rows
+    report = {"steps": max(args.steps, start), "steps_this_run": done, "batch": cfg["batch"],
+              "train_seconds": train_s, "samples_per_s": done * cfg["batch"] / train_s if done else 0.0}
+    model.eval()
+    with torch.no_grad():
+        for split in ("train", "test"):
+            ys, ps = [], []
+            for i in range(args.eval_batches):
+                dense, cats, labels = data.batch(i, split)
+                x, feats = _to_torch(torch, dense, cats)
+                ps.append(torch.sigmoid(model(x, feats)).numpy())
+                ys.append(labels)
+            y, p = np.concatenate(ys), np.concatenate(ps)
+            report[f"{split}_logloss"] = log_loss(y, p)
+            report[f"{split}_auc"] = auc(y, p)
+            report[f"{split}_ctr"] = float(y.mean())
+    total = aggregate_stats(stats)
+    capacity = len(_features()) * (store.tiers.hbm_rows + store.tiers.ddr_rows)
+    table_rows = sum(data.num_rows)
+    report.update(tiers=total, table_rows=table_rows, capacity_rows=capacity,
+                  tables_over_capacity=table_rows / capacity, lmdb_file_bytes=store.disk_bytes())
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"trained {r['steps_this_run']} steps x {r['batch']} samples in {r['train_seconds']:.1f} s: "
+        f"{r['samples_per_s']:,.0f} samples/s (step {r['steps']} of the run)",
+        f"train    log loss {r['train_logloss']:.4f}  AUC {r['train_auc']:.4f}  (CTR {r['train_ctr']:.3f})",
+        f"held-out log loss {r['test_logloss']:.4f}  AUC {r['test_auc']:.4f}  (CTR {r['test_ctr']:.3f})",
+        f"tables {r['table_rows']:,} rows = {r['tables_over_capacity']:.1f}x HBM+DDR capacity "
+        f"({r['capacity_rows']:,} rows); LMDB files {r['lmdb_file_bytes'] / 2**20:.1f} MiB",
+        "",
+        format_tier_table({"all 26": r["tiers"]}),
+    ]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    report = train(args)
+    print(format_report(report))
+    out = Path(args.run_dir) / "report.json"
+    out.write_text(json.dumps(report, indent=2, sort_keys=True))
+    print(f"\nreport: {out}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["build_model", "train", "auc", "log_loss", "aggregate_stats", "format_report"]
