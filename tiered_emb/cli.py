@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # module path of each subcommand; each module has ``add_parser(subparsers)``.
-_COMMANDS = ["tiered_emb.stream", "tiered_emb.dlrm"]
+_COMMANDS = ["tiered_emb.stream", "tiered_emb.dlrm", "tiered_emb.sim.cli"]
 
 
 def main(argv=None) -> int:

@@ -78,8 +78,8 @@ def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags
     --------
     >>> simulate(np.array([1, 2, 1, 3, 1, 2]), 2, "lru")
     2
-    >>> simulate(np.array([1, 2, 1, 3, 1, 2]), 2, "belady")
-    3
+    >>> simulate(np.array([1, 2, 3, 1, 2, 3]), 2, "belady")
+    2
     """
     spec = check_policy(policy)
     capacity = int(capacity)

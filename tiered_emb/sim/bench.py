@@ -1,0 +1,325 @@
+"""Policy benchmarks: run policies x cache sizes over a trace, time them, tabulate, plot.
+
+The machinery behind ``tiered-emb bench policies`` / ``bench mrc`` and
+``bench/bench_policies.py``.  Timings are medians of ``repeats`` runs of the kernel alone
+(the trace is built once, outside the timer); Belady's next-use pass is timed apart
+(``prep_s``), as libCacheSim reads it from the trace file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, MissingExtraError
+from ..stream import progress
+from . import traces
+from .engine import check_policy, simulate
+from .mrc import lru_curve, opt_curve
+from .policies import next_use_of
+
+_SUFFIX = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def parse_count(text: str) -> int:
+    """``"20M"`` -> 20_000_000; ``"10k"``, ``"1.5M"`` and plain integers too."""
+    t = str(text).strip().replace("_", "")
+    try:
+        if t and t[-1] in _SUFFIX:
+            return int(round(float(t[:-1]) * _SUFFIX[t[-1]]))
+        return int(t)
+    except ValueError:
+        raise ConfigError(f"not a count: {text!r}", "write e.g. 20M, 10k or 5000") from None
+
+
+def parse_sizes(text: str, universe: int) -> list[tuple[str, int]]:
+    """Cache sizes ``"0.1%,1%,10%,5000"``: percentages of ``universe`` ids, or object counts."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.endswith("%"):
+            try:
+                frac = float(part[:-1]) / 100.0
+            except ValueError:
+                raise ConfigError(f"bad cache size {part!r}", "write e.g. 1% or 5000") from None
+            n = max(1, int(round(universe * frac)))
+        else:
+            n = parse_count(part)
+        if n < 1:
+            raise ConfigError(f"cache size {part!r} is below one object", "give a positive size")
+        out.append((part, n))
+    if not out:
+        raise ConfigError(f"no cache size in {text!r}", "write e.g. --cache 0.1%,1%,10%")
+    return out
+
+
+def load_trace(spec: str, ids: int, requests: int, seed: int, *, drift_period: int = 1_000_000,
+               batch: int = 512, pooling: str = "1") -> tuple[np.ndarray, int, str]:
+    """Build or read the trace of ``spec``; returns ``(trace, universe, description)``.
+
+    Specs: ``zipf:ALPHA``, ``drift:ALPHA`` (ranking moves every ``drift_period``),
+    ``tables:A1,A2,...`` (one table per skew, ``batch`` x ``pooling`` ids per table per
+    batch), ``npy:PATH``, ``csv:PATH[:COL]``, ``tsv:PATH[:COL]``, ``txt:PATH[:COL]``
+    (whitespace-separated), ``criteo:PATH``, ``oracle:PATH`` (libCacheSim oracleGeneral).
+    ``universe`` is ``ids`` for synthetic traces (cache percentages refer to it), the number
+    of distinct ids for files.
+    """
+    kind, _, rest = spec.partition(":")
+    kind = kind.lower()
+    if kind in ("zipf", "drift", "tables"):
+        try:
+            alphas = [float(a) for a in (rest or "1.0").split(",")]
+        except ValueError:
+            raise ConfigError(f"bad skew in trace {spec!r}", "write e.g. zipf:1.0 or tables:1.2,0.9") from None
+        if kind == "zipf":
+            return traces.zipf_ids(ids, alphas[0], requests, seed), ids, f"Zipf({alphas[0]}) over {ids:,} ids"
+        if kind == "drift":
+            return (traces.drift_ids(ids, alphas[0], requests, seed, period=drift_period), ids,
+                    f"drifting Zipf({alphas[0]}) over {ids:,} ids, moving every {drift_period:,}")
+        pf = [int(p) for p in str(pooling).split(",")]
+        pf = pf * len(alphas) if len(pf) == 1 else pf
+        per_batch = batch * sum(pf)
+        n_batches = max(1, requests // per_batch)
+        tr = traces.table_batches([ids] * len(alphas), alphas, batch, pf, n_batches, seed)
+        return tr, ids * len(alphas), f"{len(alphas)} tables (skews {alphas}), batch {batch}, pooling {pf}"
+    if kind in ("npy", "csv", "tsv", "txt", "criteo", "oracle"):
+        path, col = rest, 0
+        if kind in ("csv", "tsv", "txt") and ":" in rest:
+            head, _, tail = rest.rpartition(":")
+            if tail.isdigit():
+                path, col = head, int(tail)
+        if kind == "npy":
+            tr = traces.read_npy(path)
+        elif kind == "criteo":
+            tr = traces.read_criteo(path)
+        elif kind == "oracle":
+            tr = traces.read_oracle_general(path)
+        else:
+            delim = {"csv": ",", "tsv": "\t", "txt": None}[kind]
+            tr = traces.read_column(path, col, delimiter=delim)
+        if requests and requests < tr.shape[0]:
+            tr = tr[:requests]
+        tr = np.ascontiguousarray(tr)
+        return tr, int(np.unique(tr).shape[0]), f"{kind} file {Path(path).name}"
+    raise ConfigError(f"unknown trace {spec!r}",
+                      "use zipf:ALPHA, drift:ALPHA, tables:A1,A2, npy:PATH, csv:PATH[:COL], "
+                      "tsv:PATH[:COL], txt:PATH[:COL], criteo:PATH or oracle:PATH")
+
+
+def machine_info() -> dict:
+    """Machine, versions: what a result needs to be compared with another."""
+    import numba
+
+    from .. import __name__ as pkg  # noqa: F401
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
+    try:
+        from importlib.metadata import version
+        versions["tiered_emb"] = version("tiered-emb")
+    except Exception:  # not installed as a distribution
+        versions["tiered_emb"] = "unknown"
+    try:
+        from importlib.metadata import version
+        versions["libcachesim"] = version("libcachesim")
+    except Exception:
+        versions["libcachesim"] = None
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "loadavg": load,
+            "versions": versions}
+
+
+def _warm_up(policies: list[str]) -> None:
+    """Compile (or load from cache) every kernel before anything is timed."""
+    tiny = np.array([1, 2, 1, 3, 1, 2, 4, 5], dtype=np.int64)
+    for p in policies:
+        simulate(tiny, 2, p)
+
+
+def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list[str], repeats: int = 3,
+                 show_progress: bool = True) -> list[dict]:
+    """Hits and medians of kernel time for each policy and size; one dict per pair."""
+    for p in policies:
+        check_policy(p)
+    _warm_up(policies)
+    n = int(trace.shape[0])
+    rows = []
+    nxt, prep_s = None, 0.0
+    if any(check_policy(p).offline for p in policies):
+        t0 = time.perf_counter()
+        nxt = next_use_of(trace)
+        prep_s = time.perf_counter() - t0
+    total, done, t_start = len(policies) * len(sizes) * repeats, 0, time.perf_counter()
+    for p in policies:
+        for label, cap in sizes:
+            secs, hits = [], None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                h = simulate(trace, cap, p, next_use=nxt)
+                secs.append(time.perf_counter() - t0)
+                if hits is not None and h != hits:  # a kernel must be deterministic
+                    raise RuntimeError(f"{p} gave {h} then {hits} hits on the same trace")
+                hits = h
+                done += 1
+                if show_progress:
+                    progress(done, total, t_start, f"runs ({p}, {label})     ")
+            med = statistics.median(secs)
+            row = {"engine": "tiered_emb", "policy": p, "cache": label, "cache_objects": cap, "hits": hits,
+                   "requests": n, "hit_ratio": hits / max(n, 1), "seconds": secs, "median_s": med,
+                   "mreq_per_s": n / med / 1e6}
+            if check_policy(p).offline:
+                row["prep_s"] = prep_s
+            rows.append(row)
+    return rows
+
+
+def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, opt: bool = True,
+            show_progress: bool = True) -> dict:
+    """The one-pass LRU curve (timed, median of ``repeats``), Belady at ``sizes``, and one LRU
+    run at the median size for the time comparison."""
+    _warm_up(["lru"])
+    lru_curve(trace[:16])
+    secs, curve = [], None
+    t_start = time.perf_counter()
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        curve = lru_curve(trace)
+        secs.append(time.perf_counter() - t0)
+        if show_progress:
+            progress(r + 1, repeats, t_start, "LRU curves")
+    mid = sizes[len(sizes) // 2]
+    one = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        h = simulate(trace, mid[1], "lru")
+        one.append(time.perf_counter() - t0)
+    if h != int(curve.hits[min(mid[1], curve.distinct_ids)]):
+        raise RuntimeError("the LRU curve disagrees with the LRU simulation")  # tested; never expected
+    caps = [c for _, c in sizes]
+    out = {"requests": int(trace.shape[0]), "distinct_ids": curve.distinct_ids,
+           "lru_curve_seconds": secs, "lru_curve_median_s": statistics.median(secs),
+           "one_lru_run": {"cache": mid[0], "cache_objects": mid[1], "seconds": one,
+                           "median_s": statistics.median(one)},
+           "sizes": [{"cache": lab, "cache_objects": c,
+                      "lru_hit_ratio": float(curve.hit_ratio[min(c, curve.distinct_ids)])} for lab, c in sizes],
+           "lru_curve_sampled": _sample_curve(curve)}
+    if opt:
+        t0 = time.perf_counter()
+        oc = opt_curve(trace, caps)
+        out["opt_seconds"] = time.perf_counter() - t0
+        for row in out["sizes"]:
+            row["opt_hit_ratio"] = float(oc.hit_ratio[np.searchsorted(oc.sizes, row["cache_objects"])])
+    return out
+
+
+def _sample_curve(curve, points: int = 200) -> dict:
+    """The LRU curve at ``points`` log-spaced sizes (the full curve has one entry per id)."""
+    top = max(curve.distinct_ids, 1)
+    sizes = np.unique(np.geomspace(1, top, points).astype(np.int64))
+    return {"cache_objects": sizes.tolist(), "hit_ratio": curve.hit_ratio[sizes].tolist()}
+
+
+def format_table(rows: list[dict]) -> str:
+    """Hit ratio and M requests/s per policy and size; libCacheSim's beside ours when present."""
+    ours = [r for r in rows if r["engine"] == "tiered_emb"]
+    theirs = {(r["policy"], r["cache_objects"]): r for r in rows if r["engine"] == "libcachesim"}
+    head = f"{'policy':<10} {'cache':>8} {'objects':>10} {'hit ratio':>9} {'Mreq/s':>7}"
+    if theirs:
+        head += f" | {'libCacheSim':>11} {'Mreq/s':>7} {'speedup':>7} {'same hits':>9}"
+    lines = [head, "-" * len(head)]
+    for r in ours:
+        line = (f"{r['policy']:<10} {r['cache']:>8} {r['cache_objects']:>10,} {r['hit_ratio']:>9.4f} "
+                f"{r['mreq_per_s']:>7.1f}")
+        t = theirs.get((r["policy"], r["cache_objects"]))
+        if t is not None:
+            line += (f" | {t['hit_ratio']:>11.4f} {t['mreq_per_s']:>7.1f} "
+                     f"{r['mreq_per_s'] / t['mreq_per_s']:>6.1f}x {('yes' if t['hits'] == r['hits'] else 'no'):>9}")
+        elif theirs:
+            line += f" | {'-':>11} {'-':>7} {'-':>7} {'-':>9}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def write_json(path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise MissingExtraError("plotting needs matplotlib, which is not installed",
+                                "pip install 'tiered-emb[bench]' (or drop --plot)") from err
+    return plt
+
+
+def plot_policies(rows: list[dict], path, title: str, mrc: dict | None = None) -> None:
+    """Hit ratio against cache size (log x), one line per policy (ours; libCacheSim dashed)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if mrc is not None:
+        s = mrc["lru_curve_sampled"]
+        ax.plot(s["cache_objects"], s["hit_ratio"], color="0.6", lw=1, label="LRU (exact curve)")
+    for engine, marker in (("tiered_emb", "o"), ("libcachesim", "x")):
+        sel = [r for r in rows if r["engine"] == engine]
+        for p in dict.fromkeys(r["policy"] for r in sel):
+            pts = sorted((r["cache_objects"], r["hit_ratio"]) for r in sel if r["policy"] == p)
+            label = p if engine == "tiered_emb" else f"{p} (libCacheSim)"
+            ax.plot([a for a, _ in pts], [b for _, b in pts], marker=marker, ms=4, label=label,
+                    ls="-" if engine == "tiered_emb" else "none")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache size (objects)")
+    ax.set_ylabel("hit ratio")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_mrc(mrc: dict, path, title: str) -> None:
+    """Miss ratio against cache size: the exact LRU curve and Belady at the measured sizes."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    s = mrc["lru_curve_sampled"]
+    ax.plot(s["cache_objects"], 1 - np.asarray(s["hit_ratio"]), label="LRU (one pass, every size)")
+    opt = [(r["cache_objects"], 1 - r["opt_hit_ratio"]) for r in mrc["sizes"] if "opt_hit_ratio" in r]
+    if opt:
+        ax.plot([a for a, _ in opt], [b for _, b in opt], "o--", label="Belady (OPT)")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache size (objects)")
+    ax.set_ylabel("miss ratio")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_err(msg: str) -> None:
+    sys.stderr.write(msg + "\n")

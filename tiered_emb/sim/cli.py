@@ -1,0 +1,110 @@
+"""``tiered-emb bench policies`` and ``tiered-emb bench mrc``: the simulator from the shell.
+
+Which policy, how big a tier, on my id stream?  For example::
+
+    tiered-emb bench policies --trace zipf:1.0 --ids 10M --requests 20M \\
+        --cache 0.1%,1%,10% --policies lru,lfu,sieve,s3fifo,arc,belady \\
+        --compare libcachesim --json out.json --plot out.png
+    tiered-emb bench mrc --trace txt:../shared/data/amazon_video_user_item.txt:1 \\
+        --cache 0.1%,1%,10% --json mrc.json --plot mrc.png
+"""
+from __future__ import annotations
+
+import time
+
+from ..errors import MissingExtraError
+from . import bench
+
+
+def _common(p) -> None:
+    p.add_argument("--trace", default="zipf:1.0",
+                   help="zipf:ALPHA | drift:ALPHA | tables:A1,A2,.. | npy:PATH | csv:PATH[:COL] | "
+                        "tsv:PATH[:COL] | txt:PATH[:COL] | criteo:PATH | oracle:PATH (default zipf:1.0)")
+    p.add_argument("--ids", default="1M", help="distinct ids of synthetic traces, per table (default 1M)")
+    p.add_argument("--requests", default="2M", help="requests of synthetic traces; a cap for files (default 2M)")
+    p.add_argument("--cache", default="0.1%,1%,10%",
+                   help="cache sizes: percentages of the ids (of distinct ids for files) or object counts")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drift-period", default="1M", help="drift: requests between two moves of the ranking")
+    p.add_argument("--batch", type=int, default=512, help="tables: samples per batch")
+    p.add_argument("--pooling", default="1", help="tables: ids per sample, one value or one per table")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; medians are reported")
+    p.add_argument("--json", help="write the results here (machine, versions, seed included)")
+    p.add_argument("--plot", help="write a PNG plot here (needs matplotlib, in the bench extra)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="cache-policy simulator: policies and miss-ratio curves on an id stream")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    p = bsub.add_parser("policies", help="hit ratio and speed of each policy at each cache size")
+    _common(p)
+    p.add_argument("--policies", default="lru,lfu,fifo,sieve,s3fifo,arc,belady",
+                   help="comma-separated: " + ",".join(__import__("tiered_emb.sim.engine",
+                                                                  fromlist=["SIM_POLICIES"]).SIM_POLICIES))
+    p.add_argument("--compare", choices=["libcachesim"], help="run the same trace through libCacheSim too")
+    p.set_defaults(func=run_policies_cmd)
+    m = bsub.add_parser("mrc", help="exact LRU miss-ratio curve (every size, one pass) and Belady's")
+    _common(m)
+    m.add_argument("--no-opt", action="store_true", help="skip Belady at the --cache sizes")
+    m.set_defaults(func=run_mrc_cmd)
+
+
+def _load(args):
+    t0 = time.perf_counter()
+    trace, universe, desc = bench.load_trace(args.trace, bench.parse_count(args.ids), bench.parse_count(args.requests),
+                                             args.seed, drift_period=bench.parse_count(args.drift_period),
+                                             batch=args.batch, pooling=args.pooling)
+    sizes = bench.parse_sizes(args.cache, universe)
+    if not args.no_progress:
+        bench.print_err(f"trace: {desc}, {trace.shape[0]:,} requests ({time.perf_counter() - t0:.1f} s)")
+    return trace, universe, desc, sizes
+
+
+def _header(args, trace, universe, desc) -> dict:
+    return {"command": vars(args).get("bench_command"), "trace": args.trace, "description": desc,
+            "requests": int(trace.shape[0]), "universe_ids": universe, "seed": args.seed,
+            "repeats": args.repeats, "machine": bench.machine_info()}
+
+
+def _plot(fn, *a) -> None:
+    try:
+        fn(*a)
+    except MissingExtraError as err:
+        bench.print_err(f"no plot: {err}")
+
+
+def run_policies_cmd(args) -> int:
+    trace, universe, desc, sizes = _load(args)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.no_progress)
+    if args.compare == "libcachesim":
+        from .compare import run_libcachesim
+        try:
+            rows += run_libcachesim(trace, sizes, policies, args.repeats, show_progress=not args.no_progress)
+        except MissingExtraError as err:
+            bench.print_err(f"no comparison: {err}")
+    print(bench.format_table(rows))
+    if args.json:
+        bench.write_json(args.json, {**_header(args, trace, universe, desc), "results": rows})
+    if args.plot:
+        _plot(bench.plot_policies, rows, args.plot, f"{desc}, {trace.shape[0]:,} requests")
+    return 0
+
+
+def run_mrc_cmd(args) -> int:
+    trace, universe, desc, sizes = _load(args)
+    mrc = bench.run_mrc(trace, sizes, args.repeats, opt=not args.no_opt, show_progress=not args.no_progress)
+    one = mrc["one_lru_run"]
+    print(f"LRU curve, every size up to {mrc['distinct_ids']:,} objects: {mrc['lru_curve_median_s']:.2f} s "
+          f"(one LRU run at {one['cache']}: {one['median_s']:.2f} s)")
+    head = f"{'cache':>8} {'objects':>10} {'LRU hit':>8} {'OPT hit':>8}"
+    print(head + "\n" + "-" * len(head))
+    for r in mrc["sizes"]:
+        opt = f"{r['opt_hit_ratio']:>8.4f}" if "opt_hit_ratio" in r else f"{'-':>8}"
+        print(f"{r['cache']:>8} {r['cache_objects']:>10,} {r['lru_hit_ratio']:>8.4f} {opt}")
+    if args.json:
+        bench.write_json(args.json, {**_header(args, trace, universe, desc), "mrc": mrc})
+    if args.plot:
+        _plot(bench.plot_mrc, mrc, args.plot, f"{desc}, {trace.shape[0]:,} requests")
+    return 0
