@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numba
 
 from ._state import CLOCK, new_policy_state  # noqa: F401  (re-exported)
-from .lfu import _lfu_attach, _lfu_detach, _lfu_victim
+from ._state import TAIL
+from .lfu import _lfu_attach, _lfu_detach, _lfu_sift_down, _lfu_victim
 from .lru import _lru_attach, _lru_detach, _lru_victim
 
 LRU = 0
@@ -59,6 +60,22 @@ def _victim(code, P):
     if code == LRU:
         return _lru_victim(P)
     return _lfu_victim(P)
+
+
+@numba.njit(inline="always")
+def _hit(code, P, slot):
+    """One more use of an attached (unpinned) slot: the single-request fast path.
+
+    Equivalent to detach, touch, attach; cheaper: LRU relinks only when the slot is not
+    already the most recent, LFU sifts the slot down (its key only grew).
+    """
+    _touch(P, slot)
+    if code == LRU:
+        if P[6][TAIL] != slot:
+            _lru_detach(P, slot)
+            _lru_attach(P, slot)
+    else:
+        _lfu_sift_down(P, P[5][slot])
 
 
 @numba.njit(inline="always")

@@ -18,8 +18,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..errors import ConfigError
 from ..index import _index_del, _index_find, _index_find_many, _index_put, new_index
-from ..policies import POLICIES, _attach, _detach, _fresh, _touch, _victim, new_policy_state
+from ..policies import POLICIES, _attach, _detach, _fresh, _hit, _touch, _victim, new_policy_state
 
 
 class CacheTier:
@@ -200,9 +201,7 @@ def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
         s = _index_find(keys, vals, key)
         if s >= 0:
             hits += 1
-            _detach(code, P, s)
-            _touch(P, s)
-            _attach(code, P, s)
+            _hit(code, P, s)
             continue
         if fmeta[0] > 0:
             fmeta[0] -= 1
@@ -225,6 +224,8 @@ def simulate(trace: np.ndarray, capacity_rows: int, policy: str = "lru") -> int:
     >>> simulate(np.array([1, 2, 1, 3, 1, 2]), 2, "lru")
     2
     """
+    if capacity_rows < 1:
+        raise ConfigError(f"capacity_rows={capacity_rows!r} is invalid", "use a cache of at least 1 row")
     t = CacheTier(capacity_rows, policy)
     return int(_simulate_requests(t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta,
                                   np.ascontiguousarray(trace, dtype=np.int64)))
