@@ -1,0 +1,141 @@
+"""Each optimizer of the store against a textbook reference, torch.optim and FBGEMM.
+
+- sparse batches with duplicates through a store with tiny tiers, against the flat
+  reference (bitwise) and against float64 textbook formulas (allclose);
+- dense parameters touched every step: equal to torch.optim.SGD / torch.optim.Adagrad;
+- RowWiseAdagrad against FBGEMM's CPU EXACT_ROWWISE_ADAGRAD kernel (when importable).
+"""
+import warnings
+
+import numpy as np
+import pytest
+
+from tiered_emb import SGD, Adagrad, Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.testing.reference import ReferenceStore
+
+ROWS, DIM = 40, 6
+OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.1, eps=1e-10), RowWiseAdagrad(lr=0.1, eps=1e-8),
+              Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-8)]
+
+
+def _sparse_batches(seed, steps=5, n=30):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        ids = rng.integers(0, ROWS // 2, n)  # half the rows: many duplicates, some rows idle
+        yield ids, rng.normal(0.0, 1.0, (n, DIM)).astype(np.float32)
+
+
+def _textbook(opt, records: dict, ids, grads) -> None:
+    """Float64 textbook update of ``records`` {id: (w, state...)} for one batch."""
+    summed = {}
+    for i, g in zip(ids.tolist(), grads.astype(np.float64)):
+        summed[i] = summed.get(i, 0.0) + g
+    for i, g in summed.items():
+        r = records[i]
+        if opt.name == "sgd":
+            r["w"] -= opt.lr * g
+        elif opt.name == "adagrad":
+            r["s"] = r.get("s", 0.0) + g * g
+            r["w"] -= opt.lr * g / (np.sqrt(r["s"]) + opt.eps)
+        elif opt.name == "rowwise_adagrad":
+            r["s"] = r.get("s", 0.0) + np.mean(g * g)
+            r["w"] -= opt.lr * g / (np.sqrt(r["s"]) + opt.eps)
+        else:
+            b1, b2 = opt.betas
+            r["t"] = r.get("t", 0) + 1
+            r["m"] = b1 * r.get("m", 0.0) + (1 - b1) * g
+            r["v"] = b2 * r.get("v", 0.0) + (1 - b2) * g * g
+            mhat, vhat = r["m"] / (1 - b1 ** r["t"]), r["v"] / (1 - b2 ** r["t"])
+            r["w"] -= opt.lr * mhat / (np.sqrt(vhat) + opt.eps)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_sparse_batches_with_duplicates(tmp_path, opt):
+    cfg = TableConfig("t", dim=DIM, num_rows=ROWS, optimizer=opt)
+    store = TieredStore.create(tmp_path / "s", [cfg], TierConfig(hbm_rows=4, ddr_rows=3, device="cpu"), seed=9)
+    ref = ReferenceStore([cfg], seed=9)
+    all_ids = np.arange(ROWS)
+    book = {i: {"w": r.astype(np.float64)} for i, r in enumerate(store.peek("t", all_ids))}
+    for ids, grads in _sparse_batches(1):
+        store.apply_gradients("t", ids, grads)
+        ref.apply_gradients("t", ids, grads)
+        _textbook(opt, book, ids, grads)
+    got = store.peek("t", all_ids, with_state=True)
+    assert got.tobytes() == ref.peek_records("t", all_ids).tobytes()
+    expected = np.stack([book[i]["w"] for i in range(ROWS)])
+    np.testing.assert_allclose(got[:, :DIM], expected, rtol=1e-5, atol=1e-6)
+    if opt.name == "rowwise_adagrad":
+        np.testing.assert_allclose(got[:, DIM], [book[i].get("s", 0.0) for i in range(ROWS)], rtol=1e-5)
+    if opt.name == "adam":  # per-row step counts: rows without gradients did not advance
+        counts = {i: 0 for i in range(ROWS)}
+        for ids, _ in _sparse_batches(1):
+            for i in set(ids.tolist()):
+                counts[i] += 1
+        np.testing.assert_array_equal(got[:, 3 * DIM], [counts[i] for i in range(ROWS)])
+    store.close()
+
+
+@pytest.mark.parametrize("opt", [SGD(lr=0.05), Adagrad(lr=0.05, eps=1e-10)], ids=lambda o: o.name)
+def test_dense_every_step_equals_torch_optim(tmp_path, opt):
+    torch = pytest.importorskip("torch")
+    cfg = TableConfig("t", dim=DIM, num_rows=ROWS, optimizer=opt)
+    store = TieredStore.create(tmp_path / "s", [cfg], TierConfig(hbm_rows=ROWS, device="cpu"), seed=2)
+    ids = np.arange(ROWS)
+    w = torch.nn.Parameter(torch.from_numpy(store.peek("t", ids).copy()))
+    topt = torch.optim.SGD([w], lr=opt.lr) if opt.name == "sgd" else torch.optim.Adagrad([w], lr=opt.lr, eps=opt.eps)
+    rng = np.random.default_rng(4)
+    for _ in range(6):
+        g = rng.normal(0.0, 1.0, (ROWS, DIM)).astype(np.float32)
+        store.apply_gradients("t", ids, g)
+        w.grad = torch.from_numpy(g)
+        topt.step()
+    np.testing.assert_allclose(store.peek("t", ids), w.detach().numpy(), rtol=1e-6, atol=1e-7)
+    store.close()
+
+
+def test_rowwise_adagrad_equals_fbgemm_cpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():  # fbgemm_gpu warns about its optional SSD ops at import
+        warnings.simplefilter("ignore")
+        pytest.importorskip("fbgemm_gpu")
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+                                                                            SplitTableBatchedEmbeddingBagsCodegen)
+
+    from tiered_emb.torch import TieredEmbeddingBag
+
+    lr, eps = 0.1, 1e-8
+    cfg = TableConfig("t", dim=8, num_rows=ROWS, optimizer=RowWiseAdagrad(lr=lr, eps=eps))
+    store = TieredStore.create(tmp_path / "s", [cfg], TierConfig(hbm_rows=8, ddr_rows=4, device="cpu"), seed=5)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen([(ROWS, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                                                optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                learning_rate=lr, eps=eps)
+    all_ids = np.arange(ROWS)
+    with torch.no_grad():
+        tbe.split_embedding_weights()[0].copy_(torch.from_numpy(store.peek("t", all_ids)))
+    bag = TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        lengths = rng.integers(0, 4, 6)
+        ids = torch.from_numpy(rng.integers(0, ROWS // 2, int(lengths.sum())))
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
+        grad = torch.from_numpy(rng.normal(0.0, 1.0, (6, 8)).astype(np.float32))
+        ours, theirs = bag(ids, offsets), tbe(ids, offsets)
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+        ours.backward(grad)
+        theirs.backward(grad)
+    got = store.peek("t", all_ids, with_state=True)
+    np.testing.assert_allclose(got[:, :8], tbe.split_embedding_weights()[0].detach().numpy(), rtol=1e-5, atol=1e-6)
+    momentum = tbe.split_optimizer_states()[0][0].detach().numpy().reshape(-1)
+    np.testing.assert_allclose(got[:, 8], momentum, rtol=1e-5, atol=1e-7)
+    store.close()
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: SGD(lr=0.0), lambda: Adagrad(lr=float("nan")), lambda: RowWiseAdagrad(eps=-1.0),
+    lambda: Adam(betas=(0.9, 1.0)), lambda: Adam(betas=(0.9,)),
+])
+def test_invalid_hyperparameters_raise_config_error(bad):
+    with pytest.raises(ConfigError):
+        bad()
