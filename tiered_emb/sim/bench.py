@@ -118,13 +118,13 @@ def machine_info() -> dict:
     """Machine, versions: what a result needs to be compared with another."""
     import numba
 
-    from .. import __name__ as pkg  # noqa: F401
     cpu = platform.processor()
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     versions = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}

@@ -8,6 +8,7 @@ own C loop: the fastest path its Python binding offers.  Cache sizes are object 
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +19,9 @@ from ..errors import MissingExtraError
 from ..stream import progress
 from .engine import check_policy
 from .traces import write_oracle_general
+
+
+_S3FIFO_MIN_OBJECTS = 20
 
 
 def import_libcachesim():
@@ -43,6 +47,10 @@ def run_libcachesim(trace: np.ndarray, sizes: list[tuple[str, int]], policies: l
         for p in names:
             cls = getattr(lcs, check_policy(p).libcachesim)
             for label, cap in sizes:
+                if p == "s3fifo" and cap < _S3FIFO_MIN_OBJECTS:
+                    # libCacheSim aborts the process: its small queue would hold < 2 objects
+                    sys.stderr.write(f"libCacheSim S3FIFO skipped at {cap} objects (needs >= 20)\n")
+                    continue
                 secs, hits = [], None
                 for _ in range(repeats):
                     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)

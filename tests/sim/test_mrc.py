@@ -1,0 +1,43 @@
+"""The one-pass LRU curve equals per-size simulation; Belady's curve equals per-size Belady."""
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiered_emb.sim import lru_curve, opt_curve, simulate, zipf_ids
+from tiered_emb.testing.sim_reference import stack_distance_hits
+
+
+@given(st.lists(st.integers(0, 15), min_size=1, max_size=150))
+def test_lru_curve_equals_per_size_simulation(trace):
+    tr = np.array(trace, dtype=np.int64)
+    c = lru_curve(tr)
+    assert c.distinct_ids == len(set(trace))
+    assert c.hits[0] == 0
+    for cap in range(1, c.distinct_ids + 1):
+        assert c.hits[cap] == simulate(tr, cap, "lru") == stack_distance_hits(trace, cap)
+
+
+def test_lru_curve_zipf_every_size():
+    tr = zipf_ids(3000, 1.0, 30_000, seed=5)
+    c = lru_curve(tr)
+    for cap in (1, 2, 10, 100, 999, c.distinct_ids):
+        assert c.hits[cap] == simulate(tr, cap, "lru")
+    assert np.all(np.diff(c.hits) >= 0)
+    assert c.hits[-1] == tr.shape[0] - c.distinct_ids  # all but cold misses
+
+
+def test_opt_curve():
+    tr = zipf_ids(500, 0.8, 5000, seed=2)
+    sizes = [1, 5, 50, 400]
+    oc = opt_curve(tr, sizes)
+    assert oc.hits.tolist() == [simulate(tr, s, "belady") for s in sizes]
+    lru = lru_curve(tr)
+    assert np.all(oc.hits >= lru.at(sizes))
+    assert oc.distinct_ids == lru.distinct_ids
+
+
+def test_empty_and_single():
+    c = lru_curve(np.zeros(0, dtype=np.int64))
+    assert c.distinct_ids == 0 and c.hits.tolist() == [0]
+    c = lru_curve(np.array([7, 7, 7]))
+    assert c.hits.tolist() == [0, 2]

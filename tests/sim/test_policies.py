@@ -1,0 +1,107 @@
+"""Every simulator policy against its plain-Python reference, hand-traced sequences, Belady's bound,
+and the fast LRU/LFU kernels against the store's own, request by request."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiered_emb.errors import ConfigError
+from tiered_emb.sim import SIM_POLICIES, simulate, zipf_ids
+from tiered_emb.testing import sim_reference as ref
+from tiered_emb.tiers.cache import CacheTier, _simulate_requests
+
+POLICIES = sorted(ref.REFERENCES)
+traces = st.lists(st.integers(0, 12), min_size=0, max_size=120)
+capacities = st.integers(1, 8)
+
+
+def flags(trace, capacity, policy):
+    hits, f = simulate(np.array(trace, dtype=np.int64), capacity, policy, hit_flags=True)
+    assert hits == int(f.sum())
+    return [bool(v) for v in f]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@given(trace=traces, capacity=capacities)
+def test_kernel_matches_reference(policy, trace, capacity):
+    assert flags(trace, capacity, policy) == ref.REFERENCES[policy](trace, capacity)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_kernel_matches_reference_zipf(policy):
+    tr = zipf_ids(60, 0.9, 1500, seed=7).tolist()
+    for capacity in (1, 3, 10, 25, 59):
+        assert flags(tr, capacity, policy) == ref.REFERENCES[policy](tr, capacity), capacity
+
+
+def _store_flags(trace, capacity, policy):
+    """The store's kernel, one request at a time, so each request's hit is visible."""
+    t = CacheTier(capacity, policy)
+    out = []
+    for x in trace:
+        one = np.array([x], dtype=np.int64)
+        out.append(bool(_simulate_requests(t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta, one)))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@given(trace=traces, capacity=capacities)
+def test_fast_kernels_make_the_store_decisions(policy, trace, capacity):
+    assert flags(trace, capacity, policy) == _store_flags(trace, capacity, policy)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_fast_kernels_equal_store_on_zipf(policy):
+    tr = zipf_ids(5000, 1.0, 50_000, seed=3)
+    for capacity in (1, 7, 100, 1000):
+        assert simulate(tr, capacity, policy) == simulate(tr, capacity, policy + "-store")
+
+
+@given(trace=traces, capacity=capacities)
+def test_no_policy_beats_belady(trace, capacity):
+    tr = np.array(trace, dtype=np.int64)
+    best = simulate(tr, capacity, "belady")
+    for p in SIM_POLICIES:
+        assert simulate(tr, capacity, p) <= best, p
+
+
+def test_hand_traced():
+    tr = [1, 2, 3, 1, 4, 1, 2, 5, 1, 2]
+    #           1  2  3  1  4  1  2  5  1  2
+    assert ref.lru(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]
+    assert ref.fifo(tr, 3) == [0, 0, 0, 1, 0, 0, 0, 0, 1, 1]   # 4 pushes out 1, 1 out 2, 2 out 3, 5 out 4
+    assert ref.clock(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]  # 1's bit saves it twice; 2, 3, 4 go
+    assert ref.lfu(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]    # 1 counts 2, then 3: never the victim
+    assert ref.sieve(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]
+    assert ref.belady(tr, 3) == [0, 0, 0, 1, 0, 1, 1, 0, 1, 1]  # 4 evicts 3 (never again), 5 evicts 4
+    for p in ("lru", "fifo", "clock", "lfu", "sieve", "belady"):
+        assert flags(tr, 3, p) == [bool(v) for v in getattr(ref, p)(tr, 3)], p
+
+
+def test_sieve_hand_stays():
+    # 1 2 3 full; hit 1; 4: hand at 1 (visited, cleared) -> 2 evicted, hand to 3;
+    # 5: 3 unvisited -> evicted (the hand did not go back to the oldest).
+    tr = [1, 2, 3, 1, 4, 5, 1]
+    assert ref.sieve(tr, 3) == [0, 0, 0, 1, 0, 0, 1]
+    assert flags(tr, 3, "sieve") == [False] * 3 + [True, False, False, True]
+
+
+def test_s3fifo_ghost_goes_to_main():
+    # capacity 10: small 1, main 9, ghost 9; after warm-up, a ghost hit is admitted to main.
+    tr = list(range(12)) + [0] + list(range(20, 30)) + [0]
+    assert flags(tr, 10, "s3fifo") == ref.s3fifo(tr, 10)
+
+
+def test_unknown_policy_and_bad_capacity():
+    with pytest.raises(ConfigError, match="choose from"):
+        simulate(np.array([1]), 1, "mru")
+    with pytest.raises(ConfigError, match="capacity"):
+        simulate(np.array([1]), 0, "lru")
+    with pytest.raises(ConfigError, match="ids must be >= 0"):
+        simulate(np.array([-1]), 1, "lru")
+
+
+def test_deterministic():
+    tr = zipf_ids(1000, 1.0, 20_000, seed=1)
+    for p in SIM_POLICIES:
+        assert simulate(tr, 50, p) == simulate(tr, 50, p)
