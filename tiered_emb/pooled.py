@@ -22,6 +22,7 @@ more unique ids than HBM holds, or a CuPy HBM, takes the plain, chunked path.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numba
@@ -89,6 +90,25 @@ def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None =
                               "give one weight per id")
     uids, inverse = dedupe(ids)
     return BagPlan(ids, offsets, weights, bool(mean), uids, inverse)
+
+
+# Below this many float32 elements of work a batch runs its kernels on one thread: waking
+# the thread pool costs more than the work, and far more when torch's OpenMP threads are
+# still spinning on the same cores.  Results do not depend on the thread count.
+_SERIAL_BELOW = 1 << 16
+
+
+@contextmanager
+def _threads_for(work: int):
+    if work >= _SERIAL_BELOW or numba.get_num_threads() == 1:
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -221,14 +241,16 @@ def lookup_pooled(store, table: str, plan: BagPlan) -> np.ndarray:
         if plan.uids.shape[0] == 0:
             out[:] = 0.0
             return out
-        for _, slots in store._chunks(t, plan.uids):
-            _pool_from_slots(t.hbm.records, slots, plan.inverse, plan.offsets, weights, use_w, plan.mean, out)
-            plan.slots = slots
+        with _threads_for(plan.ids.shape[0] * dim):
+            for _, slots in store._chunks(t, plan.uids):
+                _pool_from_slots(t.hbm.records, slots, plan.inverse, plan.offsets, weights, use_w, plan.mean, out)
+                plan.slots = slots
         return out
     # Spill path (or a GPU HBM): rows gathered by the store, pooled on the host.
     rows = store.lookup(table, plan.ids)
     rows = rows if isinstance(rows, np.ndarray) else rows.get()
-    _pool_bags(rows, plan.offsets, weights, use_w, plan.mean, out)
+    with _threads_for(plan.ids.shape[0] * dim):
+        _pool_bags(rows, plan.offsets, weights, use_w, plan.mean, out)
     return out
 
 
@@ -271,6 +293,11 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
     if plan.ids.shape[0] == 0:
         return
+    with _threads_for(plan.ids.shape[0] * t.cfg.dim):
+        _apply_pooled(store, t, plan, grad_out, nonfinite)
+
+
+def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str) -> None:
     uids = plan.uids
     summed, bad = reduce_bag_grads(plan, grad_out)
     # The tail of TieredStore.apply_gradients, on gradients already summed per unique id.
