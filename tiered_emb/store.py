@@ -15,8 +15,10 @@ slower, never different.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +32,20 @@ from .errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, 
 from .init import init_rows
 from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
 from .optimizers import apply_update
+from .policies import POLICIES
+from .prefetch import Prefetcher, Ticket
 from .tiers import DdrTier, HbmTier, SsdTier
 
 FORMAT = "tiered_emb/1"
+
+
+def _locked(method):
+    """Run ``method`` holding the store's lock (the prefetch thread takes the same one)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return wrapper
 _TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
 
 
@@ -45,6 +58,8 @@ class _Table:
         self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
         self.counters = {tier: dict.fromkeys(_TIER_COUNTERS, 0) for tier in ("hbm", "ddr", "ssd")}
         self.counters["ssd"]["lazy_inits"] = 0
+        # what the prefetch thread brought up, apart from the step's own traffic
+        self.prefetch_counters = {tier: dict(c) for tier, c in self.counters.items()}
 
 
 class TieredStore:
@@ -75,6 +90,8 @@ class TieredStore:
         self._meta = meta
         self._tables = {t.name: _Table(t, tiers, self.xp) for t in tables}
         self._closed = False
+        self._lock = threading.RLock()
+        self._prefetcher = Prefetcher(self)
 
     @classmethod
     def create(cls, path, tables, tiers: TierConfig, seed: int = 0) -> "TieredStore":
@@ -179,6 +196,7 @@ class TieredStore:
         if self._closed:
             return
         try:
+            self._prefetcher.close()
             self.checkpoint()
         finally:
             self._closed = True
@@ -254,18 +272,24 @@ class TieredStore:
     # ------------------------------------------------------------------ the step
     def _chunks(self, t: _Table, uids: np.ndarray):
         """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each pinned in HBM."""
-        cap = t.hbm.unpinned_capacity
-        for start in range(0, uids.shape[0], cap):
-            chunk = uids[start:start + cap]
-            slots = self._bring_up(t, chunk)
-            try:
-                yield start, slots
-            finally:
-                t.hbm.release(slots)
+        with self._lock:
+            cap = t.hbm.unpinned_capacity
+            if cap < 1:
+                raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
+            for start in range(0, uids.shape[0], cap):
+                chunk = uids[start:start + cap]
+                slots = self._bring_up(t, chunk)
+                try:
+                    yield start, slots
+                finally:
+                    t.hbm.release(slots)
 
-    def _bring_up(self, t: _Table, chunk: np.ndarray) -> np.ndarray:
-        """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down."""
-        c = t.counters
+    def _bring_up(self, t: _Table, chunk: np.ndarray, c: dict | None = None) -> np.ndarray:
+        """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down.
+
+        ``c``: the counters to charge (the step's by default; the prefetcher has its own).
+        """
+        c = t.counters if c is None else c
         slots, miss_idx, vids, vrows, vdirty = t.hbm.resolve(chunk)
         k, m = chunk.shape[0], miss_idx.shape[0]
         c["hbm"]["lookups"] += k
@@ -304,6 +328,7 @@ class TieredStore:
                 c["ssd"]["writebacks"] += self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)})
         return slots
 
+    @_locked
     def lookup(self, table: str, ids):
         """Newest rows of ``ids``, duplicates allowed.
 
@@ -343,6 +368,7 @@ class TieredStore:
                 out_host[positions] = t.hbm.rows_at(slots[inverse[positions] - start])[:, :dim]
         return to_xp(xp, out_host)
 
+    @_locked
     def apply_gradients(self, table: str, ids, grads, nonfinite: str = "raise") -> None:
         """Apply the table's optimizer: duplicate ids' gradients summed in batch order, one update per row.
 
@@ -378,6 +404,7 @@ class TieredStore:
                          summed[start:start + slots.shape[0]], self.xp)
             t.hbm.dirty[slots] = 1
 
+    @_locked
     def write(self, table: str, ids, rows) -> None:
         """Set the weights of ``ids`` (optimizer state kept); for duplicates the last row wins.
 
@@ -401,6 +428,7 @@ class TieredStore:
             t.hbm.records[xs, :dim] = to_xp(self.xp, rows_u[start:start + slots.shape[0]])
             t.hbm.dirty[slots] = 1
 
+    @_locked
     def peek(self, table: str, ids, with_state: bool = False) -> np.ndarray:
         """Newest values of ``ids`` as NumPy, without touching any cache state.
 
@@ -425,6 +453,74 @@ class TieredStore:
         out[rest] = sub
         return out if with_state else np.ascontiguousarray(out[:, : t.cfg.dim])
 
+    # ------------------------------------------------------------------ lookahead
+    def prefetch(self, batch: dict) -> Ticket:
+        """Hand the store the ids of a *future* batch; its rows come up and stay pinned in HBM.
+
+        Parameters
+        ----------
+        batch : dict of table name -> int ids (n,)
+
+        Returns
+        -------
+        Ticket: pass it to :meth:`release` once that batch's update is applied.
+        Bad ids raise here, on the caller's thread, and queue nothing.
+
+        With a ``lookahead+`` policy the rows of the batch already resident are pinned at
+        once (they cannot be evicted while the batch waits in the window); the worker
+        brings up the rest.  See :mod:`tiered_emb.prefetch`.
+        """
+        self._check_open()
+        if not isinstance(batch, dict):
+            raise ConfigError(f"batch of type {type(batch).__name__} is invalid", "pass {table name: ids}")
+        uids = {}
+        for name in sorted(batch):
+            t = self._table(name)
+            uids[name] = dedupe(self._ids(t, batch[name]))[0]
+        with self._lock:
+            ticket = self._prefetcher.submit(uids)
+            if POLICIES[self.tiers.policy].lookahead:
+                for name, u in uids.items():
+                    t = self._tables[name]
+                    slots = t.hbm.find(u)
+                    resident = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
+                    early = slots[resident]
+                    t.hbm.pin(early)
+                    ticket.slots[name] = early
+                    rest = np.ones(u.shape[0], dtype=bool)
+                    rest[resident] = False
+                    ticket.uids[name] = u[rest]
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """Unpin a prefetched batch (after its update); raises its PrefetchError if bringing it up failed."""
+        self._check_open()
+        self._prefetcher.release(ticket)
+
+    def _bring_up_ticket(self, ticket: Ticket) -> None:
+        """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first)."""
+        with self._lock:
+            if self._closed:
+                return
+            for name in sorted(ticket.uids):
+                t = self._tables[name]
+                take = ticket.uids[name][:max(self._pin_budget(t), 0)]
+                if take.shape[0]:
+                    slots = self._bring_up(t, take, t.prefetch_counters)
+                    prev = ticket.slots.get(name)
+                    ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
+
+    @staticmethod
+    def _pin_budget(t: _Table) -> int:
+        """Rows a ticket may still pin: prefetch leaves 1/8 of HBM (>= 1 row) to the step's own misses."""
+        return t.hbm.unpinned_capacity - max(1, t.hbm.capacity_rows // 8)
+
+    def _unpin_ticket(self, ticket: Ticket) -> None:
+        with self._lock:
+            for name, slots in sorted(ticket.slots.items()):
+                self._tables[name].hbm.release(slots)
+            ticket.slots = {}
+
     # ------------------------------------------------------------------ durability
     def _dirty_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         out = {}
@@ -447,6 +543,11 @@ class TieredStore:
     def flush(self) -> int:
         """Write every dirty row to LMDB (durable; not a checkpoint). Returns rows written."""
         self._check_open()
+        self._prefetcher.drain()
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> int:
         batches = self._dirty_rows()
         n = self._ssd.write_pending(batches)
         self._mark_clean()
@@ -465,6 +566,11 @@ class TieredStore:
         self._check_open()
         if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
             raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")
+        self._prefetcher.drain()
+        with self._lock:
+            return self._checkpoint(extra)
+
+    def _checkpoint(self, extra) -> int:
         batches = self._dirty_rows()
         meta = dict(self._meta, epoch=self.epoch + 1)
         n = self._ssd.checkpoint(batches, meta, extra)
@@ -476,11 +582,14 @@ class TieredStore:
         return n
 
     # ------------------------------------------------------------------ introspection
+    @_locked
     def stats(self) -> dict:
         """Per table and tier: lookups, hits, misses, evictions, writebacks, rows and bytes held.
 
         ``lookups`` of a tier count the unique ids asked of it; ``ssd.misses`` are rows
         created by the initialiser (never written); ``ssd.rows`` counts LMDB records.
+        The step's traffic is at the top level; what the prefetch thread moved is under
+        ``"prefetch"`` (same keys), so the step's HBM hit rate shows what prefetch won.
         """
         self._check_open()
         out = {}
@@ -493,12 +602,15 @@ class TieredStore:
                             bytes=t.ddr.resident_rows * row_bytes)
             ssd = self._ssd.table_stats(name)
             s["ssd"].update(rows=ssd["rows"] + ssd["pending_rows"], bytes=ssd["bytes"] + ssd["pending_bytes"])
+            s["prefetch"] = {tier: dict(c) for tier, c in t.prefetch_counters.items()}
             for tier in ("hbm", "ddr", "ssd"):
-                look = s[tier]["lookups"]
-                s[tier]["hit_rate"] = s[tier]["hits"] / look if look else 0.0
+                for d in (s, s["prefetch"]):
+                    look = d[tier]["lookups"]
+                    d[tier]["hit_rate"] = d[tier]["hits"] / look if look else 0.0
             out[name] = s
         return out
 
+    @_locked
     def disk_bytes(self) -> int:
         """Bytes of the LMDB files on disk."""
         self._check_open()

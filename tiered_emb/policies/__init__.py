@@ -31,11 +31,14 @@ LFU = 1
 class PolicySpec:
     code: int
     summary: str
+    lookahead: bool = False  # rows of prefetched batches are pinned as soon as they enter the window
 
 
 POLICIES: dict[str, PolicySpec] = {
     "lru": PolicySpec(LRU, "least recently used first"),
     "lfu": PolicySpec(LFU, "lowest use count first, then least recently used, then lowest slot"),
+    "lookahead+lru": PolicySpec(LRU, "rows needed within the prefetch window kept; others by LRU", True),
+    "lookahead+lfu": PolicySpec(LFU, "rows needed within the prefetch window kept; others by LFU", True),
 }
 
 

@@ -118,6 +118,16 @@ def _cache_release(code, P, pins, slots):
 
 
 @numba.njit(cache=True)
+def _cache_pin(code, P, pins, slots):
+    """Pin resident ``slots`` (int64 (k,), distinct): a slot going from 0 pins leaves the policy."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if pins[s] == 0:
+            _detach(code, P, s)
+        pins[s] += 1
+
+
+@numba.njit(cache=True)
 def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids,
                 out_rows, out_dirty, found):
     """Move the rows of ``ids`` present here out of the tier (exclusive caching).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import to_host, to_xp
-from .cache import CacheTier, _cache_release, _cache_resolve
+from .cache import CacheTier, _cache_pin, _cache_release, _cache_resolve
 
 
 class HbmTier(CacheTier):
@@ -47,6 +47,10 @@ class HbmTier(CacheTier):
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
         self.records[to_xp(self.xp, slots)] = to_xp(self.xp, rows)
         self.dirty[slots] = dirty
+
+    def pin(self, slots: np.ndarray) -> None:
+        """Pin resident ``slots`` (distinct) without using them."""
+        _cache_pin(self.code, self.P, self.pins, slots)
 
     def release(self, slots: np.ndarray) -> None:
         _cache_release(self.code, self.P, self.pins, slots)

@@ -1,0 +1,133 @@
+"""Lookahead prefetch: results unchanged for every depth, the thread is safe and leaves nothing behind."""
+import threading
+
+import numpy as np
+import pytest
+
+from tiered_emb import RowWiseAdagrad, Adam, TableConfig, TieredStore, TierConfig
+from tiered_emb.errors import ConfigError, IdRangeError, PrefetchError
+from tiered_emb.prefetch import lookahead
+from tiered_emb.sim.traces import zipf_ids
+from tiered_emb.testing.reference import ReferenceStore
+
+TABLES = [TableConfig("u", dim=4, optimizer=RowWiseAdagrad(lr=0.2)),
+          TableConfig("v", dim=3, num_rows=400, optimizer=Adam(lr=0.05))]
+
+
+def batches(n, seed, max_size=40):
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in range(n):
+        size = int(rng.integers(1, max_size))
+        out.append({"u": zipf_ids(300, 1.1, size, seed=seed * 1000 + b),
+                    "v": zipf_ids(400, 0.9, size, seed=seed * 1000 + b + 500)})
+    return out
+
+
+def train(store, data, depth, checkpoint_every=0):
+    for step, b in enumerate(lookahead(store, data, lambda x: x, depth)):
+        for name in sorted(b):
+            rows = store.lookup(name, b[name])
+            store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+        if checkpoint_every and step % checkpoint_every == checkpoint_every - 1:
+            store.checkpoint()
+
+
+def reference(data):
+    ref = ReferenceStore(TABLES, seed=4)
+    for b in data:
+        for name in sorted(b):
+            rows = ref.lookup(name, b[name])
+            ref.apply_gradients(name, b[name], rows * np.float32(0.5) + np.float32(0.01))
+    return ref
+
+
+@pytest.mark.parametrize("policy", ["lru", "lookahead+lru", "lookahead+lfu"])
+@pytest.mark.parametrize("hbm, ddr", [(8, 0), (24, 16), (1000, 0)])
+def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr):
+    data = batches(25, seed=1)
+    ref = reference(data)
+    for depth in (0, 1, 4):
+        with TieredStore.create(tmp_path / f"{depth}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4) as s:
+            train(s, data, depth)
+            for name, n in (("u", 300), ("v", 400)):
+                np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
+                                              ref.peek_records(name, np.arange(n)))
+            assert int(s._tables["u"].hbm.pins.sum()) == 0
+
+
+def test_prefetch_raises_hit_rate_of_the_step(tmp_path):
+    data = batches(30, seed=2, max_size=30)
+    rates = {}
+    for depth in (0, 2):
+        with TieredStore.create(tmp_path / f"{depth}", TABLES, TierConfig(64, 0, "lookahead+lru", "cpu"), seed=4) as s:
+            hits = looks = 0
+            for b in lookahead(s, data, lambda x: x, depth):
+                before = s.stats()["u"]["hbm"]
+                s.lookup("u", b["u"])
+                after = s.stats()["u"]["hbm"]
+                hits += after["hits"] - before["hits"]
+                looks += after["lookups"] - before["lookups"]
+            rates[depth] = hits / looks
+    assert rates[2] == 1.0 and rates[0] < 1.0
+
+
+def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        data = batches(int(rng.integers(5, 25)), seed=100 + trial, max_size=int(rng.integers(2, 60)))
+        ref = reference(data)
+        path = tmp_path / f"s{trial}"
+        tiers = TierConfig(int(rng.integers(2, 40)), int(rng.integers(0, 20)),
+                           str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu"])), "cpu")
+        depth = int(rng.integers(1, 6))
+        stop = int(rng.integers(1, len(data) + 1))
+        s = TieredStore.create(path, TABLES, tiers, seed=4)
+        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)))
+        s.close()  # mid-way: close drains and joins
+        with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
+            train(s, data[stop:], depth)
+            for name, n in (("u", 300), ("v", 400)):
+                np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
+                                              ref.peek_records(name, np.arange(n)))
+    assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+
+
+def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch):
+    data = batches(6, seed=3)
+    with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lru", "cpu"), seed=4) as s:
+        real = s._bring_up_ticket
+
+        def failing(ticket):
+            if ticket.seq == 3:
+                raise OSError("disk went away")
+            real(ticket)
+
+        monkeypatch.setattr(s, "_bring_up_ticket", failing)
+        ran = []
+        with pytest.raises(PrefetchError, match="batch 3") as e:
+            for i, b in enumerate(lookahead(s, data, lambda x: x, 2)):
+                ran.append(i)
+        assert ran == [0, 1, 2] and isinstance(e.value.__cause__, OSError)
+        assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0
+
+
+def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
+    data = batches(10, seed=5)
+    s = TieredStore.create(tmp_path / "x", TABLES, TierConfig(50, 0, "lookahead+lru", "cpu"), seed=4)
+    for i, _ in enumerate(lookahead(s, data, lambda x: x, 4)):
+        if i == 2:
+            break
+    assert int(s._tables["u"].hbm.pins.sum()) == 0
+    assert [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+    s.close()
+    assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+
+
+def test_bad_ids_in_prefetch_raise_on_the_caller(tmp_path):
+    with TieredStore.create(tmp_path / "b", TABLES, TierConfig(8, 0, "lru", "cpu")) as s:
+        with pytest.raises(IdRangeError):
+            s.prefetch({"v": np.array([400])})
+        with pytest.raises(ConfigError):
+            list(lookahead(s, [], lambda x: x, -1))
+        assert s._prefetcher._outstanding == []

@@ -1,0 +1,168 @@
+"""Lookahead prefetch: bring the rows of the next batches up the tiers on a background thread.
+
+The trainer's loader already knows batches t+1..t+k.  :meth:`TieredStore.prefetch`
+hands one of them to the store and returns a :class:`Ticket`; a single background
+thread per store takes tickets in order and, per table, brings the batch's rows up
+(LMDB -> DDR -> HBM) and *pins* them.  A pinned slot is detached from its policy, so it
+cannot be evicted until :meth:`TieredStore.release` (after the batch's update) unpins it.
+The step then finds its rows in HBM.
+
+Eviction by next use follows from the pins: every row needed inside the window is
+pinned, so victims are always rows not needed within the window, ordered by the tier's
+own policy; tickets are brought up in window order, so when pins would exceed the tier
+(each ticket may pin at most ``capacity - reserve`` rows) the rows of the *farthest*
+batches are the ones left below: Belady within the window.  The step's own spill path
+answers whatever was not brought up.
+
+Safety: the worker and the step share the store's lock (they never race on the tiers;
+overlap comes from the step's dense compute, which holds no store lock); ``checkpoint``
+and ``close`` drain the queue first; an exception on the worker is kept in its ticket
+and raised as :class:`~tiered_emb.errors.PrefetchError` by ``Ticket.wait`` /
+``release`` (the step that needs those rows); ``close`` joins the thread.
+Prefetch changes where rows are, never their values.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from .errors import PrefetchError
+
+_STOP = object()
+
+
+class Ticket:
+    """One prefetched batch: ``{table: unique ids}`` and, once brought up, their pinned slots."""
+
+    def __init__(self, seq: int, uids: dict[str, np.ndarray]):
+        self.seq = seq
+        self.uids = uids
+        self.slots: dict[str, np.ndarray] = {}
+        self.error: BaseException | None = None
+        self.released = False
+        self._done = threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until the batch's rows are up; raise :class:`PrefetchError` if bringing them failed."""
+        self._done.wait()
+        if self.error is not None:
+            raise PrefetchError(f"prefetch of batch {self.seq} failed: {type(self.error).__name__}: {self.error}",
+                                "the rows were not brought up; fix the cause (see __cause__) and retry the step") \
+                from self.error
+
+
+class Prefetcher:
+    """The background thread of one store (started on the first ticket, joined by :meth:`close`)."""
+
+    def __init__(self, store):
+        self._store = store
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self._outstanding: list[Ticket] = []
+
+    def submit(self, uids: dict[str, np.ndarray]) -> Ticket:
+        ticket = Ticket(self._seq, uids)
+        self._seq += 1
+        self._outstanding.append(ticket)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tiered_emb-prefetch", daemon=True)
+            self._thread.start()
+        self._queue.put(ticket)
+        return ticket
+
+    def _run(self) -> None:
+        while True:
+            ticket = self._queue.get()
+            if ticket is _STOP:
+                return
+            try:
+                self._store._bring_up_ticket(ticket)
+            except BaseException as err:  # kept for the step that needs the rows
+                ticket.error = err
+            finally:
+                ticket._done.set()
+
+    def release(self, ticket: Ticket) -> None:
+        """Unpin the ticket's rows (waits for it first); raises its error, if any, after unpinning."""
+        if ticket.released:
+            return
+        ticket._done.wait()
+        self._store._unpin_ticket(ticket)
+        ticket.released = True
+        self._outstanding.remove(ticket)
+        ticket.wait()
+
+    def drain(self) -> None:
+        """Wait until every submitted ticket has been brought up (or failed)."""
+        for t in list(self._outstanding):
+            t._done.wait()
+
+    def close(self) -> None:
+        """Drain, unpin what is still pinned, stop and join the thread."""
+        self.drain()
+        for t in list(self._outstanding):
+            self._store._unpin_ticket(t)
+            t.released = True
+        self._outstanding.clear()
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+
+
+def lookahead(store, batches, ids_of, depth: int):
+    """Iterate ``batches`` with the ids of the next ``depth`` batches prefetched.
+
+    Parameters
+    ----------
+    store : TieredStore
+    batches : iterable of anything (the trainer's batches)
+    ids_of : callable, ``ids_of(batch) -> {table: ids}``
+    depth : int >= 0, lookahead window k; 0 turns prefetch off
+
+    Yields each batch after its rows are up (a failure to bring them up is raised here,
+    as PrefetchError, in the step that needs them).  Control returning to the generator
+    means the batch's update is applied: its pins are released then.  Closing the
+    generator early (break, exception) releases every outstanding pin.
+
+    Examples
+    --------
+    >>> for batch in lookahead(store, loader, lambda b: {"t": b}, depth=4):  # doctest: +SKIP
+    ...     store.apply_gradients("t", batch, grads_for(batch))
+    """
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        from .errors import ConfigError
+        raise ConfigError(f"depth={depth!r} is invalid", "use an int >= 0 (0: no prefetch)")
+    if depth == 0:
+        yield from batches
+        return
+    it = iter(batches)
+    window: list = []
+    try:
+        for batch in it:
+            window.append((batch, store.prefetch(ids_of(batch))))
+            if len(window) > depth:
+                break
+        while window:
+            batch, ticket = window.pop(0)
+            nxt = next(it, _STOP)
+            if nxt is not _STOP:
+                window.append((nxt, store.prefetch(ids_of(nxt))))
+            try:
+                ticket.wait()
+                yield batch
+            finally:
+                store.release(ticket)
+    finally:
+        for _, ticket in window:
+            try:
+                store.release(ticket)
+            except PrefetchError:
+                pass  # its batch never ran; the error belongs to no step
