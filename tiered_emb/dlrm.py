@@ -136,10 +136,10 @@ def aggregate_stats(stats: dict) -> dict:
     """Per-tier counters summed over every table of ``store.stats()``, hit rates recomputed."""
     total = {}
     for s in stats.values():
-        for tier, c in s.items():
+        for tier in ("hbm", "ddr", "ssd"):
             t = total.setdefault(tier, {})
-            for k, v in c.items():
-                if k != "hit_rate":
+            for k, v in s[tier].items():
+                if k != "hit_rate" and isinstance(v, (int, float)):
                     t[k] = t.get(k, 0) + v
     for c in total.values():
         c["hit_rate"] = c["hits"] / c["lookups"] if c.get("lookups") else 0.0

@@ -237,19 +237,21 @@ def lookup_pooled(store, table: str, plan: BagPlan) -> np.ndarray:
     out = np.empty((plan.num_bags, dim), dtype=np.float32)
     use_w = plan.weights is not None
     weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
-    if store.xp is np and plan.uids.shape[0] <= t.hbm.unpinned_capacity:
-        if plan.uids.shape[0] == 0:
-            out[:] = 0.0
-            return out
-        with _threads_for(plan.ids.shape[0] * dim):
+    plan.slots = None
+    # The store's lock (re-entrant) for the whole read: a prefetch thread must not pin or
+    # evict between the capacity check and the pooling (one chunk, so ``inverse`` indexes ``slots``).
+    with store._lock, _threads_for(plan.ids.shape[0] * dim):
+        if store.xp is np and plan.uids.shape[0] <= t.hbm.unpinned_capacity:
+            if plan.uids.shape[0] == 0:
+                out[:] = 0.0
+                return out
             for _, slots in store._chunks(t, plan.uids):
                 _pool_from_slots(t.hbm.records, slots, plan.inverse, plan.offsets, weights, use_w, plan.mean, out)
                 plan.slots = slots
-        return out
-    # Spill path (or a GPU HBM): rows gathered by the store, pooled on the host.
-    rows = store.lookup(table, plan.ids)
-    rows = rows if isinstance(rows, np.ndarray) else rows.get()
-    with _threads_for(plan.ids.shape[0] * dim):
+            return out
+        # Spill path (or a GPU HBM): rows gathered by the store, pooled on the host.
+        rows = store.lookup(table, plan.ids)
+        rows = rows if isinstance(rows, np.ndarray) else rows.get()
         _pool_bags(rows, plan.offsets, weights, use_w, plan.mean, out)
     return out
 
@@ -293,7 +295,7 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
     if plan.ids.shape[0] == 0:
         return
-    with _threads_for(plan.ids.shape[0] * t.cfg.dim):
+    with store._lock, _threads_for(plan.ids.shape[0] * t.cfg.dim):  # see lookup_pooled
         _apply_pooled(store, t, plan, grad_out, nonfinite)
 
 
