@@ -13,8 +13,9 @@ from tiered_emb.tiers.cache import CacheTier, _cache_release, _cache_resolve, si
 class KernelPolicy:
     """Drive a CacheTier's resolve/release kernels the way the store does, without rows."""
 
-    def __init__(self, capacity, policy):
+    def __init__(self, capacity, policy, force_pin=False):
         self.t = CacheTier(capacity, policy)
+        self.force_pin = force_pin
 
     def access_batch(self, ids):
         t = self.t
@@ -27,20 +28,22 @@ class KernelPolicy:
             miss = np.empty(k, np.int64)
             vs, vi = np.empty(k, np.int64), np.empty(k, np.int64)
             vd = np.empty(k, np.uint8)
-            nm, nv = _cache_resolve(t.code, t.P, t.keys, t.vals, t.slot_ids, t.dirty, t.pins, t.free, t.fmeta,
-                                    chunk, slots, miss, vs, vi, vd)
+            nm, nv, pinned = _cache_resolve(t.code, t.P, t.keys, t.vals, t.slot_ids, t.dirty, t.pins, t.free,
+                                            t.fmeta, chunk, self.force_pin, slots, miss, vs, vi, vd)
             missed = set(miss[:nm].tolist())
             hits += [i not in missed for i in range(k)]
             evicted += vi[:nv].tolist()
-            _cache_release(t.code, t.P, t.pins, slots)
+            assert pinned == (self.force_pin or nm > 0)
+            if pinned:
+                _cache_release(t.code, t.P, t.pins, slots)
         return hits, evicted
 
     def resident(self):
         return {int(i): int(s) for s, i in enumerate(self.t.slot_ids) if i >= 0}
 
 
-def run_both(policy, capacity, batches):
-    ref, ker = ReferencePolicy(capacity, policy), KernelPolicy(capacity, policy)
+def run_both(policy, capacity, batches, force_pin=False):
+    ref, ker = ReferencePolicy(capacity, policy), KernelPolicy(capacity, policy, force_pin)
     for b in batches:
         assert ker.access_batch(b) == ref.access_batch(b), f"batch {b}"
         assert ker.resident() == ref.slot_of
@@ -77,11 +80,13 @@ def test_batch_larger_than_capacity_is_chunked_and_pinned():
     assert len(ref.slot_of) == 2
 
 
+@pytest.mark.parametrize("force_pin", [False, True])
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 @given(capacity=st.integers(1, 6),
        batches=st.lists(st.lists(st.integers(0, 12), min_size=0, max_size=10), max_size=25))
-def test_kernel_decisions_equal_reference(policy, capacity, batches):
-    run_both(policy, capacity, batches)
+def test_kernel_decisions_equal_reference(policy, force_pin, capacity, batches):
+    """Both resolve paths (all-hit without pins, and pinned) make the reference's decisions."""
+    run_both(policy, capacity, batches, force_pin)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])

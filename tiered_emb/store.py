@@ -271,26 +271,28 @@ class TieredStore:
 
     # ------------------------------------------------------------------ the step
     def _chunks(self, t: _Table, uids: np.ndarray):
-        """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each pinned in HBM."""
+        """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each held in HBM while the caller uses it."""
         with self._lock:
             cap = t.hbm.unpinned_capacity
             if cap < 1:
                 raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
             for start in range(0, uids.shape[0], cap):
                 chunk = uids[start:start + cap]
-                slots = self._bring_up(t, chunk)
+                slots, pinned = self._bring_up(t, chunk)
                 try:
                     yield start, slots
                 finally:
-                    t.hbm.release(slots)
+                    if pinned:
+                        t.hbm.release(slots)
 
-    def _bring_up(self, t: _Table, chunk: np.ndarray, c: dict | None = None) -> np.ndarray:
+    def _bring_up(self, t: _Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False):
         """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down.
 
         ``c``: the counters to charge (the step's by default; the prefetcher has its own).
+        Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
         """
         c = t.counters if c is None else c
-        slots, miss_idx, vids, vrows, vdirty = t.hbm.resolve(chunk)
+        slots, miss_idx, vids, vrows, vdirty, pinned = t.hbm.resolve(chunk, force_pin)
         k, m = chunk.shape[0], miss_idx.shape[0]
         c["hbm"]["lookups"] += k
         c["hbm"]["hits"] += k - m
@@ -326,7 +328,7 @@ class TieredStore:
             c["ddr"]["writebacks"] += ev_ids.shape[0]
             if ev_ids.shape[0]:
                 c["ssd"]["writebacks"] += self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)})
-        return slots
+        return slots, pinned
 
     @_locked
     def lookup(self, table: str, ids):
@@ -506,7 +508,7 @@ class TieredStore:
                 t = self._tables[name]
                 take = ticket.uids[name][:max(self._pin_budget(t), 0)]
                 if take.shape[0]:
-                    slots = self._bring_up(t, take, t.prefetch_counters)
+                    slots, _ = self._bring_up(t, take, t.prefetch_counters, force_pin=True)
                     prev = ticket.slots.get(name)
                     ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
 

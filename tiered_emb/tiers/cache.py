@@ -57,21 +57,40 @@ class CacheTier:
 
 
 @numba.njit(cache=True)
-def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids,
+def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin,
                    out_slots, miss_idx, victim_slots, victim_ids, victim_dirty):
-    """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot, pinned.
+    """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot.
 
-    Pass 1 pins the hits so no miss of the same chunk can evict them; pass 2 walks the
-    chunk in order: a hit is touched, a miss takes a free slot or the policy's victim.
+    Pass 1 probes the index.  When every id is resident and ``force_pin`` is false (the
+    common, all-hit chunk), each is used in order and nothing is pinned: no miss can
+    evict them.  Otherwise pass 2 pins the hits, so no miss of the chunk can evict a row
+    the chunk needs, and pass 3 walks the chunk in order: a hit is used, a miss takes a
+    free slot or the policy's victim, and stays pinned.  Both paths make the same
+    decisions (a slot's place in its policy depends only on the order of uses).
+
     Writes ``out_slots`` (k,), ``miss_idx`` (positions in ``uids`` that missed), and the
     victims' slots, ids and dirty flags (the caller copies their rows out before it writes
-    the missed rows in).  Returns ``(n_miss, n_victims)``; n_victims is -1 when the tier
-    ran out of unpinned slots (the caller must chunk by capacity).
+    the missed rows in).  Returns ``(n_miss, n_victims, pinned)``; n_victims is -1 when
+    the tier ran out of unpinned slots (the caller must chunk by capacity); ``pinned``
+    says whether the caller must :func:`_cache_release` the slots.
     """
     k = uids.shape[0]
+    n_hit = 0
     for i in range(k):
         s = _index_find(keys, vals, uids[i])
         out_slots[i] = s
+        if s >= 0:
+            n_hit += 1
+    if n_hit == k and not force_pin:
+        for i in range(k):
+            s = out_slots[i]
+            if pins[s] == 0:
+                _hit(code, P, s)
+            else:
+                _touch(P, s)  # pinned by a prefetched batch: placed when that batch releases it
+        return 0, 0, False
+    for i in range(k):
+        s = out_slots[i]
         if s >= 0:
             if pins[s] == 0:
                 _detach(code, P, s)
@@ -89,7 +108,7 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
         else:
             s = _victim(code, P)
             if s < 0:
-                return n_miss, -1
+                return n_miss, -1, True
             vid = slot_ids[s]
             victim_slots[n_victims] = s
             victim_ids[n_victims] = vid
@@ -104,7 +123,7 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
         out_slots[i] = s
         miss_idx[n_miss] = i
         n_miss += 1
-    return n_miss, n_victims
+    return n_miss, n_victims, True
 
 
 @numba.njit(cache=True)

@@ -23,12 +23,13 @@ class HbmTier(CacheTier):
     def unpinned_capacity(self) -> int:
         return self.capacity_rows - int(np.count_nonzero(self.pins))
 
-    def resolve(self, uids: np.ndarray):
-        """Pin a slot for every id of ``uids`` (int64 (k,), distinct).
+    def resolve(self, uids: np.ndarray, force_pin: bool = False):
+        """Give a slot to every id of ``uids`` (int64 (k,), distinct); see :func:`_cache_resolve`.
 
-        Returns ``(slots, miss_idx, victim_ids, victim_rows, victim_dirty)``: the slots
-        (int64 (k,)), positions of ``uids`` whose rows the caller must write into their
-        slots, and the evicted rows (host float32 (v, W)) for the tier below.
+        Returns ``(slots, miss_idx, victim_ids, victim_rows, victim_dirty, pinned)``: the
+        slots (int64 (k,)), positions of ``uids`` whose rows the caller must write into
+        their slots, the evicted rows (host float32 (v, W)) for the tier below, and
+        whether the slots are pinned (then :meth:`release` them after use).
         """
         k = uids.shape[0]
         slots = np.empty(k, dtype=np.int64)
@@ -36,12 +37,13 @@ class HbmTier(CacheTier):
         vslots = np.empty(k, dtype=np.int64)
         vids = np.empty(k, dtype=np.int64)
         vdirty = np.empty(k, dtype=np.uint8)
-        n_miss, n_v = _cache_resolve(self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty,
-                                     self.pins, self.free, self.fmeta, uids, slots, miss_idx, vslots, vids, vdirty)
+        n_miss, n_v, pinned = _cache_resolve(self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty,
+                                             self.pins, self.free, self.fmeta, uids, force_pin, slots, miss_idx,
+                                             vslots, vids, vdirty)
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
         victim_rows = to_host(self.records[to_xp(self.xp, vslots[:n_v])]) if n_v else None
-        return slots, miss_idx[:n_miss], vids[:n_v], victim_rows, vdirty[:n_v]
+        return slots, miss_idx[:n_miss], vids[:n_v], victim_rows, vdirty[:n_v], bool(pinned)
 
     def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
