@@ -58,6 +58,8 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--lookahead", type=int, default=2,
+                   help="batches prefetched ahead on a background thread (0: prefetch off)")
     p.set_defaults(func=run)
 
 
@@ -211,6 +213,8 @@ def train(args) -> dict:
 
 
 def _train_loop(torch, args, cfg: dict, store) -> dict:
+    from .torch import TrainPipeline
+
     data = _data(cfg)
     torch.manual_seed(cfg["seed"])
     model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
@@ -227,14 +231,21 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
     model.train()
     t0 = time.perf_counter()
     ema = None
-    for step in range(start, args.steps):
-        dense, cats, labels = data.batch(step, "train")
+    features = _features()
+
+    def ids_of(batch):
+        cats = batch[1]
+        return {f: cats[:, i] for i, f in enumerate(features)}
+
+    def loss_of(model, batch):
+        dense, cats, labels = batch
         x, feats = _to_torch(torch, dense, cats)
-        loss = loss_fn(model(x, feats), torch.from_numpy(labels))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # embedding rows are updated here, by the store
-        opt.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        return loss_fn(model(x, feats), torch.from_numpy(labels))  # backward updates the rows in the store
+
+    batches = (data.batch(step, "train") for step in range(start, args.steps))
+    pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead)
+    for step, loss in enumerate(pipeline.run(batches), start=start):
+        ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             _save_state(torch, store, step + 1, model, opt)
         if not args.quiet and ((step + 1 - start) % 5 == 0 or step + 1 == args.steps):

@@ -37,7 +37,7 @@ def _hash_home(key, mask):
     return np.int64(z & np.uint64(mask))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _index_find(keys, vals, key):
     """Slot of ``key``, or -1."""
     mask = keys.shape[0] - 1
@@ -51,7 +51,7 @@ def _index_find(keys, vals, key):
         i = (i + 1) & mask
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _index_put(keys, vals, key, slot):
     """Insert ``key -> slot`` (``key`` must be absent; the table is never full)."""
     mask = keys.shape[0] - 1
@@ -62,7 +62,7 @@ def _index_put(keys, vals, key, slot):
     vals[i] = slot
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _index_del(keys, vals, key):
     """Remove ``key`` (present) and shift later entries of its run back into the gap."""
     mask = keys.shape[0] - 1
@@ -88,7 +88,7 @@ def _index_del(keys, vals, key):
     keys[i] = EMPTY
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _index_find_many(keys, vals, ids, out):
     """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,)."""
     for i in range(ids.shape[0]):

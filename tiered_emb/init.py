@@ -35,7 +35,7 @@ def _splitmix64(x):
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _init_rows(out, ids, seed, thash, kind, a, b):
     """Fill ``out`` (n, width) float32: weights ``[:, :dim]`` from the hash, state zeros.
 

@@ -12,7 +12,7 @@ import numpy as np
 from .index import _hash_home
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _dedupe(ids, uniq, inverse):
     """Unique ids in first-occurrence order.
 
@@ -61,7 +61,7 @@ def dedupe(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq[:k], inverse
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _gather_rows(records, slots, inverse, out):
     """``out[i] = records[slots[inverse[i]], :out.shape[1]]``; float32, (n, dim)."""
     dim = out.shape[1]
@@ -72,7 +72,7 @@ def _gather_rows(records, slots, inverse, out):
             dst[j] = src[j]
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _gather_positions(records, slots, inverse, positions, first, out):
     """``out[p] = records[slots[inverse[p] - first], :dim]`` for each p in ``positions``."""
     dim = out.shape[1]
@@ -83,7 +83,7 @@ def _gather_positions(records, slots, inverse, positions, first, out):
             out[p, j] = src[j]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _group_positions(inverse, k, starts, order):
     """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
     are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
@@ -99,7 +99,7 @@ def _group_positions(inverse, k, starts, order):
         fill[u] += 1
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _reduce_grads(grads, starts, order, out):
     """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32)."""
     dim = grads.shape[1]
@@ -122,14 +122,14 @@ def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _last_occurrence(inverse, k, last):
     """``last[u]`` = the last batch position of unique ``u`` (a write's winner)."""
     for i in range(inverse.shape[0]):
         last[inverse[i]] = i
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _all_finite(a):
     flat = a.reshape(-1)
     for i in range(flat.shape[0]):
@@ -138,7 +138,7 @@ def _all_finite(a):
     return True
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _pool_bags(rows, offsets, weights, use_weights, mean, out):
     """Pool ``rows`` (n, dim) into bags: ``out[b] = sum rows[offsets[b]:offsets[b+1]]``.
 
@@ -161,7 +161,7 @@ def _pool_bags(rows, offsets, weights, use_weights, mean, out):
                 out[b, j] *= inv
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _unpool_grads(grad_out, offsets, weights, use_weights, mean, out):
     """Backward of :func:`_pool_bags`: each position's gradient row (n, dim) from its bag's."""
     dim = grad_out.shape[1]

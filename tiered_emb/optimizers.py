@@ -150,7 +150,7 @@ def optimizer_to_dict(opt) -> dict:
 # All arithmetic is float32 except the row-wise mean, accumulated in float64 in a fixed
 # order, so results do not depend on the thread count.
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _sgd_update(records, slots, grads, params):
     lr = params[0]
     dim = grads.shape[1]
@@ -160,7 +160,7 @@ def _sgd_update(records, slots, grads, params):
             r[j] = r[j] - lr * grads[k, j]
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _adagrad_update(records, slots, grads, params):
     lr = params[0]
     eps = params[1]
@@ -174,7 +174,7 @@ def _adagrad_update(records, slots, grads, params):
             r[j] = r[j] - lr * (g / (np.sqrt(s) + eps))
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _rowwise_adagrad_update(records, slots, grads, params):
     lr = params[0]
     eps = params[1]
@@ -192,7 +192,7 @@ def _rowwise_adagrad_update(records, slots, grads, params):
             r[j] = r[j] - step * grads[k, j]
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _adam_update(records, slots, grads, params):
     lr = params[0]
     b1 = params[1]

@@ -112,7 +112,7 @@ def _threads_for(work: int):
 
 
 # --------------------------------------------------------------------------- kernels
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _pool_from_slots(records, slots, inverse, offsets, weights, use_weights, mean, out):
     """``out[b] = sum_i w_i * records[slots[inverse[i]], :dim]`` over bag b, in position order.
 
@@ -137,7 +137,7 @@ def _pool_from_slots(records, slots, inverse, offsets, weights, use_weights, mea
                 acc[j] *= inv
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _position_scales(offsets, weights, use_weights, mean, bag_of, scale):
     """Each position's bag and factor ``w_i`` (times 1/len with ``mean``), as :func:`_unpool_grads` forms it."""
     for b in numba.prange(offsets.shape[0] - 1):
@@ -151,7 +151,7 @@ def _position_scales(offsets, weights, use_weights, mean, bag_of, scale):
             scale[i] = s * (weights[i] if use_weights else np.float32(1.0))
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _reduce_bag_grads(grad_out, starts, order, bag_of, scale, out, bad):
     """Per unique id: ``sum scale_i * grad_out[bag(i)]`` over its positions, in batch order.
 
@@ -175,7 +175,7 @@ def _reduce_bag_grads(grad_out, starts, order, bag_of, scale, out, bad):
         bad[u] = 0 if finite else 1
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, nogil=True)
 def _rowwise_adagrad_by_four(records, slots, grads, params):
     """:func:`tiered_emb.optimizers._rowwise_adagrad_update`, bitwise, four rows at a time.
 
@@ -331,7 +331,7 @@ def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str)
         t.hbm.dirty[slots] = 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _still_resident(slot_ids, slots, uids):
     """True when every ``slots[u]`` still holds ``uids[u]`` (its record is then the row's newest)."""
     for u in range(uids.shape[0]):

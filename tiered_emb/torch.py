@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from .errors import ConfigError, IdTypeError
 from .pooled import BagPlan, apply_pooled_gradients, lookup_pooled, plan_bags
+from .prefetch import lookahead
 
 _MODES = ("sum", "mean")
 
@@ -313,3 +314,56 @@ def _jagged_of(features) -> dict:
 
 
 __all__ = ["TieredEmbeddingBag", "TieredEmbedding", "TieredEmbeddingBagCollection"]
+
+
+class TrainPipeline:
+    """A training loop with lookahead: batches t+1..t+k are prefetched while batch t trains.
+
+    Wraps a data iterator; before step t it hands the ids of the next
+    ``lookahead_batches`` batches to the store (:meth:`TieredStore.prefetch`), whose
+    background thread brings their rows up and pins them while this thread runs the
+    dense forward and backward.  Each step runs ``optimizer.zero_grad()``, the loss,
+    ``backward()`` (the embedding rows are updated by the store, fused) and
+    ``optimizer.step()``, then unpins the batch.  Results are bitwise the same for every
+    ``lookahead_batches``, 0 included (no prefetch).
+
+    Parameters
+    ----------
+    store : TieredStore
+    model : torch.nn.Module, holding Tiered* embedding modules over ``store``
+    optimizer : torch.optim.Optimizer for the dense parameters (or None)
+    ids_of : callable, ``ids_of(batch) -> {table: ids}``: the rows a batch will read
+    loss_of : callable, ``loss_of(model, batch) -> scalar loss tensor``
+    lookahead_batches : int >= 0
+
+    Examples
+    --------
+    >>> pipe = TrainPipeline(store, model, opt, lambda b: {"item": b[0]},  # doctest: +SKIP
+    ...                      lambda m, b: loss_fn(m(b[0], b[1]), b[2]), lookahead_batches=4)
+    >>> for loss in pipe.run(loader):  # doctest: +SKIP
+    ...     pass
+    """
+
+    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4):
+        if not isinstance(lookahead_batches, int) or isinstance(lookahead_batches, bool) or lookahead_batches < 0:
+            raise ConfigError(f"lookahead_batches={lookahead_batches!r} is invalid", "use an int >= 0 (0: no prefetch)")
+        self.store = store
+        self.model = model
+        self.optimizer = optimizer
+        self.ids_of = ids_of
+        self.loss_of = loss_of
+        self.lookahead_batches = lookahead_batches
+
+    def run(self, batches):
+        """Train on every batch of ``batches``; yields each step's loss (a float).
+
+        Stopping early (``break``) releases every pin; the store's thread ends at ``close()``.
+        """
+        for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches):
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_of(self.model, batch)
+            loss.backward()
+            if self.optimizer is not None:
+                self.optimizer.step()
+            yield float(loss.detach())

@@ -56,7 +56,7 @@ class CacheTier:
         return slots, self.slot_ids[slots]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin,
                    out_slots, miss_idx, victim_slots, victim_ids, victim_dirty):
     """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot.
@@ -126,7 +126,7 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
     return n_miss, n_victims, True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cache_release(code, P, pins, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
     for i in range(slots.shape[0]):
@@ -136,7 +136,7 @@ def _cache_release(code, P, pins, slots):
             _attach(code, P, s)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cache_pin(code, P, pins, slots):
     """Pin resident ``slots`` (int64 (k,), distinct): a slot going from 0 pins leaves the policy."""
     for i in range(slots.shape[0]):
@@ -146,7 +146,7 @@ def _cache_pin(code, P, pins, slots):
         pins[s] += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids,
                 out_rows, out_dirty, found):
     """Move the rows of ``ids`` present here out of the tier (exclusive caching).
@@ -175,7 +175,7 @@ def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records
     return n_found
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids, rows,
                  rows_dirty, ev_ids, ev_rows):
     """Admit rows of ``ids`` (absent here), evicting by policy; dirty evictions go out.
@@ -217,7 +217,7 @@ def _cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids
     return n_out, n_ev
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
     """Run a request trace (int64 (n,)) one request at a time; returns the hit count.
 
