@@ -10,7 +10,8 @@ object in the hot loop).  Each policy supplies three operations on the state tup
 - ``victim()``: detach and return the next slot to evict.
 
 Use metadata (count, last use) is kept by :func:`_touch` / :func:`_fresh`, common to all.
-Pinned slots are simply not attached, so a policy never sees them.
+Pinned slots are simply not attached, so a policy never sees them.  ``P`` is one flat
+int64 array (:mod:`._state`).
 """
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from dataclasses import dataclass
 
 import numba
 
-from ._state import CLOCK, new_policy_state  # noqa: F401  (re-exported)
-from ._state import TAIL
+from ._state import CLOCK, COUNT, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
 from .lfu import _lfu_attach, _lfu_detach, _lfu_sift_down, _lfu_victim
 from .lru import _lru_attach, _lru_detach, _lru_victim
 
@@ -69,31 +69,29 @@ def _victim(code, P):
 def _hit(code, P, slot):
     """One more use of an attached (unpinned) slot: the single-request fast path.
 
-    Equivalent to detach, touch, attach; cheaper: LRU relinks only when the slot is not
-    already the most recent, LFU sifts the slot down (its key only grew).
+    Equivalent to detach, touch, attach; cheaper: LRU appends one ring entry, LFU sifts
+    the slot down (its key only grew).
     """
     _touch(P, slot)
     if code == LRU:
-        if P[6][TAIL] != slot:
-            _lru_detach(P, slot)
-            _lru_attach(P, slot)
+        _lru_attach(P, slot)  # appending makes the slot's older entry stale
     else:
-        _lfu_sift_down(P, P[5][slot])
+        _lfu_sift_down(P, P[P[HPOS] + slot])
 
 
 @numba.njit(inline="always")
 def _touch(P, slot):
     """Record one more use of a resident slot."""
-    meta = P[6]
-    meta[CLOCK] += 1
-    P[2][slot] += 1
-    P[3][slot] = meta[CLOCK]
+    c = P[CLOCK] + 1
+    P[CLOCK] = c
+    P[P[COUNT] + slot] += 1
+    P[P[LAST] + slot] = c
 
 
 @numba.njit(inline="always")
 def _fresh(P, slot):
     """Start the use metadata of a newly admitted slot (one use, now)."""
-    meta = P[6]
-    meta[CLOCK] += 1
-    P[2][slot] = 1
-    P[3][slot] = meta[CLOCK]
+    c = P[CLOCK] + 1
+    P[CLOCK] = c
+    P[P[COUNT] + slot] = 1
+    P[P[LAST] + slot] = c

@@ -1,32 +1,48 @@
-"""Policy state: one tuple of preallocated arrays per cache tier, shared by all policies.
+"""Policy state: one flat int64 array per cache tier, shared by all policies.
 
-``P = (prev, nxt, count, last, heap, hpos, meta)``
+``P`` is a single preallocated int64 array: a 16-entry header, then the regions of
+every policy.  One array (not a tuple of arrays) on purpose: Numba increments and
+decrements the reference count of every array of a tuple each time an inlined helper
+takes the tuple apart, which cost ~110 ns per policy operation; one array costs nothing.
 
-- ``prev``, ``nxt``: int32 (capacity,), LRU links (``NIL`` = -1).
-- ``count``: int64 (capacity,), uses since admission.
-- ``last``: int64 (capacity,), logical time of the last use (unique per use).
-- ``heap``, ``hpos``: int32 (capacity,), LFU heap of slots and each slot's position.
-- ``meta``: int64 (8,), scalars: see the index constants below.
+Header (indices): scalars ``CLOCK``, ``HEAD``, ``TAIL``, ``HEAP_SIZE``; then the offset of
+each region, read as ``P[P[REGION] + i]``:
 
-Allocating the arrays of the policies not in use costs a few bytes per row and keeps one
-kernel signature for every policy.
+- ``RING``, ``RGEN`` (2 * capacity + 16 each): LRU's ring of (slot, generation);
+- ``GEN`` (capacity): LRU's current generation of each slot;
+- ``COUNT`` (capacity): uses since admission;
+- ``LAST`` (capacity): logical time of the last use (unique per use);
+- ``HEAP``, ``HPOS`` (capacity each): LFU's heap of slots and each slot's position.
 """
 from __future__ import annotations
 
 import numpy as np
 
 NIL = -1
-# meta fields
 CLOCK = 0
-HEAD = 1
-TAIL = 2
+HEAD = 1  # LRU ring: first entry not yet consumed
+TAIL = 2  # LRU ring: next entry to write
 HEAP_SIZE = 3
+RING = 8
+RGEN = 9
+GEN = 10
+COUNT = 11
+LAST = 12
+HEAP = 13
+HPOS = 14
+RING_LEN = 15
+HEADER = 16
 
 
-def new_policy_state(capacity_rows: int) -> tuple:
+def new_policy_state(capacity_rows: int) -> np.ndarray:
     cap = max(int(capacity_rows), 1)
-    meta = np.zeros(8, dtype=np.int64)
-    meta[HEAD] = NIL
-    meta[TAIL] = NIL
-    return (np.full(cap, NIL, np.int32), np.full(cap, NIL, np.int32), np.zeros(cap, np.int64),
-            np.zeros(cap, np.int64), np.zeros(cap, np.int32), np.full(cap, -1, np.int32), meta)
+    ring = 2 * cap + 16
+    sizes = [(RING, ring), (RGEN, ring), (GEN, cap), (COUNT, cap), (LAST, cap), (HEAP, cap), (HPOS, cap)]
+    P = np.zeros(HEADER + 2 * ring + 5 * cap, dtype=np.int64)
+    at = HEADER
+    for field, n in sizes:
+        P[field] = at
+        at += n
+    P[RING_LEN] = ring
+    P[P[HPOS]:P[HPOS] + cap] = -1
+    return P

@@ -3,93 +3,94 @@
 Every tie is explicit: lowest count first, then least recently used, then lowest slot.
 Counts belong to residents: an evicted id starts again at 1 when it returns (as in
 libCacheSim's LFU), so the state scales with the tier, not with the id space.
+State layout: :mod:`tiered_emb.policies._state`.
 """
 from __future__ import annotations
 
 import numba
 
-from ._state import HEAP_SIZE
+from ._state import COUNT, HEAP, HEAP_SIZE, HPOS, LAST
 
 
 @numba.njit(inline="always")
 def _lfu_less(P, a, b):
-    count, last = P[2], P[3]
-    if count[a] != count[b]:
-        return count[a] < count[b]
-    if last[a] != last[b]:
-        return last[a] < last[b]
+    count, last = P[COUNT], P[LAST]
+    if P[count + a] != P[count + b]:
+        return P[count + a] < P[count + b]
+    if P[last + a] != P[last + b]:
+        return P[last + a] < P[last + b]
     return a < b
 
 
 @numba.njit(inline="always")
 def _lfu_sift_up(P, i):
-    heap, hpos = P[4], P[5]
-    s = heap[i]
+    heap, hpos = P[HEAP], P[HPOS]
+    s = P[heap + i]
     while i > 0:
         parent = (i - 1) >> 1
-        p = heap[parent]
+        p = P[heap + parent]
         if not _lfu_less(P, s, p):
             break
-        heap[i] = p
-        hpos[p] = i
+        P[heap + i] = p
+        P[hpos + p] = i
         i = parent
-    heap[i] = s
-    hpos[s] = i
+    P[heap + i] = s
+    P[hpos + s] = i
 
 
 @numba.njit(inline="always")
 def _lfu_sift_down(P, i):
-    heap, hpos, meta = P[4], P[5], P[6]
-    n = meta[HEAP_SIZE]
-    s = heap[i]
+    heap, hpos = P[HEAP], P[HPOS]
+    n = P[HEAP_SIZE]
+    s = P[heap + i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _lfu_less(P, heap[c + 1], heap[c]):
+        if c + 1 < n and _lfu_less(P, P[heap + c + 1], P[heap + c]):
             c += 1
-        if not _lfu_less(P, heap[c], s):
+        hc = P[heap + c]
+        if not _lfu_less(P, hc, s):
             break
-        heap[i] = heap[c]
-        hpos[heap[c]] = i
+        P[heap + i] = hc
+        P[hpos + hc] = i
         i = c
-    heap[i] = s
-    hpos[s] = i
+    P[heap + i] = s
+    P[hpos + s] = i
 
 
 @numba.njit(inline="always")
 def _lfu_attach(P, slot):
     """Insert ``slot`` with its current (count, last use)."""
-    meta = P[6]
-    i = meta[HEAP_SIZE]
-    meta[HEAP_SIZE] = i + 1
-    P[4][i] = slot
-    P[5][slot] = i
+    i = P[HEAP_SIZE]
+    P[HEAP_SIZE] = i + 1
+    P[P[HEAP] + i] = slot
+    P[P[HPOS] + slot] = i
     _lfu_sift_up(P, i)
 
 
 @numba.njit(inline="always")
 def _lfu_detach(P, slot):
     """Remove ``slot`` from the heap."""
-    heap, hpos, meta = P[4], P[5], P[6]
-    i = hpos[slot]
-    n = meta[HEAP_SIZE] - 1
-    meta[HEAP_SIZE] = n
-    hpos[slot] = -1
+    heap, hpos = P[HEAP], P[HPOS]
+    i = P[hpos + slot]
+    n = P[HEAP_SIZE] - 1
+    P[HEAP_SIZE] = n
+    P[hpos + slot] = -1
     if i == n:
         return
-    moved = heap[n]
-    heap[i] = moved
-    hpos[moved] = i
+    moved = P[heap + n]
+    P[heap + i] = moved
+    P[hpos + moved] = i
     _lfu_sift_up(P, i)
-    _lfu_sift_down(P, hpos[moved])
+    _lfu_sift_down(P, P[hpos + moved])
 
 
 @numba.njit(inline="always")
 def _lfu_victim(P):
     """Detach and return the slot with the smallest (count, last use, slot), or -1."""
-    if P[6][HEAP_SIZE] == 0:
+    if P[HEAP_SIZE] == 0:
         return -1
-    slot = P[4][0]
+    slot = P[P[HEAP]]
     _lfu_detach(P, slot)
     return slot

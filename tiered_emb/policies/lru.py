@@ -1,52 +1,73 @@
-"""LRU: a doubly linked list over slots, least recent at the head.
+"""LRU: an append-only ring of (slot, generation) entries, least recent at the head.
 
-Only *attached* (unpinned) slots are in the list.  A slot is attached when the batch
-that used it releases it, in the batch's first-occurrence order, so list order is the
-order of last use and ties cannot arise.
+Attaching a slot appends an entry stamped with a fresh generation of the slot;
+detaching bumps the slot's generation, which makes its entry stale.  The live entries,
+read from the head, are the attached slots in the order they were attached: the order of
+last use, as a doubly linked list would keep it, but a use is one sequential write
+instead of four random ones.  The victim is the first live entry from the head; stale
+entries are skipped once.  When the ring is full, live entries are compacted to its
+front, in order; the ring holds 2 * capacity + 16 entries, so compaction runs at most
+once per ``capacity`` uses (amortised O(1)).
+
+Only *attached* (unpinned) slots are live.  A slot is attached when the batch that used
+it releases it, in the batch's first-occurrence order, so ties cannot arise.
+State layout: :mod:`tiered_emb.policies._state`.
 """
 from __future__ import annotations
 
 import numba
 
-from ._state import HEAD, NIL, TAIL
+from ._state import GEN, HEAD, RGEN, RING, RING_LEN, TAIL
+
+
+@numba.njit(inline="always")
+def _lru_compact(P):
+    """Move the live entries to the front of the ring, keeping their order."""
+    ring, rgen, gen = P[RING], P[RGEN], P[GEN]
+    w = 0
+    for r in range(P[HEAD], P[TAIL]):
+        s = P[ring + r]
+        if P[rgen + r] == P[gen + s]:
+            P[ring + w] = s
+            P[rgen + w] = P[rgen + r]
+            w += 1
+    P[HEAD] = 0
+    P[TAIL] = w
 
 
 @numba.njit(inline="always")
 def _lru_attach(P, slot):
-    """Append ``slot`` at the most recent end."""
-    prev, nxt, meta = P[0], P[1], P[6]
-    tail = meta[TAIL]
-    prev[slot] = tail
-    nxt[slot] = NIL
-    if tail == NIL:
-        meta[HEAD] = slot
-    else:
-        nxt[tail] = slot
-    meta[TAIL] = slot
+    """Make ``slot`` the most recently used candidate."""
+    if P[TAIL] == P[RING_LEN]:
+        _lru_compact(P)
+    gi = P[GEN] + slot
+    g = P[gi] + 1
+    P[gi] = g
+    t = P[TAIL]
+    P[P[RING] + t] = slot
+    P[P[RGEN] + t] = g
+    P[TAIL] = t + 1
 
 
 @numba.njit(inline="always")
 def _lru_detach(P, slot):
-    """Unlink ``slot`` from the list."""
-    prev, nxt, meta = P[0], P[1], P[6]
-    p = prev[slot]
-    n = nxt[slot]
-    if p == NIL:
-        meta[HEAD] = n
-    else:
-        nxt[p] = n
-    if n == NIL:
-        meta[TAIL] = p
-    else:
-        prev[n] = p
-    prev[slot] = NIL
-    nxt[slot] = NIL
+    """Stop ``slot`` being a candidate (its ring entry goes stale)."""
+    P[P[GEN] + slot] += 1
 
 
 @numba.njit(inline="always")
 def _lru_victim(P):
-    """Detach and return the least recently used slot, or -1 when none is attached."""
-    slot = P[6][HEAD]
-    if slot != NIL:
-        _lru_detach(P, slot)
-    return slot
+    """Detach and return the least recently used attached slot, or -1 when none is attached."""
+    ring, rgen, gen = P[RING], P[RGEN], P[GEN]
+    h = P[HEAD]
+    t = P[TAIL]
+    while h < t:
+        s = P[ring + h]
+        live = P[rgen + h] == P[gen + s]
+        h += 1
+        if live:
+            P[HEAD] = h
+            P[gen + s] += 1
+            return s
+    P[HEAD] = h
+    return -1
