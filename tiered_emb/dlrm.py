@@ -58,8 +58,8 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--lookahead", type=int, default=2,
-                   help="batches prefetched ahead on a background thread (0: prefetch off)")
+    p.add_argument("--lookahead", type=int, default=0,
+                   help="batches prefetched ahead on a background thread (0, the default: off; on 2 CPU cores it does not pay yet, see docs/training.md)")
     p.set_defaults(func=run)
 
 
@@ -271,9 +271,13 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
             report[f"{split}_auc"] = auc(y, p)
             report[f"{split}_ctr"] = float(y.mean())
     total = aggregate_stats(stats)
+    # what the prefetch thread moved ahead of the steps (rows and bytes held are the same tiers)
+    prefetched = aggregate_stats({name: dict(s["prefetch"], **{tier: dict(s["prefetch"][tier], rows=0, bytes=0)
+                                                                for tier in ("hbm", "ddr", "ssd")})
+                                  for name, s in stats.items()})
     capacity = len(_features()) * (store.tiers.hbm_rows + store.tiers.ddr_rows)
     table_rows = sum(data.num_rows)
-    report.update(tiers=total, table_rows=table_rows, capacity_rows=capacity,
+    report.update(tiers=total, prefetch=prefetched, table_rows=table_rows, capacity_rows=capacity,
                   tables_over_capacity=table_rows / capacity, lmdb_file_bytes=store.disk_bytes())
     return report
 
@@ -287,7 +291,9 @@ def format_report(r: dict) -> str:
         f"tables {r['table_rows']:,} rows = {r['tables_over_capacity']:.1f}x HBM+DDR capacity "
         f"({r['capacity_rows']:,} rows); LMDB files {r['lmdb_file_bytes'] / 2**20:.1f} MiB",
         "",
-        format_tier_table({"all 26": r["tiers"]}),
+        format_tier_table({"steps": r["tiers"], "prefetch": r["prefetch"]}),
+        "(steps: what the training steps asked of each tier; prefetch: what the lookahead thread brought up "
+        "before them; rows/MiB: held at the end)",
     ]
     return "\n".join(lines)
 
