@@ -302,17 +302,7 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
 def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str) -> None:
     uids = plan.uids
     summed, bad = reduce_bag_grads(plan, grad_out)
-    # The tail of TieredStore.apply_gradients, on gradients already summed per unique id.
-    if bad.any():
-        bad = bad.astype(bool)
-        if nonfinite == "raise":
-            raise NonFiniteGradientError(
-                f"gradients of table {t.cfg.name!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
-                "lower the learning rate or clip gradients; nonfinite='skip'|'zero' tolerates them")
-        if nonfinite == "skip":
-            uids, summed = uids[~bad], summed[~bad]
-        else:
-            summed[~np.isfinite(summed)] = 0.0
+    uids, summed = store._screen_nonfinite(t, uids, summed, bad.astype(bool), nonfinite)
     opt = t.cfg.optimizer
     xp = store.xp
     update = _FUSED_UPDATES.get(opt.name) if xp is np else None
@@ -322,13 +312,7 @@ def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str)
         update(t.hbm.records, slots, summed, opt.params())
         t.hbm.dirty[slots] = 1
         return
-    for start, slots in store._chunks(t, uids):
-        chunk = summed[start:start + slots.shape[0]]
-        if update is not None:
-            update(t.hbm.records, slots, chunk, opt.params())
-        else:
-            apply_update(opt, t.hbm.records, slots if xp is np else xp.asarray(slots), chunk, xp)
-        t.hbm.dirty[slots] = 1
+    store._update_rows(t, uids, summed, update)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -390,20 +390,33 @@ class TieredStore:
             return
         uids, inverse = dedupe(ids)
         summed = reduce_grads(g, inverse, uids.shape[0])
-        if not _all_finite(summed):
-            bad = ~np.isfinite(summed).all(axis=1)
-            if nonfinite == "raise":
-                raise NonFiniteGradientError(
-                    f"gradients of table {t.cfg.name!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
-                    "lower the learning rate or clip gradients; apply_gradients(..., nonfinite='skip'|'zero') tolerates them")
-            if nonfinite == "skip":
-                uids, summed = uids[~bad], summed[~bad]
-            else:
-                summed[~np.isfinite(summed)] = 0.0
+        bad = None if _all_finite(summed) else ~np.isfinite(summed).all(axis=1)
+        uids, summed = self._screen_nonfinite(t, uids, summed, bad, nonfinite)
+        self._update_rows(t, uids, summed)
+
+    @staticmethod
+    def _screen_nonfinite(t: _Table, uids, summed, bad, nonfinite: str):
+        """Apply the ``nonfinite`` rule to gradients summed per unique id (``bad``: bool (k,) or None)."""
+        if bad is None or not bad.any():
+            return uids, summed
+        if nonfinite == "raise":
+            raise NonFiniteGradientError(
+                f"gradients of table {t.cfg.name!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
+                "lower the learning rate or clip gradients; apply_gradients(..., nonfinite='skip'|'zero') tolerates them")
+        if nonfinite == "skip":
+            return uids[~bad], summed[~bad]
+        summed[~np.isfinite(summed)] = 0.0
+        return uids, summed
+
+    def _update_rows(self, t: _Table, uids, summed, kernel=None) -> None:
+        """One optimizer update per unique id, chunk by chunk in HBM; ``kernel`` overrides the CPU kernel."""
         opt = t.cfg.optimizer
         for start, slots in self._chunks(t, uids):
-            apply_update(opt, t.hbm.records, slots if self.xp is np else self.xp.asarray(slots),
-                         summed[start:start + slots.shape[0]], self.xp)
+            chunk = summed[start:start + slots.shape[0]]
+            if kernel is not None and self.xp is np:
+                kernel(t.hbm.records, slots, chunk, opt.params())
+            else:
+                apply_update(opt, t.hbm.records, slots if self.xp is np else self.xp.asarray(slots), chunk, self.xp)
             t.hbm.dirty[slots] = 1
 
     @_locked
