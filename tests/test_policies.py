@@ -35,7 +35,8 @@ class KernelPolicy:
             evicted += vi[:nv].tolist()
             assert pinned == (self.force_pin or nm > 0)
             if pinned:
-                _cache_release(t.code, t.P, t.pins, slots)
+                _cache_release(t.code, t.P, t.pins, t.fmeta, slots)
+            assert t.fmeta[2] == np.count_nonzero(t.pins) == 0
         return hits, evicted
 
     def resident(self):

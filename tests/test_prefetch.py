@@ -31,6 +31,9 @@ def train(store, data, depth, checkpoint_every=0):
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
         if checkpoint_every and step % checkpoint_every == checkpoint_every - 1:
             store.checkpoint()
+        with store._lock:  # the kept pinned count is the real one, whatever the thread is doing
+            for t in store._tables.values():
+                assert t.hbm.fmeta[2] == np.count_nonzero(t.hbm.pins)
 
 
 def reference(data):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tiered_emb import Adagrad, RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
+from tiered_emb.testing import crash
 from tiered_emb.testing.reference import ReferenceStore
 
 TABLES = [TableConfig("r", dim=3, optimizer=RowWiseAdagrad(lr=0.3)),
@@ -72,9 +73,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(tiers=tiers_st)
     def crash_and_reopen(self, tiers):
         # no close(): whatever was not checkpointed is gone, the checkpoint is intact
-        self.store._ssd.close()
-        os.close(self.store._lock_fd)
-        self.store._closed = True
+        crash(self.store)
         self.store = TieredStore.open(self.path, tiers=tiers)
         self.model.rows = copy.deepcopy(self.checkpointed)
 

@@ -9,6 +9,7 @@ from tiered_emb.errors import (ConfigError, CorruptStoreError, DeviceError, IdRa
                                NonFiniteGradientError, RowDtypeError, RowShapeError, StoreClosedError,
                                StoreExistsError, StoreLockedError, StoreNotFoundError, TieredEmbError,
                                UnknownTableError)
+from tiered_emb.testing import crash
 from tiered_emb.testing.reference import ReferenceStore
 
 TABLES = [TableConfig("a", dim=8, optimizer=RowWiseAdagrad(lr=0.1)),
@@ -154,28 +155,22 @@ def test_checkpoint_is_the_restore_point_and_latest_keeps_flushes(tmp_path):
     s.checkpoint(extra=b"step=1")
     s.write("a", np.array([1, 2, 3]), np.full((3, 8), 2, np.float32))
     s.flush()
-    # simulate a crash: drop the object without close(); release the lock by hand
-    s._ssd.close()
-    import os
-    os.close(s._lock_fd)
-    s._closed = True
+    crash(s)
     with TieredStore.open(path) as r:
         assert r.peek("a", np.array([1]))[0, 0] == 1 and r.extra == b"step=1"
         assert r.epoch == 1
-        r._ssd.close(), os.close(r._lock_fd)
-        r._closed = True
+        crash(r)
     # the checkpoint discarded what came after; 'latest' now finds the same point
     with TieredStore.open(path, restore="latest") as r:
         assert r.peek("a", np.array([1]))[0, 0] == 1
 
 
 def test_restore_latest_keeps_flushed_rows(tmp_path):
-    import os
     path = tmp_path / "l"
     s = TieredStore.create(path, TABLES, cpu(2))
     s.write("a", np.array([1]), np.full((1, 8), 5, np.float32))
     s.flush()
-    s._ssd.close(); os.close(s._lock_fd); s._closed = True
+    crash(s)
     with TieredStore.open(path, restore="latest") as r:
         assert r.peek("a", np.array([1]))[0, 0] == 5
 

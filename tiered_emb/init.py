@@ -13,7 +13,6 @@ import numpy as np
 
 from .config import Normal, TableConfig
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _KIND_UNIFORM = 0
 _KIND_NORMAL = 1
 
@@ -37,10 +36,9 @@ def _splitmix64(x):
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _init_rows(out, ids, seed, thash, kind, a, b):
-    """Fill ``out`` (n, width) float32: weights ``[:, :dim]`` from the hash, state zeros.
+    """Fill ``out`` (n, dim) float32, the weight columns of the records, from the hash.
 
-    ``kind`` 0: Uniform(a, b); 1: Normal(mean=a, std=b).  ``dim`` is ``out.shape[1]``
-    minus the state columns, passed through ``a``/``b`` callers; see :func:`init_rows`.
+    ``kind`` 0: Uniform(a, b); 1: Normal(mean=a, std=b).
     """
     n = ids.shape[0]
     dim = out.shape[1]

@@ -123,7 +123,7 @@ def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _last_occurrence(inverse, k, last):
+def _last_occurrence(inverse, last):
     """``last[u]`` = the last batch position of unique ``u`` (a write's winner)."""
     for i in range(inverse.shape[0]):
         last[inverse[i]] = i

@@ -36,10 +36,10 @@ _STOP = object()
 class Ticket:
     """One prefetched batch: ``{table: unique ids}`` and, once brought up, their pinned slots."""
 
-    def __init__(self, seq: int, uids: dict[str, np.ndarray]):
+    def __init__(self, seq: int, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray]):
         self.seq = seq
-        self.uids = uids
-        self.slots: dict[str, np.ndarray] = {}
+        self.uids = uids  # still to bring up
+        self.slots: dict[str, np.ndarray] = dict(pinned)  # pinned so far
         self.error: BaseException | None = None
         self.released = False
         self._done = threading.Event()
@@ -67,8 +67,9 @@ class Prefetcher:
         self._seq = 0
         self._outstanding: list[Ticket] = []
 
-    def submit(self, uids: dict[str, np.ndarray]) -> Ticket:
-        ticket = Ticket(self._seq, uids)
+    def submit(self, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray]) -> Ticket:
+        """Queue a batch: ``uids`` to bring up, ``pinned`` slots already pinned for it."""
+        ticket = Ticket(self._seq, uids, pinned)
         self._seq += 1
         self._outstanding.append(ticket)
         if self._thread is None:

@@ -435,7 +435,7 @@ class TieredStore:
             return
         uids, inverse = dedupe(ids)
         last = np.empty(uids.shape[0], dtype=np.int64)
-        _last_occurrence(inverse, uids.shape[0], last)
+        _last_occurrence(inverse, last)
         rows_u = r[last]
         dim = t.cfg.dim
         for start, slots in self._chunks(t, uids):
@@ -492,19 +492,19 @@ class TieredStore:
         for name in sorted(batch):
             t = self._table(name)
             uids[name] = dedupe(self._ids(t, batch[name]))[0]
+        early = {}
         with self._lock:
-            ticket = self._prefetcher.submit(uids)
             if POLICIES[self.tiers.policy].lookahead:
                 for name, u in uids.items():
                     t = self._tables[name]
                     slots = t.hbm.find(u)
                     resident = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
-                    early = slots[resident]
-                    t.hbm.pin(early)
-                    ticket.slots[name] = early
+                    early[name] = slots[resident]
+                    t.hbm.pin(early[name])
                     rest = np.ones(u.shape[0], dtype=bool)
                     rest[resident] = False
-                    ticket.uids[name] = u[rest]
+                    uids[name] = u[rest]
+            ticket = self._prefetcher.submit(uids, early)
         return ticket
 
     def release(self, ticket: Ticket) -> None:

@@ -10,7 +10,8 @@ Arrays (``cap`` = capacity, at least 1 so a zero-capacity DDR still has valid sh
 - ``dirty``: uint8 (cap,), 1 where the slot is newer than the tier below;
 - ``pins``: int32 (cap,), batches holding the slot; a pinned slot is never a victim;
 - ``free``: int32 (cap,), stack of free slots (``fmeta[0]`` entries), lowest slot on top;
-- ``fmeta``: int64 (2,), ``[free count, capacity]``;
+- ``fmeta``: int64 (3,), ``[free count, capacity, pinned slots]`` (the pinned count is
+  kept by the kernels so the step never scans ``pins``);
 - ``keys``, ``vals``: the index (:mod:`tiered_emb.index`); ``P``: the policy state.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ class CacheTier:
         self.free = np.arange(self.capacity_rows - 1, -1, -1, dtype=np.int32)
         if self.free.shape[0] == 0:
             self.free = np.zeros(1, dtype=np.int32)
-        self.fmeta = np.array([self.capacity_rows, self.capacity_rows], dtype=np.int64)
+        self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
 
     @property
     def resident_rows(self) -> int:
@@ -94,6 +95,7 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
         if s >= 0:
             if pins[s] == 0:
                 _detach(code, P, s)
+                fmeta[2] += 1
             pins[s] += 1
     n_miss = 0
     n_victims = 0
@@ -120,6 +122,7 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
         _index_put(keys, vals, uids[i], s)
         _fresh(P, s)
         pins[s] = 1
+        fmeta[2] += 1
         out_slots[i] = s
         miss_idx[n_miss] = i
         n_miss += 1
@@ -127,22 +130,24 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_release(code, P, pins, slots):
+def _cache_release(code, P, pins, fmeta, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
     for i in range(slots.shape[0]):
         s = slots[i]
         pins[s] -= 1
         if pins[s] == 0:
+            fmeta[2] -= 1
             _attach(code, P, s)
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_pin(code, P, pins, slots):
+def _cache_pin(code, P, pins, fmeta, slots):
     """Pin resident ``slots`` (int64 (k,), distinct): a slot going from 0 pins leaves the policy."""
     for i in range(slots.shape[0]):
         s = slots[i]
         if pins[s] == 0:
             _detach(code, P, s)
+            fmeta[2] += 1
         pins[s] += 1
 
 
@@ -166,6 +171,8 @@ def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records
         out_dirty[i] = dirty[s]
         if pins[s] == 0:
             _detach(code, P, s)
+        else:
+            fmeta[2] -= 1
         pins[s] = 0
         _index_del(keys, vals, ids[i])
         slot_ids[s] = -1

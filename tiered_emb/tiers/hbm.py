@@ -21,7 +21,7 @@ class HbmTier(CacheTier):
 
     @property
     def unpinned_capacity(self) -> int:
-        return self.capacity_rows - int(np.count_nonzero(self.pins))
+        return self.capacity_rows - int(self.fmeta[2])
 
     def resolve(self, uids: np.ndarray, force_pin: bool = False):
         """Give a slot to every id of ``uids`` (int64 (k,), distinct); see :func:`_cache_resolve`.
@@ -52,10 +52,10 @@ class HbmTier(CacheTier):
 
     def pin(self, slots: np.ndarray) -> None:
         """Pin resident ``slots`` (distinct) without using them."""
-        _cache_pin(self.code, self.P, self.pins, slots)
+        _cache_pin(self.code, self.P, self.pins, self.fmeta, slots)
 
     def release(self, slots: np.ndarray) -> None:
-        _cache_release(self.code, self.P, self.pins, slots)
+        _cache_release(self.code, self.P, self.pins, self.fmeta, slots)
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """Host copy of the records in ``slots``."""
