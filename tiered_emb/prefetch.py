@@ -7,12 +7,16 @@ thread per store takes tickets in order and, per table, brings the batch's rows 
 cannot be evicted until :meth:`TieredStore.release` (after the batch's update) unpins it.
 The step then finds its rows in HBM.
 
-Eviction by next use follows from the pins: every row needed inside the window is
-pinned, so victims are always rows not needed within the window, ordered by the tier's
-own policy; tickets are brought up in window order, so when pins would exceed the tier
-(each ticket may pin at most ``capacity - reserve`` rows) the rows of the *farthest*
-batches are the ones left below: Belady within the window.  The step's own spill path
-answers whatever was not brought up.
+Eviction by next use follows from the pins.  A batch *enters the window* when it is
+handed over (``depth`` batches ahead): with a ``lookahead+`` policy its resident rows
+are pinned at once, so victims are always rows not needed within the window, ordered
+by the tier's own policy.  Its missing rows are *brought up* later, ``load_ahead``
+batches ahead (default 1): a row brought up early is pinned until its batch is done,
+so loading the whole window at once would shrink the room left to the policy by k
+batches; measured in ``bench/bench_prefetch.py`` that costs more hits than the window
+wins.  When pins would exceed the tier (each ticket may pin at most ``capacity -
+reserve`` rows) the rows of the *farthest* batches are the ones left below.  The
+step's own spill path answers whatever was not brought up.
 
 Safety: the worker and the step share the store's lock (they never race on the tiers;
 overlap comes from the step's dense compute, which holds no store lock); ``checkpoint``
@@ -42,6 +46,7 @@ class Ticket:
         self.slots: dict[str, np.ndarray] = dict(pinned)  # pinned so far
         self.error: BaseException | None = None
         self.released = False
+        self.queued = False  # handed to the thread (a ticket never queued has nothing to wait for)
         self._done = threading.Event()
 
     @property
@@ -49,7 +54,13 @@ class Ticket:
         return self._done.is_set()
 
     def wait(self) -> None:
-        """Block until the batch's rows are up; raise :class:`PrefetchError` if bringing them failed."""
+        """Block until the batch's rows are up; raise :class:`PrefetchError` if bringing them failed.
+
+        A ticket never queued (``prefetch(..., bring_up=False)`` and no :meth:`TieredStore.bring_up`)
+        returns at once: the step brings up what is missing itself.
+        """
+        if not self.queued:
+            return
         self._done.wait()
         if self.error is not None:
             raise PrefetchError(f"prefetch of batch {self.seq} failed: {type(self.error).__name__}: {self.error}",
@@ -67,16 +78,27 @@ class Prefetcher:
         self._seq = 0
         self._outstanding: list[Ticket] = []
 
-    def submit(self, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray]) -> Ticket:
-        """Queue a batch: ``uids`` to bring up, ``pinned`` slots already pinned for it."""
+    def submit(self, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray], queue: bool = True) -> Ticket:
+        """A batch entering the window: ``uids`` to bring up, ``pinned`` slots already pinned for it.
+
+        With ``queue`` the thread brings it up now; otherwise :meth:`bring_up` queues it later.
+        """
         ticket = Ticket(self._seq, uids, pinned)
         self._seq += 1
         self._outstanding.append(ticket)
+        if queue:
+            self.bring_up(ticket)
+        return ticket
+
+    def bring_up(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` for the thread (tickets are brought up in the order they are queued)."""
+        if ticket.queued or ticket.released:
+            return
+        ticket.queued = True
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="tiered_emb-prefetch", daemon=True)
             self._thread.start()
         self._queue.put(ticket)
-        return ticket
 
     def _run(self) -> None:
         while True:
@@ -94,7 +116,8 @@ class Prefetcher:
         """Unpin the ticket's rows (waits for it first); raises its error, if any, after unpinning."""
         if ticket.released:
             return
-        ticket._done.wait()
+        if ticket.queued:
+            ticket._done.wait()
         self._store._unpin_ticket(ticket)
         ticket.released = True
         self._outstanding.remove(ticket)
@@ -103,7 +126,8 @@ class Prefetcher:
     def drain(self) -> None:
         """Wait until every submitted ticket has been brought up (or failed)."""
         for t in list(self._outstanding):
-            t._done.wait()
+            if t.queued:
+                t._done.wait()
 
     def close(self) -> None:
         """Drain, unpin what is still pinned, stop and join the thread."""
@@ -118,8 +142,8 @@ class Prefetcher:
             self._thread = None
 
 
-def lookahead(store, batches, ids_of, depth: int):
-    """Iterate ``batches`` with the ids of the next ``depth`` batches prefetched.
+def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 1):
+    """Iterate ``batches`` with the ids of the next ``depth`` batches handed to the store.
 
     Parameters
     ----------
@@ -127,6 +151,13 @@ def lookahead(store, batches, ids_of, depth: int):
     batches : iterable of anything (the trainer's batches)
     ids_of : callable, ``ids_of(batch) -> {table: ids}``
     depth : int >= 0, lookahead window k; 0 turns prefetch off
+    load_ahead : int >= 0, how many batches ahead rows are *brought up* (at most ``depth``).
+        Before step t, batch t + depth enters the window (a ``lookahead+`` policy pins its
+        resident rows, so they are not evicted before use) and batch t + load_ahead is
+        queued for the background thread.  Bringing rows up early costs HBM room (they
+        are pinned from then on), so the default loads one batch ahead: enough to overlap
+        with one step, while the window still protects what later batches need.  0: the
+        step brings its missing rows up itself.
 
     Yields each batch after its rows are up (a failure to bring them up is raised here,
     as PrefetchError, in the step that needs them).  Control returning to the generator
@@ -138,29 +169,41 @@ def lookahead(store, batches, ids_of, depth: int):
     >>> for batch in lookahead(store, loader, lambda b: {"t": b}, depth=4):  # doctest: +SKIP
     ...     store.apply_gradients("t", batch, grads_for(batch))
     """
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-        from .errors import ConfigError
-        raise ConfigError(f"depth={depth!r} is invalid", "use an int >= 0 (0: no prefetch)")
+    for name, v in (("depth", depth), ("load_ahead", load_ahead)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            from .errors import ConfigError
+            raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (depth 0: no prefetch)")
     if depth == 0:
         yield from batches
         return
+    load = min(load_ahead, depth)
     it = iter(batches)
-    window: list = []
+    window: list = []  # (batch, ticket) of batches base, base + 1, ...
+    base = 0
+    exhausted = False
+    t = -depth
     try:
-        for batch in it:
-            window.append((batch, store.prefetch(ids_of(batch))))
-            if len(window) > depth:
-                break
-        while window:
-            batch, ticket = window.pop(0)
-            nxt = next(it, _STOP)
-            if nxt is not _STOP:
-                window.append((nxt, store.prefetch(ids_of(nxt))))
-            try:
-                ticket.wait()
-                yield batch
-            finally:
-                store.release(ticket)
+        while True:
+            if not exhausted:
+                nxt = next(it, _STOP)
+                if nxt is _STOP:
+                    exhausted = True
+                else:  # batch t + depth enters the window
+                    window.append((nxt, store.prefetch(ids_of(nxt), bring_up=False)))
+            j = t + load - base  # batch t + load comes up on the thread
+            if load > 0 and 0 <= j < len(window):
+                store.bring_up(window[j][1])
+            if t >= 0:
+                if not window:
+                    return
+                batch, ticket = window.pop(0)
+                base += 1
+                try:
+                    ticket.wait()
+                    yield batch
+                finally:
+                    store.release(ticket)
+            t += 1
     finally:
         for _, ticket in window:
             try:

@@ -469,12 +469,14 @@ class TieredStore:
         return out if with_state else np.ascontiguousarray(out[:, : t.cfg.dim])
 
     # ------------------------------------------------------------------ lookahead
-    def prefetch(self, batch: dict) -> Ticket:
+    def prefetch(self, batch: dict, bring_up: bool = True) -> Ticket:
         """Hand the store the ids of a *future* batch; its rows come up and stay pinned in HBM.
 
         Parameters
         ----------
         batch : dict of table name -> int ids (n,)
+        bring_up : queue the batch for the background thread now; with False the batch
+            only enters the window (see below) until :meth:`bring_up` queues it
 
         Returns
         -------
@@ -504,8 +506,13 @@ class TieredStore:
                     rest = np.ones(u.shape[0], dtype=bool)
                     rest[resident] = False
                     uids[name] = u[rest]
-            ticket = self._prefetcher.submit(uids, early)
+            ticket = self._prefetcher.submit(uids, early, queue=bring_up)
         return ticket
+
+    def bring_up(self, ticket: Ticket) -> None:
+        """Queue a ticket made with ``prefetch(..., bring_up=False)`` for the background thread (once)."""
+        self._check_open()
+        self._prefetcher.bring_up(ticket)
 
     def release(self, ticket: Ticket) -> None:
         """Unpin a prefetched batch (after its update); raises its PrefetchError if bringing it up failed."""

@@ -1,0 +1,132 @@
+"""The simulator's lookahead: the store's own decisions, and windowed Belady against a plain reference."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiered_emb import TableConfig, TieredStore, TierConfig
+from tiered_emb.errors import ConfigError
+from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits
+from tiered_emb.sim.engine import simulate
+from tiered_emb.sim.traces import zipf_ids
+
+POLICIES = ["lru", "lfu", "lookahead+lru", "lookahead+lfu"]
+
+
+def drive_store(tmp_path, trace, batch, hbm, ddr, policy, window, load):
+    """A real store stepped as lookahead() steps it, the worker finishing each ticket before the step."""
+    store = TieredStore.create(tmp_path / f"s_{policy}_{window}_{load}", [TableConfig("t", dim=2)],
+                               TierConfig(hbm_rows=hbm, ddr_rows=ddr, policy=policy, device="cpu"))
+    batches = [trace[i:i + batch] for i in range(0, trace.shape[0], batch)]
+    tickets = {}
+    for t in range(-window, len(batches)):
+        if window and t + window < len(batches):
+            tickets[t + window] = store.prefetch({"t": batches[t + window]}, bring_up=False)
+        if load and 0 <= t + load < len(batches):
+            store.bring_up(tickets[t + load])
+            tickets[t + load].wait()
+        if t >= 0:
+            store.lookup("t", batches[t])
+            if window:
+                store.release(tickets.pop(t))
+    s = store.stats()["t"]
+    store.close()
+    misses = s["hbm"]["lookups"] - s["hbm"]["hits"] + s["prefetch"]["hbm"]["lookups"] - s["prefetch"]["hbm"]["hits"]
+    return misses, s["ddr"]["hits"] + s["prefetch"]["ddr"]["hits"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("window,load", [(0, 0), (1, 1), (3, 0), (3, 1), (3, 3)])
+def test_store_hits_are_the_stores_decisions(tmp_path, policy, window, load):
+    trace = zipf_ids(300, 1.0, 1500, seed=window + 7)
+    u, off = batch_uniques(trace, 25)
+    sim = store_hits(u, off, 64, policy, window, ddr_rows=40, load_ahead=load)
+    misses, ddr_hits = drive_store(tmp_path, trace, 25, 64, 40, policy, window, load)
+    assert sim.lookups - sim.hbm_hits == misses
+    assert sim.ddr_hits == ddr_hits
+    assert 0 < sim.hbm_hits < sim.lookups
+
+
+def test_batch_uniques_dedupes_each_batch():
+    trace = np.array([4, 4, 1, 2, 2, 2, 9])
+    u, off = batch_uniques(trace, 3)
+    assert off.tolist() == [0, 2, 3, 4]
+    assert u.tolist() == [4, 1, 2, 9]
+
+
+def reference_window_belady(trace, batch, capacity, window, ties="lru"):
+    """Plain Python: batches of unique ids; victims by next use within the window, else by ``ties``."""
+    batches = []
+    for i in range(0, len(trace), batch):
+        seen = []
+        for x in trace[i:i + batch]:
+            if x not in seen:
+                seen.append(x)
+        batches.append(seen)
+    stream = [(b, x) for b, bat in enumerate(batches) for x in bat]
+    resident, last, count, hits = set(), {}, {}, 0
+    for pos, (b, x) in enumerate(stream):
+        if x in resident:
+            hits += 1
+            count[x] += 1
+        else:
+            if len(resident) == capacity:
+                held = set(batches[b])
+                horizon = b + window
+
+                def order(y):
+                    nxt = next((q for q in range(pos, len(stream)) if stream[q][1] == y and stream[q][0] <= horizon), None)
+                    if nxt is not None:
+                        return (0, 0, nxt)
+                    return (1, -count[y], -last[y]) if ties == "lfu" else (1, 0, -last[y])
+                victim = max((y for y in resident if y not in held), key=order)
+                resident.remove(victim)
+            resident.add(x)
+            count[x] = 1
+        last[x] = pos
+    return hits
+
+
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=60), st.integers(1, 4), st.integers(0, 3), st.integers(0, 4),
+       st.sampled_from(["lru", "lfu"]))
+def test_window_belady_matches_reference(trace, batch, window, extra, ties):
+    capacity = batch + extra  # a batch always fits
+    t = np.array(trace, dtype=np.int64)
+    u, off = batch_uniques(t, batch)
+    assert window_belady_hits(u, off, capacity, window, ties) == \
+        reference_window_belady(trace, batch, capacity, window, ties)
+
+
+@pytest.mark.parametrize("ties", ["lru", "lfu"])
+def test_window_belady_matches_reference_on_a_longer_trace(ties):
+    trace = zipf_ids(300, 0.9, 1500, seed=3)
+    u, off = batch_uniques(trace, 20)
+    for window in (0, 1, 4):
+        assert window_belady_hits(u, off, 60, window, ties) == \
+            reference_window_belady(trace.tolist(), 20, 60, window, ties)
+
+
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=80), st.integers(1, 5), st.integers(0, 4), st.integers(0, 6))
+def test_no_policy_beats_full_belady(trace, batch, window, extra):
+    capacity = max(2, batch + extra)
+    u, off = batch_uniques(np.array(trace, dtype=np.int64), batch)
+    best = simulate(u, capacity, "belady")
+    assert window_belady_hits(u, off, capacity, window) <= best
+    for policy in POLICIES:
+        assert store_hits(u, off, capacity, policy, window).hbm_hits <= best
+
+
+def test_windowed_belady_gains_with_the_window():
+    u, off = batch_uniques(zipf_ids(2000, 0.9, 20000, seed=3), 50)
+    hits = [window_belady_hits(u, off, 200, w) for w in (0, 2, 8)]
+    assert hits[0] < hits[1] < hits[2] <= simulate(u, 200, "belady")
+
+
+def test_bad_arguments_are_typed_errors():
+    u, off = batch_uniques(np.arange(10), 5)
+    with pytest.raises(ConfigError):
+        store_hits(u, off, 4, "nope")
+    with pytest.raises(ConfigError):
+        window_belady_hits(u, off, 3, 1)  # a batch of 5 unique ids in 3 rows
+    with pytest.raises(ConfigError):
+        batch_uniques(np.arange(4), 0)

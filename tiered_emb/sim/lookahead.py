@@ -1,0 +1,361 @@
+"""Lookahead in the simulator: the store's prefetch window, batch by batch, and windowed Belady.
+
+A training step needs all the rows of its batch at once, and a trainer knows the next
+batches.  Here a trace is cut into batches (the unique ids of each, in first-occurrence
+order) and run three ways, over the same batches:
+
+- :func:`store_hits`: the store's own kernels (:mod:`tiered_emb.tiers.cache`) driven as
+  :func:`tiered_emb.prefetch.lookahead` drives them with window ``k``: before step ``t``
+  batch ``t + k`` is prefetched (pinned in HBM; a ``lookahead+`` policy pins its
+  resident rows at once, the worker brings up the rest within the pin budget), then step
+  ``t`` resolves its batch, then its ticket is released.  ``k = 0`` is demand caching
+  with the plain policy.  An exclusive DDR tier below takes HBM's victims and gives
+  rows back on HBM misses, as in the store.  The one thing fixed here that the store
+  leaves to timing is the order of the background thread's work against the step:
+  the simulator brings batch ``t + k`` up before step ``t`` (the best case of the
+  overlap).  Rows and results never depend on that order; hit counts may, a little.
+- :func:`window_belady_hits`: offline Belady with the same window: at a miss evict
+  the resident row whose next use is farthest, where only uses within batches
+  ``t .. t + k`` are known; rows with no use in the window count as never used again,
+  least recently used first among them.  Rows of the batch in progress are never
+  evicted (the step holds them all).
+- full Belady on the same stream of unique ids (``simulate(uids, capacity, "belady")``),
+  which knows the whole future and ignores batches: a bound no window reaches.
+
+A *miss* of a tier is a row brought into it on behalf of a batch, whether by the
+prefetch thread or by the step: prefetch hides the latency of a miss, it does not
+remove it.  Hit rate = 1 - misses / unique ids per batch, summed over batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ..errors import ConfigError
+from ..index import _index_del, _index_find, _index_put, new_index
+from ..kernels import _dedupe
+from ..policies import POLICIES
+from ..tiers.cache import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve, _cache_take
+
+
+@numba.njit(cache=True)
+def _batch_uniques(trace, batch_size, uids, boff):
+    """Unique ids of each batch of ``batch_size`` requests, in first-occurrence order; returns their count."""
+    n = trace.shape[0]
+    nb = (n + batch_size - 1) // batch_size
+    inverse = np.empty(batch_size, dtype=np.int64)
+    w = 0
+    boff[0] = 0
+    for b in range(nb):
+        lo = b * batch_size
+        hi = min(n, lo + batch_size)
+        k = _dedupe(trace[lo:hi], uids[w:], inverse[:hi - lo])
+        w += k
+        boff[b + 1] = w
+    return w
+
+
+def batch_uniques(trace: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(uids, boff)``: batch ``b`` asks for ``uids[boff[b]:boff[b+1]]`` (distinct, first-occurrence order).
+
+    Examples
+    --------
+    >>> u, off = batch_uniques(np.array([3, 3, 1, 1, 2, 1]), 3)
+    >>> u.tolist(), off.tolist()
+    ([3, 1, 1, 2], [0, 2, 4])
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} is invalid", "use a batch of at least 1 request")
+    trace = np.ascontiguousarray(trace, dtype=np.int64)
+    nb = (trace.shape[0] + batch_size - 1) // batch_size
+    uids = np.empty(trace.shape[0], dtype=np.int64)
+    boff = np.empty(nb + 1, dtype=np.int64)
+    w = _batch_uniques(trace, batch_size, uids, boff)
+    return uids[:w].copy(), boff
+
+
+# --------------------------------------------------------------------------- the store's kernels
+@numba.njit(cache=True)
+def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
+    """Resolve ``ids`` in HBM as ``TieredStore._bring_up`` does; misses taken from DDR, victims
+    admitted to DDR.  ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
+    (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
+    (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec) = d
+    k = ids.shape[0]
+    slots = np.empty(k, dtype=np.int64)
+    miss_idx = np.empty(k, dtype=np.int64)
+    vslots = np.empty(k, dtype=np.int64)
+    vids = np.empty(k, dtype=np.int64)
+    vdirty = np.empty(k, dtype=np.uint8)
+    n_miss, n_vic, pinned = _cache_resolve(code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta,
+                                           ids, force_pin, slots, miss_idx, vslots, vids, vdirty)
+    cnt[0] += n_miss
+    if n_miss > 0:
+        miss_ids = ids[miss_idx[:n_miss]]
+        found = np.empty(n_miss, dtype=np.uint8)
+        out_dirty = np.empty(n_miss, dtype=np.uint8)
+        cnt[1] += _cache_take(code, dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec, miss_ids,
+                              scratch[:n_miss], out_dirty, found)
+    if n_vic > 0:
+        ev_ids = np.empty(n_vic, dtype=np.int64)
+        _cache_admit(code, dP, dkeys, dvals, dslot_ids, ddirty, dfree, dfmeta, drec, vids[:n_vic],
+                     scratch[:n_vic], vdirty[:n_vic], ev_ids, scratch[:n_vic])
+    return slots, pinned
+
+
+@numba.njit(cache=True)
+def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
+    """Batches through the store's kernels with a prefetch window of ``k`` (see the module doc).
+
+    Before step ``t`` batch ``t + k`` enters the window (a ``lookahead+`` policy pins its
+    resident rows) and batch ``t + load`` is brought up (its other rows, within the pin
+    budget).  ``counts`` int64 (nb, 3) receives per batch: [unique ids, HBM misses, DDR hits].
+    """
+    (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
+    nb = boff.shape[0] - 1
+    cap = hfmeta[1]
+    reserve = max(1, cap // 8)
+    scratch = np.empty((max(1, uids.shape[0]), 0), dtype=np.float32)
+    # Ticket of batch j: its pinned slots ticket_slots[boff[j]:boff[j] + tlen[j]]; in_ticket
+    # marks its ids already pinned.
+    ticket_slots = np.empty(uids.shape[0], dtype=np.int64)
+    in_ticket = np.zeros(uids.shape[0], dtype=np.bool_)
+    tlen = np.zeros(nb, dtype=np.int64)
+    cnt = np.zeros(2, dtype=np.int64)
+    for t in range(-k, nb):
+        j = t + k  # batch entering the window before step t
+        if k > 0 and j < nb and early_pin:  # resident rows pinned as the batch is handed over
+            budget = cap - hfmeta[2] - reserve  # TieredStore._pin_budget
+            ts = ticket_slots[boff[j]:boff[j + 1]]
+            n_t = 0
+            for i in range(boff[j], boff[j + 1]):
+                if n_t >= budget:
+                    break
+                s = _index_find(hkeys, hvals, uids[i])
+                if s >= 0:
+                    ts[n_t] = s
+                    in_ticket[i] = True
+                    n_t += 1
+            _cache_pin(code, hP, hpins, hfmeta, ts[:n_t])
+            tlen[j] = n_t
+        j = t + load  # batch brought up before step t
+        if load > 0 and 0 <= j < nb:
+            budget = cap - hfmeta[2] - reserve
+            rest = uids[boff[j]:boff[j + 1]][~in_ticket[boff[j]:boff[j + 1]]]
+            take = rest[:max(budget, 0)]
+            if take.shape[0] > 0:
+                cnt[:] = 0
+                slots, _ = _resolve_counted(h, d, code, take, True, cnt, scratch)
+                n_t = tlen[j]
+                ticket_slots[boff[j] + n_t:boff[j] + n_t + slots.shape[0]] = slots
+                tlen[j] = n_t + slots.shape[0]
+                counts[j, 1] += cnt[0]
+                counts[j, 2] += cnt[1]
+        if t < 0:
+            continue
+        # Step t: TieredStore._chunks over the batch, by unpinned capacity.
+        u = uids[boff[t]:boff[t + 1]]
+        counts[t, 0] = u.shape[0]
+        free_cap = cap - hfmeta[2]
+        if free_cap < 1:
+            return -1
+        cnt[:] = 0
+        for start in range(0, u.shape[0], free_cap):
+            chunk = u[start:start + free_cap]
+            slots, pinned = _resolve_counted(h, d, code, chunk, False, cnt, scratch)
+            if pinned:
+                _cache_release(code, hP, hpins, hfmeta, slots)
+        counts[t, 1] += cnt[0]
+        counts[t, 2] += cnt[1]
+        if tlen[t] > 0:
+            _cache_release(code, hP, hpins, hfmeta, ticket_slots[boff[t]:boff[t] + tlen[t]])
+    return 0
+
+
+@dataclass(frozen=True)
+class TierHits:
+    """Hit counts of one run over a batched trace."""
+
+    lookups: int  # unique ids summed over batches
+    hbm_hits: int
+    ddr_lookups: int  # HBM misses
+    ddr_hits: int
+
+    @property
+    def hbm_hit_rate(self) -> float:
+        return self.hbm_hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def ddr_hit_rate(self) -> float:
+        """DDR hits per HBM miss."""
+        return self.ddr_hits / self.ddr_lookups if self.ddr_lookups else 0.0
+
+
+def _tier_arrays(tier: CacheTier, records: bool):
+    base = (tier.P, tier.keys, tier.vals, tier.slot_ids, tier.dirty, tier.pins, tier.free, tier.fmeta)
+    if records:
+        return base + (np.empty((tier.slot_ids.shape[0], 0), dtype=np.float32),)
+    return base
+
+
+def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = "lru", window: int = 0,
+               ddr_rows: int = 0, load_ahead: int | None = None) -> TierHits:
+    """Hits of the store's HBM and DDR tiers on batches ``(uids, boff)`` (see :func:`batch_uniques`).
+
+    Parameters
+    ----------
+    hbm_rows, ddr_rows : tier capacities
+    policy : a name of :data:`tiered_emb.policies.POLICIES` (``lru``, ``lfu``, ``lookahead+lru``, ...)
+    window : prefetch window k (batches handed over ahead of the step); 0 = no prefetch
+    load_ahead : batches ahead whose rows are brought up (<= window; default: window)
+
+    Examples
+    --------
+    >>> u, off = batch_uniques(np.array([1, 2, 1, 3, 1, 2, 4, 2]), 2)
+    >>> store_hits(u, off, 2, "lru").hbm_hits
+    3
+    """
+    if policy not in POLICIES:
+        raise ConfigError(f"policy {policy!r} is unknown", f"use one of {sorted(POLICIES)}")
+    if hbm_rows < 2 or ddr_rows < 0 or window < 0:
+        raise ConfigError(f"hbm_rows={hbm_rows}, ddr_rows={ddr_rows}, window={window} are invalid",
+                          "use hbm_rows >= 2, ddr_rows >= 0, window >= 0")
+    load = window if load_ahead is None else int(load_ahead)
+    if not 0 <= load <= window:
+        raise ConfigError(f"load_ahead={load_ahead} is invalid for window={window}", "use 0 <= load_ahead <= window")
+    hbm, ddr = CacheTier(hbm_rows, policy), CacheTier(ddr_rows, policy)
+    counts = np.zeros((boff.shape[0] - 1, 3), dtype=np.int64)
+    rc = _store_lookahead(_tier_arrays(hbm, False), _tier_arrays(ddr, True), POLICIES[policy].code,
+                          POLICIES[policy].lookahead, int(window), load,
+                          np.ascontiguousarray(uids, dtype=np.int64), np.ascontiguousarray(boff, dtype=np.int64),
+                          counts)
+    if rc != 0:
+        raise ConfigError(f"every HBM row is pinned (hbm_rows={hbm_rows}, window={window})",
+                          "give HBM more rows or use a smaller window")
+    lookups, misses, ddr_hits = (int(x) for x in counts.sum(axis=0))
+    return TierHits(lookups, lookups - misses, misses, ddr_hits)
+
+
+# --------------------------------------------------------------------------- windowed Belady
+_INF = np.int64(1) << np.int64(62)  # keys at or above: no use within the window (plus n - last use: LRU first)
+_HELD = np.int64(-1)  # rows of the batch in progress
+
+
+@numba.njit(inline="always")
+def _reheap(heap, hpos, due, s, n):
+    """Restore the max-heap on ``due`` after ``due[s]`` changed (ties: higher slot first)."""
+    i = hpos[s]
+    while i > 0:  # up
+        p = (i - 1) >> 1
+        q = heap[p]
+        if due[s] < due[q] or (due[s] == due[q] and s < q):
+            break
+        heap[i] = q
+        hpos[q] = i
+        i = p
+    while True:  # down
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n:
+            a, b = heap[c + 1], heap[c]
+            if due[a] > due[b] or (due[a] == due[b] and a > b):
+                c += 1
+        q = heap[c]
+        if due[q] < due[s] or (due[q] == due[s] and q < s):
+            break
+        heap[i] = q
+        hpos[q] = i
+        i = c
+    heap[i] = s
+    hpos[s] = i
+
+
+@numba.njit(cache=True)
+def _window_belady(uids, boff, next_use, k, capacity, by_count, keys, vals, slot_ids, due, nu, last, count, heap, hpos):
+    nb = boff.shape[0] - 1
+    n = uids.shape[0]
+    hits = 0
+    used = 0
+    for t in range(nb):
+        # Batches up to t + k are in the window now: their resident rows get a finite next use.
+        lo_b = 0 if t == 0 else t + k
+        for j in range(lo_b, min(t + k + 1, nb)):
+            for p in range(boff[j], boff[j + 1]):
+                s = _index_find(keys, vals, uids[p])
+                if s >= 0 and due[s] >= _INF and nu[s] == p:
+                    due[s] = p
+                    _reheap(heap, hpos, due, s, used)
+        for p in range(boff[t], boff[t + 1]):
+            key = uids[p]
+            s = _index_find(keys, vals, key)
+            if s >= 0:
+                hits += 1
+                count[s] += 1
+            elif used < capacity:
+                s = used
+                heap[used] = s
+                hpos[s] = used
+                used += 1
+                slot_ids[s] = key
+                _index_put(keys, vals, key, s)
+                count[s] = 1
+            else:
+                s = heap[0]
+                if due[s] == _HELD:
+                    return -1  # the batch alone exceeds the capacity
+                _index_del(keys, vals, slot_ids[s])
+                slot_ids[s] = key
+                _index_put(keys, vals, key, s)
+                count[s] = 1
+            due[s] = _HELD
+            nu[s] = next_use[p]
+            last[s] = p
+            _reheap(heap, hpos, due, s, used)
+        end = boff[min(t + k + 2, nb)]  # the window of the next step
+        for p in range(boff[t], boff[t + 1]):
+            s = _index_find(keys, vals, uids[p])
+            if nu[s] < end:
+                due[s] = nu[s]
+            elif by_count:  # fewest uses since admission first, then least recent (the store's LFU)
+                due[s] = _INF + (n + 1 - count[s]) * (n + 1) + (n - last[s])
+            else:  # least recent first (the store's LRU)
+                due[s] = _INF + (n - last[s])
+            _reheap(heap, hpos, due, s, used)
+    return hits
+
+
+def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window: int, ties: str = "lru") -> int:
+    """HBM hits of offline Belady knowing the next ``window`` batches (see the module doc).
+
+    ``ties`` orders the rows with no use in the window: ``"lru"`` least recently used
+    first, ``"lfu"`` fewest uses since admission first, then least recently used (the
+    order of the store's LRU and LFU, whose ``lookahead+`` variants it bounds).
+
+    Examples
+    --------
+    >>> u, off = batch_uniques(np.array([1, 2, 3, 1, 4, 2]), 2)
+    >>> window_belady_hits(u, off, 3, window=1)
+    2
+    """
+    from .policies import next_use_of
+
+    if capacity < 1 or window < 0 or ties not in ("lru", "lfu"):
+        raise ConfigError(f"capacity={capacity}, window={window}, ties={ties!r} are invalid",
+                          "use capacity >= 1, window >= 0, ties 'lru' or 'lfu'")
+    uids = np.ascontiguousarray(uids, dtype=np.int64)
+    if uids.shape[0] >= 1 << 30:
+        raise ConfigError(f"{uids.shape[0]} requests are too many for one run", "split the trace below 2**30 requests")
+    keys, vals = new_index(capacity)
+    cap = int(capacity)
+    z = [np.zeros(cap, dtype=np.int64) for _ in range(6)]
+    hits = _window_belady(uids, np.ascontiguousarray(boff, dtype=np.int64), next_use_of(uids), int(window), cap,
+                          ties == "lfu", keys, vals, np.full(cap, -1, dtype=np.int64), *z)
+    if hits < 0:
+        raise ConfigError(f"a batch has more unique ids than capacity={capacity}", "use a larger cache or smaller batches")
+    return int(hits)
+
+
+__all__ = ["batch_uniques", "store_hits", "window_belady_hits", "TierHits"]
