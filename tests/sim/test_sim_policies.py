@@ -15,23 +15,49 @@ traces = st.lists(st.integers(0, 12), min_size=0, max_size=120)
 capacities = st.integers(1, 8)
 
 
-def flags(trace, capacity, policy):
-    hits, f = simulate(np.array(trace, dtype=np.int64), capacity, policy, hit_flags=True)
+INDEXES = ["dense", "hash"]  # the kernels' two id -> slot indexes
+
+
+def flags(trace, capacity, policy, index="auto"):
+    hits, f = simulate(np.array(trace, dtype=np.int64), capacity, policy, hit_flags=True, index=index)
     assert hits == int(f.sum())
     return [bool(v) for v in f]
 
 
+@pytest.mark.parametrize("index", INDEXES)
 @pytest.mark.parametrize("policy", POLICIES)
 @given(trace=traces, capacity=capacities)
-def test_kernel_matches_reference(policy, trace, capacity):
-    assert flags(trace, capacity, policy) == ref.REFERENCES[policy](trace, capacity)
+def test_kernel_matches_reference(policy, index, trace, capacity):
+    assert flags(trace, capacity, policy, index) == ref.REFERENCES[policy](trace, capacity)
+
+
+@pytest.mark.parametrize("index", INDEXES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_kernel_matches_reference_zipf(policy, index):
+    tr = zipf_ids(60, 0.9, 1500, seed=7).tolist()
+    for capacity in (1, 3, 10, 25, 59):
+        assert flags(tr, capacity, policy, index) == ref.REFERENCES[policy](tr, capacity), capacity
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_kernel_matches_reference_zipf(policy):
-    tr = zipf_ids(60, 0.9, 1500, seed=7).tolist()
-    for capacity in (1, 3, 10, 25, 59):
-        assert flags(tr, capacity, policy) == ref.REFERENCES[policy](tr, capacity), capacity
+def test_dense_and_hash_indexes_agree(policy):
+    """Request by request, on a trace large enough for long eviction chains; "auto" picks
+    the dense index for bounded ids and the hash table for huge ones."""
+    tr = zipf_ids(20_000, 0.9, 200_000, seed=11)
+    for capacity in (5, 300, 4000):
+        d = simulate(tr, capacity, policy, hit_flags=True, index="dense")[1]
+        h = simulate(tr, capacity, policy, hit_flags=True, index="hash")[1]
+        assert np.array_equal(d, h), capacity
+    huge = tr * (2**40 + 7)  # ids beyond any dense array: the hash path
+    assert simulate(huge, 300, policy) == simulate(tr, 300, policy)
+
+
+def test_index_choice():
+    from tiered_emb.sim.policies import dense_ok
+    assert dense_ok(10**7, 2 * 10**7) and dense_ok(2**26 - 1, 10)
+    assert not dense_ok(2**26, 10) and not dense_ok(2**40, 2**30)
+    with pytest.raises(ConfigError, match="index"):
+        simulate(np.array([1]), 1, "lru", index="tree")
 
 
 def _store_flags(trace, capacity, policy):
@@ -105,3 +131,11 @@ def test_deterministic():
     tr = zipf_ids(1000, 1.0, 20_000, seed=1)
     for p in SIM_POLICIES:
         assert simulate(tr, 50, p) == simulate(tr, 50, p)
+
+
+def test_next_use_dense_and_argsort_agree():
+    from tiered_emb.sim import next_use_of
+    tr = zipf_ids(3000, 1.0, 50_000, seed=4)
+    huge = tr * (2**40 + 7)  # unbounded ids: the stable-argsort path
+    assert np.array_equal(next_use_of(tr), next_use_of(huge))
+    assert next_use_of(np.zeros(0, dtype=np.int64)).shape == (0,)

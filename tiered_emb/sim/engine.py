@@ -21,13 +21,13 @@ from . import policies as _p
 @dataclass(frozen=True)
 class SimPolicy:
     summary: str
-    run: Callable            # (trace, capacity, hit_flags) -> hits
+    run: Callable            # (trace, capacity, hit_flags, index=, max_id=) -> hits
     libcachesim: str | None  # class name in the libcachesim package, or None
     offline: bool = False    # needs the future (next-use array)
 
 
 def _store(name):
-    def run(trace, capacity, hit_flags):
+    def run(trace, capacity, hit_flags, index="auto", max_id=None):
         if hit_flags.shape[0]:
             raise ConfigError(f"policy {name + '-store'!r} does not record hit flags", f"use {name!r}")
         return _store_simulate(trace, capacity, name)
@@ -58,7 +58,7 @@ def check_policy(name: str) -> SimPolicy:
 
 
 def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags: bool = False,
-             next_use: np.ndarray | None = None):
+             next_use: np.ndarray | None = None, index: str = "auto"):
     """Hits of ``policy`` with a cache of ``capacity`` objects on ``trace``.
 
     Parameters
@@ -69,6 +69,9 @@ def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags
     hit_flags : bool, also return uint8 (n,) with 1 at each hit
     next_use : int64 array (n,), optional, :func:`next_use_of` of ``trace`` (Belady
         computes it otherwise; pass it to share it between sizes)
+    index : str, the kernels' id -> slot index: "auto" (a dense array over the id space
+        when the ids are bounded, see :func:`tiered_emb.sim.policies.dense_ok`, else the
+        store's hash table), "dense" or "hash"; the hits are the same, only speed differs
 
     Returns
     -------
@@ -86,11 +89,16 @@ def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags
     if capacity < 1:
         raise ConfigError(f"capacity must be >= 1 object, got {capacity}", "give a positive cache size")
     trace = np.ascontiguousarray(trace, dtype=np.int64)
-    if trace.size and int(trace.min()) < 0:
-        raise ConfigError(f"ids must be >= 0, got {int(trace.min())}", "offset the ids of the trace")
+    if index not in ("auto", "dense", "hash"):
+        raise ConfigError(f"unknown index {index!r}", "choose from auto, dense, hash")
+    lo, hi = _p.id_range(trace)
+    if lo < 0:
+        raise ConfigError(f"ids must be >= 0, got {lo}", "offset the ids of the trace")
+    if index == "dense" and hi >= 2**31 - 1:
+        raise ConfigError(f"a dense index cannot hold id {hi}", "use index='hash' or 'auto'")
     flags = np.zeros(trace.shape[0] if hit_flags else 0, dtype=np.uint8)
     if spec.offline:
-        hits = spec.run(trace, capacity, flags, next_use)
+        hits = spec.run(trace, capacity, flags, next_use, index=index, max_id=hi)
     else:
-        hits = spec.run(trace, capacity, flags)
+        hits = spec.run(trace, capacity, flags, index=index, max_id=hi)
     return (int(hits), flags) if hit_flags else int(hits)

@@ -28,13 +28,102 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.core import types
+from numba.extending import overload
 
 from ..index import _index_del, _index_find, _index_put, new_index
 
 NIL = -1
 
+#: Largest id space given a dense index whatever the trace length (a 256 MiB int32 array);
+#: longer traces may use up to ``DENSE_IDS_PER_REQUEST`` ids per request.
+DENSE_MAX_IDS = 1 << 26
+DENSE_IDS_PER_REQUEST = 4
 
-# --------------------------------------------------------------------------- helpers
+
+# --------------------------------------------------------------------------- id -> slot index
+# Every kernel finds, adds and removes ids through the three functions below, which take
+# either index: the hash table of :mod:`tiered_emb.index` as a tuple ``(keys, vals)`` (ids
+# unbounded, memory in proportion to the cache), or a *dense* int32 array ``slot_of`` over
+# the id space, -1 where absent (one random access instead of a hashed probe and a key
+# compare, and a delete that is one store).  Numba compiles a kernel once per index type,
+# so the choice costs nothing per request; the tests run both and compare hit flags.
+def _ix_find(ix, key):
+    """Slot of ``key`` or -1 (Numba only)."""
+    raise NotImplementedError
+
+
+def _ix_put(ix, key, slot):
+    """Add ``key -> slot``; ``key`` must be absent (Numba only)."""
+    raise NotImplementedError
+
+
+def _ix_del(ix, key):
+    """Remove ``key``, which must be present (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(_ix_find)
+def _ix_find_impl(ix, key):
+    if isinstance(ix, types.Array):
+        return lambda ix, key: np.int64(ix[key])
+    return lambda ix, key: _index_find(ix[0], ix[1], key)
+
+
+@overload(_ix_put)
+def _ix_put_impl(ix, key, slot):
+    if isinstance(ix, types.Array):
+        def dense(ix, key, slot):
+            ix[key] = slot
+        return dense
+    return lambda ix, key, slot: _index_put(ix[0], ix[1], key, slot)
+
+
+@overload(_ix_del)
+def _ix_del_impl(ix, key):
+    if isinstance(ix, types.Array):
+        def dense(ix, key):
+            ix[key] = -1
+        return dense
+    return lambda ix, key: _index_del(ix[0], ix[1], key)
+
+
+@numba.njit(cache=True)
+def _id_range(trace):
+    """``(min, max)`` of a non-empty int64 trace in one pass."""
+    lo = hi = trace[0]
+    for i in range(1, trace.shape[0]):
+        k = trace[i]
+        if k < lo:
+            lo = k
+        elif k > hi:
+            hi = k
+    return lo, hi
+
+
+def id_range(trace: np.ndarray) -> tuple[int, int]:
+    """``(min id, max id)`` of ``trace``; ``(0, -1)`` when it is empty."""
+    if trace.shape[0] == 0:
+        return 0, -1
+    lo, hi = _id_range(trace)
+    return int(lo), int(hi)
+
+
+def dense_ok(max_id: int, n_requests: int) -> bool:
+    """Whether ids up to ``max_id`` get a dense index: an id space of at most
+    :data:`DENSE_MAX_IDS`, or of :data:`DENSE_IDS_PER_REQUEST` ids per request."""
+    return max_id < min(max(DENSE_MAX_IDS, DENSE_IDS_PER_REQUEST * n_requests), 2**31 - 1)
+
+
+def make_index(capacity: int, max_id: int, dense: bool):
+    """An empty index for ``capacity`` ids: ``slot_of`` int32 ``(max_id + 1,)`` filled with -1
+    when ``dense``, else the hash table ``(keys, vals)`` of :func:`tiered_emb.index.new_index`."""
+    if dense:
+        return np.full(max(max_id + 1, 1), -1, dtype=np.int32)
+    return new_index(capacity)
+
+
+# --------------------------------------------------------------------------- next use
 @numba.njit(cache=True)
 def _next_use(trace, order, next_use, never):
     """``next_use[i]`` = position of the next request of ``trace[i]``, or ``never``.
@@ -51,12 +140,25 @@ def _next_use(trace, order, next_use, never):
             next_use[i] = never
 
 
+@numba.njit(cache=True)
+def _next_use_dense(trace, last, next_use):
+    """The same from the end in one pass: ``last`` (int32 or int64 (max id + 1,), filled
+    with ``n``) holds each id's earliest request seen so far."""
+    for i in range(trace.shape[0] - 1, -1, -1):
+        k = trace[i]
+        next_use[i] = last[k]
+        last[k] = i
+
+
 def next_use_of(trace: np.ndarray) -> np.ndarray:
     """Position of each request's next request of the same id, or ``len(trace)`` if none.
 
+    One backward pass over a dense array of last positions when the ids are bounded
+    (:func:`dense_ok`), else a stable argsort (O(n log n), seconds at 20M requests).
+
     Parameters
     ----------
-    trace : int64 array (n,)
+    trace : int64 array (n,), ids >= 0
 
     Returns
     -------
@@ -68,15 +170,20 @@ def next_use_of(trace: np.ndarray) -> np.ndarray:
     [2, 4, 3, 4]
     """
     trace = np.ascontiguousarray(trace, dtype=np.int64)
-    order = np.argsort(trace, kind="stable").astype(np.int64)
-    out = np.empty(trace.shape[0], dtype=np.int64)
-    _next_use(trace, order, out, trace.shape[0])
+    n = trace.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    lo, hi = id_range(trace)
+    if lo >= 0 and dense_ok(hi, n):
+        _next_use_dense(trace, np.full(hi + 1, n, dtype=np.int32 if n < 2**31 else np.int64), out)
+    else:
+        order = np.argsort(trace, kind="stable").astype(np.int64)
+        _next_use(trace, order, out, n)
     return out
 
 
 # --------------------------------------------------------------------------- LRU
 @numba.njit(cache=True)
-def _lru_simulate(trace, capacity, keys, vals, slot_ids, newer, older, hit_flags):
+def _lru_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
     """LRU over a list of slots (``newer`` / ``older`` int32 (capacity,)).
 
     The same decisions as the store's kernel (:func:`tiered_emb.tiers.cache._simulate_requests`
@@ -90,7 +197,7 @@ def _lru_simulate(trace, capacity, keys, vals, slot_ids, newer, older, hit_flags
     oldest = NIL
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = _ix_find(ix, key)
         if s >= 0:
             hits += 1
             if record:
@@ -107,7 +214,7 @@ def _lru_simulate(trace, capacity, keys, vals, slot_ids, newer, older, hit_flags
             s = used
             used += 1
             slot_ids[s] = key
-            _index_put(keys, vals, key, s)
+            _ix_put(ix, key, s)
         else:
             s = oldest
             oldest = newer[s]
@@ -115,9 +222,9 @@ def _lru_simulate(trace, capacity, keys, vals, slot_ids, newer, older, hit_flags
                 older[oldest] = NIL
             else:
                 newest = NIL
-            _index_del(keys, vals, slot_ids[s])
+            _ix_del(ix, slot_ids[s])
             slot_ids[s] = key
-            _index_put(keys, vals, key, s)
+            _ix_put(ix, key, s)
         older[s] = newest
         newer[s] = NIL
         if newest == NIL:
@@ -156,7 +263,7 @@ def _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, b, s):
 
 
 @numba.njit(cache=True)
-def _lfu_simulate(trace, capacity, keys, vals, slot_ids, bucket_of, inewer, iolder,
+def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
                   bcount, bnewest, boldest, bup, bdown, bfree, hit_flags):
     """LFU in O(1) per request: buckets of equal use count, in increasing count order.
 
@@ -174,7 +281,7 @@ def _lfu_simulate(trace, capacity, keys, vals, slot_ids, bucket_of, inewer, iold
     n_bfree = bfree.shape[0]
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = _ix_find(ix, key)
         if s >= 0:
             hits += 1
             if record:
@@ -221,9 +328,9 @@ def _lfu_simulate(trace, capacity, keys, vals, slot_ids, bucket_of, inewer, iold
                     bdown[lowest] = NIL
                 bfree[n_bfree] = b
                 n_bfree += 1
-            _index_del(keys, vals, slot_ids[s])
+            _ix_del(ix, slot_ids[s])
         slot_ids[s] = key
-        _index_put(keys, vals, key, s)
+        _ix_put(ix, key, s)
         if lowest == NIL or bcount[lowest] != 1:
             n_bfree -= 1
             nb = bfree[n_bfree]
@@ -241,7 +348,7 @@ def _lfu_simulate(trace, capacity, keys, vals, slot_ids, bucket_of, inewer, iold
 
 # --------------------------------------------------------------------------- FIFO
 @numba.njit(cache=True)
-def _fifo_simulate(trace, capacity, keys, vals, ring, hit_flags):
+def _fifo_simulate(trace, capacity, ix, ring, hit_flags):
     """FIFO over a ring of ids (int64 (capacity,)); ``hand`` is the oldest position."""
     record = hit_flags.shape[0] > 0
     hits = 0
@@ -249,7 +356,7 @@ def _fifo_simulate(trace, capacity, keys, vals, ring, hit_flags):
     hand = 0
     for i in range(trace.shape[0]):
         key = trace[i]
-        if _index_find(keys, vals, key) >= 0:
+        if _ix_find(ix, key) >= 0:
             hits += 1
             if record:
                 hit_flags[i] = 1
@@ -259,18 +366,18 @@ def _fifo_simulate(trace, capacity, keys, vals, ring, hit_flags):
             used += 1
         else:
             pos = hand
-            _index_del(keys, vals, ring[pos])
+            _ix_del(ix, ring[pos])
             hand += 1
             if hand == capacity:
                 hand = 0
         ring[pos] = key
-        _index_put(keys, vals, key, pos)
+        _ix_put(ix, key, pos)
     return hits
 
 
 # --------------------------------------------------------------------------- CLOCK
 @numba.njit(cache=True)
-def _clock_simulate(trace, capacity, keys, vals, ring, ref, hit_flags):
+def _clock_simulate(trace, capacity, ix, ring, ref, hit_flags):
     """CLOCK: ring of ids and reference bits (uint8 (capacity,)).
 
     Positions from ``hand`` onwards, cyclically, are oldest to newest; a second chance
@@ -283,7 +390,7 @@ def _clock_simulate(trace, capacity, keys, vals, ring, ref, hit_flags):
     hand = 0
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = _ix_find(ix, key)
         if s >= 0:
             hits += 1
             ref[s] = 1
@@ -300,19 +407,19 @@ def _clock_simulate(trace, capacity, keys, vals, ring, ref, hit_flags):
                 if hand == capacity:
                     hand = 0
             pos = hand
-            _index_del(keys, vals, ring[pos])
+            _ix_del(ix, ring[pos])
             hand += 1
             if hand == capacity:
                 hand = 0
         ring[pos] = key
         ref[pos] = 0
-        _index_put(keys, vals, key, pos)
+        _ix_put(ix, key, pos)
     return hits
 
 
 # --------------------------------------------------------------------------- SIEVE
 @numba.njit(cache=True)
-def _sieve_simulate(trace, capacity, keys, vals, slot_ids, newer, older, visited, hit_flags):
+def _sieve_simulate(trace, capacity, ix, slot_ids, newer, older, visited, hit_flags):
     """SIEVE over a list of slots: ``newer`` / ``older`` (int32 (capacity,)) links.
 
     New objects go to the newest end; the hand walks from the oldest end towards the
@@ -326,7 +433,7 @@ def _sieve_simulate(trace, capacity, keys, vals, slot_ids, newer, older, visited
     hand = NIL
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = _ix_find(ix, key)
         if s >= 0:
             hits += 1
             visited[s] = 1
@@ -354,7 +461,7 @@ def _sieve_simulate(trace, capacity, keys, vals, slot_ids, newer, older, visited
                 newest = a
             else:
                 older[b] = a
-            _index_del(keys, vals, slot_ids[v])
+            _ix_del(ix, slot_ids[v])
             s = v
         slot_ids[s] = key
         visited[s] = 0
@@ -365,7 +472,7 @@ def _sieve_simulate(trace, capacity, keys, vals, slot_ids, newer, older, visited
         else:
             newer[newest] = s
         newest = s
-        _index_put(keys, vals, key, s)
+        _ix_put(ix, key, s)
     return hits
 
 
@@ -394,8 +501,8 @@ def _ring_pop(ring, meta, q):
 
 
 @numba.njit(cache=True)
-def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, vals, slot_ids,
-                     queue_of, freq, ring, qmeta, gkeys, gvals, gids, gnewer, golder, gfree,
+def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_ids,
+                     queue_of, freq, ring, qmeta, gix, gids, gnewer, golder, gfree,
                      hit_flags):
     """S3-FIFO.
 
@@ -416,7 +523,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
     g_free_n = ghost_cap
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = _ix_find(ix, key)
         if s >= 0:
             hits += 1
             freq[s] += 1
@@ -425,10 +532,10 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
             continue
         hit_on_ghost = False
         if ghost_cap > 0:
-            g = _index_find(gkeys, gvals, key)
+            g = _ix_find(gix, key)
             if g >= 0:
                 hit_on_ghost = True
-                _index_del(gkeys, gvals, key)
+                _ix_del(gix, key)
                 a, b = golder[g], gnewer[g]
                 if a == NIL:
                     g_oldest = b
@@ -451,7 +558,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
                         freq[v] = min(freq[v], 3) - 1
                         _ring_push(ring, qmeta, 1, v)
                     else:
-                        _index_del(keys, vals, slot_ids[v])
+                        _ix_del(ix, slot_ids[v])
                         s = v
                         break
             else:
@@ -469,13 +576,13 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
                                     freq[w] = min(freq[w], 3) - 1
                                     _ring_push(ring, qmeta, 1, w)
                                 else:
-                                    _index_del(keys, vals, slot_ids[w])
+                                    _ix_del(ix, slot_ids[w])
                                     s = w
                                     break
                             break
                     else:
                         vid = slot_ids[v]
-                        _index_del(keys, vals, vid)
+                        _ix_del(ix, vid)
                         s = v
                         if ghost_cap > 0:
                             if g_size == ghost_cap:
@@ -485,7 +592,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
                                     g_newest = NIL
                                 else:
                                     golder[g_oldest] = NIL
-                                _index_del(gkeys, gvals, gids[g])
+                                _ix_del(gix, gids[g])
                                 g_size -= 1
                             else:
                                 g_free_n -= 1
@@ -499,7 +606,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
                                 gnewer[g_newest] = g
                             g_newest = g
                             g_size += 1
-                            _index_put(gkeys, gvals, vid, g)
+                            _ix_put(gix, vid, g)
                         break
         else:
             s = used
@@ -514,7 +621,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, keys, val
         queue_of[s] = q
         freq[s] = 0
         _ring_push(ring, qmeta, q, s)
-        _index_put(keys, vals, key, s)
+        _ix_put(ix, key, s)
     return hits
 
 
@@ -568,17 +675,17 @@ def _arc_replace(lmeta, newer, older, where, p, in_b2):
 
 
 @numba.njit(inline="always")
-def _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, lst):
+def _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, lst):
     """Forget the LRU node of list ``lst``; returns the new free count."""
     g = lmeta[lst, 1]
     _arc_unlink(lmeta, newer, older, lst, g)
-    _index_del(keys, vals, node_ids[g])
+    _ix_del(ix, node_ids[g])
     free[n_free] = g
     return n_free + 1
 
 
 @numba.njit(cache=True)
-def _arc_simulate(trace, capacity, keys, vals, node_ids, where, newer, older, free, lmeta, hit_flags):
+def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, lmeta, hit_flags):
     """ARC over ``2 * capacity + 1`` nodes, each in one of T1, T2, B1, B2 (``where``).
 
     ``lmeta`` int64 (4, 3): newest node, oldest node and length of each list.  ``free``
@@ -592,7 +699,7 @@ def _arc_simulate(trace, capacity, keys, vals, node_ids, where, newer, older, fr
     n_free = free.shape[0]
     for i in range(trace.shape[0]):
         key = trace[i]
-        node = _index_find(keys, vals, key)
+        node = _ix_find(ix, key)
         ghost_hit = False
         in_b2 = False
         if node >= 0:
@@ -613,7 +720,7 @@ def _arc_simulate(trace, capacity, keys, vals, node_ids, where, newer, older, fr
                 delta = max(lmeta[B1, 2] / lmeta[B2, 2], 1.0)
                 p = max(p - delta, 0.0)
             _arc_unlink(lmeta, newer, older, lst, node)
-            _index_del(keys, vals, key)
+            _ix_del(ix, key)
             free[n_free] = node
             n_free += 1
         while lmeta[T1, 2] + lmeta[T2, 2] + 1 > capacity:
@@ -621,97 +728,96 @@ def _arc_simulate(trace, capacity, keys, vals, node_ids, where, newer, older, fr
                 _arc_replace(lmeta, newer, older, where, p, in_b2)
             elif lmeta[T1, 2] + lmeta[B1, 2] + 1 > capacity:
                 if lmeta[B1, 2] > 0:
-                    n_free = _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, B1)
+                    n_free = _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, B1)
                     _arc_replace(lmeta, newer, older, where, p, in_b2)
                 else:
-                    n_free = _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, T1)
+                    n_free = _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, T1)
             else:
                 if (lmeta[T1, 2] + lmeta[T2, 2] + lmeta[B1, 2] + lmeta[B2, 2] >= 2 * capacity
                         and lmeta[B2, 2] > 0):
-                    n_free = _arc_drop(lmeta, newer, older, keys, vals, node_ids, free, n_free, B2)
+                    n_free = _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, B2)
                 _arc_replace(lmeta, newer, older, where, p, in_b2)
         n_free -= 1
         node = free[n_free]
         node_ids[node] = key
-        _index_put(keys, vals, key, node)
+        _ix_put(ix, key, node)
         _arc_push_newest(lmeta, newer, older, where, T2 if ghost_hit else T1, node)
     return hits
 
 
 # --------------------------------------------------------------------------- Belady
 @numba.njit(inline="always")
-def _opt_above(due, a, b):
-    """Heap order of Belady: later next use first, then the higher slot."""
-    if due[a] != due[b]:
-        return due[a] > due[b]
-    return a > b
-
-
-@numba.njit(inline="always")
-def _opt_sift_up(heap, hpos, due, i):
-    s = heap[i]
+def _opt_sift_up(heap, hpos, i):
+    x = heap[i]
     while i > 0:
         parent = (i - 1) >> 1
         q = heap[parent]
-        if not _opt_above(due, s, q):
+        if q >= x:
             break
         heap[i] = q
-        hpos[q] = i
+        hpos[q & 0xFFFFFFFF] = i
         i = parent
-    heap[i] = s
-    hpos[s] = i
+    heap[i] = x
+    hpos[x & 0xFFFFFFFF] = i
 
 
 @numba.njit(inline="always")
-def _opt_sift_down(heap, hpos, due, i, n):
-    s = heap[i]
+def _opt_sift_down(heap, hpos, i, n):
+    x = heap[i]
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _opt_above(due, heap[c + 1], heap[c]):
+        hc = heap[c]
+        if c + 1 < n and heap[c + 1] > hc:
             c += 1
-        if not _opt_above(due, heap[c], s):
+            hc = heap[c]
+        if hc <= x:
             break
-        heap[i] = heap[c]
-        hpos[heap[c]] = i
+        heap[i] = hc
+        hpos[hc & 0xFFFFFFFF] = i
         i = c
-    heap[i] = s
-    hpos[s] = i
+    heap[i] = x
+    hpos[x & 0xFFFFFFFF] = i
 
 
 @numba.njit(cache=True)
-def _belady_simulate(trace, next_use, capacity, keys, vals, slot_ids, due, heap, hpos, hit_flags):
-    """Belady's MIN: a max-heap of slots keyed by ``due`` (next request position)."""
+def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, hit_flags):
+    """Belady's MIN: a max-heap (int64 (capacity,)) of ``next use << 32 | slot``.
+
+    Packing the key makes the heap order "later next use first, then the higher slot"
+    one integer compare on the heap array itself, with no indirection through the slot;
+    ``hpos`` int32 (capacity,) is each slot's heap position.
+    """
     record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = _ix_find(ix, key)
+        due = next_use[i] << 32
         if s >= 0:
             hits += 1
             if record:
                 hit_flags[i] = 1
-            due[s] = next_use[i]  # later than before: moves up
-            _opt_sift_up(heap, hpos, due, hpos[s])
+            h = hpos[s]
+            heap[h] = due | s  # later than before: moves up
+            _opt_sift_up(heap, hpos, h)
             continue
         if used < capacity:
             s = used
-            heap[used] = s
-            hpos[s] = used
             used += 1
             slot_ids[s] = key
-            due[s] = next_use[i]
-            _index_put(keys, vals, key, s)
-            _opt_sift_up(heap, hpos, due, used - 1)
+            _ix_put(ix, key, s)
+            heap[s] = due | s
+            _opt_sift_up(heap, hpos, s)
             continue
-        s = heap[0]
-        _index_del(keys, vals, slot_ids[s])
+        s = heap[0] & 0xFFFFFFFF
+        _ix_del(ix, slot_ids[s])
         slot_ids[s] = key
-        due[s] = next_use[i]
-        _index_put(keys, vals, key, s)
-        _opt_sift_down(heap, hpos, due, 0, used)
+        _ix_put(ix, key, s)
+        heap[0] = due | s
+        _opt_sift_down(heap, hpos, 0, used)
     return hits
 
 
@@ -720,16 +826,32 @@ def _flags(n: int, record: bool) -> np.ndarray:
     return np.zeros(n if record else 0, dtype=np.uint8)
 
 
-def lru_hits(trace, capacity, hit_flags):
-    keys, vals = new_index(capacity)
-    return _lru_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+def _state(trace, capacity, index, max_id, entries=None):
+    """``(index, id dtype)`` for a kernel run of ``entries`` ids (default ``capacity``).
+
+    ``index`` is "auto" (dense when :func:`dense_ok`), "dense" or "hash"; ``max_id`` is
+    the trace's largest id when the caller knows it.  Ids are kept as int32 beside a dense
+    index (they fit), as int64 beside the hash table.
+    """
+    entries = capacity if entries is None else entries
+    if index == "hash":
+        return make_index(entries, 0, False), np.int64
+    if max_id is None:
+        max_id = id_range(trace)[1]
+    dense = index == "dense" or dense_ok(max_id, trace.shape[0])
+    return make_index(entries, max_id, dense), (np.int32 if dense else np.int64)
+
+
+def lru_hits(trace, capacity, hit_flags, index="auto", max_id=None):
+    ix, idt = _state(trace, capacity, index, max_id)
+    return _lru_simulate(trace, capacity, ix, np.empty(capacity, idt),
                          np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32), hit_flags)
 
 
-def lfu_hits(trace, capacity, hit_flags):
-    keys, vals = new_index(capacity)
+def lfu_hits(trace, capacity, hit_flags, index="auto", max_id=None):
+    ix, idt = _state(trace, capacity, index, max_id)
     nb = capacity + 1
-    return _lfu_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+    return _lfu_simulate(trace, capacity, ix, np.empty(capacity, idt),
                          np.zeros(capacity, np.int32), np.full(capacity, NIL, np.int32),
                          np.full(capacity, NIL, np.int32), np.zeros(nb, np.int64),
                          np.full(nb, NIL, np.int32), np.full(nb, NIL, np.int32),
@@ -737,20 +859,20 @@ def lfu_hits(trace, capacity, hit_flags):
                          np.arange(nb - 1, -1, -1, dtype=np.int32), hit_flags)
 
 
-def fifo_hits(trace, capacity, hit_flags):
-    keys, vals = new_index(capacity)
-    return _fifo_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64), hit_flags)
+def fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None):
+    ix, idt = _state(trace, capacity, index, max_id)
+    return _fifo_simulate(trace, capacity, ix, np.empty(capacity, idt), hit_flags)
 
 
-def clock_hits(trace, capacity, hit_flags):
-    keys, vals = new_index(capacity)
-    return _clock_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+def clock_hits(trace, capacity, hit_flags, index="auto", max_id=None):
+    ix, idt = _state(trace, capacity, index, max_id)
+    return _clock_simulate(trace, capacity, ix, np.empty(capacity, idt),
                            np.zeros(capacity, np.uint8), hit_flags)
 
 
-def sieve_hits(trace, capacity, hit_flags):
-    keys, vals = new_index(capacity)
-    return _sieve_simulate(trace, capacity, keys, vals, np.empty(capacity, np.int64),
+def sieve_hits(trace, capacity, hit_flags, index="auto", max_id=None):
+    ix, idt = _state(trace, capacity, index, max_id)
+    return _sieve_simulate(trace, capacity, ix, np.empty(capacity, idt),
                            np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32),
                            np.zeros(capacity, np.uint8), hit_flags)
 
@@ -762,34 +884,34 @@ def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0
     return small, capacity - small, int(capacity * ghost_ratio)
 
 
-def s3fifo_hits(trace, capacity, hit_flags, small_ratio=0.1, ghost_ratio=0.9, threshold=2):
+def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_ratio=0.1, ghost_ratio=0.9, threshold=2):
     small, main, ghost = s3fifo_sizes(capacity, small_ratio, ghost_ratio)
-    keys, vals = new_index(capacity)
-    gkeys, gvals = new_index(max(ghost, 1))
     gcap = max(ghost, 1)
-    return _s3fifo_simulate(trace, small, main, ghost, threshold, keys, vals,
-                            np.empty(capacity, np.int64), np.zeros(capacity, np.uint8),
+    ix, idt = _state(trace, capacity, index, max_id)
+    gix, _ = _state(trace, gcap, index, max_id)
+    return _s3fifo_simulate(trace, small, main, ghost, threshold, ix,
+                            np.empty(capacity, idt), np.zeros(capacity, np.uint8),
                             np.zeros(capacity, np.int64), np.empty((2, capacity), np.int32),
-                            np.zeros((2, 2), np.int64), gkeys, gvals, np.empty(gcap, np.int64),
+                            np.zeros((2, 2), np.int64), gix, np.empty(gcap, idt),
                             np.full(gcap, NIL, np.int32), np.full(gcap, NIL, np.int32),
                             np.arange(gcap - 1, -1, -1, dtype=np.int32), hit_flags)
 
 
-def arc_hits(trace, capacity, hit_flags):
+def arc_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     nodes = 2 * capacity + 1
-    keys, vals = new_index(nodes)
+    ix, idt = _state(trace, capacity, index, max_id, nodes)
     lmeta = np.zeros((4, 3), np.int64)
     lmeta[:, :2] = NIL
-    return _arc_simulate(trace, capacity, keys, vals, np.empty(nodes, np.int64),
+    return _arc_simulate(trace, capacity, ix, np.empty(nodes, idt),
                          np.zeros(nodes, np.int8), np.full(nodes, NIL, np.int32),
                          np.full(nodes, NIL, np.int32), np.arange(nodes - 1, -1, -1, dtype=np.int32),
                          lmeta, hit_flags)
 
 
-def belady_hits(trace, capacity, hit_flags, next_use=None):
+def belady_hits(trace, capacity, hit_flags, next_use=None, index="auto", max_id=None):
+    """Belady's hits; ``next_use`` (from :func:`next_use_of`) is computed when not given."""
     if next_use is None:
         next_use = next_use_of(trace)
-    keys, vals = new_index(capacity)
-    return _belady_simulate(trace, next_use, capacity, keys, vals, np.empty(capacity, np.int64),
-                            np.zeros(capacity, np.int64), np.zeros(capacity, np.int32),
-                            np.zeros(capacity, np.int32), hit_flags)
+    ix, idt = _state(trace, capacity, index, max_id)
+    return _belady_simulate(trace, next_use, capacity, ix, np.empty(capacity, idt),
+                            np.zeros(capacity, np.int64), np.zeros(capacity, np.int32), hit_flags)
