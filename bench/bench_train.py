@@ -189,7 +189,7 @@ def main(argv=None) -> dict:
             stream[name] = _summary(_time_stream(step, warm, timed), lookups)
             s = store.stats()["t"]
             stream[name]["hit_rates"] = {t: s[t]["hit_rate"] for t in ("hbm", "ddr", "ssd")}
-            stream[name]["lmdb_rows"] = s["ssd"]["rows"]
+            stream[name]["lmdb_rows"] = s["ssd"]["rows"] + s["ssd"]["writeback_rows"]  # written or waiting to be
             stream[name]["tiers"] = {"hbm_rows": h, "ddr_rows": d}
             store.close()
             shutil.rmtree(tmp / name)

@@ -26,13 +26,18 @@ tiers_st = st.builds(TierConfig, hbm_rows=st.integers(1, 5), ddr_rows=st.integer
 
 
 class StoreMachine(RuleBasedStateMachine):
-    @initialize(tiers=tiers_st)
-    def create(self, tiers):
+    @initialize(tiers=tiers_st, writeback_rows=st.sampled_from([1, 3, 1 << 16]))
+    def create(self, tiers, writeback_rows):
         self.dir = tempfile.mkdtemp()
         self.path = os.path.join(self.dir, "store")
-        self.store = TieredStore.create(self.path, TABLES, tiers, seed=5)
+        self.writeback_rows = writeback_rows  # evicted rows waiting in memory before an LMDB write
+        self.store = self._with_writeback(TieredStore.create(self.path, TABLES, tiers, seed=5))
         self.model = ReferenceStore(TABLES, seed=5)
         self.checkpointed = copy.deepcopy(self.model.rows)
+
+    def _with_writeback(self, store):
+        store._ssd.writeback_rows = self.writeback_rows
+        return store
 
     @rule(table=st.sampled_from(NAMES), ids=ids_st)
     def lookup(self, table, ids):
@@ -67,14 +72,14 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(tiers=tiers_st)
     def close_and_reopen(self, tiers):
         self.store.close()
-        self.store = TieredStore.open(self.path, tiers=tiers)
+        self.store = self._with_writeback(TieredStore.open(self.path, tiers=tiers))
         self.checkpointed = copy.deepcopy(self.model.rows)
 
     @rule(tiers=tiers_st)
     def crash_and_reopen(self, tiers):
         # no close(): whatever was not checkpointed is gone, the checkpoint is intact
         crash(self.store)
-        self.store = TieredStore.open(self.path, tiers=tiers)
+        self.store = self._with_writeback(TieredStore.open(self.path, tiers=tiers))
         self.model.rows = copy.deepcopy(self.checkpointed)
 
     @invariant()

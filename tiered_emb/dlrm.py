@@ -60,6 +60,8 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--lookahead", type=int, default=0,
                    help="batches prefetched ahead on a background thread (0, the default: off; on 2 CPU cores it does not pay yet, see docs/training.md)")
+    p.add_argument("--load-ahead", type=int, default=1,
+                   help="of the --lookahead window, how many batches ahead rows are brought up (default 1)")
     p.set_defaults(func=run)
 
 
@@ -243,7 +245,8 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
         return loss_fn(model(x, feats), torch.from_numpy(labels))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
-    pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead)
+    pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead,
+                             load_ahead=getattr(args, "load_ahead", 1))
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:

@@ -143,7 +143,8 @@ class TieredStore:
             New tier sizes / policy / device; the stored ones by default.
         restore : ``"checkpoint"`` (default) or ``"latest"``
             What to find after a crash: the last checkpoint, or also every row flushed
-            or written back since.
+            since and the write-backs of evicted rows that had reached LMDB (they go out
+            in groups of ``writeback_rows``; see docs/architecture.md).
         """
         path = Path(path)
         if restore not in ("checkpoint", "latest"):
@@ -327,7 +328,7 @@ class TieredStore:
             c["ddr"]["evictions"] += n_ev
             c["ddr"]["writebacks"] += ev_ids.shape[0]
             if ev_ids.shape[0]:
-                c["ssd"]["writebacks"] += self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)})
+                c["ssd"]["writebacks"] += self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False)
         return slots, pinned
 
     @_locked
@@ -623,7 +624,8 @@ class TieredStore:
             s["ddr"].update(rows=t.ddr.resident_rows, capacity_rows=t.ddr.capacity_rows,
                             bytes=t.ddr.resident_rows * row_bytes)
             ssd = self._ssd.table_stats(name)
-            s["ssd"].update(rows=ssd["rows"] + ssd["pending_rows"], bytes=ssd["bytes"] + ssd["pending_bytes"])
+            s["ssd"].update(rows=ssd["rows"] + ssd["pending_rows"], bytes=ssd["bytes"] + ssd["pending_bytes"],
+                            writeback_rows=ssd["writeback_rows"])
             s["prefetch"] = {tier: dict(c) for tier, c in t.prefetch_counters.items()}
             for tier in ("hbm", "ddr", "ssd"):
                 for d in (s, s["prefetch"]):

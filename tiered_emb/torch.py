@@ -317,12 +317,12 @@ __all__ = ["TieredEmbeddingBag", "TieredEmbedding", "TieredEmbeddingBagCollectio
 
 
 class TrainPipeline:
-    """A training loop with lookahead: batches t+1..t+k are prefetched while batch t trains.
+    """A training loop with lookahead: batches t+1..t+k are in the store's window while batch t trains.
 
-    Wraps a data iterator; before step t it hands the ids of the next
-    ``lookahead_batches`` batches to the store (:meth:`TieredStore.prefetch`), whose
-    background thread brings their rows up and pins them while this thread runs the
-    dense forward and backward.  Each step runs ``optimizer.zero_grad()``, the loss,
+    Wraps a data iterator; before step t it hands the ids of batch t + k to the store
+    (:meth:`TieredStore.prefetch`, ``k = lookahead_batches``), whose background thread
+    brings the rows of batch t + ``load_ahead`` up and pins them while this thread runs
+    the dense forward and backward (see :func:`tiered_emb.prefetch.lookahead`).  Each step runs ``optimizer.zero_grad()``, the loss,
     ``backward()`` (the embedding rows are updated by the store, fused) and
     ``optimizer.step()``, then unpins the batch.  Results are bitwise the same for every
     ``lookahead_batches``, 0 included (no prefetch).
@@ -334,7 +334,8 @@ class TrainPipeline:
     optimizer : torch.optim.Optimizer for the dense parameters (or None)
     ids_of : callable, ``ids_of(batch) -> {table: ids}``: the rows a batch will read
     loss_of : callable, ``loss_of(model, batch) -> scalar loss tensor``
-    lookahead_batches : int >= 0
+    lookahead_batches : int >= 0, the window k
+    load_ahead : int >= 0, batches ahead whose rows are brought up (at most k; default 1)
 
     Examples
     --------
@@ -344,22 +345,24 @@ class TrainPipeline:
     ...     pass
     """
 
-    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4):
-        if not isinstance(lookahead_batches, int) or isinstance(lookahead_batches, bool) or lookahead_batches < 0:
-            raise ConfigError(f"lookahead_batches={lookahead_batches!r} is invalid", "use an int >= 0 (0: no prefetch)")
+    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 1):
+        for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (lookahead_batches 0: no prefetch)")
         self.store = store
         self.model = model
         self.optimizer = optimizer
         self.ids_of = ids_of
         self.loss_of = loss_of
         self.lookahead_batches = lookahead_batches
+        self.load_ahead = load_ahead
 
     def run(self, batches):
         """Train on every batch of ``batches``; yields each step's loss (a float).
 
         Stopping early (``break``) releases every pin; the store's thread ends at ``close()``.
         """
-        for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches):
+        for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead):
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
             loss = self.loss_of(self.model, batch)

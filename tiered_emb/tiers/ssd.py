@@ -34,8 +34,14 @@ _META_DB = b"meta"
 
 class SsdTier:
     def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
-                 map_size_bytes: int):
+                 map_size_bytes: int, writeback_rows: int = 1 << 16):
         self.path = Path(path)
+        # Write-backs of evicted rows wait here (table -> {id: encoded record}, the newest
+        # copy of those rows) and go to the since-checkpoint databases in one transaction
+        # once ``writeback_rows`` are waiting: one commit (and fsync) per many steps
+        # instead of one per table per step.
+        self.writeback_rows = int(writeback_rows)
+        self._wb: dict[str, dict[int, bytes]] = {n: {} for n in sorted(table_widths)}
         self.widths = dict(table_widths)
         self.compression = compression
         self._zc = zstandard.ZstdCompressor(level=compression) if compression else None
@@ -88,10 +94,17 @@ class SsdTier:
             return found
         main, pending = self._main[table], self._pending[table]
         check_pending = self._n_pending[table] > 0
+        wb = self._wb[table]
         order = np.argsort(ids, kind="stable")  # key order: sequential B-tree walks
         try:
             with self.env.begin(buffers=True) as txn:
                 for i in order.tolist():
+                    if wb:
+                        v = wb.get(int(ids[i]))
+                        if v is not None:
+                            self._decode(v, out_rows[i])
+                            found[i] = True
+                            continue
                     key = self._key(ids[i])
                     v = txn.get(key, db=pending) if check_pending else None
                     if v is None:
@@ -126,20 +139,42 @@ class SsdTier:
         with txn.cursor(db=db) as cur:
             cur.putmulti([(self._key(ids[i]), self._encode(rows[i])) for i in order.tolist()])
 
-    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]]) -> int:
-        """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written."""
+    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True) -> int:
+        """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
+
+        ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
+        others until ``writeback_rows`` are waiting, then all go out in one transaction;
+        reads see them at once.  ``durable=True`` writes them, and every waiting row, now.
+        """
         batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
-        if not batches:
+        n = sum(b[0].shape[0] for b in batches.values())
+        if not durable:
+            for t, (ids, rows) in batches.items():
+                wb = self._wb[t]
+                for i, row_id in enumerate(ids.tolist()):
+                    wb[row_id] = self._encode(rows[i])
+            if sum(len(wb) for wb in self._wb.values()) >= self.writeback_rows:
+                self.write_pending({}, durable=True)
+            return n
+        waiting = {t: wb for t, wb in self._wb.items() if wb}
+        if not batches and not waiting:
             return 0
 
         def fn(txn):
+            for t, wb in waiting.items():  # older than ``batches``: written first
+                self._put_encoded(txn, self._pending[t], wb)
             for t, (ids, rows) in batches.items():
                 self._put_rows(txn, self._pending[t], ids, rows)
 
         self._write(fn)
-        for t in batches:
+        for t in set(batches) | set(waiting):
+            self._wb[t] = {}
             self._n_pending[t] = self._entries(self._pending[t])
-        return sum(b[0].shape[0] for b in batches.values())
+        return n
+
+    def _put_encoded(self, txn, db, records: dict[int, bytes]) -> None:
+        with txn.cursor(db=db) as cur:
+            cur.putmulti([(self._key(i), records[i]) for i in sorted(records)])
 
     def checkpoint(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict, extra: bytes | None) -> int:
         """Make ``batches`` and everything pending the new checkpoint, with ``meta``, atomically."""
@@ -153,6 +188,8 @@ class SsdTier:
                     with txn.cursor(db=self._main[t]) as cur:
                         cur.putmulti(pairs)
                     txn.drop(self._pending[t], delete=False)
+                if self._wb[t]:
+                    self._put_encoded(txn, self._main[t], self._wb[t])
                 if t in batches:
                     self._put_rows(txn, self._main[t], *batches[t])
             txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._meta)
@@ -162,6 +199,7 @@ class SsdTier:
         self._write(fn)
         for t in self.widths:
             self._n_pending[t] = 0
+            self._wb[t] = {}
         self.env.sync(True)
         return sum(b[0].shape[0] for b in batches.values())
 
@@ -205,6 +243,7 @@ class SsdTier:
                 st = txn.stat(db)
                 out[label] = int(st["entries"])
                 out[label.replace("rows", "bytes")] = int(st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]))
+        out["writeback_rows"] = len(self._wb[table])  # waiting in memory for the next write
         return out
 
     def file_bytes(self) -> int:

@@ -1,0 +1,181 @@
+"""Lookahead prefetch: tier hit rates against Belady, and training speed with the pipeline.
+
+Part 1, hit rates (the simulator, :mod:`tiered_emb.sim.lookahead`, which makes the
+store's own decisions batch by batch).  Each trace is cut into batches; per batch its
+unique ids are asked of HBM (with an exclusive DDR tier below, 4x HBM).  At HBM = 1 %
+and 10 % of the trace's distinct ids:
+
+- plain ``lru`` / ``lfu`` (no window);
+- ``lookahead+lru`` / ``lookahead+lfu`` with window k (rows brought up ``load_ahead``
+  batches early; also with the whole window brought up at once, to show why not);
+- windowed Belady with the same window (ties outside the window by LRU, or by LFU);
+- full Belady (the whole future, no batches): the bound.
+
+A miss is a row brought into HBM for a batch, by the prefetch thread or by the step.
+Targets: lookahead at least the best plain policy, and within 1 point of windowed Belady.
+
+Part 2, end to end: the DLRM main job (``tiered-emb train``) with tables 10x HBM + DDR,
+samples/s without prefetch, with the pipeline (window k), and with every row resident.
+
+Run from the repository root::
+
+    python bench/bench_prefetch.py --json bench/results/prefetch.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, median, write_json  # noqa: E402
+
+from tiered_emb.sim.engine import simulate  # noqa: E402
+from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits  # noqa: E402
+from tiered_emb.sim.traces import drift_ids, zipf_ids  # noqa: E402
+
+AMAZON = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "amazon_video_user_item.txt"
+
+
+def traces(args) -> dict[str, tuple[np.ndarray, int, str]]:
+    """name -> (requests, batch size, description)."""
+    n, size = args.ids, args.requests
+    out = {
+        "zipf0.9": (zipf_ids(n, 0.9, size, seed=args.seed), args.batch,
+                    f"Zipf(0.9) over {n:,} ids, {size:,} requests"),
+        "zipf1.2": (zipf_ids(n, 1.2, size, seed=args.seed + 1), args.batch,
+                    f"Zipf(1.2) over {n:,} ids, {size:,} requests"),
+        "drift": (drift_ids(n, 1.0, size, seed=args.seed + 2, period=size // 10), args.batch,
+                  f"Zipf(1.0) over {n:,} ids whose ranking moves by 1% of the ids every {size // 10:,} requests"),
+    }
+    if AMAZON.is_file():
+        items = np.loadtxt(AMAZON, dtype=np.int64)[:, 1]
+        items = items[np.random.default_rng(args.seed).permutation(items.shape[0])]  # a loader's shuffle
+        out["amazon"] = (items, args.amazon_batch,
+                         f"Amazon Video item ids, {items.shape[0]:,} interactions shuffled (seed {args.seed})")
+    else:
+        print(f"{AMAZON} is absent; skipping the Amazon trace", file=sys.stderr)
+    return out
+
+
+def hit_rates(trace: np.ndarray, batch: int, frac: float, window: int, load_ahead: int) -> dict:
+    uids, boff = batch_uniques(trace, batch)
+    distinct = int(np.unique(trace).shape[0])
+    hbm = max(2, int(round(frac * distinct)))
+    ddr = 4 * hbm
+    n = uids.shape[0]
+    row = {"hbm_rows": hbm, "ddr_rows": ddr, "distinct_ids": distinct, "unique_ids_per_batch": n / (boff.shape[0] - 1),
+           "lookups": n}
+    runs = {"lru": ("lru", 0, 0), "lfu": ("lfu", 0, 0),
+            "lookahead+lru": ("lookahead+lru", window, load_ahead), "lookahead+lfu": ("lookahead+lfu", window, load_ahead),
+            "lookahead+lru load-all": ("lookahead+lru", window, window),
+            "lookahead+lfu load-all": ("lookahead+lfu", window, window)}
+    policies = {}
+    for name, (policy, k, load) in runs.items():
+        t0 = time.perf_counter()
+        h = store_hits(uids, boff, hbm, policy, k, ddr_rows=ddr, load_ahead=load)
+        policies[name] = {"hbm_hit_rate": h.hbm_hit_rate, "ddr_hit_rate": h.ddr_hit_rate,
+                          "hbm_plus_ddr_hit_rate": (h.hbm_hits + h.ddr_hits) / n, "seconds": time.perf_counter() - t0}
+    for ties in ("lru", "lfu"):
+        policies[f"window belady ({ties} ties)"] = {"hbm_hit_rate": window_belady_hits(uids, boff, hbm, window, ties) / n}
+    policies["belady (full)"] = {"hbm_hit_rate": simulate(uids, hbm, "belady") / n}
+    row["policies"] = policies
+    rate = {k: v["hbm_hit_rate"] for k, v in policies.items()}
+    best_plain = max(rate["lru"], rate["lfu"])
+    best_la = max(rate["lookahead+lru"], rate["lookahead+lfu"])
+    row["checks"] = {
+        "lookahead_minus_best_plain": best_la - best_plain,
+        "lookahead+lru_minus_window_belady_lru": rate["lookahead+lru"] - rate["window belady (lru ties)"],
+        "lookahead+lfu_minus_window_belady_lfu": rate["lookahead+lfu"] - rate["window belady (lfu ties)"],
+        "best_lookahead_minus_best_window_belady": best_la - max(rate["window belady (lru ties)"],
+                                                                 rate["window belady (lfu ties)"]),
+    }
+    row["meets_targets"] = bool(row["checks"]["lookahead_minus_best_plain"] >= 0
+                                and row["checks"]["best_lookahead_minus_best_window_belady"] >= -0.01)
+    return row
+
+
+def end_to_end(args) -> dict:
+    """samples/s of the DLRM job: no prefetch, the pipeline, every row resident (same data and steps)."""
+    from tiered_emb import dlrm
+
+    parser = argparse.ArgumentParser()
+    dlrm.add_parser(parser.add_subparsers(dest="command"))
+
+    base = ["train", "--steps", str(args.e2e_steps), "--quiet", "--eval-batches", "1", "--checkpoint-every", "0"]
+    hbm, ddr = 4096, 4096  # the job's defaults: tables (26 x 100k rows) = 12.2x HBM + DDR
+    configs = {
+        "no prefetch": ["--lookahead", "0"],
+        f"pipeline k={args.window}": ["--lookahead", str(args.window), "--load-ahead", str(args.load_ahead),
+                                      "--policy", "lookahead+lru"],
+        "every row resident": ["--hbm-rows", "100000", "--ddr-rows", "0"],
+    }
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="bench_prefetch_") as tmp:
+        for rep in range(args.e2e_repeats):
+            for name, extra in configs.items():
+                argv = base + ["--run-dir", f"{tmp}/{rep}_{len(out)}", "--hbm-rows", str(hbm), "--ddr-rows", str(ddr)] \
+                    + extra
+                r = dlrm.train(parser.parse_args(argv))
+                out.setdefault(name, {"samples_per_s": [], "step_hbm_hit_rate": r["tiers"]["hbm"]["hit_rate"],
+                                      "prefetched_rows": r["prefetch"]["hbm"]["lookups"]})
+                out[name]["samples_per_s"].append(r["samples_per_s"])
+    for v in out.values():
+        v["median_samples_per_s"] = median(v["samples_per_s"])
+    names = list(configs)
+    out["ratios"] = {"pipeline_vs_no_prefetch": out[names[1]]["median_samples_per_s"] / out[names[0]]["median_samples_per_s"],
+                     "pipeline_vs_resident": out[names[1]]["median_samples_per_s"] / out[names[2]]["median_samples_per_s"],
+                     "no_prefetch_vs_resident": out[names[0]]["median_samples_per_s"] / out[names[2]]["median_samples_per_s"]}
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ids", type=int, default=1_000_000, help="id universe of the synthetic traces")
+    p.add_argument("--requests", type=int, default=2_000_000, help="requests per synthetic trace")
+    p.add_argument("--batch", type=int, default=1024, help="requests per batch (synthetic traces)")
+    p.add_argument("--amazon-batch", type=int, default=32, help="requests per batch (Amazon trace)")
+    p.add_argument("--sizes", default="0.01,0.1", help="HBM sizes, fractions of the distinct ids")
+    p.add_argument("--window", type=int, default=4, help="lookahead window k (batches)")
+    p.add_argument("--load-ahead", type=int, default=1, help="batches ahead whose rows are brought up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--e2e-steps", type=int, default=100, help="training steps per end-to-end run (0: skip part 2)")
+    p.add_argument("--e2e-repeats", type=int, default=3)
+    p.add_argument("--json", default="bench/results/prefetch.json")
+    args = p.parse_args(argv)
+    sizes = [float(x) for x in args.sizes.split(",")]
+    results = {}
+    print(f"{'trace':<9} {'HBM':>5} {'lru':>7} {'lfu':>7} {'la+lru':>7} {'la+lfu':>7} {'wB-lru':>7} {'wB-lfu':>7} "
+          f"{'belady':>7} {'la-all':>7}  target")
+    for name, (trace, batch, desc) in traces(args).items():
+        results[name] = {"description": desc, "batch": batch, "points": {}}
+        for frac in sizes:
+            row = hit_rates(trace, batch, frac, args.window, args.load_ahead)
+            results[name]["points"][f"{frac:.0%}"] = row
+            r = {k: v["hbm_hit_rate"] for k, v in row["policies"].items()}
+            print(f"{name:<9} {frac:>5.0%} {r['lru']:>7.4f} {r['lfu']:>7.4f} {r['lookahead+lru']:>7.4f} "
+                  f"{r['lookahead+lfu']:>7.4f} {r['window belady (lru ties)']:>7.4f} {r['window belady (lfu ties)']:>7.4f} "
+                  f"{r['belady (full)']:>7.4f} {max(r['lookahead+lru load-all'], r['lookahead+lfu load-all']):>7.4f}  "
+                  f"{'met' if row['meets_targets'] else 'MISSED'}")
+    out = {"benchmark": "prefetch", "command": "python bench/bench_prefetch.py " + " ".join(argv or sys.argv[1:]),
+           "config": vars(args), "machine": machine(), "hit_rates": results}
+    if args.e2e_steps > 0:
+        e2e = end_to_end(args)
+        out["end_to_end"] = e2e
+        for name, v in e2e.items():
+            if name != "ratios":
+                print(f"{name:<22} {v['median_samples_per_s']:>10,.0f} samples/s  (the steps' HBM hit rate "
+                      f"{v['step_hbm_hit_rate']:.3f})")
+        for name, v in e2e["ratios"].items():
+            print(f"{name:<30} {v:.2f}x")
+    if args.json:
+        write_json(args.json, out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
