@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from .errors import ConfigError, IdTypeError, NonFiniteGradientError
-from .kernels import _all_finite, _group_positions, _pool_bags, dedupe
+from .kernels import PREFETCH_DISTANCE, _group_positions, _pool_bags, _prefetch_row, dedupe
 from .optimizers import _adagrad_update, _adam_update, _sgd_update, apply_update
 
 
@@ -120,6 +120,7 @@ def _pool_from_slots(records, slots, inverse, offsets, weights, use_weights, mea
     ``records`` float32 (cap, W); ``out`` float32 (B, dim).
     """
     dim = out.shape[1]
+    n = inverse.shape[0]
     for b in numba.prange(out.shape[0]):
         acc = out[b]
         for j in range(dim):
@@ -127,6 +128,8 @@ def _pool_from_slots(records, slots, inverse, offsets, weights, use_weights, mea
         lo = offsets[b]
         hi = offsets[b + 1]
         for i in range(lo, hi):
+            if i + PREFETCH_DISTANCE < n:
+                _prefetch_row(records, slots[inverse[i + PREFETCH_DISTANCE]])
             w = weights[i] if use_weights else np.float32(1.0)
             src = records[slots[inverse[i]]]
             for j in range(dim):
@@ -188,6 +191,9 @@ def _rowwise_adagrad_by_four(records, slots, grads, params):
     dim = grads.shape[1]
     for q in numba.prange((k + 3) // 4):
         u0 = 4 * q
+        for d in range(2 * PREFETCH_DISTANCE, 2 * PREFETCH_DISTANCE + 4):  # the rows four quads ahead
+            if u0 + d < k:
+                _prefetch_row(records, slots[u0 + d])
         if u0 + 4 <= k:
             a0 = 0.0
             a1 = 0.0
