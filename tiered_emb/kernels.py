@@ -21,30 +21,35 @@ from .index import _hash_home
 PREFETCH_DISTANCE = 8
 
 
+def _prefetch_codegen(context, builder, signature, args):
+    aryty = signature.args[0]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, list(args[1:]), wraparound=False)
+    i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p.type, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [i8p, i32(0), i32(3), i32(1)])  # read, keep in all cache levels, data
+    return context.get_dummy_value()
+
+
 @intrinsic
-def _prefetch(typingctx, arr, row, col):
-    """Hint the CPU to load the cache line of ``arr[row, col]`` (2-D array); no effect on results."""
-    sig = types.void(arr, row, col)
+def _prefetch(typingctx, arr, i):
+    """Hint the CPU to load the cache line of ``arr[i]`` (1-D array, in bounds); no effect on results."""
+    return types.void(arr, i), _prefetch_codegen
 
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]], wraparound=False)
-        i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p.type, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        builder.call(fn, [i8p, i32(0), i32(3), i32(1)])  # read, keep in all cache levels, data
-        return context.get_dummy_value()
 
-    return sig, codegen
+@intrinsic
+def _prefetch2(typingctx, arr, row, col):
+    """:func:`_prefetch` of ``arr[row, col]`` (2-D array)."""
+    return types.void(arr, row, col), _prefetch_codegen
 
 
 @numba.njit(inline="always")
 def _prefetch_row(records, row):
     """Prefetch every 64-byte line of ``records[row]`` (float32)."""
     for c in range(0, records.shape[1], 16):
-        _prefetch(records, row, c)
+        _prefetch2(records, row, c)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -60,9 +65,13 @@ def _dedupe(ids, uniq, inverse):
         size *= 2
     mask = size - 1
     keys = np.full(size, -1, dtype=np.int64)
-    vals = np.empty(size, dtype=np.int64)
+    vals = np.empty(size, dtype=np.int32)
     k = 0
     for i in range(n):
+        if i + 2 * PREFETCH_DISTANCE < n:  # the buckets of an id further on (1.30 -> 1.03 ms for 164k ids)
+            ahead = _hash_home(ids[i + 2 * PREFETCH_DISTANCE], mask)
+            _prefetch(keys, ahead)
+            _prefetch(vals, ahead)
         key = ids[i]
         h = _hash_home(key, mask)
         while True:

@@ -20,7 +20,8 @@ import numba
 import numpy as np
 
 from ..errors import ConfigError
-from ..index import _index_del, _index_find, _index_find_many, _index_put, new_index
+from ..index import _hash_home, _index_del, _index_find, _index_find_many, _index_put, new_index
+from ..kernels import PREFETCH_DISTANCE, _prefetch
 from ..policies import POLICIES, _attach, _detach, _fresh, _hit, _touch, _victim, new_policy_state
 
 
@@ -77,7 +78,12 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
     """
     k = uids.shape[0]
     n_hit = 0
+    mask = keys.shape[0] - 1
     for i in range(k):
+        if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
+            ahead = _hash_home(uids[i + 2 * PREFETCH_DISTANCE], mask)
+            _prefetch(keys, ahead)
+            _prefetch(vals, ahead)
         s = _index_find(keys, vals, uids[i])
         out_slots[i] = s
         if s >= 0:
