@@ -26,14 +26,18 @@ not, and why):
 """
 from __future__ import annotations
 
+import llvmlite.ir as llir
 import numba
 import numpy as np
-from numba.core import types
-from numba.extending import overload
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
 
-from ..index import _index_del, _index_find, _index_put, new_index
+from ..index import _hash_home, _index_del, _index_find, _index_put, new_index
 
 NIL = -1
+
+#: How many requests ahead the kernels prefetch the index entry of the id to come.
+PREFETCH_AHEAD = 32
 
 #: Largest id space given a dense index whatever the trace length (a 256 MiB int32 array);
 #: longer traces may use up to ``DENSE_IDS_PER_REQUEST`` ids per request.
@@ -61,6 +65,43 @@ def _ix_put(ix, key, slot):
 def _ix_del(ix, key):
     """Remove ``key``, which must be present (Numba only)."""
     raise NotImplementedError
+
+
+def _ix_prefetch(ix, key):
+    """Start loading the index entry of ``key`` into the cache, without waiting (Numba only)."""
+    raise NotImplementedError
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """LLVM's prefetch of ``arr[idx]`` (read, high locality): a hint, no effect on results."""
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]], wraparound=False)
+        i8p = llir.IntType(8).as_pointer()
+        i32 = llir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(arr, idx), codegen
+
+
+@overload(_ix_prefetch)
+def _ix_prefetch_impl(ix, key):
+    # Why: a request's index entry is a random access into an array of tens of MiB, and
+    # whether it hits decides a branch the CPU mispredicts half the time, discarding the
+    # loads it had started ahead.  A prefetch issued PREFETCH_AHEAD requests early makes
+    # the entry cached by then: 1.5-2x the requests per second at every cache size.
+    if isinstance(ix, types.Array):
+        return lambda ix, key: _prefetch(ix, key)
+
+    def hashed(ix, key):
+        h = _hash_home(key, ix[0].shape[0] - 1)
+        _prefetch(ix[0], h)
+        _prefetch(ix[1], h)
+    return hashed
 
 
 @overload(_ix_find)
@@ -145,6 +186,8 @@ def _next_use_dense(trace, last, next_use):
     """The same from the end in one pass: ``last`` (int32 or int64 (max id + 1,), filled
     with ``n``) holds each id's earliest request seen so far."""
     for i in range(trace.shape[0] - 1, -1, -1):
+        if i >= PREFETCH_AHEAD:
+            _prefetch(last, trace[i - PREFETCH_AHEAD])
         k = trace[i]
         next_use[i] = last[k]
         last[k] = i
@@ -195,7 +238,10 @@ def _lru_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
     used = 0
     newest = NIL
     oldest = NIL
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
@@ -279,7 +325,10 @@ def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
     used = 0
     lowest = NIL
     n_bfree = bfree.shape[0]
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
@@ -354,7 +403,10 @@ def _fifo_simulate(trace, capacity, ix, ring, hit_flags):
     hits = 0
     used = 0
     hand = 0
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         if _ix_find(ix, key) >= 0:
             hits += 1
@@ -388,7 +440,10 @@ def _clock_simulate(trace, capacity, ix, ring, ref, hit_flags):
     hits = 0
     used = 0
     hand = 0
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
@@ -431,7 +486,10 @@ def _sieve_simulate(trace, capacity, ix, slot_ids, newer, older, visited, hit_fl
     newest = NIL
     oldest = NIL
     hand = NIL
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
@@ -521,7 +579,10 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_
     g_oldest = NIL
     g_size = 0
     g_free_n = ghost_cap
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
@@ -697,7 +758,10 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, lmet
     hits = 0
     p = 0.0
     n_free = free.shape[0]
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         node = _ix_find(ix, key)
         ghost_hit = False
@@ -792,7 +856,10 @@ def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, hit_fl
     record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
-    for i in range(trace.shape[0]):
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
         due = next_use[i] << 32
