@@ -694,70 +694,61 @@ B2 = 3
 
 
 @numba.njit(inline="always")
-def _arc_unlink(lmeta, newer, older, lst, node):
+def _list_unlink(newer, older, newest, oldest, node):
+    """Take ``node`` out of the list ``oldest`` .. ``newest``; returns the new ends."""
     a, b = older[node], newer[node]
     if a == NIL:
-        lmeta[lst, 1] = b
+        oldest = b
     else:
         newer[a] = b
     if b == NIL:
-        lmeta[lst, 0] = a
+        newest = a
     else:
         older[b] = a
-    lmeta[lst, 2] -= 1
+    return newest, oldest
 
 
 @numba.njit(inline="always")
-def _arc_push_newest(lmeta, newer, older, where, lst, node):
-    head = lmeta[lst, 0]
-    older[node] = head
+def _list_push(newer, older, newest, oldest, node):
+    """Append ``node`` at the newest end; returns the new ends."""
+    older[node] = newest
     newer[node] = NIL
-    if head == NIL:
-        lmeta[lst, 1] = node
+    if newest == NIL:
+        oldest = node
     else:
-        newer[head] = node
-    lmeta[lst, 0] = node
-    lmeta[lst, 2] += 1
-    where[node] = lst
+        newer[newest] = node
+    return node, oldest
 
 
 @numba.njit(inline="always")
-def _arc_replace(lmeta, newer, older, where, p, in_b2):
-    """REPLACE of the ARC paper: demote the LRU of T1 (to B1) or of T2 (to B2)."""
-    n1 = lmeta[T1, 2]
-    if (n1 > 0 and (n1 > p or (n1 == p and in_b2))) or lmeta[T2, 2] == 0:
-        v = lmeta[T1, 1]
-        _arc_unlink(lmeta, newer, older, T1, v)
-        _arc_push_newest(lmeta, newer, older, where, B1, v)
+def _list_pop(newer, older, newest, oldest):
+    """Take the oldest node out; returns it and the new ends."""
+    v = oldest
+    oldest = newer[v]
+    if oldest == NIL:
+        newest = NIL
     else:
-        v = lmeta[T2, 1]
-        _arc_unlink(lmeta, newer, older, T2, v)
-        _arc_push_newest(lmeta, newer, older, where, B2, v)
-
-
-@numba.njit(inline="always")
-def _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, lst):
-    """Forget the LRU node of list ``lst``; returns the new free count."""
-    g = lmeta[lst, 1]
-    _arc_unlink(lmeta, newer, older, lst, g)
-    _ix_del(ix, node_ids[g])
-    free[n_free] = g
-    return n_free + 1
+        older[oldest] = NIL
+    return v, newest, oldest
 
 
 @numba.njit(cache=True)
-def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, lmeta, hit_flags):
-    """ARC over ``2 * capacity + 1`` nodes, each in one of T1, T2, B1, B2 (``where``).
+def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_flags):
+    """ARC over ``2 * capacity + 1`` nodes, each in one of T1, T2, B1, B2 (``where`` int8).
 
-    ``lmeta`` int64 (4, 3): newest node, oldest node and length of each list.  ``free``
-    int32 (nodes,) is a stack of unused nodes, all on it at the start.  The target size
-    ``p`` of T1 is a float, adapted by ``max(|B2| / |B1|, 1)`` on a B1 hit (and the
-    converse on a B2 hit), as in libCacheSim (and the ARC paper's reference code).
+    ``newer`` / ``older`` int32 (nodes,) link each list; its newest node, oldest node and
+    length are locals (``h1``, ``o1``, ``n1`` for T1, and so on), which the compiler keeps
+    in registers.  ``free`` int32 (nodes,) is a stack of unused nodes, all on it at the
+    start.  The target size ``p`` of T1 is a float, adapted by ``max(|B2| / |B1|, 1)`` on
+    a B1 hit (and the converse on a B2 hit), as in libCacheSim (and the ARC paper's
+    reference code).
     """
     record = hit_flags.shape[0] > 0
     hits = 0
     p = 0.0
     n_free = free.shape[0]
+    h1 = o1 = h2 = o2 = hb1 = ob1 = hb2 = ob2 = NIL
+    n1 = n2 = nb1 = nb2 = 0
     n = trace.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
@@ -772,40 +763,82 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, lmet
                 hits += 1
                 if record:
                     hit_flags[i] = 1
-                _arc_unlink(lmeta, newer, older, lst, node)
-                _arc_push_newest(lmeta, newer, older, where, T2, node)
+                if lst == T1:
+                    h1, o1 = _list_unlink(newer, older, h1, o1, node)
+                    n1 -= 1
+                    n2 += 1
+                    where[node] = T2
+                elif node == h2:
+                    continue
+                else:
+                    h2, o2 = _list_unlink(newer, older, h2, o2, node)
+                h2, o2 = _list_push(newer, older, h2, o2, node)
                 continue
             ghost_hit = True
             if lst == B1:
-                delta = max(lmeta[B2, 2] / lmeta[B1, 2], 1.0)
-                p = min(p + delta, float(capacity))
+                p = min(p + max(nb2 / nb1, 1.0), float(capacity))
+                hb1, ob1 = _list_unlink(newer, older, hb1, ob1, node)
+                nb1 -= 1
             else:
                 in_b2 = True
-                delta = max(lmeta[B1, 2] / lmeta[B2, 2], 1.0)
-                p = max(p - delta, 0.0)
-            _arc_unlink(lmeta, newer, older, lst, node)
+                p = max(p - max(nb1 / nb2, 1.0), 0.0)
+                hb2, ob2 = _list_unlink(newer, older, hb2, ob2, node)
+                nb2 -= 1
             _ix_del(ix, key)
             free[n_free] = node
             n_free += 1
-        while lmeta[T1, 2] + lmeta[T2, 2] + 1 > capacity:
-            if ghost_hit:
-                _arc_replace(lmeta, newer, older, where, p, in_b2)
-            elif lmeta[T1, 2] + lmeta[B1, 2] + 1 > capacity:
-                if lmeta[B1, 2] > 0:
-                    n_free = _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, B1)
-                    _arc_replace(lmeta, newer, older, where, p, in_b2)
+        while n1 + n2 + 1 > capacity:
+            # forget one node (B1's, T1's or B2's oldest) where the rules say so ...
+            drop = NIL
+            demote = True
+            if not ghost_hit:
+                if n1 + nb1 + 1 > capacity:
+                    if nb1 > 0:
+                        drop = B1
+                    else:
+                        drop = T1
+                        demote = False
+                elif n1 + n2 + nb1 + nb2 >= 2 * capacity and nb2 > 0:
+                    drop = B2
+            if drop != NIL:
+                if drop == B1:
+                    g, hb1, ob1 = _list_pop(newer, older, hb1, ob1)
+                    nb1 -= 1
+                elif drop == T1:
+                    g, h1, o1 = _list_pop(newer, older, h1, o1)
+                    n1 -= 1
                 else:
-                    n_free = _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, T1)
-            else:
-                if (lmeta[T1, 2] + lmeta[T2, 2] + lmeta[B1, 2] + lmeta[B2, 2] >= 2 * capacity
-                        and lmeta[B2, 2] > 0):
-                    n_free = _arc_drop(lmeta, newer, older, ix, node_ids, free, n_free, B2)
-                _arc_replace(lmeta, newer, older, where, p, in_b2)
+                    g, hb2, ob2 = _list_pop(newer, older, hb2, ob2)
+                    nb2 -= 1
+                _ix_del(ix, node_ids[g])
+                free[n_free] = g
+                n_free += 1
+            # ... then REPLACE of the ARC paper: demote T1's oldest to B1 or T2's to B2
+            if demote:
+                if (n1 > 0 and (n1 > p or (n1 == p and in_b2))) or n2 == 0:
+                    v, h1, o1 = _list_pop(newer, older, h1, o1)
+                    n1 -= 1
+                    hb1, ob1 = _list_push(newer, older, hb1, ob1, v)
+                    nb1 += 1
+                    where[v] = B1
+                else:
+                    v, h2, o2 = _list_pop(newer, older, h2, o2)
+                    n2 -= 1
+                    hb2, ob2 = _list_push(newer, older, hb2, ob2, v)
+                    nb2 += 1
+                    where[v] = B2
         n_free -= 1
         node = free[n_free]
         node_ids[node] = key
         _ix_put(ix, key, node)
-        _arc_push_newest(lmeta, newer, older, where, T2 if ghost_hit else T1, node)
+        if ghost_hit:
+            h2, o2 = _list_push(newer, older, h2, o2, node)
+            n2 += 1
+            where[node] = T2
+        else:
+            h1, o1 = _list_push(newer, older, h1, o1, node)
+            n1 += 1
+            where[node] = T1
     return hits
 
 
@@ -967,12 +1000,10 @@ def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_rat
 def arc_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     nodes = 2 * capacity + 1
     ix, idt = _state(trace, capacity, index, max_id, nodes)
-    lmeta = np.zeros((4, 3), np.int64)
-    lmeta[:, :2] = NIL
     return _arc_simulate(trace, capacity, ix, np.empty(nodes, idt),
                          np.zeros(nodes, np.int8), np.full(nodes, NIL, np.int32),
                          np.full(nodes, NIL, np.int32), np.arange(nodes - 1, -1, -1, dtype=np.int32),
-                         lmeta, hit_flags)
+                         hit_flags)
 
 
 def belady_hits(trace, capacity, hit_flags, next_use=None, index="auto", max_id=None):
