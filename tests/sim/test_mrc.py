@@ -41,3 +41,14 @@ def test_empty_and_single():
     assert c.distinct_ids == 0 and c.hits.tolist() == [0]
     c = lru_curve(np.array([7, 7, 7]))
     assert c.hits.tolist() == [0, 2]
+
+
+def test_lru_curve_dense_and_argsort_paths_agree():
+    """Bounded ids take the dense last-position pass, huge ids the stable argsort; long
+    reuse gaps take the Fenwick tree, short ones the popcounts: the same curve."""
+    tr = zipf_ids(4000, 0.7, 60_000, seed=9)
+    dense = lru_curve(tr)
+    hashed = lru_curve(tr * (2**40 + 3))
+    assert np.array_equal(dense.hits, hashed.hits)
+    for cap in (1, 5, 64, 700, 3000):
+        assert dense.hits[cap] == simulate(tr, cap, "lru", index="hash")

@@ -38,6 +38,8 @@ NIL = -1
 
 #: How many requests ahead the kernels prefetch the index entry of the id to come.
 PREFETCH_AHEAD = 32
+#: How many requests ahead the kernels prefetch the policy state of the slot to come.
+PREFETCH_STATE_AHEAD = 8
 
 #: Largest id space given a dense index whatever the trace length (a 256 MiB int32 array);
 #: longer traces may use up to ``DENSE_IDS_PER_REQUEST`` ids per request.
@@ -102,6 +104,21 @@ def _ix_prefetch_impl(ix, key):
         _prefetch(ix[0], h)
         _prefetch(ix[1], h)
     return hashed
+
+
+def _ix_peek(ix, key):
+    """Slot of ``key`` from a dense index (a hint: -1 from the hash table) (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(_ix_peek)
+def _ix_peek_impl(ix, key):
+    # Why: with a dense index, the slot of a request a few ahead (whose entry the prefetch
+    # above has brought in) is one cached load, so a kernel can prefetch that slot's policy
+    # state too; through the hash table that would cost a second probe, so it does not.
+    if isinstance(ix, types.Array):
+        return lambda ix, key: np.int64(ix[key])
+    return lambda ix, key: np.int64(-1)
 
 
 @overload(_ix_find)
@@ -329,6 +346,12 @@ def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
+        if i + PREFETCH_STATE_AHEAD < n:
+            t = _ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
+            if t >= 0:
+                _prefetch(bucket_of, t)
+                _prefetch(inewer, t)
+                _prefetch(iolder, t)
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
