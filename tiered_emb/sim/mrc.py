@@ -7,8 +7,8 @@ ids used since the previous request of the same id, gives the hits of every size
 most ``c``.  The distance is a count of "last occurrence" marks between two positions of
 the trace: a bit per position, a Fenwick tree over 64-position words, popcounts for
 nearby positions (see :func:`_stack_distance_histogram`); each request's previous
-request comes from a dense array of last positions in the same forward pass' order (a
-stable argsort when the ids are unbounded).
+request from a dense array of last positions kept in the same pass (from a stable
+argsort when the ids are unbounded).
 
 Belady's MIN has a stack property too, but its one-pass algorithms are far slower than
 running it once per size, so :func:`opt_curve` does that, sharing the next-use array.
@@ -45,76 +45,84 @@ def _prev_use(trace, order, prev):
             prev[i] = -1
 
 
-@numba.njit(cache=True)
-def _prev_use_dense(trace, last, prev):
-    """The same in one forward pass over ``last`` (int64 (max id + 1,), -1 filled)."""
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            _prefetch(last, trace[i + PREFETCH_AHEAD])
-        k = trace[i]
-        prev[i] = last[k]
-        last[k] = i
-
-
 # Why this layout: a Fenwick tree over all n positions costs ~25 random steps in an
 # 80 MiB array per query and per update.  Here a position's mark is one bit of ``bits``
-# (n / 8 bytes: 2.5 MiB at 20M requests), and the tree counts marks per 64-position
-# word (a 64x smaller tree that stays in the CPU cache); the word being filled enters
-# the tree once, when the pass leaves it; and a previous request at most ``_NEAR_WORDS``
-# words back, the common case on skewed traces, is answered by popcounts alone.
+# (n / 8 bytes: 2.5 MiB at 20M requests), and the tree counts marks per block of 512
+# positions (8 words, one cache line of bits), 512x smaller than one over positions
+# (160 KiB at 20M requests: it stays in the CPU cache); a block enters the tree once, when
+# the pass leaves it; and a previous request at most ``_NEAR_WORDS`` words back, the
+# common case on skewed traces, is answered by popcounts alone.
 _NEAR_WORDS = 8
+_BLOCK_SHIFT = 9  # 512 positions per block of the tree
 
 
 @numba.njit(cache=True)
-def _stack_distance_histogram(prev, n_words, hist):
-    """Count requests by LRU stack distance into ``hist`` (int64); returns distinct ids.
+def _stack_distance_histogram(trace, last, prev, hist):
+    """Count requests by LRU stack distance into ``hist`` (int32 or int64); returns distinct ids.
 
-    ``prev`` int64 (n,) is each request's previous request of its id, or -1.  The marks
-    (one per id, on its latest request so far) are bits of ``bits`` uint64 (n_words,);
-    ``tree`` int32 (n_words + 1,) is a Fenwick tree (1-based) of marks per closed word.
-    ``hist[d]`` counts requests at distance ``d`` (1 = re-request of the most recent id);
-    cold requests are not counted.
+    Each request's previous request of its id comes from ``last`` (int32 or int64
+    (max id + 1,), -1 filled: each id's latest position so far, kept here) or, when
+    ``last`` is empty, from ``prev`` int64 (n,) (-1 for none).  The marks (one per id,
+    on its latest request so far) are bits of ``bits`` uint64 (n / 64,); ``tree`` int32
+    is a Fenwick tree (1-based) of marks per closed block of 512 positions.  ``hist[d]``
+    counts requests at distance ``d`` (1 = re-request of the most recent id); cold
+    requests are not counted.
     """
-    n = prev.shape[0]
+    n = trace.shape[0]
+    dense = last.shape[0] > 0
+    n_words = (n >> 6) + 1
+    n_blocks = (n >> _BLOCK_SHIFT) + 1
     bits = np.zeros(n_words, dtype=np.uint64)
-    tree = np.zeros(n_words + 1, dtype=np.int32)
+    tree = np.zeros(n_blocks + 1, dtype=np.int32)
     one = np.uint64(1)
     distinct = 0
-    cur_w = 0
+    cur_b = 0
     for i in range(n):
+        if dense:
+            if i + PREFETCH_AHEAD < n:
+                _prefetch(last, trace[i + PREFETCH_AHEAD])
+            key = trace[i]
+            p = np.int64(last[key])
+            last[key] = i
+        else:
+            p = prev[i]
         w = i >> 6
-        if w != cur_w:
-            # close word cur_w: its marks enter the tree
-            c = np.int32(_popcount(bits[cur_w]))
-            k = cur_w + 1
-            while k <= n_words:
+        b = i >> _BLOCK_SHIFT
+        if b != cur_b:
+            # close block cur_b: its marks enter the tree
+            c = 0
+            for j in range(cur_b << 3, (cur_b + 1) << 3):
+                c += np.int64(_popcount(bits[j]))
+            k = cur_b + 1
+            while k <= n_blocks:
                 tree[k] += c
                 k += k & (-k)
-            cur_w = w
-        p = prev[i]
+            cur_b = b
         if p >= 0:
             pw = p >> 6
             pb = np.uint64(p & 63)
             # marks after p (p's own mark excluded) in its word
             above = np.int64(_popcount(bits[pw] >> pb)) - 1
+            pblock = p >> _BLOCK_SHIFT
             if w - pw <= _NEAR_WORDS:
                 for j in range(pw + 1, w + 1):
                     above += np.int64(_popcount(bits[j]))
             else:
-                # marks at or before p: closed words before pw (tree), then pw's low bits
-                s = np.int64(0)
-                k = pw
+                # marks at or before p: closed blocks before p's (tree), the words of
+                # p's block before p's word, then p's word up to p
+                s = np.int64(_popcount(bits[pw])) - above
+                for j in range(pblock << 3, pw):
+                    s += np.int64(_popcount(bits[j]))
+                k = pblock
                 while k > 0:
                     s += tree[k]
                     k -= k & (-k)
-                s += np.int64(_popcount(bits[pw])) - above
                 above = distinct - s
             hist[above + 1] += 1
             bits[pw] &= ~(one << pb)
-            if pw != w:
-                k = pw + 1
-                while k <= n_words:
+            if pblock != b:
+                k = pblock + 1
+                while k <= n_blocks:
                     tree[k] -= 1
                     k += k & (-k)
         else:
@@ -173,19 +181,21 @@ def lru_curve(trace: np.ndarray) -> MissRatioCurve:
     """
     trace = np.ascontiguousarray(trace, dtype=np.int64)
     n = trace.shape[0]
-    prev = np.empty(n, dtype=np.int64)
     lo, hi = id_range(trace)
     if lo >= 0 and dense_ok(hi, n):
-        _prev_use_dense(trace, np.full(hi + 1, -1, dtype=np.int64), prev)
+        last = np.full(hi + 1, -1, dtype=np.int32 if n < 2**31 else np.int64)
+        prev = np.zeros(0, dtype=np.int64)
         most = min(n, hi + 1)  # distances are at most the number of distinct ids
     else:
+        last = np.zeros(0, dtype=np.int64)
+        prev = np.empty(n, dtype=np.int64)
         order = np.argsort(trace, kind="stable").astype(np.int64)
         _prev_use(trace, order, prev)
         del order
         most = n
-    hist = np.zeros(most + 2, dtype=np.int64)
-    distinct = _stack_distance_histogram(prev, (n >> 6) + 1, hist)
-    hits = np.cumsum(hist[:distinct + 1])
+    hist = np.zeros(most + 2, dtype=np.int32 if n < 2**31 else np.int64)
+    distinct = _stack_distance_histogram(trace, last, prev, hist)
+    hits = np.cumsum(hist[:distinct + 1], dtype=np.int64)
     return MissRatioCurve(np.arange(distinct + 1, dtype=np.int64), hits, n, int(distinct))
 
 
