@@ -6,8 +6,10 @@ Exact command (the numbers in docs/policies.md)::
 
 It runs the machinery of ``tiered-emb bench policies`` (and ``bench mrc``) at the issue's
 sizes: caches of 0.1 %, 1 % and 10 % of the ids; every policy of ours, the shared ones
-through libCacheSim's Python binding (``process_trace`` over an oracleGeneral file);
-medians of ``--repeats`` runs; then the one-pass LRU curve timed against one LRU run.
+through libCacheSim's Python binding (``process_trace`` over an oracleGeneral file), each
+libCacheSim run right after ours of the same policy and size; medians of ``--repeats``
+runs, speedups as medians of the paired ratios; Belady's time includes its next-use pass;
+then the one-pass LRU curve timed against one LRU run (interleaved, median of ratios).
 Writes JSON (machine, versions, seed, every timing) and prints a table.
 """
 from __future__ import annotations
@@ -38,10 +40,13 @@ def main(argv=None) -> int:
     trace, universe, desc = bench.load_trace(f"zipf:{args.alpha}", ids, requests, args.seed)
     sizes = bench.parse_sizes(args.cache, universe)
     policies = args.policies.split(",")
-    rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet)
-    if not args.no_libcachesim:
-        from tiered_emb.sim.compare import run_libcachesim
-        rows += run_libcachesim(trace, sizes, policies, args.repeats, show_progress=not args.quiet)
+    if args.no_libcachesim:
+        rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet)
+    else:
+        from tiered_emb.sim.compare import libcachesim_peer
+        with libcachesim_peer(trace) as peer:  # each libCacheSim run right after ours: paired ratios
+            rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet,
+                                      peer=peer)
     print(bench.format_table(rows))
     payload = {"trace": f"zipf:{args.alpha}", "description": desc, "requests": requests, "universe_ids": universe,
                "seed": args.seed, "repeats": args.repeats, "machine": bench.machine_info(), "results": rows}
@@ -49,7 +54,8 @@ def main(argv=None) -> int:
         mrc = bench.run_mrc(trace, sizes, args.repeats, opt=False, show_progress=not args.quiet)
         payload["mrc"] = mrc
         print(f"LRU curve (every size): {mrc['lru_curve_median_s']:.2f} s; one LRU run at "
-              f"{mrc['one_lru_run']['cache']}: {mrc['one_lru_run']['median_s']:.2f} s")
+              f"{mrc['one_lru_run']['cache']}: {mrc['one_lru_run']['median_s']:.2f} s; "
+              f"ratio (median of pairs) {mrc['curve_over_one_lru_median']:.2f}")
         if args.mrc_plot:
             bench.plot_mrc(mrc, args.mrc_plot, f"{desc}, {requests:,} requests")
     bench.write_json(args.json, payload)

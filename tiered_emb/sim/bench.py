@@ -1,9 +1,13 @@
 """Policy benchmarks: run policies x cache sizes over a trace, time them, tabulate, plot.
 
 The machinery behind ``tiered-emb bench policies`` / ``bench mrc`` and
-``bench/bench_policies.py``.  Timings are medians of ``repeats`` runs of the kernel alone
-(the trace is built once, outside the timer); Belady's next-use pass is timed apart
-(``prep_s``), as libCacheSim reads it from the trace file.
+``bench/bench_policies.py``.  Timings are medians of ``repeats`` runs of
+:func:`tiered_emb.sim.simulate` (the trace is built once, outside the timer; inside it:
+the id range, the index, the kernel, and for Belady its next-use pass, which libCacheSim
+instead reads from the trace file).  With a peer engine (libCacheSim), each of our runs is
+followed at once by the peer's run of the same policy and size, and the speedup is the
+median of the per-pair ratios: on a shared machine the load drifts, and a pair sees the
+same load.
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ from ..stream import progress
 from . import traces
 from .engine import check_policy, simulate
 from .mrc import lru_curve, opt_curve
-from .policies import next_use_of
 
 _SUFFIX = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}
 
@@ -154,29 +157,34 @@ def _warm_up(policies: list[str]) -> None:
 
 
 def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list[str], repeats: int = 3,
-                 show_progress: bool = True) -> list[dict]:
-    """Hits and medians of kernel time for each policy and size; one dict per pair."""
+                 show_progress: bool = True, peer=None) -> list[dict]:
+    """Hits and medians of time for each policy and size; one dict per pair (and engine).
+
+    ``peer``, optional, is a callable ``(policy, capacity) -> (seconds, hits)`` or None
+    (no such policy there) that runs another engine, e.g.
+    :func:`tiered_emb.sim.compare.libcachesim_peer`; it runs right after each of ours, and
+    our row gets ``speedups`` (peer seconds / ours, per pair) and their median.
+    """
     for p in policies:
         check_policy(p)
     _warm_up(policies)
     n = int(trace.shape[0])
     rows = []
-    nxt, prep_s = None, 0.0
-    if any(check_policy(p).offline for p in policies):
-        t0 = time.perf_counter()
-        nxt = next_use_of(trace)
-        prep_s = time.perf_counter() - t0
     total, done, t_start = len(policies) * len(sizes) * repeats, 0, time.perf_counter()
     for p in policies:
         for label, cap in sizes:
-            secs, hits = [], None
+            secs, hits, peer_secs, peer_hits = [], None, [], None
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                h = simulate(trace, cap, p, next_use=nxt)
+                h = simulate(trace, cap, p)
                 secs.append(time.perf_counter() - t0)
                 if hits is not None and h != hits:  # a kernel must be deterministic
                     raise RuntimeError(f"{p} gave {h} then {hits} hits on the same trace")
                 hits = h
+                got = peer(p, cap) if peer is not None else None
+                if got is not None:
+                    peer_secs.append(got[0])
+                    peer_hits = got[1]
                 done += 1
                 if show_progress:
                     progress(done, total, t_start, f"runs ({p}, {label})     ")
@@ -185,31 +193,37 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
                    "requests": n, "hit_ratio": hits / max(n, 1), "seconds": secs, "median_s": med,
                    "mreq_per_s": n / med / 1e6}
             if check_policy(p).offline:
-                row["prep_s"] = prep_s
+                row["includes_next_use"] = True
             rows.append(row)
+            if peer_secs:
+                row["speedups"] = [b / a for a, b in zip(secs, peer_secs)]
+                row["speedup_median"] = statistics.median(row["speedups"])
+                pmed = statistics.median(peer_secs)
+                rows.append({"engine": "libcachesim", "policy": p, "cache": label, "cache_objects": cap,
+                             "hits": peer_hits, "requests": n, "hit_ratio": peer_hits / max(n, 1),
+                             "seconds": peer_secs, "median_s": pmed, "mreq_per_s": n / pmed / 1e6})
     return rows
 
 
 def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, opt: bool = True,
             show_progress: bool = True) -> dict:
     """The one-pass LRU curve (timed, median of ``repeats``), Belady at ``sizes``, and one LRU
-    run at the median size for the time comparison."""
+    run at the median size for the time comparison, right after each curve (the ratio is the
+    median of the per-pair ratios)."""
     _warm_up(["lru"])
     lru_curve(trace[:16])
-    secs, curve = [], None
+    mid = sizes[len(sizes) // 2]
+    secs, one, curve = [], [], None
     t_start = time.perf_counter()
     for r in range(repeats):
         t0 = time.perf_counter()
         curve = lru_curve(trace)
         secs.append(time.perf_counter() - t0)
-        if show_progress:
-            progress(r + 1, repeats, t_start, "LRU curves")
-    mid = sizes[len(sizes) // 2]
-    one = []
-    for _ in range(repeats):
         t0 = time.perf_counter()
         h = simulate(trace, mid[1], "lru")
         one.append(time.perf_counter() - t0)
+        if show_progress:
+            progress(r + 1, repeats, t_start, "LRU curves")
     if h != int(curve.hits[min(mid[1], curve.distinct_ids)]):
         raise RuntimeError("the LRU curve disagrees with the LRU simulation")  # tested; never expected
     caps = [c for _, c in sizes]
@@ -217,6 +231,7 @@ def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, o
            "lru_curve_seconds": secs, "lru_curve_median_s": statistics.median(secs),
            "one_lru_run": {"cache": mid[0], "cache_objects": mid[1], "seconds": one,
                            "median_s": statistics.median(one)},
+           "curve_over_one_lru_median": statistics.median(a / b for a, b in zip(secs, one)),
            "sizes": [{"cache": lab, "cache_objects": c,
                       "lru_hit_ratio": float(curve.hit_ratio[min(c, curve.distinct_ids)])} for lab, c in sizes],
            "lru_curve_sampled": _sample_curve(curve)}
@@ -237,7 +252,8 @@ def _sample_curve(curve, points: int = 200) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Hit ratio and M requests/s per policy and size; libCacheSim's beside ours when present."""
+    """Hit ratio and M requests/s per policy and size; libCacheSim's beside ours when present,
+    with the speedup as the median of per-pair ratios where the runs were paired."""
     ours = [r for r in rows if r["engine"] == "tiered_emb"]
     theirs = {(r["policy"], r["cache_objects"]): r for r in rows if r["engine"] == "libcachesim"}
     head = f"{'policy':<10} {'cache':>8} {'objects':>10} {'hit ratio':>9} {'Mreq/s':>7}"
@@ -249,8 +265,9 @@ def format_table(rows: list[dict]) -> str:
                 f"{r['mreq_per_s']:>7.1f}")
         t = theirs.get((r["policy"], r["cache_objects"]))
         if t is not None:
+            speedup = r.get("speedup_median", r["mreq_per_s"] / t["mreq_per_s"])
             line += (f" | {t['hit_ratio']:>11.4f} {t['mreq_per_s']:>7.1f} "
-                     f"{r['mreq_per_s'] / t['mreq_per_s']:>6.1f}x {('yes' if t['hits'] == r['hits'] else 'no'):>9}")
+                     f"{speedup:>6.1f}x {('yes' if t['hits'] == r['hits'] else 'no'):>9}")
         elif theirs:
             line += f" | {'-':>11} {'-':>7} {'-':>7} {'-':>9}"
         lines.append(line)

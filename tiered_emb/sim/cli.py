@@ -77,13 +77,17 @@ def _plot(fn, *a) -> None:
 def run_policies_cmd(args) -> int:
     trace, universe, desc, sizes = _load(args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.no_progress)
+    show = not args.no_progress
+    rows = None
     if args.compare == "libcachesim":
-        from .compare import run_libcachesim
+        from .compare import libcachesim_peer
         try:
-            rows += run_libcachesim(trace, sizes, policies, args.repeats, show_progress=not args.no_progress)
+            with libcachesim_peer(trace) as peer:  # each libCacheSim run right after ours
+                rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=show, peer=peer)
         except MissingExtraError as err:
             bench.print_err(f"no comparison: {err}")
+    if rows is None:
+        rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=show)
     print(bench.format_table(rows))
     if args.json:
         bench.write_json(args.json, {**_header(args, trace, universe, desc), "results": rows})

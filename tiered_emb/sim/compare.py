@@ -11,6 +11,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +68,33 @@ def run_libcachesim(trace: np.ndarray, sizes: list[tuple[str, int]], policies: l
                              "hits": hits, "requests": n, "hit_ratio": hits / max(n, 1), "seconds": secs,
                              "median_s": med, "mreq_per_s": n / med / 1e6})
     return rows
+
+
+@contextmanager
+def libcachesim_peer(trace: np.ndarray, workdir=None):
+    """A ``peer`` for :func:`tiered_emb.sim.bench.run_policies`: ``(policy, capacity) ->
+    (seconds, hits)`` of one libCacheSim run of ``trace``, or None where it has no such
+    policy (or cannot run it at that size)."""
+    lcs = import_libcachesim()
+    n = int(trace.shape[0])
+    warned = set()
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        path = Path(tmp) / "trace.oracleGeneral"
+        write_oracle_general(path, trace)
+
+        def run(policy: str, cap: int):
+            name = check_policy(policy).libcachesim
+            if name is None:
+                return None
+            if policy == "s3fifo" and cap < _S3FIFO_MIN_OBJECTS:
+                if cap not in warned:  # libCacheSim would abort the process
+                    warned.add(cap)
+                    sys.stderr.write(f"libCacheSim S3FIFO skipped at {cap} objects (needs >= 20)\n")
+                return None
+            reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+            cache = getattr(lcs, name)(cache_size=cap)
+            t0 = time.perf_counter()
+            miss_ratio, _ = cache.process_trace(reader)
+            return time.perf_counter() - t0, n - int(round(miss_ratio * n))
+
+        yield run
