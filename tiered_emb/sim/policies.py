@@ -38,8 +38,10 @@ NIL = -1
 
 #: How many requests ahead the kernels prefetch the index entry of the id to come.
 PREFETCH_AHEAD = 32
-#: How many requests ahead the kernels prefetch the policy state of the slot to come.
+#: How many requests ahead the kernels prefetch the policy state of the slot to come,
+#: when that state is too large for the CPU's own caches (more slots than ``PREFETCH_STATE_MIN``).
 PREFETCH_STATE_AHEAD = 8
+PREFETCH_STATE_MIN = 1 << 16
 
 #: Largest id space given a dense index whatever the trace length (a 256 MiB int32 array);
 #: longer traces may use up to ``DENSE_IDS_PER_REQUEST`` ids per request.
@@ -343,11 +345,12 @@ def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
     used = 0
     lowest = NIL
     n_bfree = bfree.shape[0]
+    deep = capacity > PREFETCH_STATE_MIN
     n = trace.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        if i + PREFETCH_STATE_AHEAD < n:
+        if deep and i + PREFETCH_STATE_AHEAD < n:
             t = _ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
             if t >= 0:
                 _prefetch(bucket_of, t)
@@ -773,10 +776,17 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
     n_free = free.shape[0]
     h1 = o1 = h2 = o2 = hb1 = ob1 = hb2 = ob2 = NIL
     n1 = n2 = nb1 = nb2 = 0
+    deep = where.shape[0] > PREFETCH_STATE_MIN
     n = trace.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
+        if deep and i + PREFETCH_STATE_AHEAD < n:
+            t = _ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
+            if t >= 0:
+                _prefetch(where, t)
+                _prefetch(newer, t)
+                _prefetch(older, t)
         key = trace[i]
         node = _ix_find(ix, key)
         ghost_hit = False
