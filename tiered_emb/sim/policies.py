@@ -78,11 +78,13 @@ def _ix_prefetch(ix, key):
 
 @intrinsic
 def _prefetch(typingctx, arr, idx):
-    """LLVM's prefetch of ``arr[idx]`` (read, high locality): a hint, no effect on results."""
+    """LLVM's prefetch of ``arr[idx]`` (read, high locality; ``idx`` an integer or a tuple of
+    them): a hint, no effect on results."""
     def codegen(context, builder, signature, args):
-        aty = signature.args[0]
+        aty, ity = signature.args
         ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]], wraparound=False)
+        idxs = cgutils.unpack_tuple(builder, args[1]) if isinstance(ity, types.BaseTuple) else [args[1]]
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, idxs, wraparound=False)
         i8p = llir.IntType(8).as_pointer()
         i32 = llir.IntType(32)
         fn = cgutils.get_or_insert_function(
@@ -303,39 +305,41 @@ def _lru_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
 
 # --------------------------------------------------------------------------- LFU
 @numba.njit(inline="always")
-def _bucket_unlink_item(bnewest, boldest, inewer, iolder, b, s):
-    a, c = iolder[s], inewer[s]
+def _bucket_unlink_item(bk, item, b, s):
+    a, c = item[s, 2], item[s, 1]
     if a == NIL:
-        boldest[b] = c
+        bk[b, 2] = c
     else:
-        inewer[a] = c
+        item[a, 1] = c
     if c == NIL:
-        bnewest[b] = a
+        bk[b, 1] = a
     else:
-        iolder[c] = a
+        item[c, 2] = a
 
 
 @numba.njit(inline="always")
-def _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, b, s):
-    t = bnewest[b]
-    iolder[s] = t
-    inewer[s] = NIL
+def _bucket_append_item(bk, item, b, s):
+    t = bk[b, 1]
+    item[s, 2] = t
+    item[s, 1] = NIL
     if t == NIL:
-        boldest[b] = s
+        bk[b, 2] = s
     else:
-        inewer[t] = s
-    bnewest[b] = s
-    bucket_of[s] = b
+        item[t, 1] = s
+    bk[b, 1] = s
+    item[s, 0] = b
 
 
 @numba.njit(cache=True)
-def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
-                  bcount, bnewest, boldest, bup, bdown, bfree, hit_flags):
+def _lfu_simulate(trace, capacity, ix, slot_ids, item, bk, bfree, hit_flags):
     """LFU in O(1) per request: buckets of equal use count, in increasing count order.
 
-    Each bucket (``bcount``, its items' list ``boldest`` .. ``bnewest``, neighbours
-    ``bdown`` / ``bup``; ``capacity + 1`` of them, free ones on the stack ``bfree``) lists
-    its slots in order of last use, so the victim, the oldest slot of the lowest bucket,
+    A slot's row of ``item`` int32 (capacity, 4) is its bucket and its list links (newer,
+    older); a bucket's row of ``bk`` (capacity + 1, 8), int32 for traces under 2**31
+    requests, else int64, is its count, its items' newest and oldest slot, and the buckets
+    above and below (one row per slot and per bucket: one cache line each, not one per
+    field).  Free buckets are on the stack ``bfree``.  Each bucket lists its slots in
+    order of last use, so the victim, the oldest slot of the lowest bucket,
     is the store's (lowest count, then least recently used; last uses are unique, so the
     slot tie-break never applies).  Counts restart at 1 on admission, as in the store and
     in libCacheSim.  The tests compare it with the store's kernel request by request.
@@ -353,41 +357,39 @@ def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
         if deep and i + PREFETCH_STATE_AHEAD < n:
             t = _ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
             if t >= 0:
-                _prefetch(bucket_of, t)
-                _prefetch(inewer, t)
-                _prefetch(iolder, t)
+                _prefetch(item, (t, 0))
         key = trace[i]
         s = _ix_find(ix, key)
         if s >= 0:
             hits += 1
             if record:
                 hit_flags[i] = 1
-            b = bucket_of[s]
-            up = bup[b]
-            if up == NIL or bcount[up] != bcount[b] + 1:
-                if boldest[b] == s and bnewest[b] == s:
-                    bcount[b] += 1  # alone in its bucket: the bucket moves up
+            b = item[s, 0]
+            up = bk[b, 3]
+            if up == NIL or bk[up, 0] != bk[b, 0] + 1:
+                if bk[b, 2] == s and bk[b, 1] == s:
+                    bk[b, 0] += 1  # alone in its bucket: the bucket moves up
                     continue
                 n_bfree -= 1
                 nb = bfree[n_bfree]
-                bcount[nb] = bcount[b] + 1
-                bnewest[nb] = NIL
-                boldest[nb] = NIL
-                bdown[nb] = b
-                bup[nb] = up
+                bk[nb, 0] = bk[b, 0] + 1
+                bk[nb, 1] = NIL
+                bk[nb, 2] = NIL
+                bk[nb, 4] = b
+                bk[nb, 3] = up
                 if up != NIL:
-                    bdown[up] = nb
-                bup[b] = nb
+                    bk[up, 4] = nb
+                bk[b, 3] = nb
                 up = nb
-            _bucket_unlink_item(bnewest, boldest, inewer, iolder, b, s)
-            _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, up, s)
-            if boldest[b] == NIL:
-                d = bdown[b]
-                bdown[up] = d
+            _bucket_unlink_item(bk, item, b, s)
+            _bucket_append_item(bk, item, up, s)
+            if bk[b, 2] == NIL:
+                d = bk[b, 4]
+                bk[up, 4] = d
                 if d == NIL:
                     lowest = up
                 else:
-                    bup[d] = up
+                    bk[d, 3] = up
                 bfree[n_bfree] = b
                 n_bfree += 1
             continue
@@ -396,29 +398,29 @@ def _lfu_simulate(trace, capacity, ix, slot_ids, bucket_of, inewer, iolder,
             used += 1
         else:
             b = lowest
-            s = boldest[b]
-            _bucket_unlink_item(bnewest, boldest, inewer, iolder, b, s)
-            if boldest[b] == NIL:
-                lowest = bup[b]
+            s = bk[b, 2]
+            _bucket_unlink_item(bk, item, b, s)
+            if bk[b, 2] == NIL:
+                lowest = bk[b, 3]
                 if lowest != NIL:
-                    bdown[lowest] = NIL
+                    bk[lowest, 4] = NIL
                 bfree[n_bfree] = b
                 n_bfree += 1
             _ix_del(ix, slot_ids[s])
         slot_ids[s] = key
         _ix_put(ix, key, s)
-        if lowest == NIL or bcount[lowest] != 1:
+        if lowest == NIL or bk[lowest, 0] != 1:
             n_bfree -= 1
             nb = bfree[n_bfree]
-            bcount[nb] = 1
-            bnewest[nb] = NIL
-            boldest[nb] = NIL
-            bdown[nb] = NIL
-            bup[nb] = lowest
+            bk[nb, 0] = 1
+            bk[nb, 1] = NIL
+            bk[nb, 2] = NIL
+            bk[nb, 4] = NIL
+            bk[nb, 3] = lowest
             if lowest != NIL:
-                bdown[lowest] = nb
+                bk[lowest, 4] = nb
             lowest = nb
-        _bucket_append_item(bnewest, boldest, inewer, iolder, bucket_of, lowest, s)
+        _bucket_append_item(bk, item, lowest, s)
     return hits
 
 
@@ -985,11 +987,9 @@ def lru_hits(trace, capacity, hit_flags, index="auto", max_id=None):
 def lfu_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     ix, idt = _state(trace, capacity, index, max_id)
     nb = capacity + 1
-    return _lfu_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                         np.zeros(capacity, np.int32), np.full(capacity, NIL, np.int32),
-                         np.full(capacity, NIL, np.int32), np.zeros(nb, np.int64),
-                         np.full(nb, NIL, np.int32), np.full(nb, NIL, np.int32),
-                         np.full(nb, NIL, np.int32), np.full(nb, NIL, np.int32),
+    bk = np.full((nb, 8), NIL, np.int32 if trace.shape[0] < 2**31 else np.int64)
+    bk[:, 0] = 0
+    return _lfu_simulate(trace, capacity, ix, np.empty(capacity, idt), np.full((capacity, 4), NIL, np.int32), bk,
                          np.arange(nb - 1, -1, -1, dtype=np.int32), hit_flags)
 
 
