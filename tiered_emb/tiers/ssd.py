@@ -70,6 +70,18 @@ class SsdTier:
             return bytes((_RAW,)) + raw
         return bytes((_ZSTD,)) + self._zc.compress(raw)
 
+    def _encode_many(self, rows: np.ndarray) -> list[bytes]:
+        """:meth:`_encode` of each row of ``rows`` (k, W) float32; uncompressed ones built as one array."""
+        if self._zc is not None:
+            return [self._encode(r) for r in rows]
+        k = rows.shape[0]
+        size = 1 + rows.shape[1] * 4
+        payload = np.empty((k, size), dtype=np.uint8)
+        payload[:, 0] = _RAW
+        payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, -1)
+        b = payload.tobytes()
+        return [b[i * size:(i + 1) * size] for i in range(k)]
+
     def _decode(self, value, out_row: np.ndarray) -> None:
         tag = value[0]
         body = bytes(value[1:])
@@ -88,34 +100,55 @@ class SsdTier:
 
     # ----------------------------------------------------------------- reads
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
-        """Read the records of ``ids`` (int64 (k,)) into ``out_rows`` (k, W); returns the found mask (bool (k,))."""
+        """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W); returns the found mask (bool (k,)).
+
+        Newest copy first: the write-back buffer, then ``p:``, then ``t:``.  Each
+        database is read with one ``getmulti`` over the keys in order (the B-tree walk
+        runs in C) and uncompressed records are decoded as one array.
+        """
         found = np.zeros(ids.shape[0], dtype=bool)
         if ids.shape[0] == 0:
             return found
-        main, pending = self._main[table], self._pending[table]
-        check_pending = self._n_pending[table] > 0
         wb = self._wb[table]
-        order = np.argsort(ids, kind="stable")  # key order: sequential B-tree walks
+        if wb:
+            for i, row_id in enumerate(ids.tolist()):
+                v = wb.get(row_id)
+                if v is not None:
+                    self._decode(v, out_rows[i])
+                    found[i] = True
+        dbs = ([self._pending[table]] if self._n_pending[table] > 0 else []) + [self._main[table]]
         try:
             with self.env.begin(buffers=True) as txn:
-                for i in order.tolist():
-                    if wb:
-                        v = wb.get(int(ids[i]))
-                        if v is not None:
-                            self._decode(v, out_rows[i])
-                            found[i] = True
-                            continue
-                    key = self._key(ids[i])
-                    v = txn.get(key, db=pending) if check_pending else None
-                    if v is None:
-                        v = txn.get(key, db=main)
-                    if v is not None:
-                        self._decode(v, out_rows[i])
-                        found[i] = True
+                for db in dbs:
+                    todo = np.flatnonzero(~found)
+                    if todo.shape[0] == 0:
+                        break
+                    todo = todo[np.argsort(ids[todo], kind="stable")]  # key order: one sequential walk
+                    keys = ids[todo].astype(">i8").tobytes()
+                    with txn.cursor(db=db) as cur:
+                        got = cur.getmulti([keys[8 * j:8 * j + 8] for j in range(todo.shape[0])])
+                    if got:
+                        self._decode_many(got, ids, todo, out_rows, found)
         except lmdb.Error as err:
             raise CorruptStoreError(f"reading table {table!r} from {self.path} failed ({err})",
                                     "restore the store directory from a backup") from err
         return found
+
+    def _decode_many(self, got, ids, todo, out_rows, found) -> None:
+        """Decode ``got`` ((key, value) pairs of ``getmulti`` over ``ids[todo]``, in key order) into ``out_rows``."""
+        got_ids = np.frombuffer(b"".join(k for k, _ in got), dtype=">i8").astype(np.int64)
+        at = todo[np.searchsorted(ids[todo], got_ids)]  # todo is sorted by id
+        width = out_rows.shape[1]
+        values = [v for _, v in got]
+        if all(len(v) == 1 + 4 * width for v in values):  # every record raw-sized: decode as one array
+            raw = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), 1 + 4 * width)
+            if (raw[:, 0] == _RAW).all():
+                out_rows[at] = np.ascontiguousarray(raw[:, 1:]).view(np.float32)
+                found[at] = True
+                return
+        for j, v in enumerate(values):
+            self._decode(v, out_rows[at[j]])
+        found[at] = True
 
     # ----------------------------------------------------------------- writes
     def _write(self, fn) -> None:
@@ -135,9 +168,11 @@ class SsdTier:
                                         "check the disk and the store directory") from err
 
     def _put_rows(self, txn, db, ids: np.ndarray, rows: np.ndarray) -> None:
-        order = np.argsort(ids, kind="stable")
+        order = np.argsort(ids, kind="stable")  # key order; a repeated id's last row wins
+        keys = ids[order].astype(">i8").tobytes()
+        values = self._encode_many(rows[order])
         with txn.cursor(db=db) as cur:
-            cur.putmulti([(self._key(ids[i]), self._encode(rows[i])) for i in order.tolist()])
+            cur.putmulti([(keys[8 * j:8 * j + 8], v) for j, v in enumerate(values)])
 
     def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
@@ -150,9 +185,7 @@ class SsdTier:
         n = sum(b[0].shape[0] for b in batches.values())
         if not durable:
             for t, (ids, rows) in batches.items():
-                wb = self._wb[t]
-                for i, row_id in enumerate(ids.tolist()):
-                    wb[row_id] = self._encode(rows[i])
+                self._wb[t].update(zip(ids.tolist(), self._encode_many(rows)))
             if sum(len(wb) for wb in self._wb.values()) >= self.writeback_rows:
                 self.write_pending({}, durable=True)
             return n
