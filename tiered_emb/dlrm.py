@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     p.add_argument("--alpha", type=float, default=1.05, help="Zipf skew of the synthetic ids")
     p.add_argument("--hbm-rows", type=int, default=4096, help="HBM-tier rows per table")
     p.add_argument("--ddr-rows", type=int, default=4096, help="DDR-tier rows per table")
-    p.add_argument("--policy", default="lru", help="cache policy of the tiers (lru, lfu, ...)")
+    p.add_argument("--policy", default="lookahead+lru",
+                   help="cache policy of the tiers (lru, lfu, lookahead+lru, lookahead+lfu)")
     p.add_argument("--optimizer", default="rowwise_adagrad", choices=sorted(_EMB_OPTIMIZERS),
                    help="the store's optimizer for the embedding rows")
     p.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
@@ -58,10 +59,12 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--lookahead", type=int, default=0,
-                   help="batches prefetched ahead on a background thread (0, the default: off; on 2 CPU cores it does not pay yet, see docs/training.md)")
-    p.add_argument("--load-ahead", type=int, default=1,
-                   help="of the --lookahead window, how many batches ahead rows are brought up (default 1)")
+    p.add_argument("--lookahead", type=int, default=4,
+                   help="batches handed to the store ahead of the step (the window; 0: no pipeline)")
+    p.add_argument("--load-ahead", type=int, default=0,
+                   help="of the window, how many batches ahead the background thread brings rows up "
+                        "(default 0: the window only protects rows; loading ahead did not pay on 2 CPU cores, "
+                        "see docs/training.md)")
     p.set_defaults(func=run)
 
 
