@@ -883,7 +883,7 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
 def _opt_sift_up(heap, hpos, i):
     x = heap[i]
     while i > 0:
-        parent = (i - 1) >> 1
+        parent = (i - 1) >> 2
         q = heap[parent]
         if q >= x:
             break
@@ -898,13 +898,15 @@ def _opt_sift_up(heap, hpos, i):
 def _opt_sift_down(heap, hpos, i, n):
     x = heap[i]
     while True:
-        c = 2 * i + 1
+        c = 4 * i + 1
         if c >= n:
             break
+        # the largest of up to four children (adjacent: one or two cache lines)
         hc = heap[c]
-        if c + 1 < n and heap[c + 1] > hc:
-            c += 1
-            hc = heap[c]
+        for j in range(c + 1, min(c + 4, n)):
+            if heap[j] > hc:
+                c = j
+                hc = heap[j]
         if hc <= x:
             break
         heap[i] = hc
@@ -916,9 +918,11 @@ def _opt_sift_down(heap, hpos, i, n):
 
 @numba.njit(cache=True)
 def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, hit_flags):
-    """Belady's MIN: a max-heap (int64 (capacity,)) of ``next use << 32 | slot``.
+    """Belady's MIN: a 4-ary max-heap (int64 (capacity,)) of ``next use << 32 | slot``.
 
-    Packing the key makes the heap order "later next use first, then the higher slot"
+    Four children per node halve the depth of a binary heap (a hit moves its slot up),
+    and the four are adjacent in memory (an eviction moves the new slot down).  Packing
+    the key makes the heap order "later next use first, then the higher slot"
     one integer compare on the heap array itself, with no indirection through the slot;
     ``hpos`` int32 (capacity,) is each slot's heap position.
     """
