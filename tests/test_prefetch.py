@@ -24,8 +24,8 @@ def batches(n, seed, max_size=40):
     return out
 
 
-def train(store, data, depth, checkpoint_every=0):
-    for step, b in enumerate(lookahead(store, data, lambda x: x, depth)):
+def train(store, data, depth, checkpoint_every=0, load_ahead=1):
+    for step, b in enumerate(lookahead(store, data, lambda x: x, depth, load_ahead)):
         for name in sorted(b):
             rows = store.lookup(name, b[name])
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
@@ -50,9 +50,9 @@ def reference(data):
 def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr):
     data = batches(25, seed=1)
     ref = reference(data)
-    for depth in (0, 1, 4):
-        with TieredStore.create(tmp_path / f"{depth}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4) as s:
-            train(s, data, depth)
+    for depth, load in ((0, 0), (1, 1), (4, 0), (4, 1), (4, 4)):  # window, and how far ahead rows come up
+        with TieredStore.create(tmp_path / f"{depth}_{load}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4) as s:
+            train(s, data, depth, load_ahead=load)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))
@@ -84,12 +84,13 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         tiers = TierConfig(int(rng.integers(2, 40)), int(rng.integers(0, 20)),
                            str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu"])), "cpu")
         depth = int(rng.integers(1, 6))
+        load = int(rng.integers(0, depth + 1))
         stop = int(rng.integers(1, len(data) + 1))
         s = TieredStore.create(path, TABLES, tiers, seed=4)
-        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)))
+        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load)
         s.close()  # mid-way: close drains and joins
         with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
-            train(s, data[stop:], depth)
+            train(s, data[stop:], depth, load_ahead=load)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))
