@@ -6,8 +6,9 @@ unique ids are asked of HBM (with an exclusive DDR tier below, 4x HBM).  At HBM 
 and 10 % of the trace's distinct ids:
 
 - plain ``lru`` / ``lfu`` (no window);
-- ``lookahead+lru`` / ``lookahead+lfu`` with window k (rows brought up ``load_ahead``
-  batches early; also with the whole window brought up at once, to show why not);
+- ``lookahead+lru`` / ``lookahead+lfu`` with window k: rows loaded by the step (L0),
+  ``load_ahead`` batches early (L1 by default), and the whole window at once (to show
+  why not);
 - windowed Belady with the same window (ties outside the window by LRU, or by LFU);
 - full Belady (the whole future, no batches): the bound.
 
@@ -15,7 +16,8 @@ A miss is a row brought into HBM for a batch, by the prefetch thread or by the s
 Targets: lookahead at least the best plain policy, and within 1 point of windowed Belady.
 
 Part 2, end to end: the DLRM main job (``tiered-emb train``) with tables 10x HBM + DDR,
-samples/s without prefetch, with the pipeline (window k), and with every row resident.
+samples/s without the pipeline, with it (window k; load distance ``load_ahead`` and 0),
+and with every row resident.
 
 Run from the repository root::
 
