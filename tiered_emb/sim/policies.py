@@ -789,6 +789,21 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
                 _prefetch(where, t)
                 _prefetch(newer, t)
                 _prefetch(older, t)
+            # the oldest nodes of T1 and B1 leave next (demoted, forgotten): their
+            # successors' links and ids, and the index entry of B1's oldest id
+            if o1 != NIL:
+                t = newer[o1]
+                if t != NIL:
+                    _prefetch(newer, t)
+                    _prefetch(older, t)
+                    _prefetch(where, t)
+            if ob1 != NIL:
+                _ix_prefetch(ix, node_ids[ob1])
+                t = newer[ob1]
+                if t != NIL:
+                    _prefetch(newer, t)
+                    _prefetch(older, t)
+                    _prefetch(node_ids, t)
         key = trace[i]
         node = _ix_find(ix, key)
         ghost_hit = False
