@@ -70,17 +70,42 @@ def run_libcachesim(trace: np.ndarray, sizes: list[tuple[str, int]], policies: l
     return rows
 
 
+def _serve(path: str, n: int) -> None:
+    """The worker: read ``NAME CAPACITY`` lines on stdin, answer ``SECONDS HITS`` lines."""
+    lcs = import_libcachesim()
+    for line in sys.stdin:
+        name, cap = line.split()
+        reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
+        cache = getattr(lcs, name)(cache_size=int(cap))
+        t0 = time.perf_counter()
+        miss_ratio, _ = cache.process_trace(reader)
+        secs = time.perf_counter() - t0
+        del cache, reader
+        sys.stdout.write(f"{secs!r} {n - int(round(miss_ratio * n))}\n")
+        sys.stdout.flush()
+
+
 @contextmanager
 def libcachesim_peer(trace: np.ndarray, workdir=None):
     """A ``peer`` for :func:`tiered_emb.sim.bench.run_policies`: ``(policy, capacity) ->
     (seconds, hits)`` of one libCacheSim run of ``trace``, or None where it has no such
-    policy (or cannot run it at that size)."""
-    lcs = import_libcachesim()
+    policy (or cannot run it at that size).
+
+    libCacheSim runs in a worker process of its own (``python -m tiered_emb.sim.compare``).
+    Why: run in our process, its frees of a large cache slowed our next run (ARC at a 10 %
+    cache: 20 M requests/s right after a libCacheSim run, 35 M/s otherwise), which no
+    user of either engine would see; in its own process each engine runs as it would alone.
+    """
+    import subprocess
+
+    import_libcachesim()
     n = int(trace.shape[0])
     warned = set()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / "trace.oracleGeneral"
         write_oracle_general(path, trace)
+        proc = subprocess.Popen([sys.executable, "-m", "tiered_emb.sim.compare", str(path), str(n)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
         def run(policy: str, cap: int):
             name = check_policy(policy).libcachesim
@@ -91,10 +116,20 @@ def libcachesim_peer(trace: np.ndarray, workdir=None):
                     warned.add(cap)
                     sys.stderr.write(f"libCacheSim S3FIFO skipped at {cap} objects (needs >= 20)\n")
                 return None
-            reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-            cache = getattr(lcs, name)(cache_size=cap)
-            t0 = time.perf_counter()
-            miss_ratio, _ = cache.process_trace(reader)
-            return time.perf_counter() - t0, n - int(round(miss_ratio * n))
+            proc.stdin.write(f"{name} {int(cap)}\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline().split()
+            if len(answer) != 2:
+                raise RuntimeError(f"the libCacheSim worker stopped (exit code {proc.poll()})")
+            return float(answer[0]), int(answer[1])
 
-        yield run
+        try:
+            yield run
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+            proc.stdout.close()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]))
