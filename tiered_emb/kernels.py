@@ -21,35 +21,29 @@ from .index import _hash_home
 PREFETCH_DISTANCE = 8
 
 
-def _prefetch_codegen(context, builder, signature, args):
-    aryty = signature.args[0]
-    ary = context.make_array(aryty)(context, builder, args[0])
-    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, list(args[1:]), wraparound=False)
-    i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-    i32 = ir.IntType(32)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p.type, i32, i32, i32]),
-                                        "llvm.prefetch.p0")
-    builder.call(fn, [i8p, i32(0), i32(3), i32(1)])  # read, keep in all cache levels, data
-    return context.get_dummy_value()
-
-
 @intrinsic
-def _prefetch(typingctx, arr, i):
-    """Hint the CPU to load the cache line of ``arr[i]`` (1-D array, in bounds); no effect on results."""
-    return types.void(arr, i), _prefetch_codegen
-
-
-@intrinsic
-def _prefetch2(typingctx, arr, row, col):
-    """:func:`_prefetch` of ``arr[row, col]`` (2-D array)."""
-    return types.void(arr, row, col), _prefetch_codegen
+def _prefetch(typingctx, arr, idx):
+    """LLVM's prefetch of ``arr[idx]`` (read, keep in all cache levels; ``idx`` an integer or
+    a tuple of them, in bounds): a hint to the CPU, no effect on results."""
+    def codegen(context, builder, signature, args):
+        aty, ity = signature.args
+        ary = context.make_array(aty)(context, builder, args[0])
+        idxs = cgutils.unpack_tuple(builder, args[1]) if isinstance(ity, types.BaseTuple) else [args[1]]
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, idxs, wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(arr, idx), codegen
 
 
 @numba.njit(inline="always")
 def _prefetch_row(records, row):
     """Prefetch every 64-byte line of ``records[row]`` (float32)."""
     for c in range(0, records.shape[1], 16):
-        _prefetch2(records, row, c)
+        _prefetch(records, (row, c))
 
 
 @numba.njit(cache=True, nogil=True)

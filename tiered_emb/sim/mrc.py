@@ -22,7 +22,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
-from .policies import PREFETCH_AHEAD, _prefetch, belady_hits, dense_ok, id_range, next_use_of
+from ..kernels import _prefetch
+from .policies import PREFETCH_AHEAD, belady_hits, dense_ok, id_range, next_use_of
 
 
 @intrinsic

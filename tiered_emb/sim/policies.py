@@ -26,13 +26,13 @@ not, and why):
 """
 from __future__ import annotations
 
-import llvmlite.ir as llir
 import numba
 import numpy as np
-from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.core import types
+from numba.extending import overload
 
 from ..index import _hash_home, _index_del, _index_find, _index_put, new_index
+from ..kernels import _prefetch
 
 NIL = -1
 
@@ -74,24 +74,6 @@ def _ix_del(ix, key):
 def _ix_prefetch(ix, key):
     """Start loading the index entry of ``key`` into the cache, without waiting (Numba only)."""
     raise NotImplementedError
-
-
-@intrinsic
-def _prefetch(typingctx, arr, idx):
-    """LLVM's prefetch of ``arr[idx]`` (read, high locality; ``idx`` an integer or a tuple of
-    them): a hint, no effect on results."""
-    def codegen(context, builder, signature, args):
-        aty, ity = signature.args
-        ary = context.make_array(aty)(context, builder, args[0])
-        idxs = cgutils.unpack_tuple(builder, args[1]) if isinstance(ity, types.BaseTuple) else [args[1]]
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, idxs, wraparound=False)
-        i8p = llir.IntType(8).as_pointer()
-        i32 = llir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-    return types.void(arr, idx), codegen
 
 
 @overload(_ix_prefetch)
