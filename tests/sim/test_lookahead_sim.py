@@ -130,3 +130,18 @@ def test_bad_arguments_are_typed_errors():
         window_belady_hits(u, off, 3, 1)  # a batch of 5 unique ids in 3 rows
     with pytest.raises(ConfigError):
         batch_uniques(np.arange(4), 0)
+
+
+def test_bench_lookahead_cli(tmp_path, capsys):
+    import json
+
+    from tiered_emb.cli import main
+
+    out = tmp_path / "la.json"
+    assert main(["bench", "lookahead", "--trace", "zipf:0.9", "--ids", "20k", "--requests", "40k", "--cache", "5%",
+                 "--step-requests", "64", "--window", "3", "--json", str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    rate = {r["policy"]: r["hit_ratio"] for r in rows}
+    assert rate["belady (full)"] >= max(rate.values())  # nothing beats full Belady
+    assert rate["lookahead+lru k=3 L=0"] >= rate["lru"]
+    assert "window belady k=3 (lfu ties)" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""``tiered-emb bench policies`` and ``tiered-emb bench mrc``: the simulator from the shell.
+"""``tiered-emb bench policies``, ``bench mrc`` and ``bench lookahead``: the simulator from the shell.
 
 Which policy, how big a tier, on my id stream?  For example::
 
@@ -7,6 +7,7 @@ Which policy, how big a tier, on my id stream?  For example::
         --compare libcachesim --json out.json --plot out.png
     tiered-emb bench mrc --trace txt:../shared/data/amazon_video_user_item.txt:1 \\
         --cache 0.1%,1%,10% --json mrc.json --plot mrc.png
+    tiered-emb bench lookahead --trace zipf:0.9 --cache 1%,10% --step-requests 1024 --window 4
 """
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def add_parser(sub) -> None:
     _common(m)
     m.add_argument("--no-opt", action="store_true", help="skip Belady at the --cache sizes")
     m.set_defaults(func=run_mrc_cmd)
+    la = bsub.add_parser("lookahead", help="HBM hit ratio with a prefetch window against windowed and full Belady")
+    _common(la)
+    la.add_argument("--step-requests", type=int, default=1024, help="requests per training batch (default 1024)")
+    la.add_argument("--window", type=int, default=4, help="lookahead window k, in batches (default 4)")
+    la.add_argument("--load-ahead", type=int, default=0,
+                    help="batches ahead whose rows are brought up (default 0: the window only protects)")
+    la.set_defaults(func=run_lookahead_cmd)
 
 
 def _load(args):
@@ -93,6 +101,21 @@ def run_policies_cmd(args) -> int:
         bench.write_json(args.json, {**_header(args, trace, universe, desc), "results": rows})
     if args.plot:
         _plot(bench.plot_policies, rows, args.plot, f"{desc}, {trace.shape[0]:,} requests")
+    return 0
+
+
+def run_lookahead_cmd(args) -> int:
+    from .lookahead import compare_lookahead
+
+    trace, universe, desc, sizes = _load(args)
+    rows = compare_lookahead(trace, args.step_requests, sizes, args.window, args.load_ahead)
+    head = f"{'cache':>8} {'objects':>10}  {'policy':<36} {'HBM hit':>8}"
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        print(f"{r['cache']:>8} {r['cache_objects']:>10,}  {r['policy']:<36} {r['hit_ratio']:>8.4f}")
+    if args.json:
+        bench.write_json(args.json, {**_header(args, trace, universe, desc), "step_requests": args.step_requests,
+                                     "window": args.window, "load_ahead": args.load_ahead, "results": rows})
     return 0
 
 

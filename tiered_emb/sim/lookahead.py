@@ -358,4 +358,33 @@ def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window
     return int(hits)
 
 
-__all__ = ["batch_uniques", "store_hits", "window_belady_hits", "TierHits"]
+def compare_lookahead(trace: np.ndarray, batch_size: int, sizes: list[tuple[str, int]], window: int,
+                      load_ahead: int) -> list[dict]:
+    """HBM hit ratio of every lookahead run at each ``(label, hbm_rows)`` of ``sizes``.
+
+    Runs, on the same batches: ``lru``, ``lfu`` (no window); ``lookahead+lru`` and
+    ``lookahead+lfu`` with ``window`` and ``load_ahead``; windowed Belady (LRU and LFU
+    ties); full Belady on the stream of unique ids.  Returns one dict per size and run.
+    """
+    from .engine import simulate
+
+    uids, boff = batch_uniques(trace, batch_size)
+    runs = [("lru", lambda c: store_hits(uids, boff, c, "lru").hbm_hits),
+            ("lfu", lambda c: store_hits(uids, boff, c, "lfu").hbm_hits)]
+    for base in ("lru", "lfu"):
+        runs.append((f"lookahead+{base} k={window} L={load_ahead}",
+                     lambda c, b=base: store_hits(uids, boff, c, f"lookahead+{b}", window, load_ahead=load_ahead).hbm_hits))
+    for ties in ("lru", "lfu"):
+        runs.append((f"window belady k={window} ({ties} ties)",
+                     lambda c, t=ties: window_belady_hits(uids, boff, c, window, t)))
+    runs.append(("belady (full)", lambda c: simulate(uids, c, "belady")))
+    rows = []
+    for label, cap in sizes:
+        for name, run in runs:
+            hits = run(cap)
+            rows.append({"cache": label, "cache_objects": cap, "policy": name, "hits": int(hits),
+                         "lookups": int(uids.shape[0]), "hit_ratio": hits / uids.shape[0] if uids.shape[0] else 0.0})
+    return rows
+
+
+__all__ = ["batch_uniques", "store_hits", "window_belady_hits", "compare_lookahead", "TierHits"]
