@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..index import _index_del, _index_find, _index_put, new_index
 from ..kernels import _dedupe
 from ..policies import POLICIES
-from ..tiers.cache import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve, _cache_take
+from ..tiers.cache import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
 
 
 @numba.njit(cache=True)
@@ -83,25 +83,22 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
     admitted to DDR.  ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
     (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec) = d
-    k = ids.shape[0]
-    slots = np.empty(k, dtype=np.int64)
-    miss_idx = np.empty(k, dtype=np.int64)
-    vslots = np.empty(k, dtype=np.int64)
-    vids = np.empty(k, dtype=np.int64)
-    vdirty = np.empty(k, dtype=np.uint8)
-    n_miss, n_vic, pinned = _cache_resolve(code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta,
-                                           ids, force_pin, slots, miss_idx, vslots, vids, vdirty)
+    slots, miss_idx, _, vids, vdirty, n_vic, pinned = _cache_resolve_new(
+        code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin)
+    if n_vic < 0:
+        raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out
+    n_miss = miss_idx.shape[0]
     cnt[0] += n_miss
     if n_miss > 0:
-        miss_ids = ids[miss_idx[:n_miss]]
+        miss_ids = ids[miss_idx]
         found = np.empty(n_miss, dtype=np.uint8)
         out_dirty = np.empty(n_miss, dtype=np.uint8)
         cnt[1] += _cache_take(code, dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec, miss_ids,
                               scratch[:n_miss], out_dirty, found)
     if n_vic > 0:
         ev_ids = np.empty(n_vic, dtype=np.int64)
-        _cache_admit(code, dP, dkeys, dvals, dslot_ids, ddirty, dfree, dfmeta, drec, vids[:n_vic],
-                     scratch[:n_vic], vdirty[:n_vic], ev_ids, scratch[:n_vic])
+        _cache_admit(code, dP, dkeys, dvals, dslot_ids, ddirty, dfree, dfmeta, drec, vids,
+                     scratch[:n_vic], vdirty, ev_ids, scratch[:n_vic])
     return slots, pinned
 
 

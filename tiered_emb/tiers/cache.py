@@ -136,6 +136,25 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
 
 
 @numba.njit(cache=True, nogil=True)
+def _cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin):
+    """:func:`_cache_resolve` into fresh arrays.
+
+    Returns ``(slots, miss_idx, victim_slots, victim_ids, victim_dirty, n_victims, pinned)``,
+    the index and victim arrays cut to their counts; ``n_victims`` is -1 when the tier ran
+    out of unpinned slots (a caller bug: chunks are cut by unpinned capacity).
+    """
+    k = uids.shape[0]
+    slots = np.empty(k, dtype=np.int64)
+    miss_idx = np.empty(k, dtype=np.int64)
+    vslots = np.empty(k, dtype=np.int64)
+    vids = np.empty(k, dtype=np.int64)
+    vdirty = np.empty(k, dtype=np.uint8)
+    n_miss, n_v, pinned = _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin,
+                                         slots, miss_idx, vslots, vids, vdirty)
+    return slots, miss_idx[:n_miss], vslots[:max(n_v, 0)], vids[:max(n_v, 0)], vdirty[:max(n_v, 0)], n_v, pinned
+
+
+@numba.njit(cache=True, nogil=True)
 def _cache_release(code, P, pins, fmeta, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
     for i in range(slots.shape[0]):

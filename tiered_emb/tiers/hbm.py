@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import to_host, to_xp
-from .cache import CacheTier, _cache_pin, _cache_release, _cache_resolve
+from .cache import CacheTier, _cache_pin, _cache_release, _cache_resolve_new
 
 
 class HbmTier(CacheTier):
@@ -31,19 +31,13 @@ class HbmTier(CacheTier):
         their slots, the evicted rows (host float32 (v, W)) for the tier below, and
         whether the slots are pinned (then :meth:`release` them after use).
         """
-        k = uids.shape[0]
-        slots = np.empty(k, dtype=np.int64)
-        miss_idx = np.empty(k, dtype=np.int64)
-        vslots = np.empty(k, dtype=np.int64)
-        vids = np.empty(k, dtype=np.int64)
-        vdirty = np.empty(k, dtype=np.uint8)
-        n_miss, n_v, pinned = _cache_resolve(self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty,
-                                             self.pins, self.free, self.fmeta, uids, force_pin, slots, miss_idx,
-                                             vslots, vids, vdirty)
+        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = _cache_resolve_new(
+            self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty, self.pins, self.free, self.fmeta,
+            uids, force_pin)
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        victim_rows = to_host(self.records[to_xp(self.xp, vslots[:n_v])]) if n_v else None
-        return slots, miss_idx[:n_miss], vids[:n_v], victim_rows, vdirty[:n_v], bool(pinned)
+        victim_rows = to_host(self.records[to_xp(self.xp, vslots)]) if n_v else None
+        return slots, miss_idx, vids, victim_rows, vdirty, bool(pinned)
 
     def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
