@@ -24,8 +24,8 @@ def batches(n, seed, max_size=40):
     return out
 
 
-def train(store, data, depth, checkpoint_every=0, load_ahead=1):
-    for step, b in enumerate(lookahead(store, data, lambda x: x, depth, load_ahead)):
+def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0):
+    for step, b in enumerate(lookahead(store, data, lambda x: x, depth, load_ahead, read_ahead)):
         for name in sorted(b):
             rows = store.lookup(name, b[name])
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
@@ -50,9 +50,13 @@ def reference(data):
 def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr):
     data = batches(25, seed=1)
     ref = reference(data)
-    for depth, load in ((0, 0), (1, 1), (4, 0), (4, 1), (4, 4)):  # window, and how far ahead rows come up
-        with TieredStore.create(tmp_path / f"{depth}_{load}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4) as s:
-            train(s, data, depth, load_ahead=load)
+    # window, how far ahead rows come up, how far ahead LMDB is read; evicted rows written every 3 or 65,536
+    for depth, load, read, wb in ((0, 0, 0, 3), (1, 1, 0, 3), (4, 0, 0, 65536), (4, 1, 0, 3), (4, 4, 0, 65536),
+                                  (1, 0, 1, 3), (4, 0, 1, 3), (4, 0, 4, 65536), (4, 1, 2, 3)):
+        with TieredStore.create(tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"),
+                                seed=4) as s:
+            s._ssd.writeback_rows = wb
+            train(s, data, depth, load_ahead=load, read_ahead=read)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))
@@ -65,7 +69,7 @@ def test_prefetch_raises_hit_rate_of_the_step(tmp_path):
     for depth in (0, 2):
         with TieredStore.create(tmp_path / f"{depth}", TABLES, TierConfig(64, 0, "lookahead+lru", "cpu"), seed=4) as s:
             hits = looks = 0
-            for b in lookahead(s, data, lambda x: x, depth):
+            for b in lookahead(s, data, lambda x: x, depth, load_ahead=1):
                 before = s.stats()["u"]["hbm"]
                 s.lookup("u", b["u"])
                 after = s.stats()["u"]["hbm"]
@@ -85,32 +89,113 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
                            str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu"])), "cpu")
         depth = int(rng.integers(1, 6))
         load = int(rng.integers(0, depth + 1))
+        read = int(rng.integers(0, depth + 1))
+        wb = int(rng.choice([1, 5, 1 << 16]))
         stop = int(rng.integers(1, len(data) + 1))
         s = TieredStore.create(path, TABLES, tiers, seed=4)
-        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load)
+        s._ssd.writeback_rows = wb
+        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load, read_ahead=read)
         s.close()  # mid-way: close drains and joins
         with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
-            train(s, data[stop:], depth, load_ahead=load)
+            s._ssd.writeback_rows = wb
+            train(s, data[stop:], depth, load_ahead=load, read_ahead=read)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))
-    assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+    assert not [t for t in threading.enumerate() if t.name in ("tiered_emb-prefetch", "tiered_emb-writer")]
 
 
-def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch):
+def test_read_ahead_serves_the_step_from_memory(tmp_path):
+    data = batches(20, seed=6)
+    ref = reference(data)
+    path = tmp_path / "r"
+    with TieredStore.create(path, TABLES, TierConfig(8, 0, "lookahead+lru", "cpu"), seed=4) as s:
+        s._ssd.writeback_rows = 4
+        train(s, data[:10], 0)
+        before = s.stats()["u"]["ssd"]
+        train(s, data[10:], 4, load_ahead=0, read_ahead=1)
+        after = s.stats()["u"]["ssd"]
+        staging = dict(s._ssd.staging)
+        for name, n in (("u", 300), ("v", 400)):
+            np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
+                                          ref.peek_records(name, np.arange(n)))
+    assert staging["reads"] == 10 and staging["used"] > 0
+    assert after["hits"] > before["hits"]  # the step's counters are its own, staged or not
+    assert s._ssd._staged == {}  # every staged batch dropped at its release
+
+
+def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
+    # A row read ahead, then trained, evicted and written back: the staged copy is stale
+    # and must not be served.
+    tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
+    with TieredStore.create(tmp_path / "w", tables, TierConfig(1, 0, "lru", "cpu"), seed=4) as s:
+        s._ssd.writeback_rows = 1
+        s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))
+        s.lookup("u", np.array([6]))  # 5 evicted, written
+        s._ssd.wait_writes()
+        ticket = s.prefetch({"u": np.array([5])}, bring_up=False)
+        s.read_ahead(ticket)
+        ticket.wait()
+        assert s._ssd.staging["rows"] == 1
+        s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))  # 5 newer than its staged copy
+        s.lookup("u", np.array([6]))  # 5 evicted and written again
+        s._ssd.wait_writes()
+        assert len(s._ssd._staged[ticket.seq]["u"]) == 0
+        got = s.lookup("u", np.array([5]))
+        s.release(ticket)
+    ref = ReferenceStore(tables, seed=4)
+    ref.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))
+    ref.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))
+    np.testing.assert_array_equal(got, ref.lookup("u", np.array([5])))
+
+
+def test_failed_background_write_loses_nothing(tmp_path, monkeypatch):
+    from tiered_emb.errors import StoreFullError
+    tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
+    ref = ReferenceStore(tables, seed=4)
+    path = tmp_path / "f"
+    s = TieredStore.create(path, tables, TierConfig(1, 0, "lru", "cpu"), seed=4)
+    s._ssd.writeback_rows = 2
+    real = s._ssd._put_waiting
+    calls = []
+
+    def full_once(txn, snaps, main=False):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise StoreFullError("no space left on device", "free some")
+        real(txn, snaps, main)
+
+    monkeypatch.setattr(s._ssd, "_put_waiting", full_once)
+    raised = []
+    for i in range(12):
+        g = np.full((1, 2), i + 1, dtype=np.float32)
+        try:
+            s.apply_gradients("u", np.array([i]), g)
+        except StoreFullError:  # the step that meets the writer's error; its update was not applied
+            raised.append(i)
+            s.apply_gradients("u", np.array([i]), g)
+        ref.apply_gradients("u", np.array([i]), g)
+    s.close()
+    assert calls[0] == "tiered_emb-writer" and len(raised) == 1
+    with TieredStore.open(path) as s:
+        np.testing.assert_array_equal(s.peek("u", np.arange(12), with_state=True), ref.peek_records("u", np.arange(12)))
+
+
+@pytest.mark.parametrize("job, load, read", [("_bring_up_ticket", 1, 0), ("_stage_ticket", 0, 1)])
+def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch, job, load, read):
     data = batches(6, seed=3)
     with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lru", "cpu"), seed=4) as s:
-        real = s._bring_up_ticket
+        real = getattr(s, job)
 
         def failing(ticket):
             if ticket.seq == 3:
                 raise OSError("disk went away")
             real(ticket)
 
-        monkeypatch.setattr(s, "_bring_up_ticket", failing)
+        monkeypatch.setattr(s, job, failing)
         ran = []
         with pytest.raises(PrefetchError, match="batch 3") as e:
-            for i, b in enumerate(lookahead(s, data, lambda x: x, 2)):
+            for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load, read)):
                 ran.append(i)
         assert ran == [0, 1, 2] and isinstance(e.value.__cause__, OSError)
         assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0

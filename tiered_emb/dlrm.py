@@ -65,6 +65,9 @@ def add_parser(sub) -> None:
                    help="of the window, how many batches ahead the background thread brings rows up "
                         "(default 0: the window only protects rows; loading ahead did not pay on 2 CPU cores, "
                         "see docs/training.md)")
+    p.add_argument("--read-ahead", type=int, default=1,
+                   help="of the window, how many batches ahead the background thread reads rows from LMDB into "
+                        "host memory (default 1; 0: the step reads LMDB itself)")
     p.set_defaults(func=run)
 
 
@@ -249,7 +252,7 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead,
-                             load_ahead=getattr(args, "load_ahead", 1))
+                             load_ahead=getattr(args, "load_ahead", 0), read_ahead=getattr(args, "read_ahead", 1))
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:

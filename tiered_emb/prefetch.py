@@ -47,7 +47,9 @@ class Ticket:
         self.error: BaseException | None = None
         self.released = False
         self.queued = False  # handed to the thread (a ticket never queued has nothing to wait for)
+        self.staged = False  # its LMDB reads handed to the thread
         self._done = threading.Event()
+        self._read = threading.Event()
 
     @property
     def done(self) -> bool:
@@ -56,16 +58,21 @@ class Ticket:
     def wait(self) -> None:
         """Block until the batch's rows are up; raise :class:`PrefetchError` if bringing them failed.
 
-        A ticket never queued (``prefetch(..., bring_up=False)`` and no :meth:`TieredStore.bring_up`)
-        returns at once: the step brings up what is missing itself.
+        A ticket never queued (``prefetch(..., bring_up=False)`` and no :meth:`TieredStore.bring_up`
+        or :meth:`TieredStore.read_ahead`) returns at once: the step brings up what is missing itself.
         """
-        if not self.queued:
-            return
-        self._done.wait()
+        self._settle()
         if self.error is not None:
             raise PrefetchError(f"prefetch of batch {self.seq} failed: {type(self.error).__name__}: {self.error}",
                                 "the rows were not brought up; fix the cause (see __cause__) and retry the step") \
                 from self.error
+
+    def _settle(self) -> None:
+        """Wait for whatever the thread was given of this ticket."""
+        if self.staged:
+            self._read.wait()
+        if self.queued:
+            self._done.wait()
 
 
 class Prefetcher:
@@ -95,29 +102,39 @@ class Prefetcher:
         if ticket.queued or ticket.released:
             return
         ticket.queued = True
+        self._put(ticket._done, self._store._bring_up_ticket, ticket)
+
+    def read_ahead(self, ticket: Ticket) -> None:
+        """Queue ``ticket``'s LMDB reads for the thread (rows staged in host memory, tiers untouched)."""
+        if ticket.staged or ticket.released:
+            return
+        ticket.staged = True
+        self._put(ticket._read, self._store._stage_ticket, ticket)
+
+    def _put(self, event, job, ticket) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="tiered_emb-prefetch", daemon=True)
             self._thread.start()
-        self._queue.put(ticket)
+        self._queue.put((event, job, ticket))
 
     def _run(self) -> None:
         while True:
-            ticket = self._queue.get()
-            if ticket is _STOP:
+            item = self._queue.get()
+            if item is _STOP:
                 return
+            event, job, ticket = item
             try:
-                self._store._bring_up_ticket(ticket)
+                job(ticket)
             except BaseException as err:  # kept for the step that needs the rows
                 ticket.error = err
             finally:
-                ticket._done.set()
+                event.set()
 
     def release(self, ticket: Ticket) -> None:
         """Unpin the ticket's rows (waits for it first); raises its error, if any, after unpinning."""
         if ticket.released:
             return
-        if ticket.queued:
-            ticket._done.wait()
+        ticket._settle()
         self._store._unpin_ticket(ticket)
         ticket.released = True
         self._outstanding.remove(ticket)
@@ -126,8 +143,7 @@ class Prefetcher:
     def drain(self) -> None:
         """Wait until every submitted ticket has been brought up (or failed)."""
         for t in list(self._outstanding):
-            if t.queued:
-                t._done.wait()
+            t._settle()
 
     def close(self) -> None:
         """Drain, unpin what is still pinned, stop and join the thread."""
@@ -142,7 +158,7 @@ class Prefetcher:
             self._thread = None
 
 
-def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 1):
+def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahead: int = 1):
     """Iterate ``batches`` with the ids of the next ``depth`` batches handed to the store.
 
     Parameters
@@ -151,13 +167,16 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 1):
     batches : iterable of anything (the trainer's batches)
     ids_of : callable, ``ids_of(batch) -> {table: ids}``
     depth : int >= 0, lookahead window k; 0 turns prefetch off
-    load_ahead : int >= 0, how many batches ahead rows are *brought up* (at most ``depth``).
-        Before step t, batch t + depth enters the window (a ``lookahead+`` policy pins its
-        resident rows, so they are not evicted before use) and batch t + load_ahead is
-        queued for the background thread.  Bringing rows up early costs HBM room (they
-        are pinned from then on), so the default loads one batch ahead: enough to overlap
-        with one step, while the window still protects what later batches need.  0: the
-        step brings its missing rows up itself.
+    load_ahead : int >= 0, how many batches ahead rows are *brought up* into HBM and
+        pinned (at most ``depth``).  Before step t, batch t + depth enters the window (a
+        ``lookahead+`` policy pins its resident rows, so they are not evicted before use)
+        and batch t + load_ahead is queued for the background thread.  Rows brought up
+        early hold HBM room until their batch is done, which costs hits (see
+        docs/benchmarks.md), so the default is 0: the step places its missing rows itself.
+    read_ahead : int >= 0, how many batches ahead the thread *reads* the rows the tiers
+        do not hold from LMDB into host memory (at most ``depth``; default 1): the step
+        finds them there instead of waiting on LMDB, and the tiers' decisions stay the
+        step's.  0: no read-ahead.
 
     Yields each batch after its rows are up (a failure to bring them up is raised here,
     as PrefetchError, in the step that needs them).  Control returning to the generator
@@ -169,7 +188,7 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 1):
     >>> for batch in lookahead(store, loader, lambda b: {"t": b}, depth=4):  # doctest: +SKIP
     ...     store.apply_gradients("t", batch, grads_for(batch))
     """
-    for name, v in (("depth", depth), ("load_ahead", load_ahead)):
+    for name, v in (("depth", depth), ("load_ahead", load_ahead), ("read_ahead", read_ahead)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             from .errors import ConfigError
             raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (depth 0: no prefetch)")
@@ -177,6 +196,7 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 1):
         yield from batches
         return
     load = min(load_ahead, depth)
+    read = min(read_ahead, depth)
     it = iter(batches)
     window: list = []  # (batch, ticket) of batches base, base + 1, ...
     base = 0
@@ -190,6 +210,9 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 1):
                     exhausted = True
                 else:  # batch t + depth enters the window
                     window.append((nxt, store.prefetch(ids_of(nxt), bring_up=False)))
+            j = t + read - base  # batch t + read: its LMDB rows are read on the thread
+            if read > 0 and 0 <= j < len(window):
+                store.read_ahead(window[j][1])
             j = t + load - base  # batch t + load comes up on the thread
             if load > 0 and 0 <= j < len(window):
                 store.bring_up(window[j][1])

@@ -328,7 +328,13 @@ class TieredStore:
             c["ddr"]["evictions"] += n_ev
             c["ddr"]["writebacks"] += ev_ids.shape[0]
             if ev_ids.shape[0]:
-                c["ssd"]["writebacks"] += self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False)
+                c["ssd"]["writebacks"] += ev_ids.shape[0]
+                try:  # raises a failed background write (its rows, and these, wait in memory)
+                    self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False)
+                except BaseException:
+                    if pinned:
+                        t.hbm.release(slots)
+                    raise
         return slots, pinned
 
     @_locked
@@ -515,6 +521,18 @@ class TieredStore:
         self._check_open()
         self._prefetcher.bring_up(ticket)
 
+    def read_ahead(self, ticket: Ticket) -> None:
+        """Queue the LMDB reads of a ticket's batch for the background thread (once).
+
+        The thread reads the records of the batch's rows that are neither in HBM nor in
+        DDR, without holding the store's lock, and keeps them in host memory beside the
+        tiers until the ticket is released; the step then finds them there instead of
+        waiting on LMDB.  Where rows are placed is still decided by the step, so hit
+        rates are those of the step alone.
+        """
+        self._check_open()
+        self._prefetcher.read_ahead(ticket)
+
     def release(self, ticket: Ticket) -> None:
         """Unpin a prefetched batch (after its update); raises its PrefetchError if bringing it up failed."""
         self._check_open()
@@ -533,6 +551,18 @@ class TieredStore:
                     prev = ticket.slots.get(name)
                     ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
 
+    def _stage_ticket(self, ticket: Ticket) -> None:
+        """Worker side of :meth:`read_ahead`: LMDB reads outside the lock, held by the SSD tier."""
+        batch = {}
+        with self._lock:
+            if self._closed:
+                return
+            for name in sorted(ticket.uids):
+                t = self._tables[name]
+                u = ticket.uids[name]
+                batch[name] = u[(t.hbm.find(u) < 0) & (t.ddr.find(u) < 0)]
+        self._ssd.stage(ticket.seq, batch)
+
     @staticmethod
     def _pin_budget(t: _Table) -> int:
         """Rows a ticket may still pin: prefetch leaves 1/8 of HBM (>= 1 row) to the step's own misses."""
@@ -543,6 +573,7 @@ class TieredStore:
             for name, slots in sorted(ticket.slots.items()):
                 self._tables[name].hbm.release(slots)
             ticket.slots = {}
+            self._ssd.unstage(ticket.seq)
 
     # ------------------------------------------------------------------ durability
     def _dirty_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -321,8 +321,9 @@ class TrainPipeline:
 
     Wraps a data iterator; before step t it hands the ids of batch t + k to the store
     (:meth:`TieredStore.prefetch`, ``k = lookahead_batches``), whose background thread
-    brings the rows of batch t + ``load_ahead`` up and pins them while this thread runs
-    the dense forward and backward (see :func:`tiered_emb.prefetch.lookahead`).  Each step runs ``optimizer.zero_grad()``, the loss,
+    reads the LMDB rows of batch t + ``read_ahead`` (and, with ``load_ahead``, brings the
+    rows of batch t + ``load_ahead`` up and pins them) while this thread runs the step
+    (see :func:`tiered_emb.prefetch.lookahead`).  Each step runs ``optimizer.zero_grad()``, the loss,
     ``backward()`` (the embedding rows are updated by the store, fused) and
     ``optimizer.step()``, then unpins the batch.  Results are bitwise the same for every
     ``lookahead_batches``, 0 included (no prefetch).
@@ -335,7 +336,8 @@ class TrainPipeline:
     ids_of : callable, ``ids_of(batch) -> {table: ids}``: the rows a batch will read
     loss_of : callable, ``loss_of(model, batch) -> scalar loss tensor``
     lookahead_batches : int >= 0, the window k
-    load_ahead : int >= 0, batches ahead whose rows are brought up (at most k; default 1)
+    load_ahead : int >= 0, batches ahead whose rows are brought up into HBM (at most k; default 0)
+    read_ahead : int >= 0, batches ahead whose LMDB rows are read into host memory (at most k; default 1)
 
     Examples
     --------
@@ -345,8 +347,10 @@ class TrainPipeline:
     ...     pass
     """
 
-    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 1):
-        for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead)):
+    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 0,
+                 read_ahead: int = 1):
+        for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead),
+                        ("read_ahead", read_ahead)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (lookahead_batches 0: no prefetch)")
         self.store = store
@@ -356,13 +360,15 @@ class TrainPipeline:
         self.loss_of = loss_of
         self.lookahead_batches = lookahead_batches
         self.load_ahead = load_ahead
+        self.read_ahead = read_ahead
 
     def run(self, batches):
         """Train on every batch of ``batches``; yields each step's loss (a float).
 
         Stopping early (``break``) releases every pin; the store's thread ends at ``close()``.
         """
-        for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead):
+        for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead,
+                               self.read_ahead):
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
             loss = self.loss_of(self.model, batch)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import errno
 import json
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
@@ -26,23 +28,72 @@ import numpy as np
 import zstandard
 
 from ..errors import CorruptStoreError, StoreFullError, StoreLockedError
+from .rowbuf import ABSENT, FOUND, RowBuffer
 
 _RAW = 0
 _ZSTD = 1
 _META_DB = b"meta"
 
 
+class _TxnGate:
+    """Read transactions of any thread against a map resize (LMDB allows one only with no transaction open)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._resizing = False
+
+    @contextmanager
+    def reading(self):
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def resizing(self):
+        with self._cond:
+            while self._resizing or self._readers:
+                self._cond.wait()
+            self._resizing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
 class SsdTier:
     def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
-                 map_size_bytes: int, writeback_rows: int = 1 << 16):
+                 map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True):
         self.path = Path(path)
-        # Write-backs of evicted rows wait here (table -> {id: encoded record}, the newest
-        # copy of those rows) and go to the since-checkpoint databases in one transaction
-        # once ``writeback_rows`` are waiting: one commit (and fsync) per many steps
-        # instead of one per table per step.
-        self.writeback_rows = int(writeback_rows)
-        self._wb: dict[str, dict[int, bytes]] = {n: {} for n in sorted(table_widths)}
         self.widths = dict(table_widths)
+        # Write-backs of evicted rows wait in memory (the newest copy of those rows) and go
+        # to the since-checkpoint databases in one transaction once ``writeback_rows`` are
+        # waiting: one commit per many steps instead of one per table per step.  With
+        # ``background_writes`` that transaction runs on a writer thread while the rows
+        # stay readable from its snapshot (``_flushing``) until it commits.
+        self.writeback_rows = int(writeback_rows)
+        self.background_writes = bool(background_writes)
+        self._mu = threading.Lock()  # guards _wb, _flushing, _staged, _gen (short sections only)
+        self._gate = _TxnGate()
+        self._wb: dict[str, RowBuffer] = {n: RowBuffer(w) for n, w in sorted(self.widths.items())}
+        self._flushing: list[dict[str, RowBuffer]] = []  # snapshots not yet committed, oldest first
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
+        # Rows read ahead for coming batches (key -> table -> rows), each equal to LMDB's
+        # record (or its absence) for as long as it is held: every LMDB write drops the
+        # staged copies of the rows it writes.  ``_gen`` counts LMDB writes.
+        self._staged: dict[int, dict[str, RowBuffer]] = {}
+        self._gen = 0
+        self.staging = {"reads": 0, "rows": 0, "used": 0, "discarded": 0}
         self.compression = compression
         self._zc = zstandard.ZstdCompressor(level=compression) if compression else None
         self._zd = zstandard.ZstdDecompressor()
@@ -95,60 +146,116 @@ class SsdTier:
         out_row[:] = np.frombuffer(body, dtype=np.float32)
 
     @staticmethod
-    def _key(i: int) -> bytes:
-        return int(i).to_bytes(8, "big")
+    def _keys(ids: np.ndarray) -> list[bytes]:
+        """LMDB keys of ``ids`` (int64 (k,)): 8 big-endian bytes each."""
+        return ids.astype(">i8").view("V8").tolist()
 
     # ----------------------------------------------------------------- reads
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W); returns the found mask (bool (k,)).
 
-        Newest copy first: the write-back buffer, then ``p:``, then ``t:``.  Each
-        database is read with one ``getmulti`` over the keys in order (the B-tree walk
-        runs in C) and uncompressed records are decoded as one array.
+        Newest copy first: the write-back buffer, the snapshots being written, then
+        rows staged for this batch (equal to LMDB's), then ``p:``, then ``t:``.
         """
-        found = np.zeros(ids.shape[0], dtype=bool)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        state = np.zeros(ids.shape[0], dtype=np.uint8)
         if ids.shape[0] == 0:
-            return found
-        wb = self._wb[table]
-        if wb:
-            for i, row_id in enumerate(ids.tolist()):
-                v = wb.get(row_id)
-                if v is not None:
-                    self._decode(v, out_rows[i])
-                    found[i] = True
+            return state.astype(bool)
+        with self._mu:
+            self._wb[table].get(ids, out_rows, state)
+            for snap in reversed(self._flushing):
+                if table in snap:
+                    snap[table].get(ids, out_rows, state)
+            for key in sorted(self._staged):
+                self.staging["used"] += self._staged[key][table].get(ids, out_rows, state)
+        # LMDB last, in a transaction begun after the look above: a snapshot gone since
+        # was committed first, so the transaction sees its rows.
+        todo = np.flatnonzero(state == 0)
+        if todo.shape[0]:
+            self._read_lmdb(table, ids[todo], out_rows, todo, state)
+        return state == FOUND
+
+    def _read_lmdb(self, table: str, ids: np.ndarray, out_rows: np.ndarray, at: np.ndarray, state: np.ndarray) -> None:
+        """Records of ``ids`` (distinct) from ``p:`` then ``t:`` into ``out_rows[at]``; ``state[at]`` = FOUND where found."""
         dbs = ([self._pending[table]] if self._n_pending[table] > 0 else []) + [self._main[table]]
+        order = np.argsort(ids, kind="stable")  # key order: one sequential walk
+        ids, at = ids[order], at[order]
         try:
-            with self.env.begin(buffers=True) as txn:
+            with self._gate.reading(), self.env.begin(buffers=True) as txn:
                 for db in dbs:
-                    todo = np.flatnonzero(~found)
+                    todo = np.flatnonzero(state[at] == 0)
                     if todo.shape[0] == 0:
                         break
-                    todo = todo[np.argsort(ids[todo], kind="stable")]  # key order: one sequential walk
-                    keys = ids[todo].astype(">i8").tobytes()
                     with txn.cursor(db=db) as cur:
-                        got = cur.getmulti([keys[8 * j:8 * j + 8] for j in range(todo.shape[0])])
+                        got = cur.getmulti(self._keys(ids[todo]))
                     if got:
-                        self._decode_many(got, ids, todo, out_rows, found)
+                        self._decode_many(got, ids[todo], at[todo], out_rows, state)
         except lmdb.Error as err:
             raise CorruptStoreError(f"reading table {table!r} from {self.path} failed ({err})",
                                     "restore the store directory from a backup") from err
-        return found
 
-    def _decode_many(self, got, ids, todo, out_rows, found) -> None:
-        """Decode ``got`` ((key, value) pairs of ``getmulti`` over ``ids[todo]``, in key order) into ``out_rows``."""
+    def _decode_many(self, got, ids, at, out_rows, state) -> None:
+        """Decode ``got`` ((key, value) pairs of ``getmulti`` over sorted ``ids``) into ``out_rows[at]``."""
         got_ids = np.frombuffer(b"".join(k for k, _ in got), dtype=">i8").astype(np.int64)
-        at = todo[np.searchsorted(ids[todo], got_ids)]  # todo is sorted by id
+        at = at[np.searchsorted(ids, got_ids)]
         width = out_rows.shape[1]
         values = [v for _, v in got]
         if all(len(v) == 1 + 4 * width for v in values):  # every record raw-sized: decode as one array
             raw = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), 1 + 4 * width)
             if (raw[:, 0] == _RAW).all():
                 out_rows[at] = np.ascontiguousarray(raw[:, 1:]).view(np.float32)
-                found[at] = True
+                state[at] = FOUND
                 return
         for j, v in enumerate(values):
             self._decode(v, out_rows[at[j]])
-        found[at] = True
+        state[at] = FOUND
+
+    # ----------------------------------------------------------------- staged reads
+    def stage(self, key: int, batch: dict[str, np.ndarray]) -> bool:
+        """Read the LMDB records of ``batch`` ({table: distinct ids}) ahead of the step that needs them.
+
+        Runs on any thread and takes none of the store's locks.  The rows are held under
+        ``key`` until :meth:`unstage`; :meth:`read` then answers them from memory.  A
+        read that overlapped an LMDB write is dropped (returns False): its rows may be
+        older than the write.
+        """
+        with self._mu:
+            gen = self._gen
+        staged = {}
+        for table in sorted(batch):
+            ids = np.ascontiguousarray(batch[table], dtype=np.int64)
+            rows = np.empty((ids.shape[0], self.widths[table]), dtype=np.float32)
+            state = np.zeros(ids.shape[0], dtype=np.uint8)
+            if ids.shape[0]:
+                self._read_lmdb(table, ids, rows, np.arange(ids.shape[0]), state)
+            state[state == 0] = ABSENT
+            buf = RowBuffer(self.widths[table], ids.shape[0])
+            buf.put(ids, rows, state)
+            staged[table] = buf
+        with self._mu:
+            self.staging["reads"] += 1
+            if gen != self._gen:
+                self.staging["discarded"] += 1
+                return False
+            self._staged[key] = staged
+            self.staging["rows"] += sum(len(b) for b in staged.values())
+        return True
+
+    def unstage(self, key: int) -> None:
+        """Drop the rows staged under ``key``."""
+        with self._mu:
+            self._staged.pop(key, None)
+
+    def _written(self, table_ids: dict[str, np.ndarray] | None) -> None:
+        """Bookkeeping after an LMDB write (under ``_mu``): staged copies of written rows are stale."""
+        self._gen += 1
+        if table_ids is None:
+            self._staged.clear()
+            return
+        for staged in self._staged.values():
+            for t, ids in table_ids.items():
+                if t in staged:
+                    staged[t].remove(ids)
 
     # ----------------------------------------------------------------- writes
     def _write(self, fn) -> None:
@@ -159,7 +266,8 @@ class SsdTier:
                     fn(txn)
                 return
             except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                with self._gate.resizing():
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.Error as err:
                 if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
                     raise StoreFullError(f"the disk under {self.path} is full ({err}); the write was rolled back",
@@ -169,49 +277,112 @@ class SsdTier:
 
     def _put_rows(self, txn, db, ids: np.ndarray, rows: np.ndarray) -> None:
         order = np.argsort(ids, kind="stable")  # key order; a repeated id's last row wins
-        keys = ids[order].astype(">i8").tobytes()
-        values = self._encode_many(rows[order])
+        pairs = zip(self._keys(ids[order]), self._encode_many(rows[order]))
         with txn.cursor(db=db) as cur:
-            cur.putmulti([(keys[8 * j:8 * j + 8], v) for j, v in enumerate(values)])
+            cur.putmulti(pairs)
+
+    def _put_waiting(self, txn, snaps: list[dict[str, RowBuffer]], main: bool = False) -> None:
+        """Write write-back snapshots, oldest first, into ``p:`` (or ``t:`` with ``main``)."""
+        for snap in snaps:
+            for t, buf in sorted(snap.items()):
+                if len(buf):
+                    self._put_rows(txn, (self._main if main else self._pending)[t], *buf.items())
+
+    def _waiting(self) -> list[dict[str, RowBuffer]]:
+        """Every write-back not yet in LMDB, oldest first; the buffer starts afresh (under ``_mu``)."""
+        snaps = self._flushing + [self._wb]
+        self._flushing = snaps
+        self._wb = {n: RowBuffer(w) for n, w in sorted(self.widths.items())}
+        return snaps
+
+    @staticmethod
+    def _ids_of(snaps) -> dict[str, np.ndarray]:
+        out: dict[str, list] = {}
+        for snap in snaps:
+            for t, buf in snap.items():
+                if len(buf):
+                    out.setdefault(t, []).append(buf.items()[0])
+        return {t: np.concatenate(parts) for t, parts in sorted(out.items())}
+
+    def wait_writes(self) -> None:
+        """Wait for the writer thread; its error, if any, is raised by the next durable write."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def _write_behind(self) -> None:
+        """Hand every waiting write-back to the writer thread (after the previous one is done)."""
+        self.wait_writes()
+        if self._writer_error is not None:  # its rows stay waiting, retried by the next write
+            err, self._writer_error = self._writer_error, None
+            raise err
+        with self._mu:
+            snaps = self._waiting()
+        if not self.background_writes:
+            self._commit_waiting(snaps)
+            return
+        self._writer = threading.Thread(target=self._commit_waiting, args=(snaps, True), name="tiered_emb-writer",
+                                        daemon=True)
+        self._writer.start()
+
+    def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
+        try:
+            self._write(lambda txn: self._put_waiting(txn, snaps))
+        except BaseException as err:
+            if not on_thread:
+                raise
+            self._writer_error = err
+            return
+        for t in self.widths:
+            self._n_pending[t] = self._entries(self._pending[t])
+        with self._mu:
+            self._flushing = [s for s in self._flushing if not any(s is x for x in snaps)]
+            self._written(self._ids_of(snaps))
 
     def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
 
         ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
-        others until ``writeback_rows`` are waiting, then all go out in one transaction;
-        reads see them at once.  ``durable=True`` writes them, and every waiting row, now.
+        others until ``writeback_rows`` are waiting, then all go out in one transaction
+        (on the writer thread with ``background_writes``); reads see them at once.
+        ``durable=True`` writes them, and every waiting row, now.
         """
         batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
         n = sum(b[0].shape[0] for b in batches.values())
         if not durable:
-            for t, (ids, rows) in batches.items():
-                self._wb[t].update(zip(ids.tolist(), self._encode_many(rows)))
-            if sum(len(wb) for wb in self._wb.values()) >= self.writeback_rows:
-                self.write_pending({}, durable=True)
+            with self._mu:
+                for t, (ids, rows) in batches.items():
+                    self._wb[t].put(ids, rows)
+                waiting = sum(len(b) for b in self._wb.values())
+            if waiting >= self.writeback_rows:
+                self._write_behind()
             return n
-        waiting = {t: wb for t, wb in self._wb.items() if wb}
-        if not batches and not waiting:
+        self.wait_writes()
+        with self._mu:
+            snaps = self._waiting()
+        if not batches and not any(len(b) for s in snaps for b in s.values()):
             return 0
 
         def fn(txn):
-            for t, wb in waiting.items():  # older than ``batches``: written first
-                self._put_encoded(txn, self._pending[t], wb)
+            self._put_waiting(txn, snaps)  # older than ``batches``: written first
             for t, (ids, rows) in batches.items():
                 self._put_rows(txn, self._pending[t], ids, rows)
 
         self._write(fn)
-        for t in set(batches) | set(waiting):
-            self._wb[t] = {}
+        for t in self.widths:
             self._n_pending[t] = self._entries(self._pending[t])
+        with self._mu:
+            self._flushing = []
+            self._writer_error = None
+            self._written(None)
         return n
-
-    def _put_encoded(self, txn, db, records: dict[int, bytes]) -> None:
-        with txn.cursor(db=db) as cur:
-            cur.putmulti([(self._key(i), records[i]) for i in sorted(records)])
 
     def checkpoint(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict, extra: bytes | None) -> int:
         """Make ``batches`` and everything pending the new checkpoint, with ``meta``, atomically."""
         batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
+        self.wait_writes()
+        with self._mu:
+            snaps = self._waiting()
 
         def fn(txn):
             for t in sorted(self.widths):
@@ -221,18 +392,20 @@ class SsdTier:
                     with txn.cursor(db=self._main[t]) as cur:
                         cur.putmulti(pairs)
                     txn.drop(self._pending[t], delete=False)
-                if self._wb[t]:
-                    self._put_encoded(txn, self._main[t], self._wb[t])
-                if t in batches:
-                    self._put_rows(txn, self._main[t], *batches[t])
+            self._put_waiting(txn, snaps, main=True)
+            for t in sorted(batches):
+                self._put_rows(txn, self._main[t], *batches[t])
             txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._meta)
             if extra is not None:
                 txn.put(b"extra", bytes(extra), db=self._meta)
 
         self._write(fn)
+        with self._mu:
+            self._flushing = []
+            self._writer_error = None
+            self._written(None)
         for t in self.widths:
             self._n_pending[t] = 0
-            self._wb[t] = {}
         self.env.sync(True)
         return sum(b[0].shape[0] for b in batches.values())
 
@@ -242,6 +415,8 @@ class SsdTier:
             for t in sorted(self.widths):
                 txn.drop(self._pending[t], delete=False)
         self._write(fn)
+        with self._mu:
+            self._written(None)
         self._n_pending = {t: 0 for t in self.widths}
 
     def promote_pending(self) -> None:
@@ -249,7 +424,7 @@ class SsdTier:
         self.checkpoint({}, self.read_meta(), None)
 
     def read_meta(self) -> dict:
-        with self.env.begin() as txn:
+        with self._gate.reading(), self.env.begin() as txn:
             v = txn.get(b"meta", db=self._meta)
         if v is None:
             raise CorruptStoreError(f"the LMDB environment {self.path} has no meta record",
@@ -260,27 +435,30 @@ class SsdTier:
             raise CorruptStoreError(f"the meta record of {self.path} is not JSON", "restore from a backup") from err
 
     def read_extra(self) -> bytes | None:
-        with self.env.begin() as txn:
+        with self._gate.reading(), self.env.begin() as txn:
             v = txn.get(b"extra", db=self._meta)
         return None if v is None else bytes(v)
 
     # ----------------------------------------------------------------- introspection
     def _entries(self, db) -> int:
-        with self.env.begin() as txn:
+        with self._gate.reading(), self.env.begin() as txn:
             return int(txn.stat(db)["entries"])
 
     def table_stats(self, table: str) -> dict:
-        with self.env.begin() as txn:
+        with self._gate.reading(), self.env.begin() as txn:
             out = {}
             for label, db in (("rows", self._main[table]), ("pending_rows", self._pending[table])):
                 st = txn.stat(db)
                 out[label] = int(st["entries"])
                 out[label.replace("rows", "bytes")] = int(st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]))
-        out["writeback_rows"] = len(self._wb[table])  # waiting in memory for the next write
+        with self._mu:  # waiting in memory for the next write
+            out["writeback_rows"] = len(self._wb[table]) + sum(len(s[table]) for s in self._flushing if table in s)
         return out
 
     def file_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
 
     def close(self) -> None:
+        """Wait for the writer thread and close the environment (waiting write-backs are not written)."""
+        self.wait_writes()
         self.env.close()
