@@ -83,6 +83,14 @@ def test_fast_kernels_equal_store_on_zipf(policy):
         assert simulate(tr, capacity, policy) == simulate(tr, capacity, policy + "-store")
 
 
+@pytest.mark.parametrize("index", INDEXES)
+@given(trace=st.lists(st.one_of(st.integers(0, 4), st.integers(0, 60)), max_size=200), capacity=st.integers(1, 16))
+def test_belady_with_many_last_requests(index, trace, capacity):
+    """A few hot ids and a long tail: many requests are an id's last, whose slots leave Belady's heap for
+    its stack of never-again residents (hits on them, misses taking them, the heap emptied)."""
+    assert flags(trace, capacity, "belady", index) == ref.belady(trace, capacity)
+
+
 @given(trace=traces, capacity=capacities)
 def test_no_policy_beats_belady(trace, capacity):
     tr = np.array(trace, dtype=np.int64)

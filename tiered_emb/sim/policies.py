@@ -21,8 +21,8 @@ not, and why):
   (90 %); the variant of libCacheSim 0.3.x (``S3FIFO.c``), including its warm-up rule.
 - ARC: T1/T2/B1/B2 with a float target ``p``, as libCacheSim's ``ARC.c``.
 - Belady (OPT/MIN): evict the resident whose next request is farthest away; ties, which
-  only arise among ids never requested again, go to the highest slot (any choice among
-  those gives the same hits).
+  only arise among ids never requested again, go to the one that entered that state last
+  (any choice among those gives the same hits).
 """
 from __future__ import annotations
 
@@ -188,15 +188,17 @@ def _next_use(trace, order, next_use, never):
 def _next_use_dense(trace, last, next_use):
     """The same from the end in one pass: ``last`` (int32 or int64 (max id + 1,), filled
     with ``n``) holds each id's earliest request seen so far."""
+    # twice the kernels' distance: a request costs so little here that more loads fit in
+    # flight (about 8 % faster at 20M requests over 10M ids)
     for i in range(trace.shape[0] - 1, -1, -1):
-        if i >= PREFETCH_AHEAD:
-            _prefetch(last, trace[i - PREFETCH_AHEAD])
+        if i >= 2 * PREFETCH_AHEAD:
+            _prefetch(last, trace[i - 2 * PREFETCH_AHEAD])
         k = trace[i]
         next_use[i] = last[k]
         last[k] = i
 
 
-def next_use_of(trace: np.ndarray, dtype=np.int64) -> np.ndarray:
+def next_use_of(trace: np.ndarray, dtype=np.int64, max_id: int | None = None) -> np.ndarray:
     """Position of each request's next request of the same id, or ``len(trace)`` if none.
 
     One backward pass over a dense array of last positions when the ids are bounded
@@ -206,6 +208,8 @@ def next_use_of(trace: np.ndarray, dtype=np.int64) -> np.ndarray:
     ----------
     trace : int64 array (n,), ids >= 0
     dtype : np.int64, or np.int32 for half the memory when ``n < 2**31`` (Belady's own)
+    max_id : int, optional, the largest id, when the caller has checked the ids (all >= 0)
+        and knows it: saves a pass over the trace
 
     Returns
     -------
@@ -219,7 +223,7 @@ def next_use_of(trace: np.ndarray, dtype=np.int64) -> np.ndarray:
     trace = np.ascontiguousarray(trace, dtype=np.int64)
     n = trace.shape[0]
     out = np.empty(n, dtype=dtype)
-    lo, hi = id_range(trace)
+    lo, hi = id_range(trace) if max_id is None else (0, max_id)
     if lo >= 0 and dense_ok(hi, n):
         _next_use_dense(trace, np.full(hi + 1, n, dtype=np.int32 if n < 2**31 else np.int64), out)
     else:
@@ -914,47 +918,86 @@ def _opt_sift_down(heap, hpos, i, n):
 
 
 @numba.njit(cache=True)
-def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, hit_flags):
-    """Belady's MIN: a 4-ary max-heap (int64 (capacity,)) of ``next use << 32 | slot``.
+def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, dead, hit_flags):
+    """Belady's MIN: a 4-ary max-heap (int64 (capacity,)) of ``next use << 32 | slot``
+    over the residents that will be requested again, and a stack ``dead`` int32
+    (capacity,) of those that will not.
 
     Four children per node halve the depth of a binary heap (a hit moves its slot up),
     and the four are adjacent in memory (an eviction moves the new slot down).  Packing
-    the key makes the heap order "later next use first, then the higher slot"
-    one integer compare on the heap array itself, with no indirection through the slot;
-    ``hpos`` int32 (capacity,) is each slot's heap position.
+    the key makes the heap order one integer compare on the heap array itself, with no
+    indirection through the slot; ``hpos`` int32 (capacity,) is each heap slot's position.
+
+    Why the stack: a resident never requested again is the first to go (any of them: none
+    can hit again, so which one leaves changes no hit), and on skewed traces they are
+    most of a large cache (a last request is often a hit).  In the heap each would climb
+    to the root, through ties broken by slot, and sit above the live ones; on the stack
+    it costs one store, and the heap holds only live residents (4x faster at a 10 % cache
+    of a Zipf 1.0 trace).  A hit's old key is the current position, the smallest in the
+    heap, so its slot is a leaf: a new key only moves it up, and removing it (its last
+    request) moves the heap's last entry into the leaf and up.
     """
     record = hit_flags.shape[0] > 0
     hits = 0
-    used = 0
+    used = 0  # slots handed out
+    live = 0  # heap entries
+    n_dead = 0
     n = trace.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             _ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
         key = trace[i]
         s = _ix_find(ix, key)
-        due = np.int64(next_use[i]) << 32
+        nu = np.int64(next_use[i])
         if s >= 0:
             hits += 1
             if record:
                 hit_flags[i] = 1
             h = hpos[s]
-            heap[h] = due | s  # later than before: moves up
+            if nu < n:
+                heap[h] = (nu << 32) | s  # later than before: moves up
+            else:
+                live -= 1
+                dead[n_dead] = s
+                n_dead += 1
+                if h == live:
+                    continue
+                heap[h] = heap[live]
             _opt_sift_up(heap, hpos, h)
             continue
         if used < capacity:
             s = used
             used += 1
+        elif n_dead > 0:
+            n_dead -= 1
+            s = dead[n_dead]
+            _ix_del(ix, slot_ids[s])
+        else:
+            # evict the farthest next use: the root gives way to the new entry if it is
+            # live, else to the heap's last entry
+            s = heap[0] & 0xFFFFFFFF
+            _ix_del(ix, slot_ids[s])
             slot_ids[s] = key
             _ix_put(ix, key, s)
-            heap[s] = due | s
-            _opt_sift_up(heap, hpos, s)
+            if nu < n:
+                heap[0] = (nu << 32) | s
+            else:
+                live -= 1
+                heap[0] = heap[live]
+                dead[n_dead] = s
+                n_dead += 1
+            if live > 0:
+                _opt_sift_down(heap, hpos, 0, live)
             continue
-        s = heap[0] & 0xFFFFFFFF
-        _ix_del(ix, slot_ids[s])
         slot_ids[s] = key
         _ix_put(ix, key, s)
-        heap[0] = due | s
-        _opt_sift_down(heap, hpos, 0, used)
+        if nu < n:
+            heap[live] = (nu << 32) | s
+            live += 1
+            _opt_sift_up(heap, hpos, live - 1)
+        else:
+            dead[n_dead] = s
+            n_dead += 1
     return hits
 
 
@@ -1042,9 +1085,10 @@ def arc_hits(trace, capacity, hit_flags, index="auto", max_id=None):
 
 
 def belady_hits(trace, capacity, hit_flags, next_use=None, index="auto", max_id=None):
-    """Belady's hits; ``next_use`` (from :func:`next_use_of`) is computed when not given."""
+    """Belady's hits; ``next_use`` (from :func:`next_use_of`) is computed when not given (``max_id``:
+    the largest id when the caller knows it and has checked the ids are >= 0)."""
     if next_use is None:
-        next_use = next_use_of(trace, np.int32 if trace.shape[0] < 2**31 else np.int64)
+        next_use = next_use_of(trace, np.int32 if trace.shape[0] < 2**31 else np.int64, max_id)
     ix, idt = _state(trace, capacity, index, max_id)
-    return _belady_simulate(trace, next_use, capacity, ix, np.empty(capacity, idt),
-                            np.zeros(capacity, np.int64), np.zeros(capacity, np.int32), hit_flags)
+    return _belady_simulate(trace, next_use, capacity, ix, np.empty(capacity, idt), np.empty(capacity, np.int64),
+                            np.empty(capacity, np.int32), np.empty(capacity, np.int32), hit_flags)
