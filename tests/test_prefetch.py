@@ -204,7 +204,7 @@ def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, mo
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     data = batches(10, seed=5)
     s = TieredStore.create(tmp_path / "x", TABLES, TierConfig(50, 0, "lookahead+lru", "cpu"), seed=4)
-    for i, _ in enumerate(lookahead(s, data, lambda x: x, 4)):
+    for i, _ in enumerate(lookahead(s, data, lambda x: x, 4, load_ahead=1, read_ahead=2)):
         if i == 2:
             break
     assert int(s._tables["u"].hbm.pins.sum()) == 0

@@ -220,6 +220,8 @@ def test_bad_rows_and_gradients(store):
 def test_config_errors_name_field_and_value():
     with pytest.raises(ConfigError, match="hbm_rows=0"):
         TierConfig(hbm_rows=0)
+    with pytest.raises(ConfigError, match="background_writes=1"):
+        TierConfig(hbm_rows=1, background_writes=1)
     with pytest.raises(ConfigError, match="policy='mru'"):
         TierConfig(hbm_rows=1, policy="mru")
     with pytest.raises(ConfigError, match="dim=0"):

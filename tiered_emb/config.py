@@ -137,6 +137,9 @@ class TierConfig:
         zstd level (1..22) for LMDB records, or None for raw float32 bytes.
     map_size_bytes : int
         Initial LMDB map size; the map doubles by itself when full.
+    background_writes : bool
+        Write evicted rows to LMDB on a writer thread (default) instead of the step's; the
+        rows stay readable from memory until their transaction commits.
     """
 
     hbm_rows: int
@@ -145,6 +148,7 @@ class TierConfig:
     device: str = "auto"
     ssd_compression: int | None = None
     map_size_bytes: int = 1 << 28
+    background_writes: bool = True
 
     def __post_init__(self):
         from .policies import POLICIES
@@ -162,6 +166,8 @@ class TierConfig:
                               "use None (no compression) or a zstd level in 1..22")
         if not _is_int(self.map_size_bytes) or self.map_size_bytes < (1 << 20):
             raise ConfigError(f"TierConfig.map_size_bytes={self.map_size_bytes!r} is invalid", "use an int >= 1 MiB")
+        if not isinstance(self.background_writes, bool):
+            raise ConfigError(f"TierConfig.background_writes={self.background_writes!r} is invalid", "use True or False")
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

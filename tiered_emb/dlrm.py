@@ -65,9 +65,12 @@ def add_parser(sub) -> None:
                    help="of the window, how many batches ahead the background thread brings rows up "
                         "(default 0: the window only protects rows; loading ahead did not pay on 2 CPU cores, "
                         "see docs/training.md)")
-    p.add_argument("--read-ahead", type=int, default=1,
+    p.add_argument("--read-ahead", type=int, default=0,
                    help="of the window, how many batches ahead the background thread reads rows from LMDB into "
-                        "host memory (default 1; 0: the step reads LMDB itself)")
+                        "host memory (default 0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
+                        "cores with LMDB in the page cache, see docs/training.md)")
+    p.add_argument("--sync-writes", action="store_true",
+                   help="write evicted rows to LMDB on the step's thread (default: on a writer thread)")
     p.set_defaults(func=run)
 
 
@@ -196,7 +199,8 @@ def train(args) -> dict:
     run_dir = Path(args.run_dir)
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
-    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu")
+    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu",
+                       background_writes=not getattr(args, "sync_writes", False))
     if args.resume:
         if not config_path.is_file():
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
@@ -252,7 +256,7 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead,
-                             load_ahead=getattr(args, "load_ahead", 0), read_ahead=getattr(args, "read_ahead", 1))
+                             load_ahead=getattr(args, "load_ahead", 0), read_ahead=getattr(args, "read_ahead", 0))
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:

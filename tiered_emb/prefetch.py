@@ -158,7 +158,7 @@ class Prefetcher:
             self._thread = None
 
 
-def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahead: int = 1):
+def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahead: int = 0):
     """Iterate ``batches`` with the ids of the next ``depth`` batches handed to the store.
 
     Parameters
@@ -174,9 +174,11 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
         early hold HBM room until their batch is done, which costs hits (see
         docs/benchmarks.md), so the default is 0: the step places its missing rows itself.
     read_ahead : int >= 0, how many batches ahead the thread *reads* the rows the tiers
-        do not hold from LMDB into host memory (at most ``depth``; default 1): the step
-        finds them there instead of waiting on LMDB, and the tiers' decisions stay the
-        step's.  0: no read-ahead.
+        do not hold from LMDB into host memory (at most ``depth``): the step finds them
+        there instead of waiting on LMDB, and the tiers' decisions stay the step's.  It
+        pays where LMDB reads wait on the disk; where they are CPU work (records in the
+        page cache) on a host whose cores the step already uses, the thread's work slows
+        the step more than it saves (docs/benchmarks.md), hence the default 0.
 
     Yields each batch after its rows are up (a failure to bring them up is raised here,
     as PrefetchError, in the step that needs them).  Control returning to the generator

@@ -123,7 +123,8 @@ class TieredStore:
         lock_fd = _lock(path)
         try:
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
-                          tiers.map_size_bytes)
+                          tiers.map_size_bytes,
+                          background_writes=tiers.background_writes)
             meta = {"format": FORMAT, "epoch": 0}
             ssd.checkpoint({}, meta, None)
             store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
@@ -170,7 +171,8 @@ class TieredStore:
         try:
             resolve_xp(tiers.device)
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
-                          max(tiers.map_size_bytes, stored_tiers.map_size_bytes))
+                          max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
+                          background_writes=tiers.background_writes)
             meta = ssd.read_meta()
             if restore == "latest":
                 ssd.promote_pending()

@@ -337,7 +337,8 @@ class TrainPipeline:
     loss_of : callable, ``loss_of(model, batch) -> scalar loss tensor``
     lookahead_batches : int >= 0, the window k
     load_ahead : int >= 0, batches ahead whose rows are brought up into HBM (at most k; default 0)
-    read_ahead : int >= 0, batches ahead whose LMDB rows are read into host memory (at most k; default 1)
+    read_ahead : int >= 0, batches ahead whose LMDB rows are read into host memory (at most k; default 0:
+        it pays where LMDB reads wait on the disk, not where they are CPU work on a busy host)
 
     Examples
     --------
@@ -348,7 +349,7 @@ class TrainPipeline:
     """
 
     def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 0,
-                 read_ahead: int = 1):
+                 read_ahead: int = 0):
         for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead),
                         ("read_ahead", read_ahead)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
