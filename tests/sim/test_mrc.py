@@ -1,4 +1,5 @@
 """The one-pass LRU curve equals per-size simulation; Belady's curve equals per-size Belady."""
+import numba
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -15,6 +16,29 @@ def test_lru_curve_equals_per_size_simulation(trace):
     assert c.hits[0] == 0
     for cap in range(1, c.distinct_ids + 1):
         assert c.hits[cap] == simulate(tr, cap, "lru") == stack_distance_hits(trace, cap)
+
+
+@given(st.lists(st.one_of(st.integers(0, 6), st.integers(0, 3000)), min_size=1, max_size=300), st.booleans())
+def test_lru_curve_long_ids_both_paths(trace, huge):
+    """Ids far apart (the argsort path when ``huge``), reuses across the two halves the
+    pass sweeps apart: the reference's hits at every size."""
+    tr = np.array(trace, dtype=np.int64) * ((2**40 + 3) if huge else 1)
+    c = lru_curve(tr)
+    for cap in range(1, c.distinct_ids + 1, max(1, c.distinct_ids // 7)):
+        assert c.hits[cap] == stack_distance_hits(trace, cap)
+
+
+def test_lru_curve_same_with_one_thread():
+    """The halves run one after the other on one thread: the same curve."""
+    tr = zipf_ids(5000, 0.9, 80_000, seed=12)
+    two = lru_curve(tr)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one = lru_curve(tr)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(one.hits, two.hits)
 
 
 def test_lru_curve_zipf_every_size():
