@@ -16,8 +16,10 @@ A miss is a row brought into HBM for a batch, by the prefetch thread or by the s
 Targets: lookahead at least the best plain policy, and within 1 point of windowed Belady.
 
 Part 2, end to end: the DLRM main job (``tiered-emb train``) with tables 10x HBM + DDR,
-samples/s without the pipeline, with it (window k; load distance ``load_ahead`` and 0),
-and with every row resident.
+samples/s without the pipeline (write-backs on the step's thread, and on the writer
+thread), with it (window k: alone, reading LMDB one batch ahead, bringing rows up
+``load_ahead`` batches ahead), and with every row resident; all configurations of a
+repeat run back to back, medians over repeats.
 
 Run from the repository root::
 
@@ -108,12 +110,14 @@ def end_to_end(args) -> dict:
 
     base = ["train", "--steps", str(args.e2e_steps), "--quiet", "--eval-batches", "1", "--checkpoint-every", "0"]
     hbm, ddr = 4096, 4096  # the job's defaults: tables (26 x 100k rows) = 12.2x HBM + DDR
+    k = str(args.window)
     configs = {
+        "no prefetch, writes on the step": ["--lookahead", "0", "--sync-writes"],
         "no prefetch": ["--lookahead", "0"],
-        f"pipeline k={args.window}": ["--lookahead", str(args.window), "--load-ahead", str(args.load_ahead),
-                                      "--policy", "lookahead+lru"],
-        f"pipeline k={args.window} load 0": ["--lookahead", str(args.window), "--load-ahead", "0",
-                                             "--policy", "lookahead+lru"],
+        f"pipeline k={k}": ["--lookahead", k, "--policy", "lookahead+lru"],
+        f"pipeline k={k} read-ahead 1": ["--lookahead", k, "--read-ahead", "1", "--policy", "lookahead+lru"],
+        f"pipeline k={k} load {args.load_ahead}": ["--lookahead", k, "--load-ahead", str(args.load_ahead),
+                                                  "--policy", "lookahead+lru"],
         "every row resident": ["--hbm-rows", "100000", "--ddr-rows", "0"],
     }
     out = {}
@@ -123,17 +127,21 @@ def end_to_end(args) -> dict:
                 argv = base + ["--run-dir", f"{tmp}/{rep}_{len(out)}", "--hbm-rows", str(hbm), "--ddr-rows", str(ddr)] \
                     + extra
                 r = dlrm.train(parser.parse_args(argv))
-                out.setdefault(name, {"samples_per_s": [], "step_hbm_hit_rate": r["tiers"]["hbm"]["hit_rate"],
+                out.setdefault(name, {"flags": extra, "samples_per_s": [],
+                                      "step_hbm_hit_rate": r["tiers"]["hbm"]["hit_rate"],
                                       "prefetched_rows": r["prefetch"]["hbm"]["lookups"]})
                 out[name]["samples_per_s"].append(r["samples_per_s"])
     for v in out.values():
         v["median_samples_per_s"] = median(v["samples_per_s"])
     med = {name: out[name]["median_samples_per_s"] for name in configs}
-    names = list(configs)
-    out["ratios"] = {"pipeline_vs_no_prefetch": med[names[1]] / med[names[0]],
-                     "pipeline_vs_resident": med[names[1]] / med[names[3]],
-                     "pipeline_load0_vs_no_prefetch": med[names[2]] / med[names[0]],
-                     "no_prefetch_vs_resident": med[names[0]] / med[names[3]]}
+    sync, none, pipe, read, load, resident = list(configs)
+    out["ratios"] = {"pipeline_vs_no_prefetch": med[pipe] / med[none],
+                     "pipeline_vs_resident": med[pipe] / med[resident],
+                     "pipeline_read_ahead_vs_pipeline": med[read] / med[pipe],
+                     "pipeline_load_ahead_vs_pipeline": med[load] / med[pipe],
+                     "writer_thread_vs_writes_on_step": med[none] / med[sync],
+                     "pipeline_vs_no_prefetch_writes_on_step": med[pipe] / med[sync],
+                     "no_prefetch_vs_resident": med[none] / med[resident]}
     return out
 
 
@@ -149,6 +157,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--e2e-steps", type=int, default=100, help="training steps per end-to-end run (0: skip part 2)")
     p.add_argument("--e2e-repeats", type=int, default=3)
+    p.add_argument("--e2e-only", action="store_true", help="skip part 1 (hit rates)")
     p.add_argument("--json", default="bench/results/prefetch.json")
     args = p.parse_args(argv)
     sizes = [float(x) for x in args.sizes.split(",")]
@@ -158,7 +167,7 @@ def main(argv=None) -> dict:
           f"loaded {args.load_ahead} batch(es) ahead; wB: windowed Belady")
     print(f"{'trace':<9} {'HBM':>4} {'lru':>6} {'lfu':>6} {'L0 lru':>6} {'L0 lfu':>6} {'L1 lru':>6} {'L1 lfu':>6} "
           f"{'wB lru':>6} {'wB lfu':>6} {'belady':>6}  targets L0 / L{args.load_ahead}")
-    for name, (trace, batch, desc) in traces(args).items():
+    for name, (trace, batch, desc) in ({} if args.e2e_only else traces(args)).items():
         results[name] = {"description": desc, "batch": batch, "points": {}}
         for frac in sizes:
             row = hit_rates(trace, batch, frac, args.window, args.load_ahead)
@@ -176,10 +185,10 @@ def main(argv=None) -> dict:
         out["end_to_end"] = e2e
         for name, v in e2e.items():
             if name != "ratios":
-                print(f"{name:<22} {v['median_samples_per_s']:>10,.0f} samples/s  (the steps' HBM hit rate "
+                print(f"{name:<34} {v['median_samples_per_s']:>10,.0f} samples/s  (the steps' HBM hit rate "
                       f"{v['step_hbm_hit_rate']:.3f})")
         for name, v in e2e["ratios"].items():
-            print(f"{name:<30} {v:.2f}x")
+            print(f"{name:<40} {v:.2f}x")
     if args.json:
         write_json(args.json, out)
     return out
