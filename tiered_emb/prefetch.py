@@ -10,16 +10,20 @@ The step then finds its rows in HBM.
 Eviction by next use follows from the pins.  A batch *enters the window* when it is
 handed over (``depth`` batches ahead): with a ``lookahead+`` policy its resident rows
 are pinned at once, so victims are always rows not needed within the window, ordered
-by the tier's own policy.  Its missing rows are *brought up* later, ``load_ahead``
-batches ahead (default 1): a row brought up early is pinned until its batch is done,
+by the tier's own policy.  Its missing rows can be *brought up* later, ``load_ahead``
+batches ahead (default 0: by the step): a row brought up early is pinned until its batch is done,
 so loading the whole window at once would shrink the room left to the policy by k
 batches; measured in ``bench/bench_prefetch.py`` that costs more hits than the window
 wins.  When pins would exceed the tier (each ticket may pin at most ``capacity -
 reserve`` rows) the rows of the *farthest* batches are the ones left below.  The
-step's own spill path answers whatever was not brought up.
+step's own spill path answers whatever was not brought up.  Or the thread can *read
+ahead* (``read_ahead`` batches ahead, default 0): the LMDB records of the rows the tiers
+do not hold, read without the store's lock and kept beside the tiers for the step
+(:meth:`TieredStore.read_ahead`).
 
-Safety: the worker and the step share the store's lock (they never race on the tiers;
-overlap comes from the step's dense compute, which holds no store lock); ``checkpoint``
+Safety: the worker and the step share the store's lock for every change to the tiers
+(they never race on them; a read-ahead's LMDB reads hold only the SSD tier's own
+lock for their bookkeeping, see docs/architecture.md); ``checkpoint``
 and ``close`` drain the queue first; an exception on the worker is kept in its ticket
 and raised as :class:`~tiered_emb.errors.PrefetchError` by ``Ticket.wait`` /
 ``release`` (the step that needs those rows); ``close`` joins the thread.
