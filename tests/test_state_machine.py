@@ -20,7 +20,8 @@ NAMES = [t.name for t in TABLES]
 ID_SPACE = 12
 
 ids_st = st.lists(st.integers(0, ID_SPACE - 1), min_size=0, max_size=9)
-tiers_st = st.builds(TierConfig, hbm_rows=st.integers(1, 5), ddr_rows=st.integers(0, 4),
+# hbm_rows 12 holds table "s" whole (num_rows=12): its HBM is then direct, row id in slot id
+tiers_st = st.builds(TierConfig, hbm_rows=st.integers(1, 5) | st.just(12), ddr_rows=st.integers(0, 4),
                      policy=st.sampled_from(["lru", "lfu"]), device=st.just("cpu"),
                      ssd_compression=st.sampled_from([None, 1]), background_writes=st.booleans())
 

@@ -312,3 +312,33 @@ def test_importing_does_not_import_torch_or_cupy():
     code = "import sys, tiered_emb; print('torch' in sys.modules, 'cupy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("hbm", [3, 40, 64])  # evicting; holding the batch; holding the table (direct)
+def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
+    """Widths whose HBM rows are padded to whole 64-byte lines (129 -> 144, 120 -> 128
+    floats) and one that is not (Adam, 22): every row and state against the reference,
+    across evictions, checkpoint and reopen."""
+    from tiered_emb import Adam
+    tables = [TableConfig("r", dim=128, num_rows=64, optimizer=RowWiseAdagrad(lr=0.1)),
+              TableConfig("s", dim=120, num_rows=64, optimizer=SGD(lr=0.5)),
+              TableConfig("a", dim=7, num_rows=64, optimizer=Adam(lr=0.05))]
+    ref = ReferenceStore(tables, seed=3)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "s"
+    s = TieredStore.create(path, tables, cpu(hbm, 4), seed=3)
+    assert [s._tables[n].hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
+    for step in range(6):
+        for t in tables:
+            ids = rng.integers(0, 64, 30)
+            np.testing.assert_array_equal(s.lookup(t.name, ids), ref.lookup(t.name, ids))
+            g = rng.standard_normal((30, t.dim)).astype(np.float32)
+            s.apply_gradients(t.name, ids, g)
+            ref.apply_gradients(t.name, ids, g)
+        if step == 3:
+            s.checkpoint()
+            s.close()
+            s = TieredStore.open(path, tiers=cpu(67 - hbm, 4))
+    for t in tables:
+        assert s.peek(t.name, np.arange(64), with_state=True).tobytes() == ref.peek_records(t.name, range(64)).tobytes()
+    s.close()

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiered_emb import SGD, Adagrad, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
+from tiered_emb import SGD, Adagrad, IdRangeError, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
 from tiered_emb.kernels import _pool_bags, _unpool_grads  # noqa: E402
 from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags  # noqa: E402
 from tiered_emb.torch import TieredEmbedding, TieredEmbeddingBag, TieredEmbeddingBagCollection  # noqa: E402
@@ -90,7 +90,9 @@ def test_embedding_matches_torch(tmp_path):
     store.close()
 
 
-@pytest.mark.parametrize("hbm_rows", [64, 3])  # 3: more unique ids than HBM holds (spill path)
+# 64: the whole table (50 rows) in a direct HBM; 20: an HBM with an index and a policy;
+# 3: more unique ids than HBM holds (spill path)
+@pytest.mark.parametrize("hbm_rows", [64, 20, 3])
 def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
     fused = _store(tmp_path, "a", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
     plain = _store(tmp_path, "b", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
@@ -117,6 +119,65 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
     assert fused.peek("t", all_ids, with_state=True).tobytes() == plain.peek("t", all_ids, with_state=True).tobytes()
     fused.close()
     plain.close()
+
+
+@pytest.mark.parametrize("hbm_rows", [64, 20, 3])
+def test_inference_forward_is_bitwise_the_plain_path(tmp_path, hbm_rows):
+    """No-grad forward (a direct HBM reads rows by id without deduping) against lookup + pool."""
+    ours = _store(tmp_path, "a", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
+    plain = _store(tmp_path, "b", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
+    assert getattr(ours._tables["t"].hbm, "direct", False) == (hbm_rows >= ROWS)
+    bag = TieredEmbeddingBag(ours, "t", mode="mean")
+    for step in range(3):
+        ids, offsets, _ = _batch(step, bags=9)
+        if step == 2:
+            ids[0] = ROWS - 1  # a row never read before: the direct path must bring it up first
+        with torch.no_grad():
+            out = bag(ids, offsets).numpy()
+        off = np.concatenate([offsets.numpy(), [ids.shape[0]]])
+        ref = np.empty_like(out)
+        _pool_bags(plain.lookup("t", ids.numpy()), off, np.empty(0, np.float32), False, True, ref)
+        assert out.tobytes() == ref.tobytes()
+        ids_, offs_, _ = _batch(10 + step, bags=9)  # training between inference steps
+        bag(ids_, offs_).sum().backward()
+        TieredEmbeddingBag(plain, "t", mode="mean")(ids_, offs_).sum().backward()
+    all_ids = np.arange(ROWS)
+    assert ours.peek("t", all_ids, with_state=True).tobytes() == plain.peek("t", all_ids, with_state=True).tobytes()
+    ids, offsets, _ = _batch(0, bags=9)  # all its rows in HBM by now, unless HBM holds fewer (3)
+    before = ours.stats()["t"]["hbm"]
+    with torch.no_grad():
+        bag(ids, offsets)
+    after = ours.stats()["t"]["hbm"]
+    # the direct path counts every position as an HBM lookup and a hit; the others each unique id
+    expected = ids.shape[0] if hbm_rows >= ROWS else np.unique(ids.numpy()).shape[0]
+    assert after["lookups"] - before["lookups"] == expected
+    if hbm_rows >= expected:
+        assert after["hits"] - before["hits"] == expected
+    with torch.no_grad(), pytest.raises(IdRangeError):
+        bag(torch.tensor([1, ROWS]), torch.tensor([0]))
+    ours.close()
+    plain.close()
+
+
+def test_direct_hbm_reads_rows_written_under_a_smaller_hbm(tmp_path):
+    """Rows that went down to DDR / LMDB under a small HBM come back into a direct one on reopen."""
+    path = tmp_path / "s"
+    cfg = TableConfig("t", dim=DIM, num_rows=ROWS, optimizer=RowWiseAdagrad(lr=0.3))
+    with TieredStore.create(path, [cfg], TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=3) as s:
+        bag = TieredEmbeddingBag(s, "t")
+        for step in range(4):
+            ids, offsets, _ = _batch(step, bags=9)
+            bag(ids, offsets).sum().backward()
+        expected = s.peek("t", np.arange(ROWS), with_state=True)
+        s.checkpoint()
+    with TieredStore.open(path, tiers=TierConfig(hbm_rows=ROWS, device="cpu")) as s:
+        assert s._tables["t"].hbm.direct
+        ids = torch.arange(ROWS)
+        with torch.no_grad():
+            out = TieredEmbedding(s, "t")(ids).numpy()
+        assert out.tobytes() == np.ascontiguousarray(expected[:, :DIM]).tobytes()
+        assert s.peek("t", np.arange(ROWS), with_state=True).tobytes() == expected.tobytes()
+        assert s.stats()["t"]["hbm"]["rows"] == ROWS
 
 
 def test_collection_dict_input(tmp_path):

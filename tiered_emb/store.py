@@ -34,7 +34,7 @@ from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurr
 from .optimizers import apply_update
 from .policies import POLICIES
 from .prefetch import Prefetcher, Ticket
-from .tiers import DdrTier, HbmTier, SsdTier
+from .tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier
 
 FORMAT = "tiered_emb/1"
 
@@ -54,7 +54,10 @@ class _Table:
 
     def __init__(self, cfg: TableConfig, tiers: TierConfig, xp):
         self.cfg = cfg
-        self.hbm = HbmTier(tiers.hbm_rows, cfg.record_width, tiers.policy, xp)
+        if cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
+            self.hbm = DirectHbmTier(cfg.num_rows, cfg.record_width, xp)
+        else:
+            self.hbm = HbmTier(tiers.hbm_rows, cfg.record_width, tiers.policy, xp)
         self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
         self.counters = {tier: dict.fromkeys(_TIER_COUNTERS, 0) for tier in ("hbm", "ddr", "ssd")}
         self.counters["ssd"]["lazy_inits"] = 0

@@ -161,7 +161,7 @@ class _StoreModule(torch.nn.Module):
             return self._pooled_device(plan, weights_t, mode)
         batch = _Batch(self.store, self.table, plan, self.nonfinite)
         if not self._needs_backward():
-            return torch.from_numpy(lookup_pooled(self.store, self.table, plan))
+            return torch.from_numpy(lookup_pooled(self.store, self.table, plan, backward=False))
         return _FusedBags.apply(self._anchor, weights_t, batch)
 
     def _pooled_device(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._backend import host_zeros
 from .cache import CacheTier, _cache_admit, _cache_take
 
 
@@ -15,7 +16,7 @@ class DdrTier(CacheTier):
     def __init__(self, capacity_rows: int, width: int, policy: str):
         super().__init__(capacity_rows, policy)
         self.width = width
-        self.records = np.zeros((max(capacity_rows, 1), width), dtype=np.float32)
+        self.records = host_zeros((max(capacity_rows, 1), width))
 
     def take(self, ids: np.ndarray, out_rows: np.ndarray, out_dirty: np.ndarray) -> np.ndarray:
         """Move the rows of ``ids`` held here into ``out_rows``; returns the found mask (uint8 (k,))."""

@@ -6,10 +6,21 @@ the host boundary only on a miss (up) or an eviction (down), batched per chunk.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from .._backend import to_host, to_xp
+from .._backend import host_zeros, to_host, to_xp
 from .cache import CacheTier, _cache_pin, _cache_release, _cache_resolve_new
+
+
+def _records(xp, rows: int, width: int):
+    """Zeroed records, each row padded to a whole number of 64-byte lines when that costs
+    at most 1/8 more memory (dim 128 + a row-wise state: 129 -> 144 floats).  A row then
+    starts on a line: the forward reads its 128 weights from 8 lines, not 9, measured
+    1.7 -> 1.6 ms for 8,192 bags x 20 rows.  Everything outside the tier sees ``width``."""
+    pad = -width % 16
+    stride = width + pad if pad <= width // 8 else width
+    return host_zeros((rows, stride)) if xp is np else xp.zeros((rows, stride), dtype=xp.float32)
 
 
 class HbmTier(CacheTier):
@@ -17,7 +28,7 @@ class HbmTier(CacheTier):
         super().__init__(capacity_rows, policy)
         self.xp = xp
         self.width = width
-        self.records = xp.zeros((max(capacity_rows, 1), width), dtype=xp.float32)
+        self.records = _records(xp, max(capacity_rows, 1), width)
 
     @property
     def unpinned_capacity(self) -> int:
@@ -36,12 +47,12 @@ class HbmTier(CacheTier):
             uids, force_pin)
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        victim_rows = to_host(self.records[to_xp(self.xp, vslots)]) if n_v else None
+        victim_rows = to_host(self.records[to_xp(self.xp, vslots), :self.width]) if n_v else None
         return slots, miss_idx, vids, victim_rows, vdirty, bool(pinned)
 
     def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
-        self.records[to_xp(self.xp, slots)] = to_xp(self.xp, rows)
+        self.records[to_xp(self.xp, slots), :self.width] = to_xp(self.xp, rows)
         self.dirty[slots] = dirty
 
     def pin(self, slots: np.ndarray) -> None:
@@ -53,4 +64,114 @@ class HbmTier(CacheTier):
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """Host copy of the records in ``slots``."""
-        return to_host(self.records[to_xp(self.xp, slots)])
+        return to_host(self.records[to_xp(self.xp, slots), :self.width])
+
+
+class DirectHbmTier(HbmTier):
+    """An HBM tier that holds its whole table: row ``id`` lives in slot ``id``.
+
+    Chosen by the store when ``hbm_rows >= num_rows``.  With every row fitting there is
+    nothing to evict, so the tier keeps no index and no policy: resolving a batch is one
+    read of ``slot_ids`` per id instead of a hash probe, and a pooled forward can read
+    ``records[ids[i]]`` without deduping the batch first.  Rows still arrive lazily (from
+    DDR, LMDB or the initialiser, on first use), so reopening a store with a larger HBM
+    works as with any tier.  Pins are counted as elsewhere, but they never take a row's
+    place: ``unpinned_capacity`` is the whole table.
+    """
+
+    direct = True
+
+    def __init__(self, num_rows: int, width: int, xp):  # no CacheTier state: no index, no policy
+        cap = max(int(num_rows), 1)
+        self.capacity_rows = int(num_rows)
+        self.xp = xp
+        self.width = width
+        self.records = _records(xp, cap, width)
+        self.slot_ids = np.full(cap, -1, dtype=np.int64)
+        self.dirty = np.zeros(cap, dtype=np.uint8)
+        self.pins = np.zeros(cap, dtype=np.int32)
+        self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
+        # one bit per row, set once its record is here (rows never leave): 1/64 of
+        # ``slot_ids``, so checking a batch stays in cache (0.21 -> 0.09 ms for 164k ids)
+        self.present = np.zeros(cap // 8 + 1, dtype=np.uint8)
+
+    @property
+    def unpinned_capacity(self) -> int:
+        return self.capacity_rows
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        return _direct_find(self.slot_ids, ids)
+
+    def resolve(self, uids: np.ndarray, force_pin: bool = False):
+        """As :meth:`HbmTier.resolve`; the slots are the ids, there are never victims."""
+        miss_idx = _direct_resolve(self.slot_ids, self.present, self.dirty, self.pins, self.fmeta, uids, force_pin)
+        return uids, miss_idx, _NO_IDS, None, _NO_FLAGS, bool(force_pin)
+
+    def holds_all(self, ids: np.ndarray) -> bool:
+        """Whether every id of ``ids`` (int64 (n,), duplicates allowed, not yet validated)
+        is in range and has its row here; False sends the caller to the checked path."""
+        return _direct_holds_all(self.present, ids, self.capacity_rows)
+
+    def pin(self, slots: np.ndarray) -> None:
+        _direct_pin(self.pins, self.fmeta, slots, 1)
+
+    def release(self, slots: np.ndarray) -> None:
+        _direct_pin(self.pins, self.fmeta, slots, -1)
+
+
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_FLAGS = np.empty(0, dtype=np.uint8)
+
+
+@numba.njit(cache=True, nogil=True)
+def _direct_resolve(slot_ids, present, dirty, pins, fmeta, uids, force_pin):
+    """Claim slot ``uid`` for every id of ``uids`` (int64 (k,), distinct); returns int64
+    positions of those not resident before (the caller writes their rows).  ``force_pin``
+    pins every slot, as :func:`tiered_emb.tiers.cache._cache_resolve` does for prefetch."""
+    miss_idx = np.empty(uids.shape[0], dtype=np.int64)
+    m = 0
+    for i in range(uids.shape[0]):
+        u = uids[i]
+        if slot_ids[u] != u:
+            slot_ids[u] = u
+            present[u >> 3] |= np.uint8(1 << (u & 7))
+            dirty[u] = 0
+            fmeta[0] -= 1
+            miss_idx[m] = i
+            m += 1
+        if force_pin:
+            if pins[u] == 0:
+                fmeta[2] += 1
+            pins[u] += 1
+    return miss_idx[:m]
+
+
+@numba.njit(cache=True, nogil=True)
+def _direct_pin(pins, fmeta, slots, delta):
+    """Add ``delta`` (+1 or -1) pins to ``slots`` (int64 (k,), distinct), counting pinned slots in ``fmeta[2]``."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        before = pins[s]
+        pins[s] = before + delta
+        if before == 0:
+            fmeta[2] += 1
+        elif pins[s] == 0:
+            fmeta[2] -= 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _direct_find(slot_ids, ids):
+    """Slot of each id (its own id when resident) or -1; int64 (n,)."""
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    for i in range(ids.shape[0]):
+        out[i] = ids[i] if slot_ids[ids[i]] == ids[i] else -1
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _direct_holds_all(present, ids, num_rows):
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        if r < 0 or r >= num_rows or not (present[r >> 3] >> (r & 7)) & 1:
+            return False
+    return True
