@@ -181,7 +181,9 @@ class SsdTier:
         order = np.argsort(ids, kind="stable")  # key order: one sequential walk
         ids, at = ids[order], at[order]
         try:
-            with self._gate.reading(), self.env.begin(buffers=True) as txn:
+            # bytes, not buffers: py-lmdb's buffer objects cost more than the copies they save
+            # (measured 430 -> 250 us for 500 records of one table)
+            with self._gate.reading(), self.env.begin() as txn:
                 for db in dbs:
                     todo = np.flatnonzero(state[at] == 0)
                     if todo.shape[0] == 0:
