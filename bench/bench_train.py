@@ -6,7 +6,10 @@ Peers run side by side in one process on the same ids (Zipf-skewed bags):
   ``TieredEmbeddingBag`` (fused backward, the store's RowWiseAdagrad, all rows resident),
   FBGEMM ``SplitTableBatchedEmbeddingBagsCodegen`` on CPU with EXACT_ROWWISE_ADAGRAD,
   ``torch.nn.EmbeddingBag(sparse=True)`` + ``torch.optim.Adagrad``;
-- forward alone: ours vs ``torch.nn.EmbeddingBag`` vs FBGEMM;
+- forward alone: ours vs ``torch.nn.EmbeddingBag`` vs FBGEMM, each peer on its own (its
+  hot rows stay in cache between the timed batches), then again with the peers
+  alternating batch by batch (each evicts the others' rows, as a training step's other
+  work would);
 - the same train step on a stream of fresh batches, with tables 10x larger than HBM +
   DDR (rows go down to LMDB and come back), relative to an all-resident store on the
   same batches.
@@ -66,6 +69,22 @@ def _time_steps(step, batches, repeats: int) -> list[float]:
     return times
 
 
+def _time_interleaved(steps: dict, batches, repeats: int) -> dict[str, list[float]]:
+    """Like :func:`_time_steps` for several peers at once, alternating them batch by batch,
+    so a burst of noise on the (shared) machine lands on every peer alike."""
+    for step in steps.values():
+        for b in batches:
+            step(*b)
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for b in batches:
+            for name, step in steps.items():
+                t = time.perf_counter()
+                step(*b)
+                times[name].append(time.perf_counter() - t)
+    return times
+
+
 def _time_stream(step, warm, timed) -> list[float]:
     for b in warm:
         step(*b)
@@ -114,7 +133,8 @@ def main(argv=None) -> dict:
     p.add_argument("--bag-size", type=int, default=20)
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--batches", type=int, default=3, help="distinct batches cycled in the resident runs")
-    p.add_argument("--repeats", type=int, default=4, help="timed passes over the batches")
+    p.add_argument("--repeats", type=int, default=4, help="timed passes over the batches (train steps)")
+    p.add_argument("--forward-repeats", type=int, default=10, help="timed passes over the batches (forward)")
     p.add_argument("--stream-steps", type=int, default=8, help="fresh batches timed in the LMDB comparison")
     p.add_argument("--lmdb-factor", type=int, default=10, help="table rows / (HBM + DDR rows) in the LMDB run")
     p.add_argument("--json", default="bench/results/train.json")
@@ -125,53 +145,46 @@ def main(argv=None) -> dict:
     results: dict[str, dict] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
     try:
-        # ---- ours, all rows resident
+        # ---- ours (all rows resident), FBGEMM's CPU TBE, torch.nn.EmbeddingBag
         store, bag = _ours(tmp / "resident", args, hbm_rows=args.rows, ddr_rows=0)
+        tbe = _fbgemm(args)
+        emb = torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True, include_last_offset=True)
+        opt = torch.optim.Adagrad(emb.parameters(), lr=LR, eps=EPS)
 
         def ours_train(ids, offsets, g):
             bag(ids, offsets).backward(g)
 
-        def ours_fwd(ids, offsets, g):
-            with torch.no_grad():
-                bag(ids, offsets)
-
-        results["ours_train"] = _summary(_time_steps(ours_train, batches, args.repeats), lookups)
-        results["ours_forward"] = _summary(_time_steps(ours_fwd, batches, args.repeats), lookups)
-        store.close()
-        shutil.rmtree(tmp / "resident")
-        del store, bag
-
-        # ---- FBGEMM CPU TBE
-        tbe = _fbgemm(args)
-        if tbe is not None:
-            def fb_train(ids, offsets, g):
-                tbe(ids, offsets).backward(g)
-
-            def fb_fwd(ids, offsets, g):
-                with torch.no_grad():
-                    tbe(ids, offsets)
-
-            results["fbgemm_train"] = _summary(_time_steps(fb_train, batches, args.repeats), lookups)
-            results["fbgemm_forward"] = _summary(_time_steps(fb_fwd, batches, args.repeats), lookups)
-            del tbe
-
-        # ---- torch.nn.EmbeddingBag
-        emb = torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True, include_last_offset=True)
-        opt = torch.optim.Adagrad(emb.parameters(), lr=LR, eps=EPS)
+        def fb_train(ids, offsets, g):
+            tbe(ids, offsets).backward(g)
 
         def torch_train(ids, offsets, g):
             emb(ids, offsets).backward(g)
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        def torch_fwd(ids, offsets, g):
-            with torch.no_grad():
-                emb(ids, offsets)
+        def forward_of(module):
+            def fwd(ids, offsets, g):
+                with torch.no_grad():
+                    module(ids, offsets)
+            return fwd
 
-        results["torch_forward"] = _summary(_time_steps(torch_fwd, batches, args.repeats), lookups)
-        if not args.skip_torch_train:
+        # Each peer alone over the same few batches (its hot rows stay in cache), then the
+        # forwards again alternating batch by batch (each evicts the others' rows, as the
+        # rest of a training step would).
+        peers = {"ours": (ours_train, forward_of(bag)), "torch": (None, forward_of(emb))} \
+            | ({"fbgemm": (fb_train, forward_of(tbe))} if tbe is not None else {})
+        for name, (train, fwd) in peers.items():
+            if train is not None:
+                results[f"{name}_train"] = _summary(_time_steps(train, batches, args.repeats), lookups)
+            results[f"{name}_forward"] = _summary(_time_steps(fwd, batches, args.forward_repeats), lookups)
+        mixed = _time_interleaved({name: fwd for name, (_, fwd) in peers.items()}, batches, args.forward_repeats)
+        for name, times in mixed.items():
+            results[f"{name}_forward_interleaved"] = _summary(times, lookups)
+        if not args.skip_torch_train:  # alone: at ~80 ms a step it would set the pace of the others
             results["torch_train"] = _summary(_time_steps(torch_train, batches, max(1, args.repeats // 2)), lookups)
-        del emb, opt
+        store.close()
+        shutil.rmtree(tmp / "resident")
+        del store, bag, tbe, emb, opt
 
         # ---- fresh batches: tables 10x HBM+DDR (LMDB in use) vs all resident, same batches
         warm = _batches(args, 1000, args.stream_steps)
@@ -204,6 +217,7 @@ def main(argv=None) -> dict:
     ratios = {"train_vs_fbgemm": ratio("ours_train", "fbgemm_train"),
               "train_vs_torch_sparse_adagrad": ratio("ours_train", "torch_train"),
               "forward_vs_torch": ratio("ours_forward", "torch_forward"),
+              "forward_interleaved_vs_torch": ratio("ours_forward_interleaved", "torch_forward_interleaved"),
               "forward_vs_fbgemm": ratio("ours_forward", "fbgemm_forward"),
               "lmdb_vs_resident_train": ratio("stream_lmdb_train", "stream_resident_train")}
     out = {"benchmark": "train", "command": "python bench/bench_train.py " + " ".join(argv or sys.argv[1:]),

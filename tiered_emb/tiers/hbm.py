@@ -91,9 +91,11 @@ class DirectHbmTier(HbmTier):
         self.dirty = np.zeros(cap, dtype=np.uint8)
         self.pins = np.zeros(cap, dtype=np.int32)
         self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
-        # one bit per row, set once its record is here (rows never leave): 1/64 of
-        # ``slot_ids``, so checking a batch stays in cache (0.21 -> 0.09 ms for 164k ids)
-        self.present = np.zeros(cap // 8 + 1, dtype=np.uint8)
+        if xp is np:
+            # Rows not brought up yet read as NaN (stored rows are finite), so a pooled
+            # forward finds them from its own sums instead of checking every id first
+            # (0.12 of 1.6 ms for 8,192 bags x 20 ids).  Filling commits the pages now.
+            self.records.fill(np.nan)
 
     @property
     def unpinned_capacity(self) -> int:
@@ -104,13 +106,8 @@ class DirectHbmTier(HbmTier):
 
     def resolve(self, uids: np.ndarray, force_pin: bool = False):
         """As :meth:`HbmTier.resolve`; the slots are the ids, there are never victims."""
-        miss_idx = _direct_resolve(self.slot_ids, self.present, self.dirty, self.pins, self.fmeta, uids, force_pin)
+        miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.fmeta, uids, force_pin)
         return uids, miss_idx, _NO_IDS, None, _NO_FLAGS, bool(force_pin)
-
-    def holds_all(self, ids: np.ndarray) -> bool:
-        """Whether every id of ``ids`` (int64 (n,), duplicates allowed, not yet validated)
-        is in range and has its row here; False sends the caller to the checked path."""
-        return _direct_holds_all(self.present, ids, self.capacity_rows)
 
     def pin(self, slots: np.ndarray) -> None:
         _direct_pin(self.pins, self.fmeta, slots, 1)
@@ -124,7 +121,7 @@ _NO_FLAGS = np.empty(0, dtype=np.uint8)
 
 
 @numba.njit(cache=True, nogil=True)
-def _direct_resolve(slot_ids, present, dirty, pins, fmeta, uids, force_pin):
+def _direct_resolve(slot_ids, dirty, pins, fmeta, uids, force_pin):
     """Claim slot ``uid`` for every id of ``uids`` (int64 (k,), distinct); returns int64
     positions of those not resident before (the caller writes their rows).  ``force_pin``
     pins every slot, as :func:`tiered_emb.tiers.cache._cache_resolve` does for prefetch."""
@@ -134,7 +131,6 @@ def _direct_resolve(slot_ids, present, dirty, pins, fmeta, uids, force_pin):
         u = uids[i]
         if slot_ids[u] != u:
             slot_ids[u] = u
-            present[u >> 3] |= np.uint8(1 << (u & 7))
             dirty[u] = 0
             fmeta[0] -= 1
             miss_idx[m] = i
@@ -166,12 +162,3 @@ def _direct_find(slot_ids, ids):
     for i in range(ids.shape[0]):
         out[i] = ids[i] if slot_ids[ids[i]] == ids[i] else -1
     return out
-
-
-@numba.njit(cache=True, nogil=True)
-def _direct_holds_all(present, ids, num_rows):
-    for i in range(ids.shape[0]):
-        r = ids[i]
-        if r < 0 or r >= num_rows or not (present[r >> 3] >> (r & 7)) & 1:
-            return False
-    return True
