@@ -19,6 +19,10 @@ row's newest record), without resolving them again: one HBM lookup per batch ins
 the plain path's two, so the policy sees one touch per batch.  Otherwise (rows evicted
 in between) it resolves them as :meth:`TieredStore.apply_gradients` does.  A batch with
 more unique ids than HBM holds, or a CuPy HBM, takes the plain, chunked path.
+
+A table held whole in a direct HBM tier (row id = slot) pools ``records[ids[i]]``; in
+inference (``backward=False``) it does not even dedupe, and the kernel itself catches
+ids out of range and rows not brought up yet (see :func:`lookup_pooled`).
 """
 from __future__ import annotations
 
@@ -296,7 +300,7 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
     use_w = plan.weights is not None
     weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
     plan.slots = None
-    direct = getattr(t.hbm, "direct", False) and store.xp is np
+    direct = t.hbm.direct and store.xp is np
     # The store's lock (re-entrant) for the whole read: a prefetch thread must not pin or
     # evict between the capacity check and the pooling (one chunk, so ``inverse`` indexes ``slots``).
     with store._lock, _threads_for(plan.ids.shape[0] * dim):

@@ -24,6 +24,8 @@ def _records(xp, rows: int, width: int):
 
 
 class HbmTier(CacheTier):
+    direct = False  # capability flag: row id = slot (see DirectHbmTier)
+
     def __init__(self, capacity_rows: int, width: int, policy: str, xp):
         super().__init__(capacity_rows, policy)
         self.xp = xp
