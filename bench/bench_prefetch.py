@@ -118,6 +118,9 @@ def end_to_end(args) -> dict:
         f"pipeline k={k} read-ahead 1": ["--lookahead", k, "--read-ahead", "1", "--policy", "lookahead+lru"],
         f"pipeline k={k} load {args.load_ahead}": ["--lookahead", k, "--load-ahead", str(args.load_ahead),
                                                   "--policy", "lookahead+lru"],
+        f"pipeline k={k} load {args.load_ahead} read-ahead {args.load_ahead}": [
+            "--lookahead", k, "--load-ahead", str(args.load_ahead), "--read-ahead", str(args.load_ahead),
+            "--policy", "lookahead+lru"],
         "every row resident": ["--hbm-rows", "100000", "--ddr-rows", "0"],
     }
     out = {}
@@ -134,11 +137,12 @@ def end_to_end(args) -> dict:
     for v in out.values():
         v["median_samples_per_s"] = median(v["samples_per_s"])
     med = {name: out[name]["median_samples_per_s"] for name in configs}
-    sync, none, pipe, read, load, resident = list(configs)
+    sync, none, pipe, read, load, load_read, resident = list(configs)
     out["ratios"] = {"pipeline_vs_no_prefetch": med[pipe] / med[none],
                      "pipeline_vs_resident": med[pipe] / med[resident],
                      "pipeline_read_ahead_vs_pipeline": med[read] / med[pipe],
                      "pipeline_load_ahead_vs_pipeline": med[load] / med[pipe],
+                     "pipeline_load_and_read_ahead_vs_no_prefetch": med[load_read] / med[none],
                      "writer_thread_vs_writes_on_step": med[none] / med[sync],
                      "pipeline_vs_no_prefetch_writes_on_step": med[pipe] / med[sync],
                      "no_prefetch_vs_resident": med[none] / med[resident]}

@@ -1,4 +1,4 @@
-"""bench/bench_train.py at tiny size, so it never rots."""
+"""bench/bench_train.py and bench/bench_prefetch.py at tiny size, so they never rot."""
 import importlib.util
 import json
 import warnings
@@ -25,3 +25,22 @@ def test_bench_train_smoke(tmp_path):
         assert data["results"][key]["lookups_per_s"] > 0
     assert data["ratios"]["forward_vs_torch"] > 0
     assert data["results"]["stream_lmdb_train"]["lmdb_rows"] > 0
+
+
+def test_bench_prefetch_smoke(tmp_path):
+    """Both parts of bench/bench_prefetch.py at tiny size: every configuration runs and reports."""
+    spec = importlib.util.spec_from_file_location("bench_prefetch", BENCH.parent / "bench_prefetch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "prefetch.json"
+    res = mod.main(["--ids", "3000", "--requests", "30000", "--batch", "256", "--sizes", "0.1", "--e2e-steps", "2",
+                    "--e2e-repeats", "1", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["end_to_end"]["ratios"]) == set(res["end_to_end"]["ratios"])
+    modes = [k for k in data["end_to_end"] if k != "ratios"]
+    assert len(modes) == 7 and all(data["end_to_end"][m]["median_samples_per_s"] > 0 for m in modes)
+    for trace in data["hit_rates"].values():
+        for point in trace["points"].values():
+            rates = [p["hbm_hit_rate"] for p in point["policies"].values()]
+            assert all(0.0 <= r <= 1.0 for r in rates)
+            assert point["policies"]["belady (full)"]["hbm_hit_rate"] >= max(rates) - 1e-12
