@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .errors import ConfigError, IdTypeError, NonFiniteGradientError
+from .errors import ConfigError, IdTypeError
 from .kernels import PREFETCH_DISTANCE, _group_positions, _pool_bags, _prefetch, _prefetch_row, dedupe
-from .optimizers import _adagrad_update, _adam_update, _sgd_update, apply_update
+from .optimizers import _adagrad_update, _adam_update, _sgd_update
 
 
 @dataclass
