@@ -161,17 +161,52 @@ def _group_positions(inverse, k, starts, order):
         fill[u] += 1
 
 
+# Blocks of unique ids each thread's share of the reduce is cut into.  A Zipf batch's
+# first ids (first-occurrence order) hold most positions: split evenly by id, one thread
+# got 85 % of the work for 8,192 bags x 20 ids at Zipf 1.05.
+_REDUCE_BLOCKS = 64
+
+
+@numba.njit(cache=True, nogil=True)
+def _blocks_by_work(starts, blocks, bounds):
+    """Cut unique ids ``0..k`` into ``blocks`` runs of about equal work (positions + ids).
+
+    ``starts`` int64 (k+1,) as :func:`_group_positions`; writes ``bounds`` int64
+    (blocks+1,), nondecreasing from 0 to k.  Only who computes what depends on it, never
+    a result.
+    """
+    k = starts.shape[0] - 1
+    total = starts[k] + k
+    bounds[0] = 0
+    lo = 0
+    for b in range(1, blocks):
+        target = total * b // blocks
+        hi = k
+        while lo < hi:  # first u with starts[u] + u >= target
+            mid = (lo + hi) // 2
+            if starts[mid] + mid < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds[b] = lo
+    bounds[blocks] = k
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _reduce_grads(grads, starts, order, out):
-    """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32)."""
+def _reduce_grads(grads, starts, order, bounds, out):
+    """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32).
+
+    ``bounds`` from :func:`_blocks_by_work`: each thread's share by positions, not ids.
+    """
     dim = grads.shape[1]
-    for u in numba.prange(out.shape[0]):
-        for j in range(dim):
-            out[u, j] = 0.0
-        for q in range(starts[u], starts[u + 1]):
-            g = grads[order[q]]
+    for blk in numba.prange(bounds.shape[0] - 1):
+        for u in range(bounds[blk], bounds[blk + 1]):
             for j in range(dim):
-                out[u, j] += g[j]
+                out[u, j] = 0.0
+            for q in range(starts[u], starts[u + 1]):
+                g = grads[order[q]]
+                for j in range(dim):
+                    out[u, j] += g[j]
 
 
 def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
@@ -179,8 +214,10 @@ def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
     starts = np.empty(k + 1, dtype=np.int64)
     order = np.empty(inverse.shape[0], dtype=np.int64)
     _group_positions(inverse, k, starts, order)
+    bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
+    _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
     out = np.empty((k, grads.shape[1]), dtype=np.float32)
-    _reduce_grads(grads, starts, order, out)
+    _reduce_grads(grads, starts, order, bounds, out)
     return out
 
 

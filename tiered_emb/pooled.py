@@ -33,7 +33,8 @@ import numba
 import numpy as np
 
 from .errors import ConfigError, IdTypeError
-from .kernels import PREFETCH_DISTANCE, _local_f32, _pool_bags, _prefetch, _prefetch_row, dedupe
+from .kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _local_f32, _pool_bags, _prefetch,
+                      _prefetch_row, dedupe)
 from .optimizers import _adagrad_update, _adam_update, _sgd_update
 
 
@@ -226,37 +227,6 @@ def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts
             fill[u] = q + 1
             bag[q] = b
             scale[q] = s * (weights[i] if use_weights else np.float32(1.0))
-
-
-# Blocks of unique ids each thread's share of the reduce is cut into.  A Zipf batch's
-# first ids (first-occurrence order) hold most positions: split evenly by id, one thread
-# got 85 % of the work for 8,192 bags x 20 ids at Zipf 1.05.
-_REDUCE_BLOCKS = 64
-
-
-@numba.njit(cache=True, nogil=True)
-def _blocks_by_work(starts, blocks, bounds):
-    """Cut unique ids ``0..k`` into ``blocks`` runs of about equal work (positions + ids).
-
-    ``starts`` int64 (k+1,) as :func:`_group_bag_positions`; writes ``bounds`` int64
-    (blocks+1,), nondecreasing from 0 to k.  Only who computes what depends on it, never
-    a result.
-    """
-    k = starts.shape[0] - 1
-    total = starts[k] + k
-    bounds[0] = 0
-    lo = 0
-    for b in range(1, blocks):
-        target = total * b // blocks
-        hi = k
-        while lo < hi:  # first u with starts[u] + u >= target
-            mid = (lo + hi) // 2
-            if starts[mid] + mid < target:
-                lo = mid + 1
-            else:
-                hi = mid
-        bounds[b] = lo
-    bounds[blocks] = k
 
 
 def _reduce_kernel(dim: int):
