@@ -342,3 +342,58 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
     for t in tables:
         assert s.peek(t.name, np.arange(64), with_state=True).tobytes() == ref.peek_records(t.name, range(64)).tobytes()
     s.close()
+
+
+def _lmdb_asks(s):
+    """Record every id the store's SSD tier looks up in LMDB (wraps its batched read)."""
+    asked = []
+    inner = s._ssd._read_lmdb
+
+    def spy(table, ids, *rest):
+        asked.extend((table, int(i)) for i in ids)
+        return inner(table, ids, *rest)
+    s._ssd._read_lmdb = spy
+    return asked
+
+
+def test_rows_never_written_are_not_looked_up(tmp_path):
+    """Table "b" (num_rows) keeps a bitmap of the ids written below DDR: the rest go
+    straight to the initialiser, before and after a reopen, with the reference's values."""
+    rng = np.random.default_rng(1)
+    ref = ReferenceStore(TABLES, seed=0)
+    path = tmp_path / "s"
+    written = set()
+    with TieredStore.create(path, TABLES, cpu(2, 2)) as s:
+        asked = _lmdb_asks(s)
+        for _ in range(30):
+            ids = rng.integers(0, 100, size=5)
+            rows = rng.standard_normal((5, 3)).astype(np.float32)
+            s.write("b", ids, rows)
+            ref.write("b", ids, rows)
+            written |= set(ids.tolist())
+            q = rng.integers(0, 100, size=6)
+            np.testing.assert_array_equal(s.lookup("b", q), ref.lookup("b", q))
+            if rng.integers(0, 7) == 0:
+                s.flush()
+        assert asked and {i for t, i in asked if t == "b"} <= written
+        s.checkpoint()
+    with TieredStore.open(path, tiers=cpu(3, 1)) as s:
+        asked = _lmdb_asks(s)
+        np.testing.assert_array_equal(s.lookup("b", np.arange(100)), ref.lookup("b", np.arange(100)))
+        assert {i for _, i in asked} <= written and len(asked) > 0
+        # a table without num_rows has no bitmap: every id it misses is looked for
+        s.lookup("a", np.array([5, 6, 7]))
+        assert {("a", 5), ("a", 6), ("a", 7)} <= set(asked)
+
+
+def test_stored_id_outside_num_rows_is_corrupt(tmp_path):
+    import lmdb
+    TieredStore.create(tmp_path / "s", TABLES, cpu(2)).close()
+    env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put((100).to_bytes(8, "big"), b"\x00" + bytes(4 * 4), db=env.open_db(b"t:b", txn=txn))
+    env.close()
+    with pytest.raises(CorruptStoreError, match="outside"):
+        TieredStore.open(tmp_path / "s")
+    with pytest.raises(CorruptStoreError, match="outside"):  # the lock was released
+        TieredStore.open(tmp_path / "s")

@@ -126,8 +126,8 @@ class TieredStore:
         lock_fd = _lock(path)
         try:
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
-                          tiers.map_size_bytes,
-                          background_writes=tiers.background_writes)
+                          tiers.map_size_bytes, background_writes=tiers.background_writes,
+                          table_rows={t.name: t.num_rows for t in tables})
             meta = {"format": FORMAT, "epoch": 0}
             ssd.checkpoint({}, meta, None)
             store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
@@ -175,7 +175,7 @@ class TieredStore:
             resolve_xp(tiers.device)
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
                           max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
-                          background_writes=tiers.background_writes)
+                          background_writes=tiers.background_writes, table_rows={t.name: t.num_rows for t in tables})
             meta = ssd.read_meta()
             if restore == "latest":
                 ssd.promote_pending()

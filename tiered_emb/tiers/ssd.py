@@ -14,6 +14,12 @@ Keys are the id as 8 big-endian bytes (LMDB's byte order is then id order); a va
 one tag byte (0 raw, 1 zstd) and the record's float32 bytes: weights, then optimizer
 state.  The map doubles by itself when full; a full disk raises
 :class:`~tiered_emb.errors.StoreFullError` after the transaction is rolled back.
+
+A table with ``num_rows`` also has a bitmap of the ids ever written here (built from
+the keys when the store opens, set by every write before the rows become visible): a
+read looks (in the write-back buffers, the staged reads and LMDB) only for ids whose
+bit is set.  Most rows a young store brings up were never written (they are
+initialised), and looking for them cost as much as finding one.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
+import numba
 import numpy as np
 import zstandard
 
@@ -70,9 +77,31 @@ class _TxnGate:
                 self._cond.notify_all()
 
 
+@numba.njit(cache=True, nogil=True)
+def _set_bits(bits, ids):
+    """Set the bit of each of ``ids`` (int64, each < 8 * len(bits)) in ``bits`` (uint8)."""
+    for i in range(ids.shape[0]):
+        x = ids[i]
+        bits[x >> 3] |= np.uint8(1 << (x & 7))
+
+
+@numba.njit(cache=True, nogil=True)
+def _with_bit(bits, ids, at):
+    """The entries of ``at`` (int64) whose id ``ids[at[j]]`` has its bit set, in order."""
+    out = np.empty(at.shape[0], dtype=np.int64)
+    m = 0
+    for j in range(at.shape[0]):
+        x = ids[at[j]]
+        if bits[x >> 3] & (1 << (x & 7)):
+            out[m] = at[j]
+            m += 1
+    return out[:m]
+
+
 class SsdTier:
     def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
-                 map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True):
+                 map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True,
+                 table_rows: dict[str, int | None] | None = None):
         self.path = Path(path)
         self.widths = dict(table_widths)
         # Write-backs of evicted rows wait in memory (the newest copy of those rows) and go
@@ -113,6 +142,31 @@ class SsdTier:
             raise CorruptStoreError(f"LMDB environment {self.path} cannot be opened ({err})",
                                     "check the store directory and its permissions") from err
         self._n_pending = {n: self._entries(self._pending[n]) for n in self.widths}
+        # Ids ever written here, per table with ``num_rows`` (a bit each; None: look for
+        # every id).  Bits are only ever set, before the rows enter the write-back buffer
+        # or an LMDB transaction, so a clear bit means the id is held nowhere here.
+        self._written_bits: dict[str, np.ndarray | None] = {}
+        try:
+            for n in sorted(self.widths):
+                rows = (table_rows or {}).get(n)
+                self._written_bits[n] = None if rows is None else self._bits_from_keys(n, int(rows))
+        except BaseException:
+            self.env.close()
+            raise
+
+    def _bits_from_keys(self, table: str, num_rows: int) -> np.ndarray:
+        """The bitmap of the ids stored in ``t:`` and ``p:`` of ``table`` (one walk over the keys)."""
+        bits = np.zeros((num_rows + 7) // 8, dtype=np.uint8)
+        with self._gate.reading(), self.env.begin() as txn:
+            for db in (self._main[table], self._pending[table]):
+                with txn.cursor(db=db) as cur:
+                    keys = b"".join(cur.iternext(keys=True, values=False))
+                ids = np.frombuffer(keys, dtype=">i8").astype(np.int64)
+                if ids.shape[0] and (ids[0] < 0 or ids[-1] >= num_rows):  # keys sort by id
+                    raise CorruptStoreError(f"table {table!r} in {self.path} holds ids outside [0, {num_rows})",
+                                            "open it with the num_rows it was created with")
+                _set_bits(bits, ids)
+        return bits
 
     # ----------------------------------------------------------------- encoding
     def _encode(self, row: np.ndarray) -> bytes:
@@ -155,9 +209,23 @@ class SsdTier:
         """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W); returns the found mask (bool (k,)).
 
         Newest copy first: the write-back buffer, the snapshots being written, then
-        rows staged for this batch (equal to LMDB's), then ``p:``, then ``t:``.
+        rows staged for this batch (equal to LMDB's), then ``p:``, then ``t:``.  Ids
+        whose written bit is clear are nowhere here and are not looked up at all.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        at = self._maybe_stored(table, ids, np.arange(ids.shape[0]))
+        if at.shape[0] == ids.shape[0]:
+            return self._read_held(table, ids, out_rows)
+        found = np.zeros(ids.shape[0], dtype=bool)
+        if at.shape[0]:
+            sub = np.empty((at.shape[0], out_rows.shape[1]), dtype=np.float32)
+            hit = self._read_held(table, ids[at], sub)
+            out_rows[at[hit]] = sub[hit]
+            found[at] = hit
+        return found
+
+    def _read_held(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
+        """:meth:`read` of ids that may be held (each one looked for in memory, then LMDB)."""
         state = np.zeros(ids.shape[0], dtype=np.uint8)
         if ids.shape[0] == 0:
             return state.astype(bool)
@@ -174,6 +242,11 @@ class SsdTier:
         if todo.shape[0]:
             self._read_lmdb(table, ids[todo], out_rows, todo, state)
         return state == FOUND
+
+    def _maybe_stored(self, table: str, ids: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """The entries of ``at`` whose id may be held here (all of them without a bitmap)."""
+        bits = self._written_bits[table]
+        return at if bits is None or at.shape[0] == 0 else _with_bit(bits, ids, at)
 
     def _read_lmdb(self, table: str, ids: np.ndarray, out_rows: np.ndarray, at: np.ndarray, state: np.ndarray) -> None:
         """Records of ``ids`` (distinct) from ``p:`` then ``t:`` into ``out_rows[at]``; ``state[at]`` = FOUND where found."""
@@ -228,8 +301,9 @@ class SsdTier:
             ids = np.ascontiguousarray(batch[table], dtype=np.int64)
             rows = np.empty((ids.shape[0], self.widths[table]), dtype=np.float32)
             state = np.zeros(ids.shape[0], dtype=np.uint8)
-            if ids.shape[0]:
-                self._read_lmdb(table, ids, rows, np.arange(ids.shape[0]), state)
+            at = self._maybe_stored(table, ids, np.arange(ids.shape[0]))
+            if at.shape[0]:
+                self._read_lmdb(table, ids[at], rows, at, state)
             state[state == 0] = ABSENT
             buf = RowBuffer(self.widths[table], ids.shape[0])
             buf.put(ids, rows, state)
@@ -277,7 +351,13 @@ class SsdTier:
                 raise CorruptStoreError(f"writing to {self.path} failed ({err}); the write was rolled back",
                                         "check the disk and the store directory") from err
 
-    def _put_rows(self, txn, db, ids: np.ndarray, rows: np.ndarray) -> None:
+    def _set_written(self, table: str, ids: np.ndarray) -> None:
+        bits = self._written_bits[table]
+        if bits is not None:
+            _set_bits(bits, np.ascontiguousarray(ids, dtype=np.int64))
+
+    def _put_rows(self, txn, table: str, db, ids: np.ndarray, rows: np.ndarray) -> None:
+        self._set_written(table, ids)  # before the commit
         order = np.argsort(ids, kind="stable")  # key order; a repeated id's last row wins
         pairs = zip(self._keys(ids[order]), self._encode_many(rows[order]))
         with txn.cursor(db=db) as cur:
@@ -288,7 +368,7 @@ class SsdTier:
         for snap in snaps:
             for t, buf in sorted(snap.items()):
                 if len(buf):
-                    self._put_rows(txn, (self._main if main else self._pending)[t], *buf.items())
+                    self._put_rows(txn, t, (self._main if main else self._pending)[t], *buf.items())
 
     def _waiting(self) -> list[dict[str, RowBuffer]]:
         """Every write-back not yet in LMDB, oldest first; the buffer starts afresh (under ``_mu``)."""
@@ -354,6 +434,7 @@ class SsdTier:
         if not durable:
             with self._mu:
                 for t, (ids, rows) in batches.items():
+                    self._set_written(t, ids)  # first: a read that finds the bit clear will not look
                     self._wb[t].put(ids, rows)
                 waiting = sum(len(b) for b in self._wb.values())
             if waiting >= self.writeback_rows:
@@ -368,7 +449,7 @@ class SsdTier:
         def fn(txn):
             self._put_waiting(txn, snaps)  # older than ``batches``: written first
             for t, (ids, rows) in batches.items():
-                self._put_rows(txn, self._pending[t], ids, rows)
+                self._put_rows(txn, t, self._pending[t], ids, rows)
 
         self._write(fn)
         for t in self.widths:
@@ -396,7 +477,7 @@ class SsdTier:
                     txn.drop(self._pending[t], delete=False)
             self._put_waiting(txn, snaps, main=True)
             for t in sorted(batches):
-                self._put_rows(txn, self._main[t], *batches[t])
+                self._put_rows(txn, t, self._main[t], *batches[t])
             txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._meta)
             if extra is not None:
                 txn.put(b"extra", bytes(extra), db=self._meta)
