@@ -6,6 +6,7 @@ import pytest
 
 from tiered_emb import RowWiseAdagrad, Adam, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import ConfigError, IdRangeError, PrefetchError
+from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
 from tiered_emb.prefetch import lookahead
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.testing.reference import ReferenceStore
@@ -24,9 +25,16 @@ def batches(n, seed, max_size=40):
     return out
 
 
-def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0):
+def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, pooled=False):
+    """With ``pooled`` each id is a bag of its own through the torch modules' path (the
+    same arithmetic, so the same reference), which reads rows pinned for the step unlocked."""
     for step, b in enumerate(lookahead(store, data, lambda x: x, depth, load_ahead, read_ahead)):
         for name in sorted(b):
+            if pooled:
+                plan = plan_bags(b[name], np.arange(b[name].shape[0] + 1))
+                rows = lookup_pooled(store, name, plan)
+                apply_pooled_gradients(store, name, plan, rows * np.float32(0.5) + np.float32(0.01))
+                continue
             rows = store.lookup(name, b[name])
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
         if checkpoint_every and step % checkpoint_every == checkpoint_every - 1:
@@ -45,9 +53,10 @@ def reference(data):
     return ref
 
 
+@pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("policy", ["lru", "lookahead+lru", "lookahead+lfu"])
 @pytest.mark.parametrize("hbm, ddr", [(8, 0), (24, 16), (1000, 0)])
-def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr):
+def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
     data = batches(25, seed=1)
     ref = reference(data)
     # window, how far ahead rows come up, how far ahead LMDB is read; evicted rows written every 3 or 65,536
@@ -56,11 +65,60 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr):
         with TieredStore.create(tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"),
                                 seed=4) as s:
             s._ssd.writeback_rows = wb
-            train(s, data, depth, load_ahead=load, read_ahead=read)
+            train(s, data, depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))
             assert int(s._tables["u"].hbm.pins.sum()) == 0
+
+
+def train_bags(store, data, depth, load_ahead):
+    """Pooled forward and fused update per table (the torch modules' path), in a lookahead loop."""
+    for b in lookahead(store, data, lambda x: {k: v[0] for k, v in x.items()}, depth, load_ahead):
+        for name in sorted(b):
+            ids, offsets = b[name]
+            plan = plan_bags(ids, offsets, None, mean=(name == "v"))
+            out = lookup_pooled(store, name, plan)
+            apply_pooled_gradients(store, name, plan, out * np.float32(0.5) + np.float32(0.01))
+
+
+@pytest.mark.parametrize("hbm, ddr", [(8, 0), (60, 16), (1000, 0)])
+def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, ddr):
+    """A batch whose rows a ticket pinned is pooled and updated from those slots without
+    the lock; results equal no prefetch bit for bit, and with pins beyond the tier the
+    step takes the locked path for the rows left below."""
+    rng = np.random.default_rng(7)
+    data = []
+    for b in batches(20, seed=3):
+        data.append({k: (v, np.sort(np.concatenate([[0, v.shape[0]], rng.integers(0, v.shape[0] + 1, 3)])))
+                     for k, v in b.items()})
+    taken = []
+    real = TieredStore._pinned_batch
+
+    def spy(self, table, ids):
+        got = real(self, table, ids)
+        taken.append(got is not None)
+        return got
+    monkeypatch.setattr(TieredStore, "_pinned_batch", spy)
+    want = None
+    for depth, load in ((0, 0), (1, 1), (4, 1), (4, 4), (4, 0)):
+        taken.clear()
+        with TieredStore.create(tmp_path / f"{depth}_{load}", TABLES, TierConfig(hbm, ddr, "lookahead+lru", "cpu"),
+                                seed=4) as s:
+            train_bags(s, data, depth, load)
+            got = [s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))]
+            assert int(s._tables["u"].hbm.pins.sum()) == 0
+        if want is None:
+            want = got
+        else:
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+        if load > 0 and hbm >= 60:
+            assert sum(taken) > len(taken) // 2  # most steps found their rows pinned for them
+        if depth == 0:
+            assert not any(taken)
+        if hbm == 8 and load == 4:
+            assert not all(taken)  # 4 batches of pins do not fit in 8 rows
 
 
 def test_prefetch_raises_hit_rate_of_the_step(tmp_path):
@@ -92,13 +150,15 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         read = int(rng.integers(0, depth + 1))
         wb = int(rng.choice([1, 5, 1 << 16]))
         stop = int(rng.integers(1, len(data) + 1))
+        pooled = trial % 2 == 1
         s = TieredStore.create(path, TABLES, tiers, seed=4)
         s._ssd.writeback_rows = wb
-        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load, read_ahead=read)
+        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load, read_ahead=read,
+              pooled=pooled)
         s.close()  # mid-way: close drains and joins
         with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
             s._ssd.writeback_rows = wb
-            train(s, data[stop:], depth, load_ahead=load, read_ahead=read)
+            train(s, data[stop:], depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))

@@ -48,6 +48,11 @@ class Ticket:
         self.seq = seq
         self.uids = uids  # still to bring up
         self.slots: dict[str, np.ndarray] = dict(pinned)  # pinned so far
+        # Per table, set by the store: the batch as handed over (ids, unique ids, inverse),
+        # the pinned slot of each unique id (-1: not pinned), and where ``uids`` sit in it.
+        self.batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.aligned: dict[str, np.ndarray] = {}
+        self.todo_at: dict[str, np.ndarray] = {}
         self.error: BaseException | None = None
         self.released = False
         self.queued = False  # handed to the thread (a ticket never queued has nothing to wait for)
@@ -88,6 +93,7 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._outstanding: list[Ticket] = []
+        self.stepping: Ticket | None = None  # the batch whose step runs now (see TieredStore._pinned_batch)
 
     def submit(self, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray], queue: bool = True) -> Ticket:
         """A batch entering the window: ``uids`` to bring up, ``pinned`` slots already pinned for it.
@@ -229,8 +235,10 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                 base += 1
                 try:
                     ticket.wait()
+                    store._prefetcher.stepping = ticket
                     yield batch
                 finally:
+                    store._prefetcher.stepping = None
                     store.release(ticket)
             t += 1
     finally:

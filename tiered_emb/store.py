@@ -502,23 +502,30 @@ class TieredStore:
         self._check_open()
         if not isinstance(batch, dict):
             raise ConfigError(f"batch of type {type(batch).__name__} is invalid", "pass {table name: ids}")
-        uids = {}
+        handed = {}
         for name in sorted(batch):
             t = self._table(name)
-            uids[name] = dedupe(self._ids(t, batch[name]))[0]
-        early = {}
+            ids = self._ids(t, batch[name])
+            handed[name] = (ids,) + tuple(dedupe(ids))
+        todo, early, aligned, todo_at = {}, {}, {}, {}
         with self._lock:
-            if POLICIES[self.tiers.policy].lookahead:
-                for name, u in uids.items():
-                    t = self._tables[name]
+            for name, (_, u, _) in handed.items():
+                t = self._tables[name]
+                aligned[name] = np.full(u.shape[0], -1, dtype=np.int64)
+                rest = np.ones(u.shape[0], dtype=bool)
+                if POLICIES[self.tiers.policy].lookahead:
                     slots = t.hbm.find(u)
                     resident = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
                     early[name] = slots[resident]
                     t.hbm.pin(early[name])
-                    rest = np.ones(u.shape[0], dtype=bool)
+                    aligned[name][resident] = early[name]
                     rest[resident] = False
-                    uids[name] = u[rest]
-            ticket = self._prefetcher.submit(uids, early, queue=bring_up)
+                todo_at[name] = np.flatnonzero(rest)
+                todo[name] = u[todo_at[name]]
+            ticket = self._prefetcher.submit(todo, early, queue=False)
+            ticket.batch, ticket.aligned, ticket.todo_at = handed, aligned, todo_at
+            if bring_up:
+                self._prefetcher.bring_up(ticket)
         return ticket
 
     def bring_up(self, ticket: Ticket) -> None:
@@ -544,17 +551,40 @@ class TieredStore:
         self._prefetcher.release(ticket)
 
     def _bring_up_ticket(self, ticket: Ticket) -> None:
-        """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first)."""
-        with self._lock:
-            if self._closed:
-                return
-            for name in sorted(ticket.uids):
+        """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first).
+
+        The lock is taken table by table, so the step's own calls wait for one table at most.
+        """
+        for name in sorted(ticket.uids):
+            with self._lock:
+                if self._closed:
+                    return
                 t = self._tables[name]
                 take = ticket.uids[name][:max(self._pin_budget(t), 0)]
                 if take.shape[0]:
                     slots, _ = self._bring_up(t, take, t.prefetch_counters, force_pin=True)
                     prev = ticket.slots.get(name)
                     ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
+                    ticket.aligned[name][ticket.todo_at[name][:take.shape[0]]] = slots
+
+    def _pinned_batch(self, table: str, ids: np.ndarray):
+        """``(uids, inverse, slots)`` when ``ids`` are the stepping batch's ids of ``table`` and
+        every one of its rows is pinned in (host) HBM for it; else None.
+
+        Pinned rows stay in their slots until the ticket is released after the step, and
+        nothing else reads or writes them meanwhile (the worker only places other rows),
+        so the step may pool and update them without the store's lock.
+        """
+        ticket = self._prefetcher.stepping
+        if ticket is None or self.xp is not np or ticket.error is not None:
+            return None
+        handed = ticket.batch.get(table)
+        if handed is None or handed[0].shape != ids.shape or not np.array_equal(handed[0], ids):
+            return None
+        slots = ticket.aligned[table]
+        if slots.shape[0] and slots.min() < 0:
+            return None
+        return handed[1], handed[2], slots
 
     def _stage_ticket(self, ticket: Ticket) -> None:
         """Worker side of :meth:`read_ahead`: LMDB reads outside the lock, held by the SSD tier."""
@@ -578,6 +608,7 @@ class TieredStore:
             for name, slots in sorted(ticket.slots.items()):
                 self._tables[name].hbm.release(slots)
             ticket.slots = {}
+            ticket.aligned = {name: np.full_like(a, -1) for name, a in ticket.aligned.items()}
             self._ssd.unstage(ticket.seq)
 
     # ------------------------------------------------------------------ durability

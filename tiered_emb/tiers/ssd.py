@@ -98,6 +98,21 @@ def _with_bit(bits, ids, at):
     return out[:m]
 
 
+def _cursor_get_many(cur, keys: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` of each of ``keys`` held by ``cur``'s database, in the order of ``keys``.
+
+    A loop of ``set_key`` rather than ``Cursor.getmulti`` (or ``Transaction.get``): those
+    release the GIL around every key, so with another thread running Python each key
+    waits for its turn (measured: 1,000 keys 0.33 ms alone, ~200 ms beside a busy
+    thread), while ``set_key`` keeps the GIL (0.27 ms beside the same thread).
+    """
+    got = []
+    for key in keys:
+        if cur.set_key(key):
+            got.append((key, cur.value()))
+    return got
+
+
 class SsdTier:
     def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
                  map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True,
@@ -184,8 +199,7 @@ class SsdTier:
         payload = np.empty((k, size), dtype=np.uint8)
         payload[:, 0] = _RAW
         payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, -1)
-        b = payload.tobytes()
-        return [b[i * size:(i + 1) * size] for i in range(k)]
+        return payload.view(f"V{size}").reshape(k).tolist()  # one bytes object per row, built in C
 
     def _decode(self, value, out_row: np.ndarray) -> None:
         tag = value[0]
@@ -262,7 +276,7 @@ class SsdTier:
                     if todo.shape[0] == 0:
                         break
                     with txn.cursor(db=db) as cur:
-                        got = cur.getmulti(self._keys(ids[todo]))
+                        got = _cursor_get_many(cur, self._keys(ids[todo]))
                     if got:
                         self._decode_many(got, ids[todo], at[todo], out_rows, state)
         except lmdb.Error as err:
@@ -270,7 +284,7 @@ class SsdTier:
                                     "restore the store directory from a backup") from err
 
     def _decode_many(self, got, ids, at, out_rows, state) -> None:
-        """Decode ``got`` ((key, value) pairs of ``getmulti`` over sorted ``ids``) into ``out_rows[at]``."""
+        """Decode ``got`` ((key, value) pairs of :func:`_cursor_get_many` over sorted ``ids``) into ``out_rows[at]``."""
         got_ids = np.frombuffer(b"".join(k for k, _ in got), dtype=">i8").astype(np.int64)
         at = at[np.searchsorted(ids, got_ids)]
         width = out_rows.shape[1]
