@@ -243,10 +243,11 @@ def test_failed_background_write_loses_nothing(tmp_path, monkeypatch):
         np.testing.assert_array_equal(s.peek("u", np.arange(12), with_state=True), ref.peek_records("u", np.arange(12)))
 
 
-@pytest.mark.parametrize("job, load, read", [("_bring_up_ticket", 1, 0), ("_stage_ticket", 0, 1)])
+@pytest.mark.parametrize("job, load, read", [("_bring_up_ticket", 1, 0), ("_stage_ticket", 0, 1),
+                                             ("_enter_ticket", 0, 0), ("_enter_ticket", 1, 1)])
 def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch, job, load, read):
     data = batches(6, seed=3)
-    with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lru", "cpu"), seed=4) as s:
+    with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lookahead+lru", "cpu"), seed=4) as s:
         real = getattr(s, job)
 
         def failing(ticket):

@@ -8,9 +8,9 @@ cannot be evicted until :meth:`TieredStore.release` (after the batch's update) u
 The step then finds its rows in HBM.
 
 Eviction by next use follows from the pins.  A batch *enters the window* when it is
-handed over (``depth`` batches ahead): with a ``lookahead+`` policy its resident rows
-are pinned at once, so victims are always rows not needed within the window, ordered
-by the tier's own policy.  Its missing rows can be *brought up* later, ``load_ahead``
+handed over (``depth`` batches ahead): with a ``lookahead+`` policy the thread pins its
+resident rows first thing, so victims are always rows not needed within the window,
+ordered by the tier's own policy.  Its missing rows can be *brought up* later, ``load_ahead``
 batches ahead (default 0: by the step): a row brought up early is pinned until its batch is done,
 so loading the whole window at once would shrink the room left to the policy by k
 batches; measured in ``bench/bench_prefetch.py`` that costs more hits than the window
@@ -23,8 +23,13 @@ do not hold, read without the store's lock and kept beside the tiers for the ste
 
 Safety: the worker and the step share the store's lock for every change to the tiers
 (they never race on them; a read-ahead's LMDB reads hold only the SSD tier's own
-lock for their bookkeeping, see docs/architecture.md); ``checkpoint``
-and ``close`` drain the queue first; an exception on the worker is kept in its ticket
+lock for their bookkeeping, see docs/architecture.md).  One exception, by design: a
+step whose rows are all pinned for it pools and updates them without the lock
+(:meth:`TieredStore._pinned_batch`): pinned slots are never victims, so the worker,
+placing other rows meanwhile, never touches them.  The step's own window bookkeeping
+(a batch entering the window, a batch's pins released after its update) is queued on
+the worker too, in order, so the step takes the lock only on the rows it must place
+itself.  ``checkpoint`` and ``close`` drain the queue first; an exception on the worker is kept in its ticket
 and raised as :class:`~tiered_emb.errors.PrefetchError` by ``Ticket.wait`` /
 ``release`` (the step that needs those rows); ``close`` joins the thread.
 Prefetch changes where rows are, never their values.
@@ -44,21 +49,25 @@ _STOP = object()
 class Ticket:
     """One prefetched batch: ``{table: unique ids}`` and, once brought up, their pinned slots."""
 
-    def __init__(self, seq: int, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray]):
+    def __init__(self, seq: int, batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]):
         self.seq = seq
-        self.uids = uids  # still to bring up
-        self.slots: dict[str, np.ndarray] = dict(pinned)  # pinned so far
-        # Per table, set by the store: the batch as handed over (ids, unique ids, inverse),
-        # the pinned slot of each unique id (-1: not pinned), and where ``uids`` sit in it.
-        self.batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # Per table: the batch as handed over (ids, unique ids, inverse).  The thread sets
+        # the rest when the batch enters the window: the unique ids still to bring up, the
+        # slots pinned for the batch so far, the pinned slot of each unique id (-1: not
+        # pinned) and where ``uids`` sit among the unique ids.
+        self.batch = batch
+        self.uids: dict[str, np.ndarray] = {}
+        self.slots: dict[str, np.ndarray] = {}
         self.aligned: dict[str, np.ndarray] = {}
         self.todo_at: dict[str, np.ndarray] = {}
         self.error: BaseException | None = None
         self.released = False
-        self.queued = False  # handed to the thread (a ticket never queued has nothing to wait for)
+        self.queued = False  # its bring-up handed to the thread
         self.staged = False  # its LMDB reads handed to the thread
+        self._entered = threading.Event()
         self._done = threading.Event()
         self._read = threading.Event()
+        self._unpinned = threading.Event()
 
     @property
     def done(self) -> bool:
@@ -67,8 +76,9 @@ class Ticket:
     def wait(self) -> None:
         """Block until the batch's rows are up; raise :class:`PrefetchError` if bringing them failed.
 
-        A ticket never queued (``prefetch(..., bring_up=False)`` and no :meth:`TieredStore.bring_up`
-        or :meth:`TieredStore.read_ahead`) returns at once: the step brings up what is missing itself.
+        A ticket whose bring-up was never queued (``prefetch(..., bring_up=False)`` and no
+        :meth:`TieredStore.bring_up`) returns once the batch is in the window: the step brings
+        up what is missing itself.
         """
         self._settle()
         if self.error is not None:
@@ -78,6 +88,7 @@ class Ticket:
 
     def _settle(self) -> None:
         """Wait for whatever the thread was given of this ticket."""
+        self._entered.wait()
         if self.staged:
             self._read.wait()
         if self.queued:
@@ -93,16 +104,19 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._outstanding: list[Ticket] = []
+        self._releasing: list[Ticket] = []  # released, their unpinning queued
         self.stepping: Ticket | None = None  # the batch whose step runs now (see TieredStore._pinned_batch)
 
-    def submit(self, uids: dict[str, np.ndarray], pinned: dict[str, np.ndarray], queue: bool = True) -> Ticket:
-        """A batch entering the window: ``uids`` to bring up, ``pinned`` slots already pinned for it.
+    def submit(self, batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], queue: bool = True) -> Ticket:
+        """A batch entering the window (``{table: (ids, unique ids, inverse)}``).
 
-        With ``queue`` the thread brings it up now; otherwise :meth:`bring_up` queues it later.
+        The thread pins its resident rows first (:meth:`TieredStore._enter_ticket`), then,
+        with ``queue``, brings up the rest; otherwise :meth:`bring_up` queues that later.
         """
-        ticket = Ticket(self._seq, uids, pinned)
+        ticket = Ticket(self._seq, batch)
         self._seq += 1
         self._outstanding.append(ticket)
+        self._put(ticket._entered, self._store._enter_ticket, ticket)
         if queue:
             self.bring_up(ticket)
         return ticket
@@ -141,19 +155,28 @@ class Prefetcher:
                 event.set()
 
     def release(self, ticket: Ticket) -> None:
-        """Unpin the ticket's rows (waits for it first); raises its error, if any, after unpinning."""
+        """Queue the unpinning of the ticket's rows (after what the thread was given of it);
+        raises its error, if any.
+
+        The thread unpins them in order with its other work, so the step never waits for
+        the store's lock here; :meth:`drain` waits for it.
+        """
         if ticket.released:
             return
         ticket._settle()
-        self._store._unpin_ticket(ticket)
         ticket.released = True
         self._outstanding.remove(ticket)
+        self._releasing.append(ticket)
+        self._put(ticket._unpinned, self._store._unpin_ticket, ticket)
         ticket.wait()
 
     def drain(self) -> None:
-        """Wait until every submitted ticket has been brought up (or failed)."""
+        """Wait until every submitted ticket has been brought up (or failed) and every released one unpinned."""
         for t in list(self._outstanding):
             t._settle()
+        for t in self._releasing:
+            t._unpinned.wait()
+        self._releasing.clear()
 
     def close(self) -> None:
         """Drain, unpin what is still pinned, stop and join the thread."""
@@ -222,6 +245,10 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                     exhausted = True
                 else:  # batch t + depth enters the window
                     window.append((nxt, store.prefetch(ids_of(nxt), bring_up=False)))
+                    if load == 0:
+                        # The step places its own rows: let the window's pins come first, as
+                        # they always do with load-ahead (the thread's work runs in order).
+                        window[-1][1]._entered.wait()
             j = t + read - base  # batch t + read: its LMDB rows are read on the thread
             if read > 0 and 0 <= j < len(window):
                 store.read_ahead(window[j][1])
@@ -247,3 +274,5 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                 store.release(ticket)
             except PrefetchError:
                 pass  # its batch never ran; the error belongs to no step
+        if not store._closed:
+            store._prefetcher.drain()  # every pin of the loop is gone when it ends

@@ -495,9 +495,9 @@ class TieredStore:
         Ticket: pass it to :meth:`release` once that batch's update is applied.
         Bad ids raise here, on the caller's thread, and queue nothing.
 
-        With a ``lookahead+`` policy the rows of the batch already resident are pinned at
-        once (they cannot be evicted while the batch waits in the window); the worker
-        brings up the rest.  See :mod:`tiered_emb.prefetch`.
+        With a ``lookahead+`` policy the worker first pins the rows of the batch already
+        resident (they cannot be evicted while the batch waits in the window), then brings
+        up the rest.  See :mod:`tiered_emb.prefetch`.
         """
         self._check_open()
         if not isinstance(batch, dict):
@@ -507,26 +507,7 @@ class TieredStore:
             t = self._table(name)
             ids = self._ids(t, batch[name])
             handed[name] = (ids,) + tuple(dedupe(ids))
-        todo, early, aligned, todo_at = {}, {}, {}, {}
-        with self._lock:
-            for name, (_, u, _) in handed.items():
-                t = self._tables[name]
-                aligned[name] = np.full(u.shape[0], -1, dtype=np.int64)
-                rest = np.ones(u.shape[0], dtype=bool)
-                if POLICIES[self.tiers.policy].lookahead:
-                    slots = t.hbm.find(u)
-                    resident = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
-                    early[name] = slots[resident]
-                    t.hbm.pin(early[name])
-                    aligned[name][resident] = early[name]
-                    rest[resident] = False
-                todo_at[name] = np.flatnonzero(rest)
-                todo[name] = u[todo_at[name]]
-            ticket = self._prefetcher.submit(todo, early, queue=False)
-            ticket.batch, ticket.aligned, ticket.todo_at = handed, aligned, todo_at
-            if bring_up:
-                self._prefetcher.bring_up(ticket)
-        return ticket
+        return self._prefetcher.submit(handed, queue=bring_up)
 
     def bring_up(self, ticket: Ticket) -> None:
         """Queue a ticket made with ``prefetch(..., bring_up=False)`` for the background thread (once)."""
@@ -550,11 +531,34 @@ class TieredStore:
         self._check_open()
         self._prefetcher.release(ticket)
 
+    def _enter_ticket(self, ticket: Ticket) -> None:
+        """Worker side: a batch enters the window; with a ``lookahead+`` policy its resident rows are pinned."""
+        lookahead_policy = POLICIES[self.tiers.policy].lookahead
+        for name, (_, u, _) in sorted(ticket.batch.items()):
+            aligned = np.full(u.shape[0], -1, dtype=np.int64)
+            rest = np.ones(u.shape[0], dtype=bool)
+            with self._lock:
+                if self._closed:
+                    return
+                if lookahead_policy:
+                    t = self._tables[name]
+                    slots = t.hbm.find(u)
+                    resident = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
+                    ticket.slots[name] = slots[resident]
+                    t.hbm.pin(ticket.slots[name])
+                    aligned[resident] = ticket.slots[name]
+                    rest[resident] = False
+            ticket.todo_at[name] = np.flatnonzero(rest)
+            ticket.uids[name] = u[ticket.todo_at[name]]
+            ticket.aligned[name] = aligned
+
     def _bring_up_ticket(self, ticket: Ticket) -> None:
         """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first).
 
         The lock is taken table by table, so the step's own calls wait for one table at most.
         """
+        if ticket.error is not None:  # it failed to enter the window
+            return
         for name in sorted(ticket.uids):
             with self._lock:
                 if self._closed:
@@ -588,6 +592,8 @@ class TieredStore:
 
     def _stage_ticket(self, ticket: Ticket) -> None:
         """Worker side of :meth:`read_ahead`: LMDB reads outside the lock, held by the SSD tier."""
+        if ticket.error is not None:  # it failed to enter the window
+            return
         batch = {}
         with self._lock:
             if self._closed:

@@ -22,6 +22,9 @@ run a batch's backward before the rows it read are updated by another batch.
 """
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -339,6 +342,10 @@ class TrainPipeline:
     load_ahead : int >= 0, batches ahead whose rows are brought up into HBM (at most k; default 0)
     read_ahead : int >= 0, batches ahead whose LMDB rows are read into host memory (at most k; default 0:
         it pays where LMDB reads wait on the disk, not where they are CPU work on a busy host)
+    step_threads : int >= 1 or None, threads of torch and Numba for the step while ``run`` trains.
+        None: every core but one when the background thread has work (``load_ahead`` or
+        ``read_ahead``), so the thread has a core of its own (on 2 cores: the step on one
+        thread, measured 1.09x faster than both on two), else torch's and Numba's own setting
 
     Examples
     --------
@@ -349,11 +356,15 @@ class TrainPipeline:
     """
 
     def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 0,
-                 read_ahead: int = 0):
+                 read_ahead: int = 0, step_threads: int | None = None):
         for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead),
                         ("read_ahead", read_ahead)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (lookahead_batches 0: no prefetch)")
+        if step_threads is not None and (not isinstance(step_threads, int) or isinstance(step_threads, bool)
+                                         or step_threads < 1):
+            raise ConfigError(f"step_threads={step_threads!r} is invalid", "use an int >= 1, or None")
+        self.step_threads = step_threads
         self.store = store
         self.model = model
         self.optimizer = optimizer
@@ -368,12 +379,38 @@ class TrainPipeline:
 
         Stopping early (``break``) releases every pin; the store's thread ends at ``close()``.
         """
-        for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead,
-                               self.read_ahead):
-            if self.optimizer is not None:
-                self.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_of(self.model, batch)
-            loss.backward()
-            if self.optimizer is not None:
-                self.optimizer.step()
-            yield float(loss.detach())
+        with _step_threads(self._threads()):
+            for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead,
+                                   self.read_ahead):
+                if self.optimizer is not None:
+                    self.optimizer.zero_grad(set_to_none=True)
+                loss = self.loss_of(self.model, batch)
+                loss.backward()
+                if self.optimizer is not None:
+                    self.optimizer.step()
+                yield float(loss.detach())
+
+    def _threads(self) -> int | None:
+        """The step's thread count while training (None: leave torch and Numba as they are)."""
+        if self.step_threads is not None:
+            return self.step_threads
+        busy = self.lookahead_batches > 0 and (self.load_ahead > 0 or self.read_ahead > 0)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores - 1) if busy else None
+
+
+@contextmanager
+def _step_threads(n: int | None):
+    """torch's and (this thread's) Numba's thread counts set to ``n`` inside, restored after."""
+    if n is None:
+        yield
+        return
+    import numba
+    before = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(n)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])

@@ -249,7 +249,9 @@ class SsdTier:
                 if table in snap:
                     snap[table].get(ids, out_rows, state)
             for key in sorted(self._staged):
-                self.staging["used"] += self._staged[key][table].get(ids, out_rows, state)
+                staged = self._staged[key].get(table)
+                if staged is not None:
+                    self.staging["used"] += staged.get(ids, out_rows, state)
         # LMDB last, in a transaction begun after the look above: a snapshot gone since
         # was committed first, so the transaction sees its rows.
         todo = np.flatnonzero(state == 0)
