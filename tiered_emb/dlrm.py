@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import sys
 import time
@@ -61,14 +62,19 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--lookahead", type=int, default=4,
                    help="batches handed to the store ahead of the step (the window; 0: no pipeline)")
-    p.add_argument("--load-ahead", type=int, default=0,
-                   help="of the window, how many batches ahead the background thread brings rows up "
-                        "(default 0: the window only protects rows; loading ahead did not pay on 2 CPU cores, "
-                        "see docs/training.md)")
+    p.add_argument("--load-ahead", type=int, default=1,
+                   help="of the window, how many batches ahead the background thread brings rows up and pins "
+                        "them (default 1: the step then finds every row pinned for it and runs without the "
+                        "store's lock; 0: the window only protects rows, the step places its own; see "
+                        "docs/training.md)")
     p.add_argument("--read-ahead", type=int, default=0,
                    help="of the window, how many batches ahead the background thread reads rows from LMDB into "
                         "host memory (default 0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
                         "cores with LMDB in the page cache, see docs/training.md)")
+    p.add_argument("--step-threads", type=int, default=None,
+                   help="torch and Numba threads of the training step (default: the cores but one, at least 1, "
+                        "with or without lookahead, so the lookahead thread has a core and every --lookahead "
+                        "gives the same model; torch's dense sums may differ from one thread count to another)")
     p.add_argument("--sync-writes", action="store_true",
                    help="write evicted rows to LMDB on the step's thread (default: on a writer thread)")
     p.set_defaults(func=run)
@@ -192,6 +198,15 @@ def _save_state(torch, store, step: int, model, opt) -> None:
     store.checkpoint(buf.getvalue())
 
 
+def _step_threads(args) -> int:
+    """The step's torch and Numba threads: ``--step-threads``, else every core but one (at least 1)."""
+    n = getattr(args, "step_threads", None)
+    if n is not None:
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
 def train(args) -> dict:
     """Run the job described by the parsed ``args``; returns the report as a dict."""
     import torch
@@ -256,7 +271,8 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead,
-                             load_ahead=getattr(args, "load_ahead", 0), read_ahead=getattr(args, "read_ahead", 0))
+                             load_ahead=getattr(args, "load_ahead", 1), read_ahead=getattr(args, "read_ahead", 0),
+                             step_threads=_step_threads(args))
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
@@ -269,7 +285,8 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
         _save_state(torch, store, max(args.steps, start), model, opt)
     stats = store.stats()  # training's statistics, before evaluation reads more rows
     report = {"steps": max(args.steps, start), "steps_this_run": done, "batch": cfg["batch"],
-              "train_seconds": train_s, "samples_per_s": done * cfg["batch"] / train_s if done else 0.0}
+              "train_seconds": train_s, "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
+              "step_threads": _step_threads(args)}
     model.eval()
     with torch.no_grad():
         for split in ("train", "test"):

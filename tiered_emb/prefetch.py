@@ -39,6 +39,7 @@ from __future__ import annotations
 import queue
 import threading
 
+import numba
 import numpy as np
 
 from .errors import PrefetchError
@@ -142,6 +143,10 @@ class Prefetcher:
         self._queue.put((event, job, ticket))
 
     def _run(self) -> None:
+        # Numba's thread count is per calling thread.  One here: a parallel kernel on this
+        # thread would start an OpenMP team of its own, whose idle workers spin on the
+        # cores the step is using.
+        numba.set_num_threads(1)
         while True:
             item = self._queue.get()
             if item is _STOP:

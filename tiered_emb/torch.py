@@ -22,7 +22,6 @@ run a batch's backward before the rows it read are updated by another batch.
 """
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 import numpy as np
@@ -339,13 +338,19 @@ class TrainPipeline:
     ids_of : callable, ``ids_of(batch) -> {table: ids}``: the rows a batch will read
     loss_of : callable, ``loss_of(model, batch) -> scalar loss tensor``
     lookahead_batches : int >= 0, the window k
-    load_ahead : int >= 0, batches ahead whose rows are brought up into HBM (at most k; default 0)
+    load_ahead : int >= 0, batches ahead whose rows are brought up into HBM and pinned (at most k;
+        default 1: each step then finds all its rows pinned for it and pools and updates them
+        without the store's lock, while the thread places the next batch's; 0: the step
+        places its own rows, the window only protects those already up)
     read_ahead : int >= 0, batches ahead whose LMDB rows are read into host memory (at most k; default 0:
         it pays where LMDB reads wait on the disk, not where they are CPU work on a busy host)
-    step_threads : int >= 1 or None, threads of torch and Numba for the step while ``run`` trains.
-        None: every core but one when the background thread has work (``load_ahead`` or
-        ``read_ahead``), so the thread has a core of its own (on 2 cores: the step on one
-        thread, measured 1.09x faster than both on two), else torch's and Numba's own setting
+    step_threads : int >= 1 or None (default: leave torch's and Numba's settings alone), the threads
+        of torch and Numba for the step while ``run`` trains.  Fewer threads than cores leave
+        the background thread a core of its own: on 2 cores, 1 made the DLRM job ~1.1x
+        faster (docs/benchmarks.md).  Not the default because torch's dense kernels may sum in
+        another order on another thread count, so the dense model (and, through its
+        gradients, the rows) would differ from a run without the pipeline; the store's own
+        results never depend on it.
 
     Examples
     --------
@@ -355,7 +360,7 @@ class TrainPipeline:
     ...     pass
     """
 
-    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 0,
+    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 1,
                  read_ahead: int = 0, step_threads: int | None = None):
         for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead),
                         ("read_ahead", read_ahead)):
@@ -379,7 +384,7 @@ class TrainPipeline:
 
         Stopping early (``break``) releases every pin; the store's thread ends at ``close()``.
         """
-        with _step_threads(self._threads()):
+        with _step_threads(self.step_threads):
             for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead,
                                    self.read_ahead):
                 if self.optimizer is not None:
@@ -390,13 +395,6 @@ class TrainPipeline:
                     self.optimizer.step()
                 yield float(loss.detach())
 
-    def _threads(self) -> int | None:
-        """The step's thread count while training (None: leave torch and Numba as they are)."""
-        if self.step_threads is not None:
-            return self.step_threads
-        busy = self.lookahead_batches > 0 and (self.load_ahead > 0 or self.read_ahead > 0)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, cores - 1) if busy else None
 
 
 @contextmanager
