@@ -19,8 +19,9 @@ Part 2, end to end: the DLRM main job (``tiered-emb train``) with tables 10x HBM
 samples/s without the pipeline (write-backs on the step's thread, and on the writer
 thread), with it (window k: rows placed by the step, or brought up and pinned
 ``load_ahead`` batches ahead, the job's default, also reading LMDB that far ahead), and
-with every row resident; each at the job's default thread count for the step (every
-core but one) and, for the pipeline and both baselines, on every core.  The headline
+with every row resident (with and without the pipeline); each at the job's default
+thread count for the step (every core but one) and, for the pipeline and both
+baselines, on every core.  The headline
 ratios take each baseline at its faster setting.  All configurations of a repeat run
 back to back, medians over repeats.
 
@@ -126,7 +127,9 @@ def end_to_end(args) -> dict:
         f"pipeline k={k} load {la} read-ahead {la}": ["--lookahead", k, "--load-ahead", la, "--read-ahead", la],
         f"pipeline k={k} load {la}, step on every core": ["--lookahead", k, "--load-ahead", la] + every_core,
         "every row resident": ["--hbm-rows", "100000", "--ddr-rows", "0"],
-        "every row resident, step on every core": ["--hbm-rows", "100000", "--ddr-rows", "0"] + every_core,
+        "every row resident, no prefetch": ["--hbm-rows", "100000", "--ddr-rows", "0", "--lookahead", "0"],
+        "every row resident, no prefetch, step on every core": ["--hbm-rows", "100000", "--ddr-rows", "0",
+                                                                 "--lookahead", "0"] + every_core,
     }
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench_prefetch_") as tmp:
@@ -142,9 +145,9 @@ def end_to_end(args) -> dict:
     for v in out.values():
         v["median_samples_per_s"] = median(v["samples_per_s"])
     med = {name: out[name]["median_samples_per_s"] for name in configs}
-    sync, none, none_all, load0, pipe, pipe_read, pipe_all, resident, resident_all = list(configs)
-    best_none = max(med[none], med[none_all])  # each baseline at its faster thread count
-    best_resident = max(med[resident], med[resident_all])
+    sync, none, none_all, load0, pipe, pipe_read, pipe_all, resident, resident_none, resident_all = list(configs)
+    best_none = max(med[none], med[none_all])  # each baseline at its fastest setting
+    best_resident = max(med[resident], med[resident_none], med[resident_all])
     out["ratios"] = {"pipeline_vs_no_prefetch": med[pipe] / best_none,
                      "pipeline_vs_resident": med[pipe] / best_resident,
                      "pipeline_vs_no_prefetch_same_threads": med[pipe] / med[none],

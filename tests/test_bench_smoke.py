@@ -38,7 +38,7 @@ def test_bench_prefetch_smoke(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["end_to_end"]["ratios"]) == set(res["end_to_end"]["ratios"])
     modes = [k for k in data["end_to_end"] if k != "ratios"]
-    assert len(modes) == 9 and all(data["end_to_end"][m]["median_samples_per_s"] > 0 for m in modes)
+    assert len(modes) == 10 and all(data["end_to_end"][m]["median_samples_per_s"] > 0 for m in modes)
     for trace in data["hit_rates"].values():
         for point in trace["points"].values():
             rates = [p["hbm_hit_rate"] for p in point["policies"].values()]
