@@ -145,16 +145,23 @@ def _gather_positions(records, slots, inverse, positions, first, out):
             out[p, j] = src[j]
 
 
-@numba.njit(cache=True, nogil=True)
-def _group_positions(inverse, k, starts, order):
-    """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
-    are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
+@numba.njit(inline="always")
+def _group_starts(inverse, k, starts):
+    """The counting sort's first half: ``starts`` (int64 (k+1,)) = where each unique index's
+    positions begin; returns a copy of ``starts[:k]`` to fill from."""
     starts[:] = 0
     for i in range(inverse.shape[0]):
         starts[inverse[i] + 1] += 1
     for u in range(k):
         starts[u + 1] += starts[u]
-    fill = starts[:k].copy()
+    return starts[:k].copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_positions(inverse, k, starts, order):
+    """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
+    are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
+    fill = _group_starts(inverse, k, starts)
     for i in range(inverse.shape[0]):
         u = inverse[i]
         order[fill[u]] = i

@@ -33,8 +33,8 @@ import numba
 import numpy as np
 
 from .errors import ConfigError, IdTypeError
-from .kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _local_f32, _pool_bags, _prefetch,
-                      _prefetch_row, dedupe)
+from .kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _group_starts, _local_f32, _pool_bags,
+                      _prefetch, _prefetch_row, dedupe)
 from .optimizers import _adagrad_update, _adam_update, _sgd_update
 
 
@@ -210,12 +210,7 @@ def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts
     with ``mean``), as :func:`_unpool_grads` forms it.  The reduce then reads both in
     order instead of through a permutation (measured 2.8 -> 1.7 ms with 2 threads).
     """
-    starts[:] = 0
-    for i in range(inverse.shape[0]):
-        starts[inverse[i] + 1] += 1
-    for u in range(k):
-        starts[u + 1] += starts[u]
-    fill = starts[:k].copy()
+    fill = _group_starts(inverse, k, starts)
     for b in range(offsets.shape[0] - 1):
         lo = offsets[b]
         hi = offsets[b + 1]
