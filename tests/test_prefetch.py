@@ -283,3 +283,45 @@ def test_bad_ids_in_prefetch_raise_on_the_caller(tmp_path):
         with pytest.raises(ConfigError):
             list(lookahead(s, [], lambda x: x, -1))
         assert s._prefetcher._outstanding == []
+
+
+def test_backward_after_its_step_moved_on_takes_the_locked_path(tmp_path):
+    """Gradients accumulated over two batches: the first batch's backward runs after its
+    step, when its pins are released and its slots may hold other rows; it must not write
+    them unlocked.  Rows equal the same accumulation without the pipeline."""
+    tables = [TableConfig("t", dim=4, num_rows=100, optimizer=RowWiseAdagrad(lr=0.5))]
+    data = [np.arange(i * 4, i * 4 + 4, dtype=np.int64) for i in range(8)]  # disjoint; 8 HBM rows hold 2 batches
+    off = np.array([0, 2, 4])
+
+    def run(path, pipe):
+        with TieredStore.create(path, tables, TierConfig(8, 0, "lookahead+lru", "cpu"), seed=1) as s:
+            it = lookahead(s, data, lambda b: {"t": b}, 2, load_ahead=1) if pipe else iter(data)
+            pending = None
+            for b in it:
+                plan = plan_bags(b, off)
+                out = lookup_pooled(s, "t", plan)
+                if pending is None:
+                    pending = (plan, out)
+                    continue
+                for p, o in (pending, (plan, out)):
+                    apply_pooled_gradients(s, "t", p, o * np.float32(0.5) + np.float32(0.01))
+                pending = None
+            return s.peek("t", np.arange(40), with_state=True)
+
+    np.testing.assert_array_equal(run(tmp_path / "pipe", True), run(tmp_path / "plain", False))
+
+
+def test_window_keeps_its_own_copy_of_the_ids(tmp_path):
+    """The step is matched to its ticket by comparing ids, so the ticket must not share the
+    caller's array: changed after the hand-over, it would match ids whose rows are not pinned."""
+    with TieredStore.create(tmp_path / "s", TABLES, TierConfig(40, 0, "lookahead+lru", "cpu"), seed=1) as s:
+        ids = np.arange(5, dtype=np.int64)
+        ticket = s.prefetch({"u": ids})
+        ids[:] = 99
+        s._prefetcher.stepping = ticket
+        ticket.wait()
+        assert s._pinned_batch("u", ids) is None  # the changed array is not the batch handed over
+        got = s._pinned_batch("u", np.arange(5, dtype=np.int64))
+        assert got is not None and got[1].tolist() == [0, 1, 2, 3, 4]
+        s._prefetcher.stepping = None
+        s.release(ticket)

@@ -58,7 +58,7 @@ class BagPlan:
     weights: np.ndarray | None
     mean: bool
     slots: np.ndarray | None = None  # HBM slots of uids at the forward (fused path), for the backward
-    pinned: bool = False  # ``slots`` are pinned for this batch by a prefetch ticket (see TieredStore._pinned_batch)
+    pinned: object = None  # the prefetch ticket that pinned ``slots`` for this batch (see TieredStore._pinned_batch)
     _unique: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -340,16 +340,16 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
     use_w = plan.weights is not None
     weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
     plan.slots = None
-    plan.pinned = False
+    plan.pinned = None
     if backward:
         pinned = store._pinned_batch(table, plan.ids)
         if pinned is not None:
             # Every row is pinned in HBM for this very batch: pool from its slots with no
             # dedupe (the window did it), no resolve and no lock (the worker may be placing
             # the next batch's rows meanwhile; it never moves these).
-            uids, inverse, slots = pinned
+            ticket, uids, inverse, slots = pinned
             plan._unique = (uids, inverse)
-            plan.slots, plan.pinned = slots, True
+            plan.slots, plan.pinned = slots, ticket
             with _threads_for(plan.ids.shape[0] * dim):
                 _pool_kernel(dim, False, use_w)(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights,
                                                 plan.mean, out)
@@ -435,15 +435,21 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
     if plan.ids.shape[0] == 0:
         return
-    if plan.pinned and _apply_pinned(store, t, plan, grad_out, nonfinite):
+    if plan.pinned is not None and store._still_pinned(plan.pinned) and _apply_pinned(store, t, plan, grad_out,
+                                                                                      nonfinite):
         return
     with store._lock, _threads_for(plan.ids.shape[0] * t.cfg.dim):  # see lookup_pooled
         _apply_pooled(store, t, plan, grad_out, nonfinite)
 
 
 def _apply_pinned(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str) -> bool:
-    """The fused update of a batch whose rows are pinned for it (see :func:`lookup_pooled`), without
-    the lock; False (nothing changed) where the locked path must answer: no fused kernel, or ids skipped."""
+    """The fused update of a batch whose rows are still pinned for it (see :func:`lookup_pooled`), without
+    the lock; False (nothing changed) where the locked path must answer: no fused kernel, or ids skipped.
+
+    The caller checks the pins still hold (the ticket is the stepping one, not released): a
+    backward run after its batch's step (gradients accumulated over batches, say) finds its
+    slots perhaps given to other rows, and takes the locked path, which resolves them again.
+    """
     update = _FUSED_UPDATES.get(t.cfg.optimizer.name)
     if update is None:
         return False

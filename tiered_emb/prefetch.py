@@ -26,7 +26,9 @@ Safety: the worker and the step share the store's lock for every change to the t
 lock for their bookkeeping, see docs/architecture.md).  One exception, by design: a
 step whose rows are all pinned for it pools and updates them without the lock
 (:meth:`TieredStore._pinned_batch`): pinned slots are never victims, so the worker,
-placing other rows meanwhile, never touches them.  The step's own window bookkeeping
+placing other rows meanwhile, never moves them nor reads or writes their records or
+dirty flags (it may pin them again for a later batch, which touches only policy state).
+A backward run after its batch's step has moved on takes the locked path.  The step's own window bookkeeping
 (a batch entering the window, a batch's pins released after its update) is queued on
 the worker too, in order, so the step takes the lock only on the rows it must place
 itself.  ``checkpoint`` and ``close`` drain the queue first; an exception on the worker is kept in its ticket
@@ -171,7 +173,7 @@ class Prefetcher:
         ticket._settle()
         ticket.released = True
         self._outstanding.remove(ticket)
-        self._releasing.append(ticket)
+        self._releasing = [t for t in self._releasing if not t._unpinned.is_set()] + [ticket]
         self._put(ticket._unpinned, self._store._unpin_ticket, ticket)
         ticket.wait()
 
@@ -206,11 +208,15 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
     ids_of : callable, ``ids_of(batch) -> {table: ids}``
     depth : int >= 0, lookahead window k; 0 turns prefetch off
     load_ahead : int >= 0, how many batches ahead rows are *brought up* into HBM and
-        pinned (at most ``depth``).  Before step t, batch t + depth enters the window (a
-        ``lookahead+`` policy pins its resident rows, so they are not evicted before use)
-        and batch t + load_ahead is queued for the background thread.  Rows brought up
-        early hold HBM room until their batch is done, which costs hits (see
-        docs/benchmarks.md), so the default is 0: the step places its missing rows itself.
+        pinned (at most ``depth``).  Before step t, batch t + depth enters the window (the
+        thread pins its resident rows under a ``lookahead+`` policy, so they are not
+        evicted before use; with ``load_ahead`` 0 the step waits for that, since it then
+        places rows itself; otherwise it runs in the thread's order, after the bring-ups
+        queued before it) and batch t + load_ahead is queued for the background thread.
+        Rows brought up early hold HBM room until their batch is done, which costs hits
+        (see docs/benchmarks.md); what they buy is a step that finds all its rows pinned
+        for it and runs without the store's lock.  Default here 0 (the step places its
+        missing rows itself); :class:`tiered_emb.torch.TrainPipeline` uses 1.
     read_ahead : int >= 0, how many batches ahead the thread *reads* the rows the tiers
         do not hold from LMDB into host memory (at most ``depth``): the step finds them
         there instead of waiting on LMDB, and the tiers' decisions stay the step's.  It

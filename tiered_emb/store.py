@@ -505,7 +505,7 @@ class TieredStore:
         handed = {}
         for name in sorted(batch):
             t = self._table(name)
-            ids = self._ids(t, batch[name])
+            ids = np.array(self._ids(t, batch[name]), copy=True)  # the step is matched to it by these ids
             handed[name] = (ids,) + tuple(dedupe(ids))
         return self._prefetcher.submit(handed, queue=bring_up)
 
@@ -527,7 +527,10 @@ class TieredStore:
         self._prefetcher.read_ahead(ticket)
 
     def release(self, ticket: Ticket) -> None:
-        """Unpin a prefetched batch (after its update); raises its PrefetchError if bringing it up failed."""
+        """Unpin a prefetched batch (after its update): queued on the background thread, after
+        what it was given of the batch; raises its PrefetchError if bringing it up failed.
+        The rows stay pinned until the thread gets there (:meth:`flush`, :meth:`checkpoint`
+        and :meth:`close` wait for it)."""
         self._check_open()
         self._prefetcher.release(ticket)
 
@@ -572,7 +575,7 @@ class TieredStore:
                     ticket.aligned[name][ticket.todo_at[name][:take.shape[0]]] = slots
 
     def _pinned_batch(self, table: str, ids: np.ndarray):
-        """``(uids, inverse, slots)`` when ``ids`` are the stepping batch's ids of ``table`` and
+        """``(ticket, uids, inverse, slots)`` when ``ids`` are the stepping batch's ids of ``table`` and
         every one of its rows is pinned in (host) HBM for it; else None.
 
         Pinned rows stay in their slots until the ticket is released after the step, and
@@ -588,7 +591,11 @@ class TieredStore:
         slots = ticket.aligned[table]
         if slots.shape[0] and slots.min() < 0:
             return None
-        return handed[1], handed[2], slots
+        return ticket, handed[1], handed[2], slots
+
+    def _still_pinned(self, ticket: Ticket) -> bool:
+        """True while ``ticket``'s step runs (its pins hold): it is the stepping one and not released."""
+        return ticket is self._prefetcher.stepping and not ticket.released
 
     def _stage_ticket(self, ticket: Ticket) -> None:
         """Worker side of :meth:`read_ahead`: LMDB reads outside the lock, held by the SSD tier."""
@@ -614,7 +621,7 @@ class TieredStore:
             for name, slots in sorted(ticket.slots.items()):
                 self._tables[name].hbm.release(slots)
             ticket.slots = {}
-            ticket.aligned = {name: np.full_like(a, -1) for name, a in ticket.aligned.items()}
+            ticket.batch, ticket.aligned = {}, {}  # nothing pinned for it any more (and the arrays go)
             self._ssd.unstage(ticket.seq)
 
     # ------------------------------------------------------------------ durability

@@ -345,7 +345,9 @@ class TrainPipeline:
     read_ahead : int >= 0, batches ahead whose LMDB rows are read into host memory (at most k; default 0:
         it pays where LMDB reads wait on the disk, not where they are CPU work on a busy host)
     step_threads : int >= 1 or None (default: leave torch's and Numba's settings alone), the threads
-        of torch and Numba for the step while ``run`` trains.  Fewer threads than cores leave
+        of torch and Numba for the step from ``run``'s first batch until it ends or is
+        closed (so also for the caller's code between its yields; torch's setting is the
+        process's).  Fewer threads than cores leave
         the background thread a core of its own: on 2 cores, 1 made the DLRM job ~1.1x
         faster (docs/benchmarks.md).  Not the default because torch's dense kernels may sum in
         another order on another thread count, so the dense model (and, through its
