@@ -397,3 +397,38 @@ def test_stored_id_outside_num_rows_is_corrupt(tmp_path):
         TieredStore.open(tmp_path / "s")
     with pytest.raises(CorruptStoreError, match="outside"):  # the lock was released
         TieredStore.open(tmp_path / "s")
+
+
+def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
+    """A read from LMDB that fails mid-step (here: a CorruptStoreError on some calls) raises
+    before any tier changes: retrying the step ends as if the failure never happened.
+    (Batches fit HBM in one chunk: a spill-path update that fails in a later chunk has
+    applied the earlier ones.)"""
+    rng = np.random.default_rng(5)
+    ref = ReferenceStore(TABLES, seed=2)
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(8, 4), seed=2) as s:
+        real = s._ssd.read
+        calls = [0]
+
+        def flaky(table, ids, out):
+            calls[0] += 1
+            if calls[0] % 4 == 0:
+                raise CorruptStoreError("injected read failure", "none")
+            return real(table, ids, out)
+        s._ssd.read = flaky
+        failures = 0
+        for _ in range(40):
+            ids = rng.integers(0, 60, size=6)
+            grads = rng.standard_normal((6, 3)).astype(np.float32)
+            while True:
+                try:
+                    got = s.lookup("b", ids)
+                    s.apply_gradients("b", ids, grads)
+                    break
+                except CorruptStoreError:
+                    failures += 1  # the tiers are as before the call: retry it
+            np.testing.assert_array_equal(got, ref.lookup("b", ids))
+            ref.apply_gradients("b", ids, grads)
+        assert failures > 5 and int(s._tables["b"].hbm.pins.sum()) == 0
+        s._ssd.read = real
+        np.testing.assert_array_equal(s.peek("b", np.arange(100), with_state=True), ref.peek_records("b", np.arange(100)))

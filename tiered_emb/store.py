@@ -298,6 +298,17 @@ class TieredStore:
         Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
         """
         c = t.counters if c is None else c
+        # What must come from LMDB or the initialiser is read first, before any tier
+        # changes: a failed read (a corrupt store) then leaves the tiers as they were,
+        # instead of slots mapped to rows never filled and victims never pushed down.
+        missing = chunk[t.hbm.find(chunk) < 0]
+        below = missing[t.ddr.find(missing) < 0] if missing.shape[0] else missing
+        if below.shape[0]:
+            sub = np.empty((below.shape[0], t.cfg.record_width), dtype=np.float32)
+            on_ssd = self._ssd.read(t.cfg.name, below, sub)
+            fresh = np.flatnonzero(~on_ssd)
+            if fresh.shape[0]:
+                sub[fresh] = init_rows(t.cfg, below[fresh], self.seed)
         slots, miss_idx, vids, vrows, vdirty, pinned = t.hbm.resolve(chunk, force_pin)
         k, m = chunk.shape[0], miss_idx.shape[0]
         c["hbm"]["lookups"] += k
@@ -305,7 +316,7 @@ class TieredStore:
         c["hbm"]["misses"] += m
         c["hbm"]["evictions"] += vids.shape[0]
         if m:
-            miss_ids = chunk[miss_idx]
+            miss_ids = chunk[miss_idx]  # == missing: the misses are the ids not resident, in chunk order
             rows = np.empty((m, t.cfg.record_width), dtype=np.float32)
             dirty = np.zeros(m, dtype=np.uint8)
             found = t.ddr.take(miss_ids, rows, dirty)
@@ -314,17 +325,12 @@ class TieredStore:
             c["ddr"]["hits"] += n_ddr
             c["ddr"]["misses"] += m - n_ddr
             if n_ddr < m:
-                rest = np.flatnonzero(found == 0)
-                sub = np.empty((rest.shape[0], t.cfg.record_width), dtype=np.float32)
-                on_ssd = self._ssd.read(t.cfg.name, miss_ids[rest], sub)
+                rest = np.flatnonzero(found == 0)  # == below, in the same order
                 n_ssd = int(on_ssd.sum())
                 c["ssd"]["lookups"] += rest.shape[0]
                 c["ssd"]["hits"] += n_ssd
                 c["ssd"]["misses"] += rest.shape[0] - n_ssd
-                if n_ssd < rest.shape[0]:
-                    fresh = np.flatnonzero(~on_ssd)
-                    sub[fresh] = init_rows(t.cfg, miss_ids[rest[fresh]], self.seed)
-                    c["ssd"]["lazy_inits"] += fresh.shape[0]
+                c["ssd"]["lazy_inits"] += fresh.shape[0]
                 rows[rest] = sub
             t.hbm.fill(slots[miss_idx], rows, dirty)
         if vids.shape[0]:
