@@ -398,7 +398,8 @@ class SsdTier:
         """Every write-back not yet in LMDB, oldest first; the buffer starts afresh (under ``_mu``)."""
         snaps = self._flushing + [self._wb]
         self._flushing = snaps
-        self._wb = {n: RowBuffer(w) for n, w in sorted(self.widths.items())}
+        # Sized as the last one filled: growing from empty re-inserts every row at each doubling.
+        self._wb = {n: RowBuffer(w, len(snaps[-1][n])) for n, w in sorted(self.widths.items())}
         return snaps
 
     @staticmethod
