@@ -52,13 +52,14 @@ _STOP = object()
 class Ticket:
     """One prefetched batch: ``{table: unique ids}`` and, once brought up, their pinned slots."""
 
-    def __init__(self, seq: int, batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]):
+    def __init__(self, seq: int, ids: dict[str, np.ndarray]):
         self.seq = seq
-        # Per table: the batch as handed over (ids, unique ids, inverse).  The thread sets
-        # the rest when the batch enters the window: the unique ids still to bring up, the
-        # slots pinned for the batch so far, the pinned slot of each unique id (-1: not
-        # pinned) and where ``uids`` sit among the unique ids.
-        self.batch = batch
+        # Per table: the ids as handed over.  The thread sets the rest when the batch
+        # enters the window: the batch (ids, unique ids, inverse), the unique ids still to
+        # bring up, the slots pinned for the batch so far, the pinned slot of each unique
+        # id (-1: not pinned) and where ``uids`` sit among the unique ids.
+        self.ids = ids
+        self.batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.uids: dict[str, np.ndarray] = {}
         self.slots: dict[str, np.ndarray] = {}
         self.aligned: dict[str, np.ndarray] = {}
@@ -110,8 +111,8 @@ class Prefetcher:
         self._releasing: list[Ticket] = []  # released, their unpinning queued
         self.stepping: Ticket | None = None  # the batch whose step runs now (see TieredStore._pinned_batch)
 
-    def submit(self, batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], queue: bool = True) -> Ticket:
-        """A batch entering the window (``{table: (ids, unique ids, inverse)}``).
+    def submit(self, batch: dict[str, np.ndarray], queue: bool = True) -> Ticket:
+        """A batch entering the window (``{table: ids}``, checked).
 
         The thread pins its resident rows first (:meth:`TieredStore._enter_ticket`), then,
         with ``queue``, brings up the rest; otherwise :meth:`bring_up` queues that later.

@@ -509,10 +509,8 @@ class TieredStore:
         if not isinstance(batch, dict):
             raise ConfigError(f"batch of type {type(batch).__name__} is invalid", "pass {table name: ids}")
         handed = {}
-        for name in sorted(batch):
-            t = self._table(name)
-            ids = np.array(self._ids(t, batch[name]), copy=True)  # the step is matched to it by these ids
-            handed[name] = (ids,) + tuple(dedupe(ids))
+        for name in sorted(batch):  # checked here, deduped by the thread
+            handed[name] = np.array(self._ids(self._table(name), batch[name]), copy=True)  # the step is matched by these
         return self._prefetcher.submit(handed, queue=bring_up)
 
     def bring_up(self, ticket: Ticket) -> None:
@@ -543,7 +541,9 @@ class TieredStore:
     def _enter_ticket(self, ticket: Ticket) -> None:
         """Worker side: a batch enters the window; with a ``lookahead+`` policy its resident rows are pinned."""
         lookahead_policy = POLICIES[self.tiers.policy].lookahead
-        for name, (_, u, _) in sorted(ticket.batch.items()):
+        for name, ids in sorted(ticket.ids.items()):
+            u, inverse = dedupe(ids)
+            ticket.batch[name] = (ids, u, inverse)
             aligned = np.full(u.shape[0], -1, dtype=np.int64)
             rest = np.ones(u.shape[0], dtype=bool)
             with self._lock:
@@ -627,7 +627,7 @@ class TieredStore:
             for name, slots in sorted(ticket.slots.items()):
                 self._tables[name].hbm.release(slots)
             ticket.slots = {}
-            ticket.batch, ticket.aligned = {}, {}  # nothing pinned for it any more (and the arrays go)
+            ticket.ids, ticket.batch, ticket.aligned = {}, {}, {}  # nothing pinned for it any more (the arrays go)
             self._ssd.unstage(ticket.seq)
 
     # ------------------------------------------------------------------ durability
