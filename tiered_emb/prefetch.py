@@ -28,12 +28,13 @@ step whose rows are all pinned for it pools and updates them without the lock
 (:meth:`TieredStore._pinned_batch`): pinned slots are never victims, so the worker,
 placing other rows meanwhile, never moves them nor reads or writes their records or
 dirty flags (it may pin them again for a later batch, which touches only policy state).
-A backward run after its batch's step has moved on takes the locked path.  The step's own window bookkeeping
-(a batch entering the window, a batch's pins released after its update) is queued on
-the worker too, in order, so the step takes the lock only on the rows it must place
-itself.  ``checkpoint`` and ``close`` drain the queue first; an exception on the worker is kept in its ticket
-and raised as :class:`~tiered_emb.errors.PrefetchError` by ``Ticket.wait`` /
-``release`` (the step that needs those rows); ``close`` joins the thread.
+A backward run after its batch's step has moved on takes the locked path.  The step's
+own window bookkeeping (a batch entering the window, a batch's pins released after its
+update) is queued on the worker too, in order, so the step takes the lock only on the
+rows it must place itself.  ``checkpoint`` and ``close`` drain the queue first; an
+exception on the worker is kept in its ticket and raised as
+:class:`~tiered_emb.errors.PrefetchError` by ``Ticket.wait`` / ``release`` (the step
+that needs those rows); ``close`` joins the thread.
 Prefetch changes where rows are, never their values.
 """
 from __future__ import annotations

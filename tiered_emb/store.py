@@ -510,7 +510,8 @@ class TieredStore:
             raise ConfigError(f"batch of type {type(batch).__name__} is invalid", "pass {table name: ids}")
         handed = {}
         for name in sorted(batch):  # checked here, deduped by the thread
-            handed[name] = np.array(self._ids(self._table(name), batch[name]), copy=True)  # the step is matched by these
+            # a copy: the step is matched to its ticket by these ids
+            handed[name] = np.array(self._ids(self._table(name), batch[name]), copy=True)
         return self._prefetcher.submit(handed, queue=bring_up)
 
     def bring_up(self, ticket: Ticket) -> None:
