@@ -205,7 +205,7 @@ _POOL_KERNELS: dict = {}
 def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts, bag, scale):
     """Counting sort of the batch's positions by unique id, stable (batch order within an id).
 
-    For ``q`` in ``starts[u]:starts[u+1]`` (int64 (k+1,)): ``bag[q]`` (int32) is the bag
+    For ``q`` in ``starts[u]:starts[u+1]`` (int64 (k+1,)): ``bag[q]`` (int32, int64 past 2**31 bags) is the bag
     of u's q-th position ``i`` and ``scale[q]`` (float32) its factor ``w_i`` (times 1/len
     with ``mean``), as :func:`_unpool_grads` forms it.  The reduce then reads both in
     order instead of through a permutation (measured 2.8 -> 1.7 ms with 2 threads).
@@ -404,7 +404,7 @@ def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, n
     k = plan.uids.shape[0]
     n = plan.ids.shape[0]
     starts = np.empty(k + 1, dtype=np.int64)
-    bag = np.empty(n, dtype=np.int32)
+    bag = np.empty(n, dtype=np.int32 if plan.num_bags < 2**31 else np.int64)
     scale = np.empty(n, dtype=np.float32)
     use_w = plan.weights is not None
     _group_bag_positions(plan.inverse, plan.offsets, plan.weights if use_w else np.empty(0, dtype=np.float32), use_w,
@@ -435,48 +435,38 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
     if plan.ids.shape[0] == 0:
         return
-    if plan.pinned is not None and store._still_pinned(plan.pinned) and _apply_pinned(store, t, plan, grad_out,
-                                                                                      nonfinite):
-        return
+    if plan.pinned is not None and store._still_pinned(plan.pinned):
+        # Its rows are still pinned for it (see lookup_pooled): no lock, unless the locked
+        # path must answer (no fused kernel, or ids skipped), which resolves them again.  A
+        # backward run after its batch's step (gradients accumulated over batches, say)
+        # finds its slots perhaps given to other rows, and goes there at once.
+        with _threads_for(plan.ids.shape[0] * t.cfg.dim):
+            if _apply_pooled(store, t, plan, grad_out, nonfinite, pinned=True):
+                return
     with store._lock, _threads_for(plan.ids.shape[0] * t.cfg.dim):  # see lookup_pooled
         _apply_pooled(store, t, plan, grad_out, nonfinite)
 
 
-def _apply_pinned(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str) -> bool:
-    """The fused update of a batch whose rows are still pinned for it (see :func:`lookup_pooled`), without
-    the lock; False (nothing changed) where the locked path must answer: no fused kernel, or ids skipped.
-
-    The caller checks the pins still hold (the ticket is the stepping one, not released): a
-    backward run after its batch's step (gradients accumulated over batches, say) finds its
-    slots perhaps given to other rows, and takes the locked path, which resolves them again.
-    """
-    update = _FUSED_UPDATES.get(t.cfg.optimizer.name)
-    if update is None:
-        return False
-    with _threads_for(plan.ids.shape[0] * t.cfg.dim):
-        summed, bad = reduce_bag_grads(plan, grad_out)
-        uids, summed = store._screen_nonfinite(t, plan.uids, summed, bad.astype(bool), nonfinite)
-        if uids is not plan.uids:
-            return False
-        update(t.hbm.records, plan.slots, summed, t.cfg.optimizer.params())
-    t.hbm.dirty[plan.slots] = 1
-    return True
-
-
-def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str) -> None:
+def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str, pinned: bool = False) -> bool:
+    """Reduce, screen and update; True when done.  With ``pinned`` (no lock held: ``plan.slots``
+    are pinned for this batch) only the fused in-place update is done; False, with nothing
+    changed, where the locked path must answer."""
     uids = plan.uids
     summed, bad = reduce_bag_grads(plan, grad_out)
     uids, summed = store._screen_nonfinite(t, uids, summed, bad.astype(bool), nonfinite)
     opt = t.cfg.optimizer
-    xp = store.xp
-    update = _FUSED_UPDATES.get(opt.name) if xp is np else None
+    update = _FUSED_UPDATES.get(opt.name) if store.xp is np else None
     slots = plan.slots
-    if update is not None and slots is not None and uids is plan.uids and _still_resident(t.hbm.slot_ids, slots, uids):
+    if update is not None and slots is not None and uids is plan.uids \
+            and (pinned or _still_resident(t.hbm.slot_ids, slots, uids)):
         # The forward's slots still hold these ids: update them without resolving again.
         update(t.hbm.records, slots, summed, opt.params())
         t.hbm.dirty[slots] = 1
-        return
+        return True
+    if pinned:
+        return False
     store._update_rows(t, uids, summed, update)
+    return True
 
 
 @numba.njit(cache=True, nogil=True)

@@ -544,7 +544,6 @@ class TieredStore:
         lookahead_policy = POLICIES[self.tiers.policy].lookahead
         for name, ids in sorted(ticket.ids.items()):
             u, inverse = dedupe(ids)
-            ticket.batch[name] = (ids, u, inverse)
             aligned = np.full(u.shape[0], -1, dtype=np.int64)
             rest = np.ones(u.shape[0], dtype=bool)
             with self._lock:
@@ -561,6 +560,7 @@ class TieredStore:
             ticket.todo_at[name] = np.flatnonzero(rest)
             ticket.uids[name] = u[ticket.todo_at[name]]
             ticket.aligned[name] = aligned
+            ticket.batch[name] = (ids, u, inverse)  # last: _pinned_batch reads it, then the rest
 
     def _bring_up_ticket(self, ticket: Ticket) -> None:
         """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first).
