@@ -1,6 +1,7 @@
 """The one-pass LRU curve equals per-size simulation; Belady's curve equals per-size Belady."""
 import numba
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ def test_lru_curve_equals_per_size_simulation(trace):
 
 @given(st.lists(st.one_of(st.integers(0, 6), st.integers(0, 3000)), min_size=1, max_size=300), st.booleans())
 def test_lru_curve_long_ids_both_paths(trace, huge):
-    """Ids far apart (the argsort path when ``huge``), reuses across the two halves the
+    """Ids far apart (the argsort path when ``huge``), reuses across the two chunks the
     pass sweeps apart: the reference's hits at every size."""
     tr = np.array(trace, dtype=np.int64) * ((2**40 + 3) if huge else 1)
     c = lru_curve(tr)
@@ -29,8 +30,9 @@ def test_lru_curve_long_ids_both_paths(trace, huge):
 
 
 def test_lru_curve_same_with_one_thread():
-    """The halves run one after the other on one thread: the same curve."""
-    tr = zipf_ids(5000, 0.9, 80_000, seed=12)
+    """The chunks run one after the other on one thread: the same curve.  (With two, the
+    second chunk's 20k first requests reach the join in several publications.)"""
+    tr = zipf_ids(40_000, 0.9, 200_000, seed=12)
     two = lru_curve(tr)
     before = numba.get_num_threads()
     numba.set_num_threads(1)
@@ -69,10 +71,31 @@ def test_empty_and_single():
 
 def test_lru_curve_dense_and_argsort_paths_agree():
     """Bounded ids take the dense last-position pass, huge ids the stable argsort; long
-    reuse gaps take the Fenwick tree, short ones the popcounts: the same curve."""
+    reuse gaps climb the count levels, short ones stay in the popcounts: the same curve."""
     tr = zipf_ids(4000, 0.7, 60_000, seed=9)
     dense = lru_curve(tr)
     hashed = lru_curve(tr * (2**40 + 3))
     assert np.array_equal(dense.hits, hashed.hits)
     for cap in (1, 5, 64, 700, 3000):
         assert dense.hits[cap] == simulate(tr, cap, "lru", index="hash")
+
+
+def test_lru_curve_raises_the_worker_error(monkeypatch):
+    """An error in the thread that sweeps the second chunk is raised by ``lru_curve``,
+    and the thread is gone when it returns."""
+    import threading
+
+    from tiered_emb.sim import mrc
+
+    real = mrc._sweep_chunk
+
+    def failing(trace, start, stop, *rest):
+        if start > 0:
+            raise MemoryError("no room for the second chunk")
+        return real(trace, start, stop, *rest)
+
+    monkeypatch.setattr(mrc, "_sweep_chunk", failing)
+    tr = zipf_ids(1000, 0.9, 20_000, seed=3)
+    with pytest.raises(MemoryError, match="second chunk"):
+        lru_curve(tr)
+    assert not any(t.name == "tiered-emb-mrc" for t in threading.enumerate())

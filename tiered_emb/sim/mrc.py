@@ -5,11 +5,11 @@ ones), so one pass that measures each request's *stack distance*, the number of 
 ids used since the previous request of the same id, gives the hits of every size at once
 (Mattson et al., 1970): a request hits in a cache of ``c`` objects iff its distance is at
 most ``c``.  The distance is a count of "last occurrence" marks between two positions of
-the trace: a bit per position, a Fenwick tree over blocks of 512 positions, popcounts for
-nearby positions (see :func:`_sweep_chunk`); each request's previous request from a dense
-array of last positions kept in the same pass (from a stable argsort when the ids are
-unbounded).  The two halves of the trace are swept at once, on two cores, and a short
-pass over the second half's first request of each id joins them
+the trace: a bit per position and a few levels of counts above the bits (see
+:func:`_sweep_chunk`); each request's previous request from a dense array of last
+positions kept in the same pass (from a stable argsort when the ids are unbounded).  A
+thread sweeps the second part of the trace while the caller sweeps the first, then joins
+the second part's first request of each id to it as they come
 (:func:`_stack_distance_histogram`); the curve is exact with any number of threads.
 
 Belady's MIN has a stack property too, but its one-pass algorithms are far slower than
@@ -17,11 +17,12 @@ running it once per size, so :func:`opt_curve` does that, sharing the next-use a
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numba
 import numpy as np
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ..kernels import _prefetch
@@ -34,6 +35,31 @@ def _popcount(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.ctpop(args[0])
     return types.uint64(types.uint64), codegen
+
+
+@intrinsic
+def _publish(typingctx, arr, i, v):
+    """``arr[i] = v`` as a release store: a thread that reads it with :func:`_published`
+    also sees every write made before it."""
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]], wraparound=False)
+        val = context.cast(builder, args[2], signature.args[2], aty.dtype)
+        builder.store_atomic(val, ptr, "release", context.get_abi_sizeof(val.type))
+        return context.get_dummy_value()
+    return types.void(arr, i, v), codegen
+
+
+@intrinsic
+def _published(typingctx, arr, i):
+    """``arr[i]`` as an acquire load (pairs with :func:`_publish`)."""
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]], wraparound=False)
+        return builder.load_atomic(ptr, "acquire", context.get_abi_sizeof(context.get_data_type(aty.dtype)))
+    return arr.dtype(arr, i), codegen
 
 
 @numba.njit(cache=True)
@@ -50,87 +76,133 @@ def _prev_use(trace, order, prev):
 
 # Why this layout: a Fenwick tree over all n positions costs ~25 random steps in an
 # 80 MiB array per query and per update.  Here a position's mark is one bit of ``bits``
-# (n / 8 bytes: 2.5 MiB at 20M requests), and the tree counts marks per block of 512
-# positions (8 words, one cache line of bits), 512x smaller than one over positions
-# (160 KiB at 20M requests: it stays in the CPU cache); a block enters the tree once, when
-# the pass leaves it; and a previous request at most ``_NEAR_WORDS`` words back, the
-# common case on skewed traces, is answered by popcounts alone.
-_NEAR_WORDS = 8
-_BLOCK_SHIFT = 9  # 512 positions per block of the tree
-_DEFER = 16  # histogram counts in flight (a power of 2)
+# (n / 8 bytes: 2.5 MiB at 20M requests), and a few levels of plain counts sit above it:
+# marks per block of 512 positions (8 words, one cache line of bits), then per 4 such
+# blocks, per 16, and so on up to the chunk (160 KiB in all at 20M requests: it stays in
+# the CPU cache).  Marks before a position are the popcounts of its block's words before
+# it plus, at each level, the counts of the (at most 3) nodes before its own in their
+# parent: every loop has a fixed trip count, so the query and the update are straight
+# code with no branch to mispredict (the Fenwick tree's variable walks and a "nearby"
+# shortcut cost about 1.5x more).  A node's count is written once, when the pass leaves
+# it; the node the pass is in is never read, since a query only reads nodes before its own.
+_BLOCK_SHIFT = 9  # positions per count of the first level: 512
+_BLOCK_WORDS = 1 << (_BLOCK_SHIFT - 6)
+_FAN_SHIFT = 2  # nodes per parent above it: 4 (8 and 16 measured slower)
+_FAN = 1 << _FAN_SHIFT
+_COUNT_BATCH = 1 << 14  # distances buffered before they enter the histogram
+
+
+@numba.njit(cache=True)
+def _level_layout(m):
+    """``(shifts, offsets)`` of the count levels over a chunk of ``m`` positions: level
+    ``k`` counts marks per ``2 ** shifts[k]`` positions at ``offsets[k]`` of one flat
+    array of ``offsets[-1]`` entries (each level padded to whole parents); the top
+    level's nodes share one parent."""
+    levels = 1
+    s = _BLOCK_SHIFT
+    while (np.int64(1) << (s + _FAN_SHIFT)) < m + 1:
+        s += _FAN_SHIFT
+        levels += 1
+    shifts = np.empty(levels, dtype=np.int64)
+    offsets = np.zeros(levels + 1, dtype=np.int64)
+    s = _BLOCK_SHIFT
+    for k in range(levels):
+        shifts[k] = s
+        offsets[k + 1] = offsets[k] + ((m >> s) // _FAN + 2) * _FAN
+        s += _FAN_SHIFT
+    return shifts, offsets
 
 
 @numba.njit(inline="always")
-def _tree_add(tree, block, delta):
-    """Add ``delta`` at ``block`` (0-based) of the Fenwick tree ``tree`` (1-based)."""
-    k = block + 1
-    while k < tree.shape[0]:
-        tree[k] += delta
-        k += k & (-k)
-
-
-@numba.njit(inline="always")
-def _marks_through(bits, tree, r):
-    """Marks at positions ``0 .. r`` (``r`` in a closed block): the tree for the blocks
-    before ``r``'s, popcounts for the words of its block up to ``r``."""
-    rw = r >> 6
-    s = np.int64(_popcount(bits[rw] << np.uint64(63 - (r & 63))))
-    for j in range((r >> _BLOCK_SHIFT) << 3, rw):
-        s += np.int64(_popcount(bits[j]))
-    k = r >> _BLOCK_SHIFT
-    while k > 0:
-        s += tree[k]
-        k -= k & (-k)
+def _marks_before(bits, counts, shifts, offsets, p):
+    """Marks at positions ``0 .. p - 1``: popcounts of ``p``'s block up to ``p``, then
+    at each level the nodes before ``p``'s in their parent (all closed)."""
+    w = p >> 6
+    s = np.int64(_popcount(bits[w] & ((np.uint64(1) << np.uint64(p & 63)) - np.uint64(1))))
+    first = w & ~(_BLOCK_WORDS - 1)
+    for j in range(_BLOCK_WORDS):
+        c = np.int64(_popcount(bits[first + j]))
+        s += c if first + j < w else 0
+    for k in range(shifts.shape[0]):
+        b = p >> shifts[k]
+        first = offsets[k] + (b & ~(_FAN - 1))
+        for j in range(_FAN):
+            c = np.int64(counts[first + j])
+            s += c if j < (b & (_FAN - 1)) else 0
     return s
 
 
-@numba.njit(inline="always")
-def _count_later(hist, ring, deferred, d):
-    """Add 1 at ``hist[d]`` once ``_DEFER`` more counts have come (``ring`` int64 (_DEFER,)
-    holds them); returns the new number of counts.
+@numba.njit
+def _close_nodes(bits, counts, shifts, offsets, block, r):
+    """The pass moves from first-level node ``block`` to position ``r`` (past the chunk:
+    it leaves every node): write the count of each node it leaves."""
+    c = 0
+    for j in range(block * _BLOCK_WORDS, (block + 1) * _BLOCK_WORDS):
+        c += np.int64(_popcount(bits[j]))
+    counts[offsets[0] + block] = c
+    node = block
+    for k in range(1, shifts.shape[0]):
+        node >>= _FAN_SHIFT
+        if (r >> shifts[k]) == node:
+            break
+        first = offsets[k - 1] + (node << _FAN_SHIFT)
+        c = 0
+        for j in range(_FAN):
+            c += counts[first + j]
+        counts[offsets[k] + node] = c
 
-    Why: a histogram over millions of distances misses the cache at each count, and
-    waiting with the count while its line is prefetched hides the miss (at 20M requests
-    the counts went from 40 % of the pass to 5 %).
+
+@numba.njit
+def _count_held(hist, batch, held):
+    """Add 1 at ``hist[d]`` for each of the first ``held`` distances ``d`` of ``batch``.
+
+    Why a batch: a histogram over millions of distances misses the cache at each count;
+    inside the pass each miss stalls a long loop body, while this tight loop keeps many
+    misses in flight (the counts went from a third of the pass to under a tenth).
     """
-    _prefetch(hist, d)
-    slot = deferred & (_DEFER - 1)
-    if deferred >= _DEFER:
-        hist[ring[slot]] += 1
-    ring[slot] = d
-    return deferred + 1
+    for j in range(held):
+        hist[batch[j]] += 1
 
 
-@numba.njit(inline="always")
-def _count_rest(hist, ring, deferred):
-    """The counts still waiting in ``ring``."""
-    for j in range(max(deferred - _DEFER, 0), deferred):
-        hist[ring[j & (_DEFER - 1)]] += 1
+_PUBLISH_EVERY = 4096  # first requests of ids between two publications of the count
+#: Share of the trace in the first chunk: the thread that sweeps it then joins the
+#: second chunk's first requests while they come, so it gets less to sweep (the join
+#: is about a seventh of a sweep on skewed traces).
+_FIRST_SHARE = 0.46
 
 
 @numba.njit(nogil=True, cache=True)
-def _sweep_chunk(trace, start, stop, last, prev, bits, tree, hist, cold):
+def _sweep_chunk(trace, start, stop, last, prev, bits, counts, shifts, offsets, hist, cold, progress):
     """Stack distances of the requests ``start .. stop - 1`` measured inside that chunk;
     returns the number of distinct ids in it.
 
     Each request's previous request of its id comes from ``last`` (int32 or int64
-    (max id + 1,), -1 filled: each id's latest position so far in this chunk, kept here)
-    or, when ``last`` is empty, from ``prev`` int64 (n,) (-1 for none).  The marks (one
-    per id, on its latest request so far) are bits of ``bits`` uint64 (chunk / 64 + 1,),
-    chunk-relative; ``tree`` int32 (chunk / 512 + 2,) is a Fenwick tree (1-based) of
-    marks per closed block of 512 positions (all closed on return).  A request whose
-    previous one lies in the chunk adds 1 at its distance in ``hist`` (int32 or int64;
-    ``hist[d]``: distance ``d``, 1 = re-request of the most recent id).  The chunk's
+    (max id + 1,), filled here: each id's latest position so far in this chunk) or, when
+    ``last`` is empty, from ``prev`` int64 (n,) (-1 for none).  The marks (one per id, on
+    its latest request so far) are bits of ``bits`` uint64 (zeros, a whole number of
+    blocks, > chunk / 64 words), chunk-relative; ``counts`` (zeros; levels from
+    :func:`_level_layout` of at least the chunk's length: ``shifts``, ``offsets``) count
+    them per node, every node closed on return.  A request whose previous one lies in the
+    chunk adds 1 at its distance in ``hist`` (int32 or int64; ``hist[d]``: distance
+    ``d``, 1 = re-request of the most recent id).  Unless ``cold`` is empty, the chunk's
     first request of each id instead writes, at ``cold[k]`` (int64, >= distinct ids,)
     with ``k`` the distinct ids of the chunk before it, its id (with ``last``) or its
-    previous request's position (with ``prev``), for :func:`_join_chunks`.
+    previous request's position (with ``prev``), for :func:`_join_chunks`, and
+    publishes in ``progress`` int64 (2,) how many it wrote (``[0]``, as it goes) and that
+    it is done (``[1] = 1``).
     """
     dense = last.shape[0] > 0
+    listed = cold.shape[0] > 0
+    if dense:
+        last[:] = -1
     one = np.uint64(1)
+    levels = shifts.shape[0]
     distinct = 0
-    cur_b = 0
-    ring = np.zeros(_DEFER, dtype=np.int64)
-    deferred = 0
+    cur = 0
+    batch = np.empty(_COUNT_BATCH, dtype=np.int64)
+    held = 0
+    # The hot path is written out here, not in helpers: numba's IR inlining of them
+    # made the pass 2.3x slower (plain calls 1.6x).
     for i in range(start, stop):
         if dense:
             if i + PREFETCH_AHEAD < stop:
@@ -142,73 +214,61 @@ def _sweep_chunk(trace, start, stop, last, prev, bits, tree, hist, cold):
             key = 0
             p = prev[i]
         r = i - start
-        w = r >> 6
-        b = r >> _BLOCK_SHIFT
-        if b != cur_b:
-            # close block cur_b: its marks enter the tree
-            c = 0
-            for j in range(cur_b << 3, (cur_b + 1) << 3):
-                c += np.int64(_popcount(bits[j]))
-            _tree_add(tree, cur_b, c)
-            cur_b = b
+        if (r >> _BLOCK_SHIFT) != cur:
+            _close_nodes(bits, counts, shifts, offsets, cur, r)
+            cur = r >> _BLOCK_SHIFT
         if p >= start:
             p -= start
-            pw = p >> 6
-            pb = np.uint64(p & 63)
-            # marks after p (p's own mark excluded) in its word
-            above = np.int64(_popcount(bits[pw] >> pb)) - 1
-            pblock = p >> _BLOCK_SHIFT
-            if w - pw <= _NEAR_WORDS:
-                for j in range(pw + 1, w + 1):
-                    above += np.int64(_popcount(bits[j]))
-            else:
-                # marks at or before p: closed blocks before p's (tree), the words of
-                # p's block before p's word, then p's word up to p
-                s = np.int64(_popcount(bits[pw])) - above
-                for j in range(pblock << 3, pw):
-                    s += np.int64(_popcount(bits[j]))
-                k = pblock
-                while k > 0:
-                    s += tree[k]
-                    k -= k & (-k)
-                above = distinct - s
-            deferred = _count_later(hist, ring, deferred, above + 1)
-            bits[pw] &= ~(one << pb)
-            if pblock != b:
-                _tree_add(tree, pblock, -1)
+            # distance: the marks from p on (its own included), one per id since
+            batch[held] = distinct - _marks_before(bits, counts, shifts, offsets, p)
+            held += 1
+            if held == _COUNT_BATCH:
+                _count_held(hist, batch, held)
+                held = 0
+            # p's mark goes: its bit, and 1 from each closed node above it
+            bits[p >> 6] &= ~(one << np.uint64(p & 63))
+            for k in range(levels):
+                node = p >> shifts[k]
+                counts[offsets[k] + node] -= np.int64(node < (r >> shifts[k]))
         else:
-            cold[distinct] = key if dense else p
+            if listed:
+                cold[distinct] = key if dense else p
+                if (distinct + 1) % _PUBLISH_EVERY == 0:
+                    _publish(progress, 0, distinct + 1)
             distinct += 1
-        bits[w] |= one << np.uint64(r & 63)
-    _count_rest(hist, ring, deferred)
-    if stop > start:
-        c = 0
-        for j in range(cur_b << 3, (cur_b + 1) << 3):
-            c += np.int64(_popcount(bits[j]))
-        _tree_add(tree, cur_b, c)
+        bits[r >> 6] |= one << np.uint64(r & 63)
+    _count_held(hist, batch, held)
+    _close_nodes(bits, counts, shifts, offsets, cur, np.int64(1) << 62)
+    if listed:
+        _publish(progress, 0, distinct)
+        _publish(progress, 1, 1)
     return distinct
 
 
 @numba.njit(nogil=True, cache=True)
-def _join_chunks(last, bits, tree, distinct, cold, n_cold, hist):
+def _join_chunks(last, bits, counts, shifts, offsets, cold, progress, state, hist):
     """The distances of the second chunk's first request of each id, whose previous
-    request (if any) lies in the first chunk; returns how many ids neither chunk had before.
+    request (if any) lies in the first chunk, as far as the second chunk's sweep has
+    published them; returns whether that sweep is done and all of them are counted.
 
-    ``bits`` and ``tree`` hold the first chunk's marks at its end (one per id, on its
-    last request there; ``distinct`` of them); ``cold`` (``n_cold`` of them, in time
-    order) is what :func:`_sweep_chunk` wrote for the second chunk, and ``last`` the
-    first chunk's last positions (empty when ``cold`` holds positions).  The ``k``-th
-    first request comes after ``k`` distinct ids of its chunk; the other ids between it
-    and its previous request ``p`` are the first chunk's marks after ``p`` whose ids have
-    not come back yet: the pass removes each mark as its id comes back.
+    ``bits`` and ``counts`` (levels ``shifts``, ``offsets``) hold the first chunk's marks
+    at its end (one per id, on its last request there); ``cold`` and ``progress`` are
+    what :func:`_sweep_chunk` writes for the second chunk, and ``last`` the first
+    chunk's last positions (empty when ``cold`` holds positions).  ``state`` int64 (3,)
+    carries from call to call: first requests counted, marks left (the first chunk's
+    distinct ids at the start), ids neither chunk had before.  The ``k``-th first request
+    comes after ``k`` distinct ids of its chunk; the other ids between it and its
+    previous request ``p`` are the first chunk's marks after ``p`` whose ids have not
+    come back yet: the pass removes each mark as its id comes back.
     """
     dense = last.shape[0] > 0
     one = np.uint64(1)
-    new = 0
-    marks = distinct
-    ring = np.zeros(_DEFER, dtype=np.int64)
-    deferred = 0
-    for k in range(n_cold):
+    done = _published(progress, 1)  # before the count: once done, the count is final
+    n_cold = _published(progress, 0)
+    k0, marks, new = state[0], state[1], state[2]
+    batch = np.empty(_COUNT_BATCH, dtype=np.int64)
+    held = 0
+    for k in range(k0, n_cold):
         if dense:
             if k + PREFETCH_AHEAD < n_cold:
                 _prefetch(last, cold[k + PREFETCH_AHEAD])
@@ -218,41 +278,80 @@ def _join_chunks(last, bits, tree, distinct, cold, n_cold, hist):
         if p < 0:
             new += 1
             continue
-        after = marks - _marks_through(bits, tree, p)
-        deferred = _count_later(hist, ring, deferred, k + after + 1)
+        # k ids of this chunk, then the marks from p on (its own included)
+        batch[held] = k + marks - _marks_before(bits, counts, shifts, offsets, p)
+        held += 1
+        if held == _COUNT_BATCH:
+            _count_held(hist, batch, held)
+            held = 0
         bits[p >> 6] &= ~(one << np.uint64(p & 63))
-        _tree_add(tree, p >> _BLOCK_SHIFT, -1)
+        for j in range(shifts.shape[0]):  # every node is closed
+            counts[offsets[j] + (p >> shifts[j])] -= 1
         marks -= 1
-    _count_rest(hist, ring, deferred)
-    return new
+    _count_held(hist, batch, held)
+    state[0], state[1], state[2] = max(k0, n_cold), marks, new
+    return done == 1
 
 
-@numba.njit(parallel=True, cache=True)
-def _stack_distance_histogram(trace, last, prev, hist):
+def _stack_distance_histogram(trace: np.ndarray, last: np.ndarray, prev: np.ndarray, hist: np.ndarray) -> int:
     """Count requests by LRU stack distance into ``hist`` (int32 or int64 (2, m), zeros):
     summed over its rows, ``hist[:, d]`` counts the requests at distance ``d``; returns
     the number of distinct ids.
 
-    Why two chunks: the halves of the trace are swept at once, one per core, each with
-    its own row of ``last`` (int32 or int64 (2, max id + 1), filled here; (2, 0) to take
-    previous requests from ``prev`` int64 (n,) instead), then one short sequential pass
-    joins them (:func:`_join_chunks`); the counts are exact whatever the number of
-    threads (one runs the halves one after the other).
+    ``last`` is int32 or int64 (2, max id + 1), one row per chunk, filled by the sweeps,
+    or (2, 0) to take previous requests from ``prev`` int64 (n,) instead.
+
+    Why two chunks: a thread sweeps the second part of the trace while this one sweeps
+    the first (:data:`_FIRST_SHARE` of it), then joins the second chunk's first request
+    of each id, as they come, to the first chunk's marks (:func:`_join_chunks`).  The
+    counts are exact whatever the threads do; with ``numba.get_num_threads() == 1`` the
+    chunks run one after the other here.
     """
     n = trace.shape[0]
-    mid = n // 2
-    bounds = np.array([0, mid, n], dtype=np.int64)
-    words = ((n - mid) >> 6) + 1
-    blocks = ((n - mid) >> _BLOCK_SHIFT) + 2
+    mid = int(n * _FIRST_SHARE)
+    shifts, offsets = _level_layout(n - mid)  # the longer chunk's (the first fits too)
+    words = (((n - mid) >> _BLOCK_SHIFT) + 1) * _BLOCK_WORDS
     bits = np.zeros((2, words), dtype=np.uint64)
-    tree = np.zeros((2, blocks), dtype=np.int32)
-    cold = np.empty((2, n - mid + 1), dtype=np.int64)
-    distinct = np.zeros(2, dtype=np.int64)
-    for c in numba.prange(2):
-        last[c, :] = -1  # by the thread that uses it: the fill is parallel too
-        distinct[c] = _sweep_chunk(trace, bounds[c], bounds[c + 1], last[c], prev, bits[c], tree[c], hist[c],
-                                   cold[c])
-    return distinct[0] + _join_chunks(last[0], bits[0], tree[0], distinct[0], cold[1], distinct[1], hist[1])
+    counts = np.zeros((2, offsets[-1]), dtype=hist.dtype)
+    cold = np.empty(n - mid + 1, dtype=np.int64)
+    progress = np.zeros(2, dtype=np.int64)
+    failed = []
+
+    def second():
+        try:
+            _sweep_chunk(trace, mid, n, last[1], prev, bits[1], counts[1], shifts, offsets, hist[1], cold, progress)
+        except BaseException as e:  # raised in the caller's thread below
+            failed.append(e)
+
+    worker = None
+    if numba.get_num_threads() > 1:
+        worker = threading.Thread(target=second, name="tiered-emb-mrc", daemon=True)
+        worker.start()
+    else:
+        second()
+    try:
+        distinct = _sweep_chunk(trace, 0, mid, last[0], prev, bits[0], counts[0], shifts, offsets, hist[0],
+                                cold[:0], progress[:0])
+        state = np.array([0, distinct, 0], dtype=np.int64)
+        while not failed and not _join_chunks(last[0], bits[0], counts[0], shifts, offsets, cold, progress, state,
+                                              hist[0]):
+            if worker is not None:
+                worker.join(0.0005)  # let the sweep publish more
+    finally:
+        if worker is not None:
+            worker.join()
+    if failed:
+        raise failed[0]
+    return distinct + int(state[2])
+
+
+@numba.njit(nogil=True, cache=True)
+def _running_sum(hist, hits):
+    """``hits[c]`` = requests at distance at most ``c``, summed over ``hist``'s two rows."""
+    total = 0
+    for d in range(hits.shape[0]):
+        total += hist[0, d] + hist[1, d]
+        hits[d] = total
 
 
 @dataclass(frozen=True)
@@ -318,8 +417,9 @@ def lru_curve(trace: np.ndarray) -> MissRatioCurve:
         del order
         most = n
     hist = np.zeros((2, most + 2), dtype=np.int32 if n < 2**31 else np.int64)
-    distinct = int(_stack_distance_histogram(trace, last, prev, hist))
-    hits = np.cumsum(hist[0, :distinct + 1] + hist[1, :distinct + 1], dtype=np.int64)
+    distinct = _stack_distance_histogram(trace, last, prev, hist)
+    hits = np.empty(distinct + 1, dtype=np.int64)
+    _running_sum(hist, hits)
     return MissRatioCurve(np.arange(distinct + 1, dtype=np.int64), hits, n, distinct)
 
 
