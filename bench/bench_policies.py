@@ -9,7 +9,8 @@ sizes: caches of 0.1 %, 1 % and 10 % of the ids; every policy of ours, the share
 through libCacheSim's Python binding (``process_trace`` over an oracleGeneral file), each
 libCacheSim run right after ours of the same policy and size; medians of ``--repeats``
 runs, speedups as medians of the paired ratios; Belady's time includes its next-use pass;
-then the one-pass LRU curve timed against one LRU run (interleaved, median of ratios).
+then the one-pass LRU curve timed against one LRU run (interleaved, ``--mrc-repeats``
+pairs, median of ratios).
 Writes JSON (machine, versions, seed, every timing) and prints a table.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default="0.1%,1%,10%")
     ap.add_argument("--policies", default="lru,lfu,fifo,clock,sieve,s3fifo,arc,belady")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mrc-repeats", type=int, default=7,
+                    help="curve / LRU-run pairs (the curve runs on both cores: a busy neighbour shows as outliers)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-libcachesim", action="store_true")
     ap.add_argument("--no-mrc", action="store_true")
@@ -51,7 +54,7 @@ def main(argv=None) -> int:
     payload = {"trace": f"zipf:{args.alpha}", "description": desc, "requests": requests, "universe_ids": universe,
                "seed": args.seed, "repeats": args.repeats, "machine": bench.machine_info(), "results": rows}
     if not args.no_mrc:
-        mrc = bench.run_mrc(trace, sizes, args.repeats, opt=False, show_progress=not args.quiet)
+        mrc = bench.run_mrc(trace, sizes, args.mrc_repeats, opt=False, show_progress=not args.quiet)
         payload["mrc"] = mrc
         print(f"LRU curve (every size): {mrc['lru_curve_median_s']:.2f} s; one LRU run at "
               f"{mrc['one_lru_run']['cache']}: {mrc['one_lru_run']['median_s']:.2f} s; "

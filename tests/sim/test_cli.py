@@ -91,7 +91,7 @@ def test_bench_script_smoke(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("bench_policies", ROOT / "bench" / "bench_policies.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    args = ["--ids", "2k", "--requests", "10k", "--repeats", "1", "--json", str(tmp_path / "p.json"),
+    args = ["--ids", "2k", "--requests", "10k", "--repeats", "1", "--mrc-repeats", "1", "--json", str(tmp_path / "p.json"),
             "--plot", str(tmp_path / "p.png"), "--quiet"]
     try:
         import libcachesim  # noqa: F401
