@@ -325,3 +325,30 @@ def test_window_keeps_its_own_copy_of_the_ids(tmp_path):
         assert got is not None and got[1].tolist() == [0, 1, 2, 3, 4]
         s._prefetcher.stepping = None
         s.release(ticket)
+
+
+def test_rows_a_step_brings_up_are_pinned_for_later_window_batches(tmp_path):
+    """A row the step of batch A brings up, needed again by batch C of the window, is pinned
+    for C when the next batch enters (not for B, the oldest then: its step may be running),
+    and every such pin is gone once the tickets are released."""
+    with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=2)], TierConfig(16, 0, "lookahead+lfu", "cpu")) as s:
+        tickets = [s.prefetch({"t": np.array(ids)}, bring_up=False) for ids in ([1, 2], [3, 4], [3, 5])]
+        for tk in tickets:
+            tk._entered.wait()
+        assert all(int((tk.aligned["t"] >= 0).sum()) == 0 for tk in tickets)  # nothing resident yet
+        s.lookup("t", np.array([1, 2, 3]))  # A's step; 3 comes up with it
+        s.release(tickets[0])
+        d = s.prefetch({"t": np.array([6])}, bring_up=False)  # enters: the window is re-pinned first
+        d._entered.wait()
+        b, c = tickets[1], tickets[2]
+        slot3 = int(s._tables["t"].hbm.find(np.array([3]))[0])
+        assert slot3 >= 0
+        assert c.aligned["t"].tolist() == [slot3, -1]  # C = [3, 5]: 3 pinned for it
+        assert c.uids["t"].tolist() == [5]  # what is left to bring up
+        assert b.aligned["t"].tolist() == [-1, -1]  # B, the oldest, left alone
+        assert int(s._tables["t"].hbm.pins[slot3]) == 1
+        for tk in (b, c, d):
+            s.release(tk)
+        s._prefetcher.drain()
+        assert int(s._tables["t"].hbm.pins.sum()) == 0
+        assert s._prefetcher.window == []

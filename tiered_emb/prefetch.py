@@ -110,6 +110,9 @@ class Prefetcher:
         self._seq = 0
         self._outstanding: list[Ticket] = []
         self._releasing: list[Ticket] = []  # released, their unpinning queued
+        # Entered and not yet unpinned, oldest first: kept by the thread's own jobs
+        # (TieredStore._enter_ticket / _unpin_ticket), so it follows their order, not the step's.
+        self.window: list[Ticket] = []
         self.stepping: Ticket | None = None  # the batch whose step runs now (see TieredStore._pinned_batch)
 
     def submit(self, batch: dict[str, np.ndarray], queue: bool = True) -> Ticket:

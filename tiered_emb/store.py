@@ -540,8 +540,13 @@ class TieredStore:
         self._prefetcher.release(ticket)
 
     def _enter_ticket(self, ticket: Ticket) -> None:
-        """Worker side: a batch enters the window; with a ``lookahead+`` policy its resident rows are pinned."""
+        """Worker side: a batch enters the window; with a ``lookahead+`` policy its resident rows are pinned,
+        after the rows that came up for the window's later batches since they entered (:meth:`_repin_window`)."""
         lookahead_policy = POLICIES[self.tiers.policy].lookahead
+        if lookahead_policy:
+            self._repin_window()
+        window = self._prefetcher.window
+        window.append(ticket)  # the worker's own view of the window, in the order of its jobs
         for name, ids in sorted(ticket.ids.items()):
             u, inverse = dedupe(ids)
             aligned = np.full(u.shape[0], -1, dtype=np.int64)
@@ -562,6 +567,41 @@ class TieredStore:
             ticket.aligned[name] = aligned
             ticket.batch[name] = (ids, u, inverse)  # last: _pinned_batch reads it, then the rest
 
+    def _repin_window(self) -> None:
+        """Worker side: pin, for each batch of the window but the oldest (nearest first), its
+        rows that came up since it entered (brought up by a step for its own batch) and are
+        not yet pinned for it, within the pin budget.
+
+        Why: a batch's resident rows are pinned when it enters the window, but a row a later
+        step brings up would otherwise be left to the policy until its own batch, and a
+        policy evicts a newcomer first (LFU: one use).  With this, ``lookahead+lfu`` equals
+        offline Belady knowing the same window (LFU ties) at every point measured
+        (docs/benchmarks.md).  The oldest batch is left alone: its step may be running.
+        """
+        for ticket in self._prefetcher.window[1:]:
+            if ticket.error is not None:  # (released or not: its unpinning, queued after, takes every pin)
+                continue
+            for name in sorted(ticket.uids):
+                todo = ticket.todo_at[name]
+                if todo.shape[0] == 0:
+                    continue
+                with self._lock:
+                    if self._closed:
+                        return
+                    t = self._tables[name]
+                    u = ticket.uids[name]
+                    slots = t.hbm.find(u)
+                    got = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
+                    if got.shape[0] == 0:
+                        continue
+                    t.hbm.pin(slots[got])
+                    ticket.slots[name] = np.concatenate([ticket.slots[name], slots[got]])
+                    ticket.aligned[name][todo[got]] = slots[got]
+                    rest = np.ones(todo.shape[0], dtype=bool)
+                    rest[got] = False
+                    ticket.todo_at[name] = todo[rest]
+                    ticket.uids[name] = u[rest]
+
     def _bring_up_ticket(self, ticket: Ticket) -> None:
         """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first).
 
@@ -580,6 +620,9 @@ class TieredStore:
                     prev = ticket.slots.get(name)
                     ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
                     ticket.aligned[name][ticket.todo_at[name][:take.shape[0]]] = slots
+                    # pinned for it now: no later re-pin (_repin_window) takes them again
+                    ticket.todo_at[name] = ticket.todo_at[name][take.shape[0]:]
+                    ticket.uids[name] = ticket.uids[name][take.shape[0]:]
 
     def _pinned_batch(self, table: str, ids: np.ndarray):
         """``(ticket, uids, inverse, slots)`` when ``ids`` are the stepping batch's ids of ``table`` and
@@ -624,6 +667,9 @@ class TieredStore:
         return t.hbm.unpinned_capacity - max(1, t.hbm.capacity_rows // 8)
 
     def _unpin_ticket(self, ticket: Ticket) -> None:
+        window = self._prefetcher.window
+        if ticket in window:
+            window.remove(ticket)
         with self._lock:
             for name, slots in sorted(ticket.slots.items()):
                 self._tables[name].hbm.release(slots)

@@ -122,6 +122,27 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     tlen = np.zeros(nb, dtype=np.int64)
     cnt = np.zeros(2, dtype=np.int64)
     for t in range(-k, nb):
+        if k > 0 and early_pin and t + k < nb:
+            # As batch t + k enters: rows that came up since the later batches of the
+            # window entered it (by an earlier step) are pinned for them now
+            # (TieredStore._repin_window): every batch of the window but the oldest,
+            # nearest first.
+            for j in range(max(t, 0) + 1, min(t + k, nb)):
+                budget = cap - hfmeta[2] - reserve
+                n0 = tlen[j]
+                n_t = n0
+                ts = ticket_slots[boff[j]:boff[j + 1]]
+                for i in range(boff[j], boff[j + 1]):
+                    if n_t - n0 >= budget:
+                        break
+                    if not in_ticket[i]:
+                        s = _index_find(hkeys, hvals, uids[i])
+                        if s >= 0:
+                            ts[n_t] = s
+                            in_ticket[i] = True
+                            n_t += 1
+                _cache_pin(code, hP, hpins, hfmeta, ts[n0:n_t])
+                tlen[j] = n_t
         j = t + k  # batch entering the window before step t
         if k > 0 and j < nb and early_pin:  # resident rows pinned as the batch is handed over
             budget = cap - hfmeta[2] - reserve  # TieredStore._pin_budget
@@ -140,8 +161,9 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
         j = t + load  # batch brought up before step t
         if load > 0 and 0 <= j < nb:
             budget = cap - hfmeta[2] - reserve
-            rest = uids[boff[j]:boff[j + 1]][~in_ticket[boff[j]:boff[j + 1]]]
-            take = rest[:max(budget, 0)]
+            idx = np.flatnonzero(~in_ticket[boff[j]:boff[j + 1]])[:max(budget, 0)] + boff[j]
+            take = uids[idx]
+            in_ticket[idx] = True
             if take.shape[0] > 0:
                 cnt[:] = 0
                 slots, _ = _resolve_counted(h, d, code, take, True, cnt, scratch)
