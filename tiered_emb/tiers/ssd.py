@@ -102,10 +102,11 @@ def _with_bit(bits, ids, at):
 def _cursor_get_many(cur, keys: list[bytes]) -> list[tuple[bytes, bytes]]:
     """``(key, value)`` of each of ``keys`` held by ``cur``'s database, in the order of ``keys``.
 
-    A loop of ``set_key`` rather than ``Cursor.getmulti`` (or ``Transaction.get``): those
-    release the GIL around every key, so with another thread running Python each key
-    waits for its turn (measured: 1,000 keys 0.33 ms alone, ~200 ms beside a busy
-    thread), while ``set_key`` keeps the GIL (0.27 ms beside the same thread).
+    A loop of ``set_key`` (``Cursor.getmulti`` and ``Cursor.get`` measure the same).
+    py-lmdb 3.0.0 drops the GIL around every key whichever call is used, so beside a
+    thread running pure Python each key waits for its turn (2,300 keys: 2.5 ms alone,
+    ~1.1 s beside a thread spinning in Python; docs/benchmarks.md).  Earlier py-lmdb
+    releases kept the GIL through ``set_key``.
     """
     got = []
     for key in keys:
