@@ -105,8 +105,9 @@ def _cursor_get_many(cur, keys: list[bytes]) -> list[tuple[bytes, bytes]]:
     A loop of ``set_key`` (``Cursor.getmulti`` and ``Cursor.get`` measure the same).
     py-lmdb 3.0.0 drops the GIL around every key whichever call is used, so beside a
     thread running pure Python each key waits for its turn (2,300 keys: 2.5 ms alone,
-    ~1.1 s beside a thread spinning in Python; docs/benchmarks.md).  Earlier py-lmdb
-    releases kept the GIL through ``set_key``.
+    ~1.1 s beside a thread spinning in Python; docs/benchmarks.md).  An earlier
+    measurement here had ``set_key`` keep the GIL (0.27 ms beside such a thread), most
+    likely under an older py-lmdb.
     """
     got = []
     for key in keys:
