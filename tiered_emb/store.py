@@ -545,26 +545,17 @@ class TieredStore:
         lookahead_policy = POLICIES[self.tiers.policy].lookahead
         if lookahead_policy:
             self._repin_window()
-        window = self._prefetcher.window
-        window.append(ticket)  # the worker's own view of the window, in the order of its jobs
+        self._prefetcher.window.append(ticket)  # the worker's own view of the window, in the order of its jobs
         for name, ids in sorted(ticket.ids.items()):
             u, inverse = dedupe(ids)
-            aligned = np.full(u.shape[0], -1, dtype=np.int64)
-            rest = np.ones(u.shape[0], dtype=bool)
+            ticket.aligned[name] = np.full(u.shape[0], -1, dtype=np.int64)
+            ticket.todo_at[name] = np.arange(u.shape[0])
+            ticket.uids[name] = u
             with self._lock:
                 if self._closed:
                     return
                 if lookahead_policy:
-                    t = self._tables[name]
-                    slots = t.hbm.find(u)
-                    resident = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
-                    ticket.slots[name] = slots[resident]
-                    t.hbm.pin(ticket.slots[name])
-                    aligned[resident] = ticket.slots[name]
-                    rest[resident] = False
-            ticket.todo_at[name] = np.flatnonzero(rest)
-            ticket.uids[name] = u[ticket.todo_at[name]]
-            ticket.aligned[name] = aligned
+                    self._pin_resident(ticket, name)
             ticket.batch[name] = (ids, u, inverse)  # last: _pinned_batch reads it, then the rest
 
     def _repin_window(self) -> None:
@@ -578,29 +569,37 @@ class TieredStore:
         offline Belady knowing the same window (LFU ties) at every point measured
         (docs/benchmarks.md).  The oldest batch is left alone: its step may be running.
         """
-        for ticket in self._prefetcher.window[1:]:
-            if ticket.error is not None:  # (released or not: its unpinning, queued after, takes every pin)
-                continue
-            for name in sorted(ticket.uids):
-                todo = ticket.todo_at[name]
-                if todo.shape[0] == 0:
+        with self._lock:
+            if self._closed:
+                return
+            for ticket in self._prefetcher.window[1:]:
+                if ticket.error is not None:  # (released or not: its unpinning, queued after, takes every pin)
                     continue
-                with self._lock:
-                    if self._closed:
-                        return
-                    t = self._tables[name]
-                    u = ticket.uids[name]
-                    slots = t.hbm.find(u)
-                    got = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
-                    if got.shape[0] == 0:
-                        continue
-                    t.hbm.pin(slots[got])
-                    ticket.slots[name] = np.concatenate([ticket.slots[name], slots[got]])
-                    ticket.aligned[name][todo[got]] = slots[got]
-                    rest = np.ones(todo.shape[0], dtype=bool)
-                    rest[got] = False
-                    ticket.todo_at[name] = todo[rest]
-                    ticket.uids[name] = u[rest]
+                for name in sorted(ticket.uids):
+                    if ticket.todo_at[name].shape[0]:
+                        self._pin_resident(ticket, name)
+
+    def _pin_resident(self, ticket: Ticket, name: str) -> None:
+        """Under the lock: pin for ``ticket`` the rows of table ``name`` that are resident and
+        not yet pinned for it (the first ones, within the pin budget)."""
+        t = self._tables[name]
+        slots = t.hbm.find(ticket.uids[name])
+        got = np.flatnonzero(slots >= 0)[:max(self._pin_budget(t), 0)]
+        t.hbm.pin(slots[got])
+        self._record_pins(ticket, name, got, slots[got])
+
+    @staticmethod
+    def _record_pins(ticket: Ticket, name: str, at: np.ndarray, slots: np.ndarray) -> None:
+        """``slots`` are pinned for ``ticket`` now, for the entries ``at`` of its ids of table
+        ``name`` still to place (``ticket.uids[name]``), which leave that list."""
+        prev = ticket.slots.get(name)
+        ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
+        todo = ticket.todo_at[name]
+        ticket.aligned[name][todo[at]] = slots
+        rest = np.ones(todo.shape[0], dtype=bool)
+        rest[at] = False
+        ticket.todo_at[name] = todo[rest]
+        ticket.uids[name] = ticket.uids[name][rest]
 
     def _bring_up_ticket(self, ticket: Ticket) -> None:
         """Worker side: bring a ticket's rows up and leave them pinned (nearest batches first).
@@ -617,12 +616,7 @@ class TieredStore:
                 take = ticket.uids[name][:max(self._pin_budget(t), 0)]
                 if take.shape[0]:
                     slots, _ = self._bring_up(t, take, t.prefetch_counters, force_pin=True)
-                    prev = ticket.slots.get(name)
-                    ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
-                    ticket.aligned[name][ticket.todo_at[name][:take.shape[0]]] = slots
-                    # pinned for it now: no later re-pin (_repin_window) takes them again
-                    ticket.todo_at[name] = ticket.todo_at[name][take.shape[0]:]
-                    ticket.uids[name] = ticket.uids[name][take.shape[0]:]
+                    self._record_pins(ticket, name, np.arange(take.shape[0]), slots)
 
     def _pinned_batch(self, table: str, ids: np.ndarray):
         """``(ticket, uids, inverse, slots)`` when ``ids`` are the stepping batch's ids of ``table`` and

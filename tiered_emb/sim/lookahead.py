@@ -7,7 +7,8 @@ order) and run three ways, over the same batches:
 - :func:`store_hits`: the store's own kernels (:mod:`tiered_emb.tiers.cache`) driven as
   :func:`tiered_emb.prefetch.lookahead` drives them with window ``k``: before step ``t``
   batch ``t + k`` is prefetched (pinned in HBM; a ``lookahead+`` policy pins its
-  resident rows at once, the worker brings up the rest within the pin budget), then step
+  resident rows at once, and those that came up since for the window's later batches,
+  the worker brings up the rest within the pin budget), then step
   ``t`` resolves its batch, then its ticket is released.  ``k = 0`` is demand caching
   with the plain policy.  An exclusive DDR tier below takes HBM's victims and gives
   rows back on HBM misses, as in the store.  The one thing fixed here that the store
@@ -102,12 +103,34 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
     return slots, pinned
 
 
+@numba.njit
+def _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, room, uids, boff, j, ticket_slots, in_ticket, tlen):
+    """Pin for batch ``j`` its resident rows not yet pinned for it, first ones first, while
+    fewer than ``room`` rows are pinned in all (TieredStore._pin_resident)."""
+    budget = room - hfmeta[2]  # TieredStore._pin_budget
+    n0 = tlen[j]
+    n_t = n0
+    ts = ticket_slots[boff[j]:boff[j + 1]]
+    for i in range(boff[j], boff[j + 1]):
+        if n_t - n0 >= budget:
+            break
+        if not in_ticket[i]:
+            s = _index_find(hkeys, hvals, uids[i])
+            if s >= 0:
+                ts[n_t] = s
+                in_ticket[i] = True
+                n_t += 1
+    _cache_pin(code, hP, hpins, hfmeta, ts[n0:n_t])
+    tlen[j] = n_t
+
+
 @numba.njit(cache=True)
 def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     """Batches through the store's kernels with a prefetch window of ``k`` (see the module doc).
 
     Before step ``t`` batch ``t + k`` enters the window (a ``lookahead+`` policy pins its
-    resident rows) and batch ``t + load`` is brought up (its other rows, within the pin
+    resident rows, after the rows that came up since for the window's later batches) and
+    batch ``t + load`` is brought up (its other rows, within the pin
     budget).  ``counts`` int64 (nb, 3) receives per batch: [unique ids, HBM misses, DDR hits].
     """
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
@@ -123,41 +146,13 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     cnt = np.zeros(2, dtype=np.int64)
     for t in range(-k, nb):
         if k > 0 and early_pin and t + k < nb:
-            # As batch t + k enters: rows that came up since the later batches of the
-            # window entered it (by an earlier step) are pinned for them now
-            # (TieredStore._repin_window): every batch of the window but the oldest,
-            # nearest first.
-            for j in range(max(t, 0) + 1, min(t + k, nb)):
-                budget = cap - hfmeta[2] - reserve
-                n0 = tlen[j]
-                n_t = n0
-                ts = ticket_slots[boff[j]:boff[j + 1]]
-                for i in range(boff[j], boff[j + 1]):
-                    if n_t - n0 >= budget:
-                        break
-                    if not in_ticket[i]:
-                        s = _index_find(hkeys, hvals, uids[i])
-                        if s >= 0:
-                            ts[n_t] = s
-                            in_ticket[i] = True
-                            n_t += 1
-                _cache_pin(code, hP, hpins, hfmeta, ts[n0:n_t])
-                tlen[j] = n_t
-        j = t + k  # batch entering the window before step t
-        if k > 0 and j < nb and early_pin:  # resident rows pinned as the batch is handed over
-            budget = cap - hfmeta[2] - reserve  # TieredStore._pin_budget
-            ts = ticket_slots[boff[j]:boff[j + 1]]
-            n_t = 0
-            for i in range(boff[j], boff[j + 1]):
-                if n_t >= budget:
-                    break
-                s = _index_find(hkeys, hvals, uids[i])
-                if s >= 0:
-                    ts[n_t] = s
-                    in_ticket[i] = True
-                    n_t += 1
-            _cache_pin(code, hP, hpins, hfmeta, ts[:n_t])
-            tlen[j] = n_t
+            # As batch t + k enters the window (TieredStore._enter_ticket): first the rows
+            # that came up since the later batches of the window entered it (by an earlier
+            # step) are pinned for them (every batch but the oldest, nearest first), then
+            # the resident rows of the batch entering.
+            for j in range(max(t, 0) + 1, t + k + 1):
+                _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap - reserve, uids, boff, j, ticket_slots,
+                              in_ticket, tlen)
         j = t + load  # batch brought up before step t
         if load > 0 and 0 <= j < nb:
             budget = cap - hfmeta[2] - reserve
