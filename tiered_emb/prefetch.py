@@ -11,10 +11,10 @@ Eviction by next use follows from the pins.  A batch *enters the window* when it
 handed over (``depth`` batches ahead): with a ``lookahead+`` policy the thread pins its
 resident rows first thing, and, as each batch enters, the rows that came up since for the
 window's later batches (a step brought them up for its own batch), so victims are always
-rows not needed within the window, ordered by the tier's own policy.  Its missing rows can be *brought up* later, ``load_ahead``
-batches ahead (default 0: by the step): a row brought up early is pinned until its batch is done,
-so loading the whole window at once would shrink the room left to the policy by k
-batches; measured in ``bench/bench_prefetch.py`` that costs more hits than the window
+rows not needed within the window, ordered by the tier's own policy.  Its missing rows
+can be *brought up* later, ``load_ahead`` batches ahead (default 0: by the step): a row
+brought up early is pinned until its batch is done, so loading the whole window at once
+would shrink the room left to the policy by k batches; measured in ``bench/bench_prefetch.py`` that costs more hits than the window
 wins.  When pins would exceed the tier (each ticket may pin at most ``capacity -
 reserve`` rows) the rows of the *farthest* batches are the ones left below.  The
 step's own spill path answers whatever was not brought up.  Or the thread can *read
