@@ -158,7 +158,7 @@ def _count_held(hist, batch, held):
 
     Why a batch: a histogram over millions of distances misses the cache at each count;
     inside the pass each miss stalls a long loop body, while this tight loop keeps many
-    misses in flight (the counts went from a third of the pass to under a tenth).
+    misses in flight (the counts went from about a third of the pass to about a sixth).
     """
     for j in range(held):
         hist[batch[j]] += 1
