@@ -142,6 +142,7 @@ def end_to_end(args) -> dict:
                                       "step_hbm_hit_rate": r["tiers"]["hbm"]["hit_rate"],
                                       "prefetched_rows": r["prefetch"]["hbm"]["lookups"]})
                 out[name]["samples_per_s"].append(r["samples_per_s"])
+                out[name].setdefault("thread_cpu_ms_per_step", []).append(r["thread_cpu_ms_per_step"])
     for v in out.values():
         v["median_samples_per_s"] = median(v["samples_per_s"])
     med = {name: out[name]["median_samples_per_s"] for name in configs}

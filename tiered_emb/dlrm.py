@@ -239,6 +239,46 @@ def train(args) -> dict:
         store.close()
 
 
+def _thread_cpu_s() -> tuple[float, dict[int, float]] | None:
+    """``(process CPU seconds, {native thread id: CPU seconds})`` from ``/proc`` (Linux; None elsewhere)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    threads = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended meanwhile
+        fields = stat[stat.rindex(")") + 2:].split()  # utime and stime: fields 14 and 15 of stat
+        threads[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    t = os.times()
+    return t.user + t.system, threads
+
+
+def _thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
+    """CPU milliseconds a step of each thread between two :func:`_thread_cpu_s`, by thread
+    name (``main``; the store's ``tiered_emb-prefetch``; ``other native threads``: torch's
+    and Numba's pools; ``ended threads``: those gone by the end, the write-back writers
+    among them).  Why: on a host with few cores the step, the lookahead thread and the
+    writer share them, and these shares say which one a run waits on (docs/tuning.md)."""
+    if before is None or after is None or steps <= 0:
+        return None
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    names[threading.main_thread().native_id] = "main"
+    out: dict[str, float] = {}
+    for tid, cpu in sorted(after[1].items()):
+        name = names.get(tid, "other native threads")
+        out[name] = out.get(name, 0.0) + cpu - before[1].get(tid, 0.0)
+    out["ended threads"] = max(after[0] - before[0] - sum(out.values()), 0.0)
+    return {name: round(1e3 * cpu / steps, 2) for name, cpu in sorted(out.items())}
+
+
 def _train_loop(torch, args, cfg: dict, store) -> dict:
     from .torch import TrainPipeline
 
@@ -256,6 +296,7 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
         opt.load_state_dict(state["opt"])
     loss_fn = torch.nn.BCEWithLogitsLoss()
     model.train()
+    cpu0 = _thread_cpu_s()
     t0 = time.perf_counter()
     ema = None
     features = _features()
@@ -281,12 +322,13 @@ def _train_loop(torch, args, cfg: dict, store) -> dict:
             progress(step + 1 - start, args.steps - start, t0, f"steps  loss {ema:.4f}")
     train_s = time.perf_counter() - t0
     done = max(args.steps - start, 0)
+    thread_cpu = _thread_cpu_per_step(cpu0, _thread_cpu_s(), done)
     if done or start < args.steps:
         _save_state(torch, store, max(args.steps, start), model, opt)
     stats = store.stats()  # training's statistics, before evaluation reads more rows
     report = {"steps": max(args.steps, start), "steps_this_run": done, "batch": cfg["batch"],
               "train_seconds": train_s, "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
-              "step_threads": _step_threads(args)}
+              "step_threads": _step_threads(args), "thread_cpu_ms_per_step": thread_cpu}
     model.eval()
     with torch.no_grad():
         for split in ("train", "test"):
