@@ -98,4 +98,4 @@ def test_lru_curve_raises_the_worker_error(monkeypatch):
     tr = zipf_ids(1000, 0.9, 20_000, seed=3)
     with pytest.raises(MemoryError, match="second chunk"):
         lru_curve(tr)
-    assert not any(t.name == "tiered-emb-mrc" for t in threading.enumerate())
+    assert not any(t.name == "tiered_emb-mrc" for t in threading.enumerate())

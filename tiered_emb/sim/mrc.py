@@ -325,7 +325,7 @@ def _stack_distance_histogram(trace: np.ndarray, last: np.ndarray, prev: np.ndar
 
     worker = None
     if numba.get_num_threads() > 1:
-        worker = threading.Thread(target=second, name="tiered-emb-mrc", daemon=True)
+        worker = threading.Thread(target=second, name="tiered_emb-mrc", daemon=True)
         worker.start()
     else:
         second()
