@@ -264,6 +264,43 @@ def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, mo
         assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0
 
 
+def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
+    """An unpinning the thread could not do is raised by the next release, or by close
+    after its checkpoint, once; every applied update is kept."""
+    data = batches(8, seed=6)
+    path = tmp_path / "unpin"
+    s = TieredStore.create(path, TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4)
+    real = s._unpin_ticket
+
+    def failing(ticket):
+        if ticket.seq == 2:
+            raise OSError("unpin went wrong")
+        real(ticket)
+
+    monkeypatch.setattr(s, "_unpin_ticket", failing)
+    raised, ran = [], []
+    try:
+        for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load_ahead=1)):
+            for name in sorted(b):
+                rows = s.lookup(name, b[name])
+                s.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+            ran.append(i)
+    except PrefetchError as err:
+        raised.append(err)
+    try:
+        s.close()
+    except PrefetchError as err:
+        raised.append(err)
+    assert len(raised) == 1 and "unpinning" in str(raised[0]) and isinstance(raised[0].__cause__, OSError)
+    assert ran[:3] == [0, 1, 2] and s._closed
+    assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+    ref = reference([data[i] for i in ran])
+    with TieredStore.open(path) as s2:
+        for name, n in (("u", 300), ("v", 400)):
+            np.testing.assert_array_equal(s2.peek(name, np.arange(n), with_state=True),
+                                          ref.peek_records(name, np.arange(n)))
+
+
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     data = batches(10, seed=5)
     s = TieredStore.create(tmp_path / "x", TABLES, TierConfig(50, 0, "lookahead+lru", "cpu"), seed=4)

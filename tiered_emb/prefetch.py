@@ -115,6 +115,7 @@ class Prefetcher:
         # (TieredStore._enter_ticket / _unpin_ticket), so it follows their order, not the step's.
         self.window: list[Ticket] = []
         self.stepping: Ticket | None = None  # the batch whose step runs now (see TieredStore._pinned_batch)
+        self._unpin_error: BaseException | None = None  # the thread's first failed unpinning, until raised
 
     def submit(self, batch: dict[str, np.ndarray], queue: bool = True) -> Ticket:
         """A batch entering the window (``{table: ids}``, checked).
@@ -180,8 +181,27 @@ class Prefetcher:
         ticket.released = True
         self._outstanding.remove(ticket)
         self._releasing = [t for t in self._releasing if not t._unpinned.is_set()] + [ticket]
-        self._put(ticket._unpinned, self._store._unpin_ticket, ticket)
+        self._put(ticket._unpinned, self._unpin, ticket)
         ticket.wait()
+        self.check()
+
+    def _unpin(self, ticket: Ticket) -> None:
+        """Thread side of :meth:`release`: a failure is kept for :meth:`check` (the ticket's
+        step is over; no step waits on this job)."""
+        try:
+            self._store._unpin_ticket(ticket)
+        except BaseException as err:
+            if self._unpin_error is None:
+                self._unpin_error = err
+
+    def check(self) -> None:
+        """Raise, once, a failure of the thread to unpin a released batch: the next release
+        (the next step) raises it, or :meth:`TieredStore.close` after its checkpoint."""
+        err, self._unpin_error = self._unpin_error, None
+        if err is not None:
+            raise PrefetchError(f"unpinning a released batch's rows failed: {type(err).__name__}: {err}",
+                                "its rows may stay pinned, leaving HBM fewer slots; values are unaffected. "
+                                "Checkpoint, close and reopen the store") from err
 
     def drain(self) -> None:
         """Wait until every submitted ticket has been brought up (or failed) and every released one unpinned."""

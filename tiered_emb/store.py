@@ -204,6 +204,7 @@ class TieredStore:
         try:
             self._prefetcher.close()
             self.checkpoint()
+            self._prefetcher.check()  # a failed unpinning on the thread, raised once the rows are safe
         finally:
             self._closed = True
             self._ssd.close()
