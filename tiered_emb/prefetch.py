@@ -116,6 +116,7 @@ class Prefetcher:
         self.window: list[Ticket] = []
         self.stepping: Ticket | None = None  # the batch whose step runs now (see TieredStore._pinned_batch)
         self._unpin_error: BaseException | None = None  # the thread's first failed unpinning, until raised
+        self._unpin_error_lock = threading.Lock()  # the thread sets it while the step may take it
 
     def submit(self, batch: dict[str, np.ndarray], queue: bool = True) -> Ticket:
         """A batch entering the window (``{table: ids}``, checked).
@@ -191,13 +192,15 @@ class Prefetcher:
         try:
             self._store._unpin_ticket(ticket)
         except BaseException as err:
-            if self._unpin_error is None:
-                self._unpin_error = err
+            with self._unpin_error_lock:
+                if self._unpin_error is None:
+                    self._unpin_error = err
 
     def check(self) -> None:
         """Raise, once, a failure of the thread to unpin a released batch: the next release
         (the next step) raises it, or :meth:`TieredStore.close` after its checkpoint."""
-        err, self._unpin_error = self._unpin_error, None
+        with self._unpin_error_lock:
+            err, self._unpin_error = self._unpin_error, None
         if err is not None:
             raise PrefetchError(f"unpinning a released batch's rows failed: {type(err).__name__}: {err}",
                                 "its rows may stay pinned, leaving HBM fewer slots; values are unaffected. "
