@@ -301,6 +301,77 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
                                           ref.peek_records(name, np.arange(n)))
 
 
+def test_failed_unpinning_at_close_is_raised_after_the_checkpoint(tmp_path, monkeypatch):
+    """close() with a ticket never released whose unpinning fails: the thread is joined,
+    the checkpoint written, then PrefetchError."""
+    path = tmp_path / "c"
+    s = TieredStore.create(path, TABLES, TierConfig(8, 0, "lookahead+lru", "cpu"), seed=4)
+    g = np.ones((1, 4), dtype=np.float32)
+    s.apply_gradients("u", np.array([3]), g)  # dirty in HBM, not checkpointed
+    ticket = s.prefetch({"u": np.array([1, 2])})
+    ticket.wait()
+    real = s._unpin_ticket
+
+    def failing(t):
+        if t is ticket:
+            raise OSError("unpin went wrong")
+        real(t)
+
+    monkeypatch.setattr(s, "_unpin_ticket", failing)
+    with pytest.raises(PrefetchError, match="unpinning") as e:
+        s.close()
+    assert isinstance(e.value.__cause__, OSError) and s._closed
+    assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+    ref = ReferenceStore(TABLES, seed=4)
+    ref.apply_gradients("u", np.array([3]), g)
+    with TieredStore.open(path) as s2:
+        np.testing.assert_array_equal(s2.peek("u", np.array([3]), with_state=True),
+                                      ref.peek_records("u", np.array([3])))
+
+
+def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
+    """The loop's own clean-up (releasing the window of a loop stopped early) does not take
+    a failed unpinning that the thread met meanwhile: close() raises it, once."""
+    data = batches(8, seed=6)
+    s = TieredStore.create(tmp_path / "l", TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4)
+    go = threading.Event()
+    real_unpin, real_release = s._unpin_ticket, s._prefetcher.release
+    seen = {}
+
+    def failing_unpin(ticket):
+        if ticket.seq == 1:
+            go.wait(5)  # after the step's own release of batch 1 has returned
+            raise OSError("unpin went wrong")
+        real_unpin(ticket)
+
+    def release(ticket, check=True):
+        seen[ticket.seq] = ticket
+        if ticket.seq == 2:  # the loop's clean-up: let the thread fail first
+            go.set()
+            seen[1]._unpinned.wait(5)
+        real_release(ticket, check)
+
+    monkeypatch.setattr(s, "_unpin_ticket", failing_unpin)
+    monkeypatch.setattr(s._prefetcher, "release", release)
+    raised = []
+    gen = lookahead(s, data, lambda x: x, 2, load_ahead=1)
+    try:
+        for i, b in enumerate(gen):
+            for name in sorted(b):
+                rows = s.lookup(name, b[name])
+                s.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+            if i == 1:
+                break
+        gen.close()
+    except PrefetchError as err:
+        raised.append(err)
+    try:
+        s.close()
+    except PrefetchError as err:
+        raised.append(err)
+    assert len(raised) == 1 and isinstance(raised[0].__cause__, OSError)
+
+
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     data = batches(10, seed=5)
     s = TieredStore.create(tmp_path / "x", TABLES, TierConfig(50, 0, "lookahead+lru", "cpu"), seed=4)

@@ -432,3 +432,57 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
         assert failures > 5 and int(s._tables["b"].hbm.pins.sum()) == 0
         s._ssd.read = real
         np.testing.assert_array_equal(s.peek("b", np.arange(100), with_state=True), ref.peek_records("b", np.arange(100)))
+
+
+def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp_path, monkeypatch):
+    """A full disk at close(): StoreFullError, the store stays open with its rows; once there
+    is room, close() again writes them."""
+    from tiered_emb.errors import StoreFullError
+    path = tmp_path / "s"
+    s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
+    g = np.full((2, 8), 0.5, np.float32)
+    s.apply_gradients("a", np.array([3, 9]), g)  # dirty in HBM only
+    real, calls = s._ssd._write, []
+
+    def full_once(fn):
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreFullError("no space left on device", "free disk space")
+        real(fn)
+
+    monkeypatch.setattr(s._ssd, "_write", full_once)
+    with pytest.raises(StoreFullError):
+        s.close()
+    assert not s._closed
+    s.close()
+    assert s._closed and len(calls) == 2
+    ref = ReferenceStore(TABLES, seed=3)
+    ref.apply_gradients("a", np.array([3, 9]), g)
+    with TieredStore.open(path) as s2:
+        np.testing.assert_array_equal(s2.peek("a", np.array([3, 9]), with_state=True),
+                                      ref.peek_records("a", np.array([3, 9])))
+
+
+def test_fused_backward_checks_its_gradient_and_ids(tmp_path):
+    """apply_pooled_gradients is held to apply_gradients' checks: a gradient of the wrong
+    shape or dtype, or ids beyond num_rows, raise and change nothing."""
+    from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3) as s:
+        plan = plan_bags(np.array([1, 2]), np.array([0, 1, 2]))
+        lookup_pooled(s, "a", plan)
+        before = s.peek("a", np.array([1, 2]), with_state=True)
+        with pytest.raises(RowShapeError):
+            apply_pooled_gradients(s, "a", plan, np.ones((2, 4), np.float32))
+        with pytest.raises(RowShapeError):
+            apply_pooled_gradients(s, "a", plan, np.ones((3, 8), np.float32))
+        with pytest.raises(RowDtypeError):
+            apply_pooled_gradients(s, "a", plan, np.ones((2, 8), np.float64))
+        np.testing.assert_array_equal(s.peek("a", np.array([1, 2]), with_state=True), before)
+        bad = plan_bags(np.array([5, 100]), np.array([0, 2]))  # b has num_rows=100, never looked up
+        with pytest.raises(IdRangeError):
+            apply_pooled_gradients(s, "b", bad, np.ones((1, 3), np.float32))
+        with pytest.raises(IdRangeError):  # checked against the table it is applied to
+            apply_pooled_gradients(s, "b", plan_bags(np.array([100]), np.array([0, 1])), np.ones((1, 3), np.float32))
+        assert s.stats()["b"]["hbm"]["lookups"] == 0
+    with TieredStore.open(tmp_path / "s") as s:  # nothing out of range reached LMDB
+        assert s.peek("b", np.array([5])).shape == (1, 3)

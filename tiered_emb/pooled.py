@@ -59,6 +59,7 @@ class BagPlan:
     mean: bool
     slots: np.ndarray | None = None  # HBM slots of uids at the forward (fused path), for the backward
     pinned: object = None  # the prefetch ticket that pinned ``slots`` for this batch (see TieredStore._pinned_batch)
+    checked: object = None  # the store table whose id range ``ids`` were checked against (by lookup_pooled)
     _unique: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -341,6 +342,7 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
     weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
     plan.slots = None
     plan.pinned = None
+    plan.checked = None
     if backward:
         pinned = store._pinned_batch(table, plan.ids)
         if pinned is not None:
@@ -350,6 +352,7 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
             ticket, uids, inverse, slots = pinned
             plan._unique = (uids, inverse)
             plan.slots, plan.pinned = slots, ticket
+            plan.checked = t  # the same ids as handed to prefetch(), which checked them
             with _threads_for(plan.ids.shape[0] * dim):
                 _pool_kernel(dim, False, use_w)(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights,
                                                 plan.mean, out)
@@ -372,6 +375,7 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
                 c["hits"] += plan.ids.shape[0]
                 return out
         store._ids(t, plan.ids)  # validation: range and num_rows
+        plan.checked = t
         if store.xp is np and plan.uids.shape[0] <= t.hbm.unpinned_capacity:
             if plan.uids.shape[0] == 0:
                 out[:] = 0.0
@@ -428,11 +432,15 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
     nonfinite : as :meth:`TieredStore.apply_gradients`
 
     Bitwise equal to ``store.apply_gradients(table, plan.ids, unpooled)`` where
-    ``unpooled`` is each position's gradient row.
+    ``unpooled`` is each position's gradient row, and checked as strictly: a gradient of
+    another shape or dtype, or ids out of the table's range, raise and change nothing.
     """
     t = store._table(table)
     if nonfinite not in ("raise", "skip", "zero"):
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
+    grad_out = store._rows(t, grad_out, plan.num_bags, "bag gradients")
+    if plan.checked is not t:  # not already checked by lookup_pooled for this table
+        store._ids(t, plan.ids)
     if plan.ids.shape[0] == 0:
         return
     if plan.pinned is not None and store._still_pinned(plan.pinned):

@@ -169,9 +169,9 @@ class Prefetcher:
             finally:
                 event.set()
 
-    def release(self, ticket: Ticket) -> None:
+    def release(self, ticket: Ticket, check: bool = True) -> None:
         """Queue the unpinning of the ticket's rows (after what the thread was given of it);
-        raises its error, if any.
+        raises its error, if any, then (with ``check``) a failed earlier unpinning (:meth:`check`).
 
         The thread unpins them in order with its other work, so the step never waits for
         the store's lock here; :meth:`drain` waits for it.
@@ -184,7 +184,8 @@ class Prefetcher:
         self._releasing = [t for t in self._releasing if not t._unpinned.is_set()] + [ticket]
         self._put(ticket._unpinned, self._unpin, ticket)
         ticket.wait()
-        self.check()
+        if check:
+            self.check()
 
     def _unpin(self, ticket: Ticket) -> None:
         """Thread side of :meth:`release`: a failure is kept for :meth:`check` (the ticket's
@@ -192,9 +193,13 @@ class Prefetcher:
         try:
             self._store._unpin_ticket(ticket)
         except BaseException as err:
-            with self._unpin_error_lock:
-                if self._unpin_error is None:
-                    self._unpin_error = err
+            self._keep(err)
+
+    def _keep(self, err: BaseException) -> None:
+        """Keep a failed unpinning for :meth:`check` (the first one, if several)."""
+        with self._unpin_error_lock:
+            if self._unpin_error is None:
+                self._unpin_error = err
 
     def check(self) -> None:
         """Raise, once, a failure of the thread to unpin a released batch: the next release
@@ -215,16 +220,22 @@ class Prefetcher:
         self._releasing.clear()
 
     def close(self) -> None:
-        """Drain, unpin what is still pinned, stop and join the thread."""
-        self.drain()
-        for t in list(self._outstanding):
-            self._store._unpin_ticket(t)
-            t.released = True
-        self._outstanding.clear()
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
+        """Drain, unpin what is still pinned, stop and join the thread (whatever fails: a failed
+        unpinning is kept for :meth:`check`)."""
+        try:
+            self.drain()
+            for t in list(self._outstanding):
+                try:
+                    self._store._unpin_ticket(t)
+                except BaseException as err:
+                    self._keep(err)
+                t.released = True
+            self._outstanding.clear()
+        finally:
+            if self._thread is not None:
+                self._queue.put(_STOP)
+                self._thread.join()
+                self._thread = None
 
 
 def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahead: int = 0):
@@ -310,8 +321,10 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
             t += 1
     finally:
         for _, ticket in window:
-            try:
-                store.release(ticket)
+            if store._closed:
+                break  # close() released them all
+            try:  # without check(): a failed unpinning is left for the next release or close()
+                store._prefetcher.release(ticket, check=False)
             except PrefetchError:
                 pass  # its batch never ran; the error belongs to no step
         if not store._closed:

@@ -198,12 +198,16 @@ class TieredStore:
         os.replace(tmp, self.path / "manifest.json")
 
     def close(self) -> None:
-        """Checkpoint, then release the LMDB environment and the writer lock (idempotent)."""
+        """Checkpoint, then release the LMDB environment and the writer lock (idempotent).
+
+        If the checkpoint fails (``StoreFullError``: the disk is full) the store stays open
+        with every row it holds, so nothing is lost: free space and call ``close()`` again.
+        """
         if self._closed:
             return
+        self._prefetcher.close()
+        self.checkpoint()
         try:
-            self._prefetcher.close()
-            self.checkpoint()
             self._prefetcher.check()  # a failed unpinning on the thread, raised once the rows are safe
         finally:
             self._closed = True
