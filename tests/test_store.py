@@ -486,3 +486,30 @@ def test_fused_backward_checks_its_gradient_and_ids(tmp_path):
         assert s.stats()["b"]["hbm"]["lookups"] == 0
     with TieredStore.open(tmp_path / "s") as s:  # nothing out of range reached LMDB
         assert s.peek("b", np.array([5])).shape == (1, 3)
+
+
+def test_manifest_write_on_a_full_disk_is_a_typed_error_and_retried(tmp_path, monkeypatch):
+    """The checkpoint's rows are committed before manifest.json is rewritten; a full disk
+    there is StoreFullError (not a bare OSError), and the next checkpoint writes it."""
+    import errno
+    from tiered_emb.errors import StoreFullError
+    s = TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3)
+    s.apply_gradients("a", np.array([3]), np.full((1, 8), 0.5, np.float32))
+    real_fsync, calls = __import__("os").fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr("tiered_emb.store.os.fsync", fsync)
+    with pytest.raises(StoreFullError, match="manifest"):
+        s.checkpoint()
+    s.close()
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    ref = ReferenceStore(TABLES, seed=3)
+    ref.apply_gradients("a", np.array([3]), np.full((1, 8), 0.5, np.float32))
+    with TieredStore.open(tmp_path / "s") as s2:
+        assert manifest["epoch"] == s2.epoch == 2
+        np.testing.assert_array_equal(s2.peek("a", np.array([3]), with_state=True), ref.peek_records("a", np.array([3])))

@@ -14,6 +14,7 @@ slower, never different.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import json
@@ -27,8 +28,8 @@ from . import __version__
 from ._backend import resolve_xp, to_host, to_xp
 from .config import TableConfig, TierConfig
 from .errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, NonFiniteGradientError,
-                     RowDtypeError, RowShapeError, StoreClosedError, StoreExistsError, StoreLockedError,
-                     StoreNotFoundError, UnknownTableError)
+                     RowDtypeError, RowShapeError, StoreClosedError, StoreExistsError, StoreFullError,
+                     StoreLockedError, StoreNotFoundError, UnknownTableError)
 from .init import init_rows
 from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
 from .optimizers import apply_update
@@ -191,11 +192,18 @@ class TieredStore:
         manifest = {"format": FORMAT, "version": __version__, "seed": self.seed, "epoch": self._meta["epoch"],
                     "tables": [t.cfg.to_dict() for t in self._tables.values()], "tiers": self.tiers.to_dict()}
         tmp = self.path / "manifest.json.tmp"
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / "manifest.json")
+        try:
+            with open(tmp, "w") as f:
+                json.dump(manifest, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path / "manifest.json")
+        except OSError as err:  # the rows are committed in LMDB by then; only the manifest is behind
+            if err.errno == errno.ENOSPC:
+                raise StoreFullError(f"the disk under {str(self.path)!r} is full writing manifest.json ({err})",
+                                     "free disk space; the next checkpoint() or close() writes it again") from err
+            raise CorruptStoreError(f"writing {str(tmp)!r} failed ({err})",
+                                    "check the disk and the store directory's permissions") from err
 
     def close(self) -> None:
         """Checkpoint, then release the LMDB environment and the writer lock (idempotent).
