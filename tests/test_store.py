@@ -513,3 +513,19 @@ def test_manifest_write_on_a_full_disk_is_a_typed_error_and_retried(tmp_path, mo
     with TieredStore.open(tmp_path / "s") as s2:
         assert manifest["epoch"] == s2.epoch == 2
         np.testing.assert_array_equal(s2.peek("a", np.array([3]), with_state=True), ref.peek_records("a", np.array([3])))
+
+
+def test_close_without_checkpoint_gives_up_what_came_after_the_last_one(tmp_path):
+    path = tmp_path / "s"
+    s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
+    s.apply_gradients("a", np.arange(10), np.full((10, 8), 0.5, np.float32))
+    s.checkpoint()
+    kept = s.peek("a", np.arange(10), with_state=True)
+    s.apply_gradients("a", np.arange(10), np.full((10, 8), 0.25, np.float32))  # spills to DDR and LMDB
+    s.flush()
+    assert not np.array_equal(s.peek("a", np.arange(10), with_state=True), kept)
+    s.close(checkpoint=False)
+    assert s._closed
+    with TieredStore.open(path) as s2:
+        assert s2.epoch == 1
+        np.testing.assert_array_equal(s2.peek("a", np.arange(10), with_state=True), kept)

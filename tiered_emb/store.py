@@ -205,16 +205,21 @@ class TieredStore:
             raise CorruptStoreError(f"writing {str(tmp)!r} failed ({err})",
                                     "check the disk and the store directory's permissions") from err
 
-    def close(self) -> None:
+    def close(self, checkpoint: bool = True) -> None:
         """Checkpoint, then release the LMDB environment and the writer lock (idempotent).
 
         If the checkpoint fails (``StoreFullError``: the disk is full) the store stays open
         with every row it holds, so nothing is lost: free space and call ``close()`` again.
+
+        ``checkpoint=False`` closes without one: every change since the last checkpoint is
+        given up, as after a crash (:meth:`open` restores that checkpoint).  For a trainer
+        whose step failed midway, whose own state was saved with that checkpoint.
         """
         if self._closed:
             return
         self._prefetcher.close()
-        self.checkpoint()
+        if checkpoint:
+            self.checkpoint()
         try:
             self._prefetcher.check()  # a failed unpinning on the thread, raised once the rows are safe
         finally:
