@@ -33,3 +33,31 @@ def _digest(threads: int) -> str:
 def test_rows_and_states_identical_for_one_and_two_threads():
     one, two = _digest(1), _digest(2)
     assert len(one) == 64 and one == two
+
+
+def test_signed_zero_matches_the_reference_byte_for_byte(tmp_path):
+    """Duplicate ids' gradients are summed in batch order from +0.0 in the store's kernels
+    and in the reference alike: a -0.0 gradient element is +0.0 once summed, and a -0.0
+    weight keeps its sign under it (assert_array_equal would not see the sign; bytes do)."""
+    import numpy as np
+    from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
+    from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
+    from tiered_emb.testing.reference import ReferenceStore
+    ids = np.array([5, 6])
+    rows = np.array([[-0.0, 1.0, -0.0, 2.0], [-0.0, -0.0, 3.0, 4.0]], np.float32)
+    g = np.array([[-0.0, 0.5, -0.0, 0.25], [-0.0, -0.0, 0.5, 0.5]], np.float32)
+    for k, opt in enumerate([SGD(0.1), Adagrad(0.1), RowWiseAdagrad(0.1), Adam()]):
+        cfg = TableConfig("t", dim=4, optimizer=opt)
+        ref = ReferenceStore([cfg], seed=1)
+        ref.write("t", ids, rows)
+        ref.apply_gradients("t", ids, g)
+        with TieredStore.create(tmp_path / f"s{k}", [cfg], TierConfig(8, 8, "lru", "cpu"), seed=1) as s:
+            s.write("t", ids, rows)
+            s.apply_gradients("t", ids, g)
+            assert s.peek("t", ids, with_state=True).tobytes() == ref.peek_records("t", ids).tobytes(), opt.name
+        with TieredStore.create(tmp_path / f"p{k}", [cfg], TierConfig(8, 8, "lru", "cpu"), seed=1) as s:
+            s.write("t", ids, rows)
+            plan = plan_bags(ids, np.array([0, 1, 2]))  # each id a bag of its own: the fused path
+            lookup_pooled(s, "t", plan)
+            apply_pooled_gradients(s, "t", plan, g)
+            assert s.peek("t", ids, with_state=True).tobytes() == ref.peek_records("t", ids).tobytes(), opt.name

@@ -529,3 +529,76 @@ def test_close_without_checkpoint_gives_up_what_came_after_the_last_one(tmp_path
     with TieredStore.open(path) as s2:
         assert s2.epoch == 1
         np.testing.assert_array_equal(s2.peek("a", np.arange(10), with_state=True), kept)
+
+
+@pytest.mark.parametrize("content", ["[]", "null", '"x"', "3"])
+def test_manifest_that_is_not_an_object_is_corrupt(tmp_path, content):
+    TieredStore.create(tmp_path / "s", TABLES, cpu(2)).close()
+    (tmp_path / "s" / "manifest.json").write_text(content)
+    with pytest.raises(CorruptStoreError, match="manifest"):
+        TieredStore.open(tmp_path / "s")
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, 2**70, True, "3"])
+def test_manifest_seed_out_of_range_is_corrupt(tmp_path, seed):
+    TieredStore.create(tmp_path / "s", TABLES, cpu(2)).close()
+    m = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    m["seed"] = seed
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CorruptStoreError, match="seed"):
+        TieredStore.open(tmp_path / "s")
+
+
+def test_truncated_lmdb_file_is_corrupt_not_a_crash(tmp_path):
+    """LMDB maps data.mdb: a page past a truncated end would kill the process (SIGBUS) on
+    first read, so open() compares the file with its last committed page."""
+    import os
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(2)) as s:
+        s.write("a", np.arange(20000), np.ones((20000, 8), np.float32))
+    data = tmp_path / "s" / "lmdb" / "data.mdb"
+    os.truncate(data, data.stat().st_size // 2)
+    with pytest.raises(CorruptStoreError, match="truncated"):
+        TieredStore.open(tmp_path / "s")
+    with pytest.raises(CorruptStoreError, match="truncated"):  # and the lock was released
+        TieredStore.open(tmp_path / "s")
+
+
+def test_missing_lmdb_files_are_corrupt_and_nothing_is_created(tmp_path):
+    import shutil
+    TieredStore.create(tmp_path / "s", TABLES, cpu(2)).close()
+    shutil.rmtree(tmp_path / "s" / "lmdb")
+    with pytest.raises(CorruptStoreError, match="data.mdb"):
+        TieredStore.open(tmp_path / "s")
+    assert not (tmp_path / "s" / "lmdb").exists()
+
+
+def test_corrupt_compressed_record_is_corrupt(tmp_path):
+    import lmdb
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(2, ssd_compression=3)) as s:
+        s.write("a", np.arange(10), np.ones((10, 8), np.float32))
+    env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=10, subdir=True)
+    db = env.open_db(b"t:a")  # (not inside the write transaction: it takes one of its own)
+    with env.begin(write=True) as txn:
+        txn.put((5).to_bytes(8, "big"), bytes([1]) + b"not zstd at all", db=db)
+    env.close()
+    with TieredStore.open(tmp_path / "s") as s:
+        with pytest.raises(CorruptStoreError, match="decompress"):
+            s.lookup("a", np.arange(10))
+
+
+def test_create_that_fails_leaves_no_directory(tmp_path, monkeypatch):
+    import tiered_emb.store as store_mod
+
+    def broken(*a, **k):
+        raise OSError("cannot map")
+
+    monkeypatch.setattr(store_mod, "SsdTier", broken)
+    with pytest.raises(OSError, match="cannot map"):
+        TieredStore.create(tmp_path / "s", TABLES, cpu(2))
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("name", [["a"], 3, None])
+def test_table_name_of_another_type_is_unknown_table(store, name):
+    with pytest.raises(UnknownTableError):
+        store.lookup(name, np.array([1]))

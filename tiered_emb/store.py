@@ -19,6 +19,7 @@ import fcntl
 import functools
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -135,6 +136,7 @@ class TieredStore:
             store._write_manifest()
         except BaseException:
             os.close(lock_fd)
+            shutil.rmtree(path, ignore_errors=True)  # it did not exist: a retry finds no half-made store
             raise
         return store
 
@@ -160,17 +162,24 @@ class TieredStore:
                                      "check the path, or make one with TieredStore.create")
         try:
             manifest = json.loads(manifest_path.read_text())
+            if not isinstance(manifest, dict):
+                raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
             if manifest.get("format") != FORMAT:
                 raise ValueError(f"format {manifest.get('format')!r}")
             tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
             stored_tiers = TierConfig(**manifest["tiers"])
-            seed = int(manifest["seed"])
-        except (ValueError, KeyError, TypeError) as err:
+            seed = manifest["seed"]
+            if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+                raise ValueError(f"seed {seed!r}")
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CorruptStoreError(f"manifest {str(manifest_path)!r} is corrupt ({err})",
                                     "restore the store directory from a backup") from err
         if tiers is not None and not isinstance(tiers, TierConfig):
             raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
         tiers = tiers or stored_tiers
+        if not (path / "lmdb" / "data.mdb").is_file():
+            raise CorruptStoreError(f"store {str(path)!r} has no LMDB data file (lmdb/data.mdb)",
+                                    "restore the store directory from a backup")
         lock_fd = _lock(path)
         try:
             resolve_xp(tiers.device)
@@ -255,7 +264,7 @@ class TieredStore:
 
     def _table(self, name) -> _Table:
         self._check_open()
-        t = self._tables.get(name)
+        t = self._tables.get(name) if isinstance(name, str) else None
         if t is None:
             raise UnknownTableError(f"table {name!r} is not in store {str(self.path)!r}",
                                     f"use one of {sorted(self._tables)}")

@@ -107,12 +107,9 @@ class ReferenceStore:
     def apply_gradients(self, table: str, ids, grads) -> None:
         cfg = self.tables[table]
         summed: dict[int, np.ndarray] = {}
-        for i, g in zip(ids, grads):  # batch order per id
+        for i, g in zip(ids, grads):  # batch order per id, from +0.0 (so -0.0 alone sums to +0.0)
             i = int(i)
-            if i in summed:
-                summed[i] = summed[i] + g.astype(np.float32)
-            else:
-                summed[i] = g.astype(np.float32).copy()
+            summed[i] = summed.get(i, np.zeros(g.shape, np.float32)) + g.astype(np.float32)
         for i, g in summed.items():
             _update_row(cfg, self._record(table, i), g)
 

@@ -35,7 +35,7 @@ import numba
 import numpy as np
 import zstandard
 
-from ..errors import CorruptStoreError, StoreFullError, StoreLockedError
+from ..errors import ConfigError, CorruptStoreError, StoreFullError, StoreLockedError
 from .rowbuf import ABSENT, FOUND, RowBuffer
 
 _RAW = 0
@@ -147,11 +147,15 @@ class SsdTier:
         try:
             self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=2 * len(self.widths) + 2,
                                  subdir=True, readahead=False, meminit=False, max_readers=64)
+            self._check_length()
             self._meta = self.env.open_db(_META_DB)
             self._main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(self.widths)}
             self._pending = {n: self.env.open_db(b"p:" + n.encode()) for n in sorted(self.widths)}
         except lmdb.LockError as err:
             raise StoreLockedError(f"LMDB environment {self.path} is locked", "close the other writer first") from err
+        except OverflowError as err:
+            raise ConfigError(f"map_size_bytes={map_size_bytes} is more than LMDB can map ({err})",
+                              "use a smaller TierConfig.map_size_bytes (the map grows by itself when full)") from err
         except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.BadValsizeError,
                 lmdb.PageNotFoundError) as err:
             raise CorruptStoreError(f"LMDB environment {self.path} is corrupt or not an LMDB file ({err})",
@@ -171,6 +175,16 @@ class SsdTier:
         except BaseException:
             self.env.close()
             raise
+
+    def _check_length(self) -> None:
+        """Raise CorruptStoreError when ``data.mdb`` is shorter than its last committed page:
+        LMDB maps the file, and a page past its end would kill the process (SIGBUS) on first read."""
+        need = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        have = (self.path / "data.mdb").stat().st_size
+        if have < need:
+            self.env.close()
+            raise CorruptStoreError(f"LMDB file {self.path / 'data.mdb'} is truncated ({have} bytes, its pages "
+                                    f"reach {need})", "restore the store directory from a backup")
 
     def _bits_from_keys(self, table: str, num_rows: int) -> np.ndarray:
         """The bitmap of the ids stored in ``t:`` and ``p:`` of ``table`` (one walk over the keys,
@@ -212,7 +226,11 @@ class SsdTier:
         tag = value[0]
         body = bytes(value[1:])
         if tag == _ZSTD:
-            body = self._zd.decompress(body)
+            try:
+                body = self._zd.decompress(body)
+            except zstandard.ZstdError as err:
+                raise CorruptStoreError(f"an LMDB record of {self.path} does not decompress ({err})",
+                                        "restore from a backup") from err
         elif tag != _RAW:
             raise CorruptStoreError(f"an LMDB record of {self.path} has unknown tag {tag}", "restore from a backup")
         if len(body) != out_row.nbytes:
