@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from tiered_emb.cli import main
-from tiered_emb.errors import ConfigError
+from tiered_emb.errors import ConfigError, TraceFileError
+from tiered_emb.sim import bench
 from tiered_emb.sim.bench import parse_count, parse_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +100,70 @@ def test_bench_script_smoke(tmp_path, capsys):
         args.append("--no-libcachesim")
     assert mod.main(args) == 0
     assert "mrc" in json.loads((tmp_path / "p.json").read_text())
+
+
+SMALL = ["--ids", "1000", "--requests", "5000", "--no-progress", "--repeats", "1"]
+
+
+@pytest.mark.parametrize("cache", ["0%", "nan%", "inf%", "-1%"])
+def test_bad_cache_sizes(cache):
+    # 0% was silently one object; nan% / inf% a raw ValueError / OverflowError
+    with pytest.raises(ConfigError, match="cache size|not a count"):
+        parse_sizes(cache, 1000)
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--policies", ","], "names no policy"),                                  # ran nothing, exit 0
+    (["--repeats", "0"], "--repeats"),                                         # StatisticsError
+    (["--seed", "-1"], "--seed"),                                              # ValueError from numpy
+    (["--ids", "0"], "--ids"),                                                 # IndexError
+    (["--requests", "-1"], "--requests"),                                      # ValueError
+    (["--requests", "0"], "requests=0"),                                       # an empty run
+    (["--trace", "zipf:nan"], "skew"),                                         # one id, hit ratio 0.9998
+    (["--trace", "tables:1.0,1.0", "--pooling", "x"], "pooling"),              # ValueError
+    (["--trace", "tables:1.0,1.0", "--pooling", "0"], "pooling"),              # ZeroDivisionError
+    (["--trace", "tables:1.0,1.0", "--batch", "0"], "batch"),                  # ZeroDivisionError
+])
+def test_bad_policies_arguments(extra, match):
+    args = ["bench", "policies", *SMALL, "--cache", "10", "--policies", "lru"]
+    with pytest.raises(ConfigError, match=match):
+        main(args + extra)
+
+
+def test_bad_mrc_and_lookahead_arguments(tmp_path):
+    with pytest.raises(ConfigError, match="--repeats"):  # UnboundLocalError
+        main(["bench", "mrc", *SMALL[:-2], "--cache", "10", "--repeats", "0"])
+    with pytest.raises(ConfigError, match="--load-ahead"):
+        main(["bench", "lookahead", *SMALL, "--cache", "10", "--window", "1", "--load-ahead", "2"])
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(TraceFileError, match="no ids"):  # IndexError in the curve's sampling
+        main(["bench", "mrc", "--trace", f"csv:{empty}", "--cache", "10%", "--no-progress", "--repeats", "1"])
+
+
+def test_negative_request_cap_on_a_file(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("1\n2\n3\n4\n5\n")
+    with pytest.raises(ConfigError, match="negative"):  # tr[:-2] dropped the last two requests
+        bench.load_trace(f"csv:{p}", 1000, -2, 0)
+    assert bench.load_trace(f"csv:{p}", 1000, 0, 0)[0].tolist() == [1, 2, 3, 4, 5]
+    assert bench.load_trace(f"csv:{p}", 1000, 3, 0)[0].tolist() == [1, 2, 3]
+
+
+def test_caches_far_larger_than_the_trace(capsys):
+    # 10**12 objects: numpy could not allocate the cache (3.6 TiB) nor the lookahead tiers
+    assert main(["bench", "policies", *SMALL, "--cache", "1000000000000", "--policies", "lru,belady"]) == 0
+    out = capsys.readouterr().out
+    assert main(["bench", "lookahead", "--ids", "1000", "--requests", "5000", "--cache", "100000000000",
+                 "--no-progress", "--repeats", "1"]) == 0
+    assert out.count("1,000,000,000,000") == 2
+
+
+def test_unwritable_output_is_refused_before_the_run(tmp_path, capsys):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="--json"):  # NotADirectoryError, after the run
+        main(["bench", "policies", *SMALL, "--cache", "10", "--policies", "lru", "--json", str(f / "x.json")])
+    assert capsys.readouterr().out == ""  # nothing ran
+    with pytest.raises(ConfigError, match="--json"):
+        bench.write_json(f / "x.json", {})

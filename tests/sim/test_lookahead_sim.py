@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tiered_emb import TableConfig, TieredStore, TierConfig
-from tiered_emb.errors import ConfigError
+from tiered_emb.errors import ConfigError, IdRangeError
 from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits
 from tiered_emb.sim.engine import simulate
 from tiered_emb.sim.traces import zipf_ids
@@ -146,3 +146,44 @@ def test_bench_lookahead_cli(tmp_path, capsys):
     assert rate["belady (full)"] >= max(rate.values())  # nothing beats full Belady
     assert rate["lookahead+lru k=3 L=0"] >= rate["lru"]
     assert "window belady k=3 (lfu ties)" in capsys.readouterr().out
+
+
+def test_negative_ids_and_bad_batches_are_refused():
+    """-1 is the empty key of the dedupe table and of the tiers' index: it was dropped from its
+    batch, or hit an empty bucket, silently."""
+    with pytest.raises(IdRangeError, match=">= 0"):
+        batch_uniques(np.array([-1, 5, 7, -1]), 1)
+    u, off = np.array([-1, 5, 7, -1]), np.array([0, 1, 2, 3, 4])
+    with pytest.raises(IdRangeError, match=">= 0"):
+        window_belady_hits(u, off, 2, 1)
+    with pytest.raises(IdRangeError, match=">= 0"):
+        store_hits(u, off, 2, "lookahead+lru", 1)
+    u = np.array([1, 2, 3, 4])
+    with pytest.raises(ConfigError, match="does not cut"):
+        store_hits(u, np.array([0, 3, 2, 4]), 2, "lru")
+    with pytest.raises(ConfigError, match="does not cut"):
+        window_belady_hits(u, np.array([0, 2]), 2, 1)
+    with pytest.raises(ConfigError, match="batch 1 repeats an id"):
+        store_hits(np.array([1, 2, 3, 3]), np.array([0, 2, 4]), 2, "lru")
+    with pytest.raises(ConfigError, match="not an integer"):
+        window_belady_hits(u, np.array([0, 2, 4]), 2.5, 1)
+
+
+def test_huge_tiers_run_as_tiers_that_hold_everything(tmp_path):
+    """2**40 rows were a MemoryError (16 TiB); a tier that holds every id of the run makes the
+    same decisions whatever its size, so the counts are those of the kernels at any large size."""
+    from tiered_emb.policies import POLICIES
+    from tiered_emb.sim import lookahead as la
+    from tiered_emb.tiers.cache import CacheTier
+
+    trace = zipf_ids(300, 1.0, 1500, seed=4)
+    u, off = batch_uniques(trace, 25)
+    assert window_belady_hits(u, off, 2**40, 2) == window_belady_hits(u, off, u.shape[0], 2)
+    for policy in ("lru", "lookahead+lfu"):
+        big = 5 * u.shape[0] + 40  # above the size store_hits allocates
+        counts = np.zeros((off.shape[0] - 1, 3), dtype=np.int64)
+        assert la._store_lookahead(la._tier_arrays(CacheTier(big, policy), False),
+                                   la._tier_arrays(CacheTier(big, policy), True), POLICIES[policy].code,
+                                   POLICIES[policy].lookahead, 3, 1, u, off, counts) == 0
+        got = store_hits(u, off, 2**40, policy, 3, ddr_rows=2**40, load_ahead=1)
+        assert (got.lookups, got.lookups - got.hbm_hits, got.ddr_hits) == tuple(counts.sum(axis=0))

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
 from tiered_emb.sim import lru_curve, opt_curve, simulate, zipf_ids
 from tiered_emb.testing.sim_reference import stack_distance_hits
 
@@ -99,3 +100,45 @@ def test_lru_curve_raises_the_worker_error(monkeypatch):
     with pytest.raises(MemoryError, match="second chunk"):
         lru_curve(tr)
     assert not any(t.name == "tiered_emb-mrc" for t in threading.enumerate())
+
+
+def test_curves_refuse_bad_traces_and_sizes():
+    neg = np.array([-1, 5, 7, -1, 5, 7, -1, 9, 9, -1])
+    with pytest.raises(IdRangeError, match=">= 0"):   # -1 hit the hash index's empty buckets: 3 hits at size 1
+        opt_curve(neg, [1, 2])
+    with pytest.raises(IdTypeError, match="shape"):   # was a numba TypingError
+        lru_curve(np.array([[1, 2], [1, 2]]))
+    with pytest.raises(IdTypeError, match="float64"):
+        lru_curve(np.array([1.5, 2.5]))
+    tr = np.array([1, 2, 3, 1, 2, 3])
+    with pytest.raises(ConfigError, match="integers"):  # 1.9 was truncated to 1
+        opt_curve(tr, [1.9])
+    with pytest.raises(ConfigError, match="negative"):
+        opt_curve(tr, [-2, 1])
+    # lru_curve takes no hash index: negative ids are fine there
+    assert lru_curve(neg).hits.tolist() == lru_curve(np.where(neg == -1, 0, neg)).hits.tolist()
+
+
+def test_opt_curve_far_beyond_the_trace():
+    """A size of 2**40 (a MemoryError before) runs as the trace length: every re-request hits."""
+    tr = zipf_ids(100, 0.9, 500, seed=2)
+    oc = opt_curve(tr, [5, 2**40])
+    assert oc.hits.tolist() == [simulate(tr, 5, "belady"), tr.shape[0] - oc.distinct_ids]
+
+
+def test_curve_at_only_answers_its_sizes():
+    tr = np.array([1, 2, 3, 1, 2, 3])
+    oc = opt_curve(tr, [1, 3])
+    assert oc.at([3, 1]).tolist() == [3, 0] and int(oc.at(3)) == 3
+    with pytest.raises(ConfigError, match="size 2 is not in this curve"):  # answered size 3's hits before
+        oc.at([2])
+    with pytest.raises(ConfigError, match="integers"):
+        oc.at([1.5])
+    # 3 objects hold all 3 ids: any larger cache hits the same (documented)
+    assert oc.at([10]).tolist() == [3]
+    with pytest.raises(ConfigError, match="size 10"):  # an IndexError before
+        opt_curve(tr, [1, 2]).at([10])
+    lru = lru_curve(tr)
+    assert lru.at([0, 3, 1000]).tolist() == [0, 3, 3]
+    with pytest.raises(ConfigError, match="negative"):
+        lru.at([-1])

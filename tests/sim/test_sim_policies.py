@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiered_emb.errors import ConfigError
+from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
 from tiered_emb.sim import SIM_POLICIES, simulate, zipf_ids
 from tiered_emb.testing import sim_reference as ref
 from tiered_emb.tiers.cache import CacheTier, _simulate_requests
@@ -131,7 +131,9 @@ def test_unknown_policy_and_bad_capacity():
         simulate(np.array([1]), 1, "mru")
     with pytest.raises(ConfigError, match="capacity"):
         simulate(np.array([1]), 0, "lru")
-    with pytest.raises(ConfigError, match="ids must be >= 0"):
+    with pytest.raises(ConfigError, match="not an integer"):
+        simulate(np.array([1, 2, 1]), 1.5, "lru")  # was truncated to 1
+    with pytest.raises(IdRangeError, match="ids must be >= 0"):
         simulate(np.array([-1]), 1, "lru")
 
 
@@ -147,3 +149,45 @@ def test_next_use_dense_and_argsort_agree():
     huge = tr * (2**40 + 7)  # unbounded ids: the stable-argsort path
     assert np.array_equal(next_use_of(tr), next_use_of(huge))
     assert next_use_of(np.zeros(0, dtype=np.int64)).shape == (0,)
+
+
+@pytest.mark.parametrize("trace,error,match", [
+    (np.array([1.5, 1.9, 1.2]), IdTypeError, "dtype float64"),      # was truncated to [1, 1, 1]: 2 hits
+    (np.array([[1, 2], [1, 2]]), IdTypeError, "shape"),              # was a numba TypingError
+    ([2**64 - 1, 0], IdRangeError, "beyond int64"),                  # was OverflowError
+    (np.array([2**64 - 1, 3], dtype=np.uint64), IdRangeError, "beyond int64"),  # was wrapped to -1
+    (np.array(["a", "b"]), IdTypeError, "dtype"),
+])
+def test_bad_traces_are_typed(trace, error, match):
+    with pytest.raises(error, match=match):
+        simulate(trace, 1, "lru")
+
+
+@pytest.mark.parametrize("policy", sorted(SIM_POLICIES))
+def test_cache_beyond_the_trace_runs_as_the_trace_length(policy):
+    """No policy evicts before it is full, so a cache of n objects or more (here 2**40: 4 TiB of
+    slots, a MemoryError before) gives the hits of the kernel run with any larger one."""
+    tr = zipf_ids(50, 0.8, 300, seed=1)
+    n = tr.shape[0]
+    spec = SIM_POLICIES[policy]
+    args = (tr, 3 * n, np.zeros(0, np.uint8)) + ((None,) if spec.offline else ())
+    unclamped = spec.run(*args, index="auto", max_id=int(tr.max()))
+    assert simulate(tr, 2**40, policy) == unclamped == n - np.unique(tr).shape[0]
+
+
+def test_belady_next_use_is_checked():
+    """A next_use that is not next_use_of(trace) is refused before the kernel trusts it (a wrong
+    one made it write past its arrays: SIGSEGV); the right one changes nothing."""
+    from tiered_emb.sim import next_use_of
+    tr = np.array([1, 2, 3, 1, 2, 3, 1, 2, 3, 4] * 3)
+    n = tr.shape[0]
+    assert simulate(tr, 2, "belady", next_use=next_use_of(tr)) == simulate(tr, 2, "belady")
+    with pytest.raises(ConfigError, match="next_use"):
+        simulate(tr, 2, "belady", next_use=np.full(n, n))            # every id "never again"
+    with pytest.raises(ConfigError, match="shape"):
+        simulate(tr, 2, "belady", next_use=np.array([1]))            # read past its end before
+    # later on the same id each time, yet it skips request 1: pushed a slot twice on a 1-slot stack
+    with pytest.raises(ConfigError, match=r"next_use\[0\] is 2"):
+        simulate(np.array([7, 7, 7]), 1, "belady", next_use=np.array([2, 3, 3]))
+    with pytest.raises(ConfigError, match="belady"):
+        simulate(tr, 2, "lru", next_use=next_use_of(tr))

@@ -12,6 +12,7 @@ same load.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, MissingExtraError
+from ..errors import ConfigError, MissingExtraError, TraceFileError
 from ..stream import progress
 from . import traces
+from ._checks import as_ids, int_arg
 from .engine import check_policy, simulate
 from .mrc import lru_curve, opt_curve
 
@@ -37,12 +39,16 @@ def parse_count(text: str) -> int:
         if t and t[-1] in _SUFFIX:
             return int(round(float(t[:-1]) * _SUFFIX[t[-1]]))
         return int(t)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, NaN, infinity
         raise ConfigError(f"not a count: {text!r}", "write e.g. 20M, 10k or 5000") from None
 
 
 def parse_sizes(text: str, universe: int) -> list[tuple[str, int]]:
-    """Cache sizes ``"0.1%,1%,10%,5000"``: percentages of ``universe`` ids, or object counts."""
+    """Cache sizes ``"0.1%,1%,10%,5000"``: percentages of ``universe`` ids, or object counts.
+
+    A percentage must be positive and finite; one that rounds to no object gives one.
+    Counts must be >= 1.  Sizes above the trace's length run as that length (the same hits).
+    """
     out = []
     for part in str(text).split(","):
         part = part.strip()
@@ -53,7 +59,9 @@ def parse_sizes(text: str, universe: int) -> list[tuple[str, int]]:
                 frac = float(part[:-1]) / 100.0
             except ValueError:
                 raise ConfigError(f"bad cache size {part!r}", "write e.g. 1% or 5000") from None
-            n = max(1, int(round(universe * frac)))
+            if not (math.isfinite(frac) and frac > 0):
+                raise ConfigError(f"cache size {part!r} is not a positive percentage", "write e.g. 0.1% or 10%")
+            n = max(1, int(round(universe * frac)))  # a positive percentage is at least one object
         else:
             n = parse_count(part)
         if n < 1:
@@ -73,22 +81,43 @@ def load_trace(spec: str, ids: int, requests: int, seed: int, *, drift_period: i
     batch), ``npy:PATH``, ``csv:PATH[:COL]``, ``tsv:PATH[:COL]``, ``txt:PATH[:COL]``
     (whitespace-separated), ``criteo:PATH``, ``oracle:PATH`` (libCacheSim oracleGeneral).
     ``universe`` is ``ids`` for synthetic traces (cache percentages refer to it), the number
-    of distinct ids for files.
+    of distinct ids for files.  ``requests`` (>= 0) is the length of a synthetic trace
+    (>= 1) and a cap for a file (0: all of it); a file with no ids is a :class:`TraceFileError`.
     """
-    kind, _, rest = spec.partition(":")
+    kind, _, rest = str(spec).partition(":")
     kind = kind.lower()
+    if requests < 0:
+        raise ConfigError(f"requests={requests} is negative",
+                          "give a number of requests >= 0 (for a file, 0 reads it all)")
     if kind in ("zipf", "drift", "tables"):
         try:
             alphas = [float(a) for a in (rest or "1.0").split(",")]
         except ValueError:
             raise ConfigError(f"bad skew in trace {spec!r}", "write e.g. zipf:1.0 or tables:1.2,0.9") from None
+        if not all(math.isfinite(a) and a >= 0 for a in alphas):
+            raise ConfigError(f"bad skew in trace {spec!r}: skews are finite and >= 0",
+                              "write e.g. zipf:1.0 or tables:1.2,0.9")
+        if ids < 1:
+            raise ConfigError(f"ids={ids} is invalid for trace {spec!r}", "give at least 1 id, e.g. --ids 1M")
+        if requests < 1:
+            raise ConfigError(f"requests={requests} is invalid for trace {spec!r}",
+                              "give at least 1 request, e.g. --requests 2M")
         if kind == "zipf":
             return traces.zipf_ids(ids, alphas[0], requests, seed), ids, f"Zipf({alphas[0]}) over {ids:,} ids"
         if kind == "drift":
             return (traces.drift_ids(ids, alphas[0], requests, seed, period=drift_period), ids,
                     f"drifting Zipf({alphas[0]}) over {ids:,} ids, moving every {drift_period:,}")
-        pf = [int(p) for p in str(pooling).split(",")]
+        try:
+            pf = [int(p) for p in str(pooling).split(",")]
+        except ValueError:
+            raise ConfigError(f"bad pooling {pooling!r}",
+                              "write one count of ids per sample, or one per table: 1 or 2,1") from None
         pf = pf * len(alphas) if len(pf) == 1 else pf
+        if len(pf) != len(alphas) or min(pf) < 1:
+            raise ConfigError(f"pooling {pooling!r} is invalid for {len(alphas)} tables",
+                              "give one count >= 1, or one per table")
+        if batch < 1:
+            raise ConfigError(f"batch={batch} is invalid", "give at least 1 sample per batch")
         per_batch = batch * sum(pf)
         n_batches = max(1, requests // per_batch)
         tr = traces.table_batches([ids] * len(alphas), alphas, batch, pf, n_batches, seed)
@@ -110,6 +139,8 @@ def load_trace(spec: str, ids: int, requests: int, seed: int, *, drift_period: i
             tr = traces.read_column(path, col, delimiter=delim)
         if requests and requests < tr.shape[0]:
             tr = tr[:requests]
+        if tr.shape[0] == 0:
+            raise TraceFileError(f"trace file {path!r} holds no ids", "check the file and the column")
         tr = np.ascontiguousarray(tr)
         return tr, int(np.unique(tr).shape[0]), f"{kind} file {Path(path).name}"
     raise ConfigError(f"unknown trace {spec!r}",
@@ -165,8 +196,12 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
     :func:`tiered_emb.sim.compare.libcachesim_peer`; it runs right after each of ours, and
     our row gets ``speedups`` (peer seconds / ours, per pair) and their median.
     """
+    if not policies:
+        raise ConfigError("no policy to run", "give at least one, e.g. --policies lru,belady")
     for p in policies:
         check_policy(p)
+    repeats = int_arg("repeats", repeats, 1, hint="give at least 1 run per measurement")
+    _check_sizes(sizes)
     _warm_up(policies)
     n = int(trace.shape[0])
     rows = []
@@ -210,6 +245,9 @@ def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, o
     """The one-pass LRU curve (timed, median of ``repeats``), Belady at ``sizes``, and one LRU
     run at the median size for the time comparison, right after each curve (the ratio is the
     median of the per-pair ratios)."""
+    repeats = int_arg("repeats", repeats, 1, hint="give at least 1 run per measurement")
+    _check_sizes(sizes)
+    trace = as_ids(trace)
     _warm_up(["lru"])
     lru_curve(trace[:16])
     mid = sizes[len(sizes) // 2]
@@ -239,8 +277,8 @@ def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, o
         t0 = time.perf_counter()
         oc = opt_curve(trace, caps)
         out["opt_seconds"] = time.perf_counter() - t0
-        for row in out["sizes"]:
-            row["opt_hit_ratio"] = float(oc.hit_ratio[np.searchsorted(oc.sizes, row["cache_objects"])])
+        for row, hits in zip(out["sizes"], oc.at([c for _, c in sizes])):
+            row["opt_hit_ratio"] = float(hits / max(oc.requests, 1))
     return out
 
 
@@ -248,6 +286,7 @@ def _sample_curve(curve, points: int = 200) -> dict:
     """The LRU curve at ``points`` log-spaced sizes (the full curve has one entry per id)."""
     top = max(curve.distinct_ids, 1)
     sizes = np.unique(np.geomspace(1, top, points).astype(np.int64))
+    sizes = sizes[sizes <= curve.distinct_ids]  # none for an empty trace
     return {"cache_objects": sizes.tolist(), "hit_ratio": curve.hit_ratio[sizes].tolist()}
 
 
@@ -274,10 +313,40 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _check_sizes(sizes) -> None:
+    if not sizes:
+        raise ConfigError("no cache size", "give at least one, e.g. --cache 0.1%,1%,10%")
+    for label, cap in sizes:
+        int_arg(f"cache size {label!r}", cap, 1, hint="give a cache of at least 1 object")
+
+
+def check_output(path, flag: str) -> None:
+    """A :class:`ConfigError` now, not after the run, when ``path`` cannot be written:
+    a directory, or under something that is not a writable directory (what does not exist
+    yet is created at the end)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {str(p)!r} is a directory", f"give {flag} a file name")
+    a = p.parent
+    while not a.exists() and a != a.parent:
+        a = a.parent
+    if not a.is_dir() or not os.access(a, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(p)!r} cannot be written ({str(a)!r} is not a writable directory)",
+                          f"give {flag} a path in a writable directory")
+
+
+def _write(path: Path, write, flag: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+    except (OSError, ValueError) as err:  # ValueError: an image format matplotlib does not know
+        raise ConfigError(f"cannot write {flag} {str(path)!r}: {getattr(err, 'strerror', None) or err}",
+                          f"give {flag} a path in a writable directory") from None
+
+
 def write_json(path, payload: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps(payload, indent=1) + "\n"
+    _write(Path(path), lambda p: p.write_text(text, encoding="utf-8"), "--json")
 
 
 def _pyplot():
@@ -312,9 +381,10 @@ def plot_policies(rows: list[dict], path, title: str, mrc: dict | None = None) -
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        _write(Path(path), lambda p: fig.savefig(p, dpi=120), "--plot")
+    finally:
+        plt.close(fig)
 
 
 def plot_mrc(mrc: dict, path, title: str) -> None:
@@ -333,9 +403,10 @@ def plot_mrc(mrc: dict, path, title: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        _write(Path(path), lambda p: fig.savefig(p, dpi=120), "--plot")
+    finally:
+        plt.close(fig)
 
 
 def print_err(msg: str) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 
-from ..errors import MissingExtraError
+from ..errors import ConfigError, MissingExtraError
 from . import bench
+from .engine import check_policy
 
 
 def _common(p) -> None:
@@ -22,7 +23,8 @@ def _common(p) -> None:
                    help="zipf:ALPHA | drift:ALPHA | tables:A1,A2,.. | npy:PATH | csv:PATH[:COL] | "
                         "tsv:PATH[:COL] | txt:PATH[:COL] | criteo:PATH | oracle:PATH (default zipf:1.0)")
     p.add_argument("--ids", default="1M", help="distinct ids of synthetic traces, per table (default 1M)")
-    p.add_argument("--requests", default="2M", help="requests of synthetic traces; a cap for files (default 2M)")
+    p.add_argument("--requests", default="2M",
+                   help="requests of synthetic traces; a cap for files, 0 for none (default 2M)")
     p.add_argument("--cache", default="0.1%,1%,10%",
                    help="cache sizes: percentages of the ids (of distinct ids for files) or object counts")
     p.add_argument("--seed", type=int, default=0)
@@ -58,7 +60,31 @@ def add_parser(sub) -> None:
     la.set_defaults(func=run_lookahead_cmd)
 
 
+def _check_args(args) -> None:
+    """The arguments a run would fail on, checked before the trace is built or read."""
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats} is invalid", "give at least 1 run per measurement")
+    if args.seed < 0:
+        raise ConfigError(f"--seed {args.seed} is negative", "give a seed >= 0")
+    for flag, value in (("--ids", args.ids), ("--requests", args.requests), ("--drift-period", args.drift_period)):
+        n = bench.parse_count(value)
+        if n < (0 if flag == "--requests" else 1):
+            raise ConfigError(f"{flag} {value} is invalid",
+                              "give a count >= 0 (0: all of a file)" if flag == "--requests" else "give a count >= 1")
+    bench.parse_sizes(args.cache, 1)  # the syntax (percentages need the trace's universe)
+    for flag in ("json", "plot"):
+        if getattr(args, flag):
+            bench.check_output(getattr(args, flag), f"--{flag}")
+    if getattr(args, "bench_command", None) == "lookahead":
+        if args.step_requests < 1:
+            raise ConfigError(f"--step-requests {args.step_requests} is invalid", "give at least 1 request per batch")
+        if args.window < 0 or not 0 <= args.load_ahead <= args.window:
+            raise ConfigError(f"--window {args.window} --load-ahead {args.load_ahead} are invalid",
+                              "give --window >= 0 and 0 <= --load-ahead <= --window")
+
+
 def _load(args):
+    _check_args(args)
     t0 = time.perf_counter()
     trace, universe, desc = bench.load_trace(args.trace, bench.parse_count(args.ids), bench.parse_count(args.requests),
                                              args.seed, drift_period=bench.parse_count(args.drift_period),
@@ -83,8 +109,12 @@ def _plot(fn, *a) -> None:
 
 
 def run_policies_cmd(args) -> int:
-    trace, universe, desc, sizes = _load(args)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ConfigError(f"--policies {args.policies!r} names no policy", "give e.g. --policies lru,lfu,belady")
+    for p in policies:
+        check_policy(p)
+    trace, universe, desc, sizes = _load(args)
     show = not args.no_progress
     rows = None
     if args.compare == "libcachesim":

@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ._checks import finite_arg, int_arg
 from .traces import zipf_ids
 
 NUM_DENSE = 13
 NUM_CATS = 26
 _SPLITS = {"train": 0, "test": 1}
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_CRITEO_HINT = "give a Criteo-format TSV: a label, 13 numbers, 26 hex hashes, tab separated"
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -121,16 +123,29 @@ class CriteoTSV:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"data path {str(path)!r} is not a file", "give a Criteo-format TSV (label, 13 ints, 26 hex)")
+        num_rows = int_arg("num_rows", num_rows, 1, hint="use an int >= 1")
+        batch_size = int_arg("batch_size", batch_size, 1, hint="use an int >= 1")
+        test_fraction = finite_arg("test_fraction", test_fraction, 0.0, hint="use a fraction in [0, 1)")
+        if test_fraction >= 1:
+            raise ConfigError(f"test_fraction={test_fraction} is invalid", "use a fraction in [0, 1)")
         labels, dense, cats = [], [], []
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                cols = line.rstrip("\n").split("\t")
-                if len(cols) != 1 + NUM_DENSE + NUM_CATS:
-                    raise ConfigError(f"{str(path)!r} line {lineno} has {len(cols)} columns",
-                                      f"give {1 + NUM_DENSE + NUM_CATS} tab-separated columns")
-                labels.append(float(cols[0]))
-                dense.append([float(x) if x else 0.0 for x in cols[1:1 + NUM_DENSE]])
-                cats.append([int(x, 16) % num_rows if x else 0 for x in cols[1 + NUM_DENSE:]])
+        with open(path, encoding="utf-8") as f:
+            lineno = 0
+            try:
+                for lineno, line in enumerate(f, 1):
+                    cols = line.rstrip("\n").split("\t")
+                    if len(cols) != 1 + NUM_DENSE + NUM_CATS:
+                        raise ConfigError(f"{str(path)!r} line {lineno} has {len(cols)} columns",
+                                          f"give {1 + NUM_DENSE + NUM_CATS} tab-separated columns")
+                    labels.append(float(cols[0]))
+                    dense.append([float(x) if x else 0.0 for x in cols[1:1 + NUM_DENSE]])
+                    cats.append([int(x, 16) % num_rows if x else 0 for x in cols[1 + NUM_DENSE:]])
+            except ConfigError:
+                raise
+            except UnicodeDecodeError:
+                raise ConfigError(f"{str(path)!r} is not UTF-8 text after line {lineno}", _CRITEO_HINT) from None
+            except ValueError as err:  # a label or count that is no number, a hash that is not hex
+                raise ConfigError(f"{str(path)!r} line {lineno}: {err}", _CRITEO_HINT) from None
         n = len(labels)
         n_test = max(1, int(round(n * test_fraction))) if n > 1 else 0
         if n - n_test < 1:

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError
+from ._checks import as_ids, check_nonneg, int_arg
 from ..tiers.cache import simulate as _store_simulate
 from . import policies as _p
 
@@ -53,7 +54,7 @@ def check_policy(name: str) -> SimPolicy:
     """The :class:`SimPolicy` called ``name``, or a :class:`ConfigError` listing the names."""
     try:
         return SIM_POLICIES[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise ConfigError(f"unknown policy {name!r}", f"choose from {', '.join(SIM_POLICIES)}") from None
 
 
@@ -63,12 +64,16 @@ def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags
 
     Parameters
     ----------
-    trace : int64 array (n,), one id per request
-    capacity : int, cache size in objects (>= 1)
+    trace : integer array (n,), one id per request, ids >= 0 (:class:`IdTypeError` for
+        floats or another shape, :class:`IdRangeError` for negative ids or ids beyond int64)
+    capacity : int, cache size in objects (>= 1); any size above ``n`` gives the hits of
+        ``n`` (nothing is ever evicted) and only that much memory is allocated
     policy : str, a key of :data:`SIM_POLICIES`
     hit_flags : bool, also return uint8 (n,) with 1 at each hit
-    next_use : int64 array (n,), optional, :func:`next_use_of` of ``trace`` (Belady
-        computes it otherwise; pass it to share it between sizes)
+    next_use : integer array (n,), optional, Belady only: must equal :func:`next_use_of`
+        of ``trace`` (a :class:`ConfigError` otherwise); checking that costs the pass it
+        would save, so it is a cross-check only (:func:`opt_curve` shares one pass
+        between sizes)
     index : str, the kernels' id -> slot index: "auto" (a dense array over the id space
         when the ids are bounded, see :func:`tiered_emb.sim.policies.dense_ok`, else the
         store's hash table), "dense" or "hash"; the hits are the same, only speed differs
@@ -85,20 +90,50 @@ def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags
     2
     """
     spec = check_policy(policy)
-    capacity = int(capacity)
+    capacity = int_arg("capacity", capacity, hint="give a cache size of at least 1 object (an int)")
     if capacity < 1:
         raise ConfigError(f"capacity must be >= 1 object, got {capacity}", "give a positive cache size")
-    trace = np.ascontiguousarray(trace, dtype=np.int64)
+    trace = as_ids(trace)
     if index not in ("auto", "dense", "hash"):
         raise ConfigError(f"unknown index {index!r}", "choose from auto, dense, hash")
     lo, hi = _p.id_range(trace)
-    if lo < 0:
-        raise ConfigError(f"ids must be >= 0, got {lo}", "offset the ids of the trace")
+    check_nonneg(lo)
     if index == "dense" and hi >= 2**31 - 1:
         raise ConfigError(f"a dense index cannot hold id {hi}", "use index='hash' or 'auto'")
-    flags = np.zeros(trace.shape[0] if hit_flags else 0, dtype=np.uint8)
+    n = trace.shape[0]
+    if next_use is not None:
+        if not spec.offline:
+            raise ConfigError(f"policy {policy!r} does not use next_use", "pass next_use only with 'belady'")
+        next_use = _checked_next_use(trace, next_use, hi)
+    # A cache of n objects never evicts on n requests (no policy evicts before it is full),
+    # so every larger cache gives the same hits: run that one, not an allocation of
+    # ``capacity`` slots (which may not fit in memory).
+    run_cap = min(capacity, max(n, 1))
+    flags = np.zeros(n if hit_flags else 0, dtype=np.uint8)
     if spec.offline:
-        hits = spec.run(trace, capacity, flags, next_use, index=index, max_id=hi)
+        hits = spec.run(trace, run_cap, flags, next_use, index=index, max_id=hi)
     else:
-        hits = spec.run(trace, capacity, flags, index=index, max_id=hi)
+        hits = spec.run(trace, run_cap, flags, index=index, max_id=hi)
     return (int(hits), flags) if hit_flags else int(hits)
+
+
+def _checked_next_use(trace: np.ndarray, next_use, max_id: int) -> np.ndarray:
+    """``next_use`` if it is exactly :func:`next_use_of` of ``trace``, else a :class:`ConfigError`.
+
+    Why exactly: Belady's kernel trusts it to keep its heap and its stack of never-again
+    slots in bounds; a next_use that skips a request of an id (each entry still later, on
+    the same id) can push a slot on that stack twice and write past it.  Telling such an
+    array from the real one takes the next-use pass itself, so that is the check.
+    """
+    n = trace.shape[0]
+    nu = np.asarray(next_use)
+    if nu.ndim != 1 or nu.shape[0] != n or (n and nu.dtype.kind not in "iu"):
+        raise ConfigError(f"next_use has dtype {nu.dtype} and shape {nu.shape}, the trace {n} requests",
+                          "pass next_use_of(trace) (integers, one per request) or leave next_use out")
+    expect = _p.next_use_of(trace, np.int32 if n < 2**31 else np.int64, max_id)
+    if not np.array_equal(nu, expect):
+        i = int(np.flatnonzero(nu != expect)[0])
+        raise ConfigError(f"next_use[{i}] is {int(nu[i])}, but the next request of id {int(trace[i])} after "
+                          f"position {i} is at {int(expect[i])} ({n} if none)",
+                          "pass next_use_of(trace) of this very trace, or leave next_use out")
+    return expect

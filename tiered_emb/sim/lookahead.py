@@ -39,6 +39,8 @@ from ..index import _index_del, _index_find, _index_put, new_index
 from ..kernels import _dedupe
 from ..policies import POLICIES
 from ..tiers.cache import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
+from ._checks import as_ids, check_nonneg, int_arg
+from .policies import id_range, next_use_of
 
 
 @numba.njit(cache=True)
@@ -67,14 +69,62 @@ def batch_uniques(trace: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.nd
     >>> u.tolist(), off.tolist()
     ([3, 1, 1, 2], [0, 2, 4])
     """
-    if batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} is invalid", "use a batch of at least 1 request")
-    trace = np.ascontiguousarray(trace, dtype=np.int64)
+    batch_size = int_arg("batch_size", batch_size, 1, hint="use a batch of at least 1 request")
+    trace = as_ids(trace)
+    check_nonneg(id_range(trace)[0])  # -1 is the dedupe table's empty key
     nb = (trace.shape[0] + batch_size - 1) // batch_size
     uids = np.empty(trace.shape[0], dtype=np.int64)
     boff = np.empty(nb + 1, dtype=np.int64)
     w = _batch_uniques(trace, batch_size, uids, boff)
     return uids[:w].copy(), boff
+
+
+@numba.njit(cache=True)
+def _first_repeating_batch(uids, boff):
+    """The first batch whose ids are not distinct, or -1 (ids >= 0)."""
+    nb = boff.shape[0] - 1
+    most = 0
+    for b in range(nb):
+        most = max(most, boff[b + 1] - boff[b])
+    uniq = np.empty(most, dtype=np.int64)
+    inverse = np.empty(most, dtype=np.int64)
+    for b in range(nb):
+        lo, hi = boff[b], boff[b + 1]
+        if hi > lo and _dedupe(uids[lo:hi], uniq, inverse[:hi - lo]) != hi - lo:
+            return b
+    return -1
+
+
+def _checked_batches(uids, boff) -> tuple[np.ndarray, np.ndarray]:
+    """``(uids, boff)`` as int64 arrays if they are batches as :func:`batch_uniques` makes
+    them (ids >= 0, distinct within each batch, ``boff`` from 0 to ``len(uids)``, non
+    decreasing); else a typed error.  One pass over the ids (the kernels trust all that)."""
+    uids = as_ids(uids, "uids")
+    if uids.shape[0]:
+        check_nonneg(id_range(uids)[0], "uids")
+    b = np.asarray(boff)
+    if b.ndim != 1 or b.shape[0] < 1 or b.dtype.kind not in "iu":
+        raise ConfigError(f"boff has dtype {b.dtype} and shape {b.shape}",
+                          "pass the (uids, boff) of batch_uniques(trace, batch_size)")
+    b = np.ascontiguousarray(b, dtype=np.int64)
+    if int(b[0]) != 0 or int(b[-1]) != uids.shape[0] or bool(np.any(b[1:] < b[:-1])):
+        raise ConfigError(f"boff (from {int(b[0])} to {int(b[-1])}) does not cut {uids.shape[0]} uids into batches",
+                          "pass the (uids, boff) of batch_uniques(trace, batch_size)")
+    if uids.shape[0]:
+        rep = _first_repeating_batch(uids, b)
+        if rep >= 0:
+            raise ConfigError(f"batch {rep} repeats an id",
+                              "pass each batch's distinct ids: batch_uniques(trace, batch_size)")
+    return uids, b
+
+
+def _no_eviction_rows(rows: int, lookups: int) -> int:
+    """Tier rows that change no count on a run of ``lookups`` ids: from ``4 * lookups + 16``
+    rows on, a tier never evicts (it can hold every id of the run), its pin budget (rows
+    less an eighth, less the pinned ones: over ``3 * lookups``) never stops a pin or a
+    load, and no step is cut into chunks, so every larger tier makes the same decisions.
+    Allocating only that much keeps a huge ``hbm_rows`` / ``ddr_rows`` from exhausting memory."""
+    return min(rows, 4 * lookups + 16)
 
 
 # --------------------------------------------------------------------------- the store's kernels
@@ -231,20 +281,23 @@ def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = 
     >>> store_hits(u, off, 2, "lru").hbm_hits
     3
     """
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise ConfigError(f"policy {policy!r} is unknown", f"use one of {sorted(POLICIES)}")
+    hbm_rows = int_arg("hbm_rows", hbm_rows, hint="use hbm_rows >= 2 (an int)")
+    ddr_rows = int_arg("ddr_rows", ddr_rows, hint="use ddr_rows >= 0 (an int)")
+    window = int_arg("window", window, hint="use window >= 0 (an int)")
     if hbm_rows < 2 or ddr_rows < 0 or window < 0:
         raise ConfigError(f"hbm_rows={hbm_rows}, ddr_rows={ddr_rows}, window={window} are invalid",
                           "use hbm_rows >= 2, ddr_rows >= 0, window >= 0")
-    load = window if load_ahead is None else int(load_ahead)
+    load = window if load_ahead is None else int_arg("load_ahead", load_ahead, hint="use 0 <= load_ahead <= window")
     if not 0 <= load <= window:
         raise ConfigError(f"load_ahead={load_ahead} is invalid for window={window}", "use 0 <= load_ahead <= window")
-    hbm, ddr = CacheTier(hbm_rows, policy), CacheTier(ddr_rows, policy)
+    uids, boff = _checked_batches(uids, boff)
+    hbm = CacheTier(_no_eviction_rows(hbm_rows, uids.shape[0]), policy)
+    ddr = CacheTier(_no_eviction_rows(ddr_rows, uids.shape[0]), policy)
     counts = np.zeros((boff.shape[0] - 1, 3), dtype=np.int64)
     rc = _store_lookahead(_tier_arrays(hbm, False), _tier_arrays(ddr, True), POLICIES[policy].code,
-                          POLICIES[policy].lookahead, int(window), load,
-                          np.ascontiguousarray(uids, dtype=np.int64), np.ascontiguousarray(boff, dtype=np.int64),
-                          counts)
+                          POLICIES[policy].lookahead, window, load, uids, boff, counts)
     if rc != 0:
         raise ConfigError(f"every HBM row is pinned (hbm_rows={hbm_rows}, window={window})",
                           "give HBM more rows or use a smaller window")
@@ -354,18 +407,19 @@ def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window
     >>> window_belady_hits(u, off, 3, window=1)
     2
     """
-    from .policies import next_use_of
-
+    capacity = int_arg("capacity", capacity, hint="use capacity >= 1 (an int)")
+    window = int_arg("window", window, hint="use window >= 0 (an int)")
     if capacity < 1 or window < 0 or ties not in ("lru", "lfu"):
         raise ConfigError(f"capacity={capacity}, window={window}, ties={ties!r} are invalid",
                           "use capacity >= 1, window >= 0, ties 'lru' or 'lfu'")
-    uids = np.ascontiguousarray(uids, dtype=np.int64)
+    uids, boff = _checked_batches(uids, boff)
     if uids.shape[0] >= 1 << 30:
         raise ConfigError(f"{uids.shape[0]} requests are too many for one run", "split the trace below 2**30 requests")
-    keys, vals = new_index(capacity)
-    cap = int(capacity)
+    # a cache of len(uids) rows never evicts: larger ones run as that one (same hits, its memory)
+    cap = min(capacity, max(uids.shape[0], 1))
+    keys, vals = new_index(cap)
     z = [np.zeros(cap, dtype=np.int64) for _ in range(6)]
-    hits = _window_belady(uids, np.ascontiguousarray(boff, dtype=np.int64), next_use_of(uids), int(window), cap,
+    hits = _window_belady(uids, boff, next_use_of(uids), window, cap,
                           ties == "lfu", keys, vals, np.full(cap, -1, dtype=np.int64), *z)
     if hits < 0:
         raise ConfigError(f"a batch has more unique ids than capacity={capacity}", "use a larger cache or smaller batches")
@@ -382,6 +436,11 @@ def compare_lookahead(trace: np.ndarray, batch_size: int, sizes: list[tuple[str,
     """
     from .engine import simulate
 
+    window = int_arg("window", window, 0, hint="use a window of >= 0 batches")
+    load_ahead = int_arg("load_ahead", load_ahead, 0, window, hint="use 0 <= load_ahead <= window")
+    for label, cap in sizes:
+        if int_arg(f"cache size {label!r}", cap, hint="give HBM rows as an int") < 2:
+            raise ConfigError(f"cache size {label!r} is {cap} HBM rows", "give HBM at least 2 rows")
     uids, boff = batch_uniques(trace, batch_size)
     runs = [("lru", lambda c: store_hits(uids, boff, c, "lru").hbm_hits),
             ("lfu", lambda c: store_hits(uids, boff, c, "lfu").hbm_hits)]

@@ -25,7 +25,9 @@ import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ..errors import ConfigError
 from ..kernels import _prefetch
+from ._checks import as_ids, check_nonneg
 from .policies import PREFETCH_AHEAD, belady_hits, dense_ok, id_range, next_use_of
 
 
@@ -380,9 +382,34 @@ class MissRatioCurve:
         return 1.0 - self.hit_ratio
 
     def at(self, sizes) -> np.ndarray:
-        """Hits at ``sizes`` (each one in :attr:`sizes`)."""
-        idx = np.searchsorted(self.sizes, np.asarray(sizes, dtype=np.int64))
-        return self.hits[idx]
+        """Hits at ``sizes`` (an int or an array of them, >= 0), each one of :attr:`sizes`.
+
+        A size above the last one answers the last one's hits when that last size is at
+        least :attr:`distinct_ids`: a cache that holds every id never evicts, so any
+        larger one hits the same.  That is always so for :func:`lru_curve` (sizes ``0 ..
+        distinct_ids``), and for :func:`opt_curve` when asked up to ``distinct_ids``.
+        Any other size is a :class:`ConfigError` (never the hits of a neighbouring size).
+        """
+        q = np.asarray(sizes)
+        if q.dtype.kind not in "iu" and not (q.size == 0 and q.dtype.kind == "f"):
+            raise ConfigError(f"sizes have dtype {q.dtype}", "give cache sizes as integers (objects)")
+        shape = q.shape
+        q = q.astype(np.int64).reshape(-1)
+        if q.size and int(q.min()) < 0:
+            raise ConfigError(f"cache size {int(q.min())} is negative", "give cache sizes >= 0")
+        m = self.sizes.shape[0]
+        if m and int(self.sizes[-1]) >= self.distinct_ids:
+            q = np.minimum(q, self.sizes[-1])
+        idx = np.searchsorted(self.sizes, q)
+        found = idx < m
+        found[found] = self.sizes[idx[found]] == q[found]
+        if not found.all():
+            bad = int(q[~found].ravel()[0])
+            shown = self.sizes.tolist() if m <= 8 else self.sizes[:4].tolist() + ["..."] + self.sizes[-2:].tolist()
+            raise ConfigError(f"cache size {bad} is not in this curve (sizes {shown}, "
+                              f"{self.distinct_ids} distinct ids)",
+                              "ask for one of its sizes, or compute that size: opt_curve(trace, [size])")
+        return self.hits[idx].reshape(shape)
 
 
 def lru_curve(trace: np.ndarray) -> MissRatioCurve:
@@ -390,7 +417,7 @@ def lru_curve(trace: np.ndarray) -> MissRatioCurve:
 
     Parameters
     ----------
-    trace : int64 array (n,)
+    trace : integer array (n,) (any int64 ids: no hash index is involved)
 
     Returns
     -------
@@ -402,7 +429,7 @@ def lru_curve(trace: np.ndarray) -> MissRatioCurve:
     >>> c.hits.tolist()   # sizes 0, 1, 2, 3
     [0, 0, 2, 3]
     """
-    trace = np.ascontiguousarray(trace, dtype=np.int64)
+    trace = as_ids(trace)
     n = trace.shape[0]
     lo, hi = id_range(trace)
     if lo >= 0 and dense_ok(hi, n):
@@ -426,15 +453,30 @@ def lru_curve(trace: np.ndarray) -> MissRatioCurve:
 def opt_curve(trace: np.ndarray, sizes) -> MissRatioCurve:
     """Belady (MIN) hits at each of ``sizes`` (objects), one run per size, one next-use pass.
 
+    ``trace``: integer ids >= 0 (:class:`IdRangeError` otherwise: the kernel's hash index
+    keeps -1 for its empty buckets); ``sizes``: integers >= 0, in any order (the curve's
+    are sorted and unique).
+
     Examples
     --------
     >>> opt_curve(np.array([1, 2, 3, 1, 2, 3]), [1, 2, 3]).hits.tolist()
     [0, 2, 3]
     """
-    trace = np.ascontiguousarray(trace, dtype=np.int64)
-    sizes = np.unique(np.asarray(sizes, dtype=np.int64))
-    nxt = next_use_of(trace)
+    trace = as_ids(trace)
+    n = trace.shape[0]
+    lo, hi = id_range(trace)
+    check_nonneg(lo)
+    sizes = np.asarray(sizes)
+    if sizes.ndim > 1 or (sizes.size and sizes.dtype.kind not in "iu"):
+        raise ConfigError(f"sizes have dtype {sizes.dtype} and shape {sizes.shape}",
+                          "give a list of cache sizes in objects (integers)")
+    sizes = np.unique(sizes.astype(np.int64))
+    if sizes.size and int(sizes[0]) < 0:
+        raise ConfigError(f"cache size {int(sizes[0])} is negative", "give cache sizes >= 0")
+    nxt = next_use_of(trace, max_id=hi)
     empty = np.zeros(0, dtype=np.uint8)
-    hits = np.array([belady_hits(trace, int(c), empty, nxt) if c > 0 else 0 for c in sizes], dtype=np.int64)
-    distinct = int(np.count_nonzero(nxt == trace.shape[0]))  # one last request per id
-    return MissRatioCurve(sizes, hits, trace.shape[0], distinct)
+    # a cache of n objects never evicts: larger ones run as that one (same hits, its memory)
+    hits = np.array([belady_hits(trace, min(int(c), n), empty, nxt, max_id=hi) if c > 0 and n else 0
+                     for c in sizes], dtype=np.int64)
+    distinct = int(np.count_nonzero(nxt == n))  # one last request per id
+    return MissRatioCurve(sizes, hits, n, distinct)

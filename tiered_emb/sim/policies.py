@@ -31,8 +31,10 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from ..errors import ConfigError
 from ..index import _hash_home, _index_del, _index_find, _index_put, new_index
 from ..kernels import _prefetch
+from ._checks import as_ids
 
 NIL = -1
 
@@ -203,7 +205,7 @@ def next_use_of(trace: np.ndarray, dtype=np.int64, max_id: int | None = None) ->
 
     Parameters
     ----------
-    trace : int64 array (n,), ids >= 0
+    trace : integer array (n,) (any ids: negative ones take the argsort)
     dtype : np.int64, or np.int32 for half the memory when ``n < 2**31`` (Belady's own)
     max_id : int, optional, the largest id, when the caller has checked the ids (all >= 0)
         and knows it: saves a pass over the trace
@@ -217,8 +219,11 @@ def next_use_of(trace: np.ndarray, dtype=np.int64, max_id: int | None = None) ->
     >>> next_use_of(np.array([5, 6, 5, 5])).tolist()
     [2, 4, 3, 4]
     """
-    trace = np.ascontiguousarray(trace, dtype=np.int64)
+    trace = as_ids(trace)
     n = trace.shape[0]
+    if np.dtype(dtype) not in (np.dtype(np.int32), np.dtype(np.int64)) or (np.dtype(dtype) == np.int32 and n >= 2**31):
+        raise ConfigError(f"dtype={dtype!r} cannot hold the positions of {n} requests",
+                          "use np.int64 (or np.int32 below 2**31 requests)")
     out = np.empty(n, dtype=dtype)
     lo, hi = id_range(trace) if max_id is None else (0, max_id)
     if lo >= 0 and dense_ok(hi, n):

@@ -15,15 +15,28 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, TraceFileError
+from ..errors import ConfigError, IdRangeError, TraceFileError
+from ._checks import as_ids, finite_arg, int_arg
 
 
 @lru_cache(maxsize=4)
 def _zipf_cdf(n_ids: int, alpha: float) -> np.ndarray:
-    w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
+    try:
+        w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
+    except MemoryError:
+        raise ConfigError(f"n_ids={n_ids} needs a table of {8 * n_ids:,} bytes, which does not fit in memory",
+                          "use fewer ids") from None
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
     return cdf
+
+
+def _check_zipf(n_ids, alpha, size, seed) -> tuple[int, float, int, int]:
+    n_ids = int_arg("n_ids", n_ids, 1, hint="give at least 1 id (an int)")
+    alpha = finite_arg("alpha", alpha, 0.0, hint="give a finite skew >= 0 (1.05 is typical; 0 is uniform)")
+    size = int_arg("size", size, 0, hint="give a number of requests >= 0 (an int)")
+    seed = int_arg("seed", seed, 0, hint="give a seed >= 0 (an int)")
+    return n_ids, alpha, size, seed
 
 
 def _scatter_multiplier(n_ids: int) -> int:
@@ -39,10 +52,10 @@ def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = Tru
 
     Parameters
     ----------
-    n_ids : int, number of distinct ids
-    alpha : float, skew (> 0; 1.05 is typical of recommendation features)
-    size : int
-    seed : int, the only source of randomness
+    n_ids : int, number of distinct ids (>= 1)
+    alpha : float, skew (finite, >= 0; 1.05 is typical of recommendation features, 0 is uniform)
+    size : int (>= 0)
+    seed : int (>= 0), the only source of randomness
     scatter : bool, map ranks to ids by a fixed bijection so hot ids are not 0, 1, 2...
 
     Returns
@@ -55,8 +68,9 @@ def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = Tru
     >>> ids.dtype, int(ids.min()) >= 0, int(ids.max()) < 1000
     (dtype('int64'), True, True)
     """
+    n_ids, alpha, size, seed = _check_zipf(n_ids, alpha, size, seed)
     rng = np.random.default_rng(seed)
-    cdf = _zipf_cdf(int(n_ids), float(alpha))
+    cdf = _zipf_cdf(n_ids, alpha)
     ranks = np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
     np.minimum(ranks, n_ids - 1, out=ranks)
     if scatter:
@@ -89,9 +103,14 @@ def drift_ids(n_ids: int, alpha: float, size: int, seed: int, period: int = 1_00
     >>> ids.shape, int(ids.max()) < 1000
     ((5000,), True)
     """
+    n_ids, alpha, size, seed = _check_zipf(n_ids, alpha, size, seed)
+    period = int_arg("period", period, hint="give the requests between two moves (an int > 0)")
     if period <= 0:
         raise ConfigError(f"period must be > 0, got {period}", "give the requests between two moves")
-    shift = max(1, n_ids // 100) if shift is None else int(shift)
+    if shift is None:
+        shift = max(1, n_ids // 100)
+    else:
+        shift = int_arg("shift", shift, hint="give the ids the ranking moves by (an int)")
     ids = zipf_ids(n_ids, alpha, size, seed)
     epoch = np.arange(size, dtype=np.int64) // period
     return (ids + epoch * shift) % n_ids
@@ -103,8 +122,8 @@ def table_batches(n_ids: list[int], alphas: list[float], batch_size: int, poolin
 
     Each batch holds, for every table ``t``, ``batch_size * pooling[t]`` Zipf ids drawn from
     ``n_ids[t]`` ids with skew ``alphas[t]``; ids of table ``t`` are tagged
-    ``(t << table_bits) | id`` so tables never share a cache entry.  The stream is batch 0
-    (table 0, table 1, ...), batch 1, ...
+    ``(t << table_bits) | id`` so tables never share a cache entry (each ``n_ids[t]`` must be
+    at most ``2 ** table_bits``).  The stream is batch 0 (table 0, table 1, ...), batch 1, ...
 
     Returns
     -------
@@ -116,9 +135,23 @@ def table_batches(n_ids: list[int], alphas: list[float], batch_size: int, poolin
     >>> tr.shape, sorted(set((tr >> 40).tolist()))
     ((36,), [0, 1])
     """
+    n_ids, alphas, pooling = list(n_ids), list(alphas), list(pooling)
     if not (len(n_ids) == len(alphas) == len(pooling)) or len(n_ids) == 0:
         raise ConfigError(f"n_ids, alphas and pooling must have one entry per table, got "
                           f"{len(n_ids)}, {len(alphas)}, {len(pooling)}", "give the same number of each")
+    batch_size = int_arg("batch_size", batch_size, 1, hint="give at least 1 sample per batch (an int)")
+    n_batches = int_arg("n_batches", n_batches, 0, hint="give a number of batches >= 0 (an int)")
+    seed = int_arg("seed", seed, 0, hint="give a seed >= 0 (an int)")
+    table_bits = int_arg("table_bits", table_bits, 1, 62, hint="give table_bits in [1, 62]")
+    if len(n_ids) - 1 >= 1 << (63 - table_bits):
+        raise ConfigError(f"{len(n_ids)} tables do not fit in the {63 - table_bits} bits above table_bits={table_bits}",
+                          "use a smaller table_bits")
+    for t, (n, pf) in enumerate(zip(n_ids, pooling)):
+        n = int_arg(f"n_ids[{t}]", n, 1, hint="give each table at least 1 id (an int)")
+        if n > 1 << table_bits:
+            raise ConfigError(f"table {t} has {n} ids, more than 2**table_bits = {1 << table_bits}: its ids would "
+                              f"carry the tags of other tables", "use a larger table_bits or fewer ids")
+        int_arg(f"pooling[{t}]", pf, 1, hint="give at least 1 id per sample (an int)")
     parts = []
     for t, (n, a, pf) in enumerate(zip(n_ids, alphas, pooling)):
         per_batch = batch_size * pf
@@ -129,26 +162,54 @@ def table_batches(n_ids: list[int], alphas: list[float], batch_size: int, poolin
 
 # ---------------------------------------------------------------------------- files
 def read_npy(path) -> np.ndarray:
-    """A ``.npy`` file of integer ids as int64 (n,)."""
+    """A ``.npy`` file of integer ids (1-d, int64 or narrower, or uint64 below 2**63) as int64 (n,)."""
     path = Path(path)
     if not path.is_file():
         raise TraceFileError(f"trace file {str(path)!r} does not exist", "check the path")
-    arr = np.load(path, allow_pickle=False)
+    hint = "save a 1-d integer array (np.save(path, ids.astype(np.int64)))"
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, EOFError, ValueError) as err:  # empty, truncated, not .npy, object arrays
+        raise TraceFileError(f"{str(path)!r} is not a readable .npy array ({err})", hint) from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        arr.close()
+        raise TraceFileError(f"{str(path)!r} is an .npz archive, not one .npy array", hint)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise TraceFileError(f"{str(path)!r} holds {arr.dtype} of shape {arr.shape}",
-                             "save a 1-d integer array (np.save(path, ids.astype(np.int64)))")
-    return arr.astype(np.int64, copy=False)
+        raise TraceFileError(f"{str(path)!r} holds {arr.dtype} of shape {arr.shape}", hint)
+    return as_ids(arr, f"{str(path)!r}")
 
 
 def write_npy(path, ids: np.ndarray) -> None:
-    """Write ids (int64 (n,)) as ``.npy``."""
-    np.save(Path(path), np.ascontiguousarray(ids, dtype=np.int64), allow_pickle=False)
+    """Write ids (integers (n,); never rounded from floats) as an int64 ``.npy``."""
+    ids = as_ids(ids, "ids")
+    try:
+        np.save(Path(path), ids, allow_pickle=False)
+    except OSError as err:
+        raise TraceFileError(f"cannot write {str(path)!r}: {err.strerror or err}",
+                             "check that the directory exists and is writable") from None
 
 
 def _open_text(path: Path):
     if not path.is_file():
         raise TraceFileError(f"trace file {str(path)!r} does not exist", "check the path")
-    return open(path, encoding="utf-8", newline="")
+    try:
+        return open(path, encoding="utf-8", newline="")
+    except OSError as err:
+        raise TraceFileError(f"cannot read {str(path)!r}: {err.strerror or err}", "check its permissions") from None
+
+
+def _not_text(path: Path, err: UnicodeDecodeError) -> TraceFileError:
+    return TraceFileError(f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start} of a chunk)",
+                          "give a text file of ids (npy:, oracle: read binary traces)")
+
+
+def _to_int64(path: Path, out: list) -> np.ndarray:
+    try:
+        return np.array(out, dtype=np.int64)
+    except OverflowError:
+        k = next(i for i, v in enumerate(out) if not -2**63 <= v < 2**63)
+        raise IdRangeError(f"{str(path)!r}: id number {k + 1} ({out[k]}) is beyond int64",
+                           "relabel the ids, e.g. with np.unique(ids, return_inverse=True)[1]") from None
 
 
 def read_column(path, column: int = 0, delimiter: str | None = None, header: bool = False,
@@ -171,29 +232,38 @@ def read_column(path, column: int = 0, delimiter: str | None = None, header: boo
     int64 array (n,)
     """
     path = Path(path)
+    column = int_arg("column", column, 0, hint="give a 0-based column index (an int >= 0)")
+    base = int_arg("base", base, 0, 36, hint="give base 10 for decimal ids, 16 for hex (2..36, or 0 for prefixes)")
+    if base == 1:
+        raise ConfigError("base=1 is invalid", "give base 10 for decimal ids, 16 for hex (2..36, or 0 for prefixes)")
+    if delimiter is not None and (not isinstance(delimiter, str) or not delimiter):
+        raise ConfigError(f"delimiter={delimiter!r} is invalid", "give a non-empty string, or None for any whitespace")
     if delimiter is None:
         delimiter = {".csv": ",", ".tsv": "\t"}.get(path.suffix.lower())
     out = []
     with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if header and lineno == 1:
-                continue
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            fields = line.split(delimiter)
-            if column >= len(fields):
-                raise TraceFileError(f"{str(path)!r} line {lineno} has {len(fields)} fields, no column {column}",
-                                     "give a 0-based column index that every row has")
-            field = fields[column].strip()
-            if not field:
-                continue
-            try:
-                out.append(int(field, base))
-            except ValueError as err:
-                raise TraceFileError(f"{str(path)!r} line {lineno} column {column}: {field!r} is not an id",
-                                     "pick a column of integer ids (base=16 for hex)") from err
-    return np.array(out, dtype=np.int64)
+        try:
+            for lineno, line in enumerate(f, 1):
+                if header and lineno == 1:
+                    continue
+                line = line.rstrip("\r\n")
+                if not line:
+                    continue
+                fields = line.split(delimiter)
+                if column >= len(fields):
+                    raise TraceFileError(f"{str(path)!r} line {lineno} has {len(fields)} fields, no column {column}",
+                                         "give a 0-based column index that every row has")
+                field = fields[column].strip()
+                if not field:
+                    continue
+                try:
+                    out.append(int(field, base))
+                except ValueError as err:
+                    raise TraceFileError(f"{str(path)!r} line {lineno} column {column}: {field!r} is not an id",
+                                         "pick a column of integer ids (base=16 for hex)") from err
+        except UnicodeDecodeError as err:
+            raise _not_text(path, err) from None
+    return _to_int64(path, out)
 
 
 CRITEO_CATEGORICAL = range(14, 40)
@@ -205,31 +275,45 @@ def read_criteo(path, columns=CRITEO_CATEGORICAL) -> np.ndarray:
     Criteo's display-advertising logs have 40 tab-separated fields: label, I1-I13, then
     C1-C26 as 8-hex-digit hashes (possibly empty).  Each non-empty categorical value is
     one request, row by row and, within a row, column by column; the id is
-    ``(column << 32) | value`` so that equal hashes of different features stay apart.
+    ``(column << 32) | value`` so that equal hashes of different features stay apart
+    (a value that is negative or wider than 32 bits is a :class:`TraceFileError`).
 
     Returns
     -------
     int64 array (n,)
     """
     path = Path(path)
-    cols = list(columns)
+    try:
+        cols = [int_arg("column", c, 0, 2**31 - 1, hint="give 0-based field indexes below 2**31") for c in columns]
+    except TypeError:
+        raise ConfigError(f"columns={columns!r} is not a list of field indexes", "give e.g. range(14, 40)") from None
+    if not cols:
+        raise ConfigError("columns is empty", "give the categorical fields to read, e.g. range(14, 40)")
+    need = max(cols) + 1
     out = []
     with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            fields = line.rstrip("\r\n").split("\t")
-            if len(fields) < max(cols) + 1:
-                if not line.strip():
-                    continue
-                raise TraceFileError(f"{str(path)!r} line {lineno} has {len(fields)} fields",
-                                     "Criteo rows have 40 tab-separated fields")
-            for c in cols:
-                v = fields[c]
-                if v:
-                    try:
-                        out.append((c << 32) | int(v, 16))
-                    except ValueError as err:
-                        raise TraceFileError(f"{str(path)!r} line {lineno} field {c}: {v!r} is not hex",
-                                             "categorical fields must be hexadecimal hashes") from err
+        try:
+            for lineno, line in enumerate(f, 1):
+                fields = line.rstrip("\r\n").split("\t")
+                if len(fields) < need:
+                    if not line.strip():
+                        continue
+                    raise TraceFileError(f"{str(path)!r} line {lineno} has {len(fields)} fields",
+                                         "Criteo rows have 40 tab-separated fields")
+                for c in cols:
+                    v = fields[c]
+                    if v:
+                        try:
+                            x = int(v, 16)
+                        except ValueError as err:
+                            raise TraceFileError(f"{str(path)!r} line {lineno} field {c}: {v!r} is not hex",
+                                                 "categorical fields must be hexadecimal hashes") from err
+                        if not 0 <= x <= 0xFFFFFFFF:  # (c << 32) | x would leave feature c
+                            raise TraceFileError(f"{str(path)!r} line {lineno} field {c}: {v!r} is not a 32-bit hash",
+                                                 "categorical fields are hashes of at most 8 hex digits")
+                        out.append((c << 32) | x)
+        except UnicodeDecodeError as err:
+            raise _not_text(path, err) from None
     return np.array(out, dtype=np.int64)
 
 
@@ -240,32 +324,51 @@ ORACLE_GENERAL_DTYPE = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj
 
 def write_oracle_general(path, ids: np.ndarray, clock_time: np.ndarray | None = None,
                          obj_size: int = 1) -> None:
-    """Write ids (int64 (n,), >= 0) as a libCacheSim ``oracleGeneral`` binary trace.
+    """Write ids (integers (n,), >= 0) as a libCacheSim ``oracleGeneral`` binary trace.
 
     Each record is ``uint32 clock_time, uint64 obj_id, uint32 obj_size, int64
     next_access_vtime``; ``next_access_vtime`` is the index of the id's next request, -1
-    when there is none (what libCacheSim's Belady reads).  ``clock_time`` defaults to the
-    request index.
+    when there is none (what libCacheSim's Belady reads).  ``clock_time`` (integers (n,)
+    in uint32's range) defaults to the request index; ``obj_size`` is a uint32.
     """
     from .policies import next_use_of
 
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    ids = as_ids(ids, "ids")
     if ids.size and int(ids.min()) < 0:
-        raise TraceFileError(f"ids must be >= 0 for oracleGeneral, got min {int(ids.min())}",
-                             "offset the ids so that they are non-negative")
+        raise IdRangeError(f"ids must be >= 0 for oracleGeneral, got min {int(ids.min())}",
+                           "offset the ids so that they are non-negative")
     n = ids.shape[0]
+    obj_size = int_arg("obj_size", obj_size, 0, 2**32 - 1, hint="give an object size in [0, 2**32) (uint32)")
+    if clock_time is not None:
+        ct = np.asarray(clock_time)
+        if ct.shape != (n,) or (n and ct.dtype.kind not in "iu"):
+            raise ConfigError(f"clock_time has dtype {ct.dtype} and shape {ct.shape}, ids {n}",
+                              "give one integer time per request, or leave clock_time out")
+        if n and (int(ct.min()) < 0 or int(ct.max()) > 2**32 - 1):
+            raise ConfigError(f"clock_time holds {int(ct.min())} .. {int(ct.max())}", "times are uint32: [0, 2**32)")
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise TraceFileError(f"cannot write {str(path)!r}: {str(path.parent)!r} is not a directory",
+                             "create the directory first")
     rec = np.empty(n, dtype=ORACLE_GENERAL_DTYPE)
-    rec["clock_time"] = np.arange(n, dtype=np.uint32) if clock_time is None else clock_time
+    rec["clock_time"] = np.arange(n, dtype=np.uint32) if clock_time is None else ct
     rec["obj_id"] = ids
     rec["obj_size"] = obj_size
     nxt = next_use_of(ids)
     nxt[nxt == n] = -1
     rec["next_access_vtime"] = nxt
-    rec.tofile(Path(path))
+    try:
+        rec.tofile(path)
+    except OSError as err:
+        raise TraceFileError(f"cannot write {str(path)!r}: {err.strerror or err}",
+                             "check that the directory exists and is writable") from None
 
 
 def read_oracle_general(path, with_next_access: bool = False):
     """Ids (int64 (n,)) of a libCacheSim ``oracleGeneral`` trace (uncompressed).
+
+    ``obj_id`` is a uint64 there; an id of 2**63 or more is an :class:`IdRangeError`
+    (never wrapped to a negative id), whose hint shows how to relabel them.
 
     With ``with_next_access``, also the int64 (n,) ``next_access_vtime`` field as stored
     (-1 or ``INT64_MAX`` for none).
@@ -277,7 +380,14 @@ def read_oracle_general(path, with_next_access: bool = False):
     if size % ORACLE_GENERAL_DTYPE.itemsize:
         raise TraceFileError(f"{str(path)!r} has {size} bytes, not a multiple of 24",
                              "oracleGeneral records are 24 bytes; decompress .zst files first")
-    rec = np.fromfile(path, dtype=ORACLE_GENERAL_DTYPE)
+    try:
+        rec = np.fromfile(path, dtype=ORACLE_GENERAL_DTYPE)
+    except OSError as err:
+        raise TraceFileError(f"cannot read {str(path)!r}: {err.strerror or err}", "check its permissions") from None
+    if rec.shape[0] and int(rec["obj_id"].max()) > 2**63 - 1:
+        raise IdRangeError(f"{str(path)!r} holds obj_id {int(rec['obj_id'].max())}, beyond int64",
+                           "relabel the ids: rec = np.fromfile(path, ORACLE_GENERAL_DTYPE); "
+                           "ids = np.unique(rec['obj_id'], return_inverse=True)[1]")
     ids = rec["obj_id"].astype(np.int64)
     if with_next_access:
         return ids, rec["next_access_vtime"].astype(np.int64)

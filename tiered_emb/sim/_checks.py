@@ -1,0 +1,86 @@
+"""Argument checks shared by the simulator's entry points: typed errors, nothing per request.
+
+Each check is O(1) or one vectorised O(n) pass, done once per call, never inside a kernel.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from ..errors import ConfigError, IdRangeError, IdTypeError
+
+_INT64_MAX = 2**63 - 1
+
+
+def int_arg(name: str, value, lo: int | None = None, hi: int | None = None, hint: str | None = None) -> int:
+    """``value`` as an int (a Python or NumPy integer; not a bool, not a float), within ``[lo, hi]``."""
+    if isinstance(value, (bool, np.bool_)):
+        ok = False
+    else:
+        try:
+            v = operator.index(value)
+            ok = True
+        except TypeError:
+            ok = False
+    if not ok:
+        raise ConfigError(f"{name}={value!r} is not an integer", hint or f"give {name} as an int")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
+        raise ConfigError(f"{name}={v} is out of range", hint or f"give {name} {rng}")
+    return v
+
+
+def finite_arg(name: str, value, lo: float | None = None, hint: str | None = None) -> float:
+    """``value`` as a finite float, ``>= lo``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number", hint or f"give {name} as a number") from None
+    if not math.isfinite(v) or (lo is not None and v < lo):
+        raise ConfigError(f"{name}={value!r} is invalid",
+                          hint or f"give a finite {name}" + ("" if lo is None else f" >= {lo}"))
+    return v
+
+
+def _all_ints(ids) -> bool:
+    try:
+        flat = np.asarray(ids, dtype=object).ravel()
+    except (ValueError, TypeError):
+        return False
+    return flat.size > 0 and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in flat)
+
+
+def as_ids(ids, what: str = "trace") -> np.ndarray:
+    """``ids`` as a contiguous int64 (n,) array, or an :class:`IdTypeError` (not integers,
+    not 1-D) / :class:`IdRangeError` (beyond int64).  Float ids are never truncated; an
+    empty array of any numeric dtype is an empty trace.  Negative ids pass (the caller
+    decides: see :func:`check_nonneg`)."""
+    try:
+        a = np.asarray(ids)
+    except OverflowError:
+        raise IdRangeError(f"{what} holds an id beyond int64", "ids are int64 (>= 0 for the simulator)") from None
+    except (ValueError, TypeError) as err:
+        raise IdTypeError(f"{what} is not an array of ids ({err})", "pass a 1-D integer array") from None
+    if a.ndim != 1:
+        raise IdTypeError(f"{what} has shape {a.shape}", "pass a 1-D array of ids (ravel it)")
+    kind = a.dtype.kind
+    if a.shape[0] == 0 and kind in "iuf":
+        return np.zeros(0, dtype=np.int64)
+    if kind not in "iu":
+        if kind in "fO" and not isinstance(ids, np.ndarray) and _all_ints(ids):
+            # Python ints that NumPy could not hold as int64 (it made floats or objects of them)
+            raise IdRangeError(f"{what} holds an id beyond int64", "ids are int64 (>= 0 for the simulator)")
+        raise IdTypeError(f"{what} has dtype {a.dtype}",
+                          "pass integer ids, e.g. np.asarray(ids, dtype=np.int64); float ids are not rounded")
+    if kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > _INT64_MAX:
+        raise IdRangeError(f"id {int(a.max())} of {what} is beyond int64",
+                           "relabel the ids, e.g. np.unique(ids, return_inverse=True)[1]")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def check_nonneg(lo: int, what: str = "trace") -> None:
+    """An :class:`IdRangeError` when the smallest id ``lo`` is negative (-1 is the hash index's empty key)."""
+    if lo < 0:
+        raise IdRangeError(f"ids must be >= 0, got {lo} in {what}", "offset or relabel the ids of the trace")
