@@ -167,3 +167,13 @@ def test_unwritable_output_is_refused_before_the_run(tmp_path, capsys):
     assert capsys.readouterr().out == ""  # nothing ran
     with pytest.raises(ConfigError, match="--json"):
         bench.write_json(f / "x.json", {})
+
+
+def test_shell_command_prints_a_typed_error_without_a_traceback():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import sys; from tiered_emb.cli import main; sys.exit(main())",
+                        "bench", "policies", "--ids", "1000", "--requests", "1000", "--cache", "0%"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "error:" in r.stderr and "Hint:" in r.stderr and "Traceback" not in r.stderr
