@@ -75,3 +75,134 @@ def test_metrics():
     assert auc(y, np.array([0.1, 0.9, 0.2, 0.8, 0.7])) == 1.0
     assert auc(y, np.array([0.5] * 5)) == 0.5
     assert log_loss(y, np.full(5, 0.5)) == pytest.approx(np.log(2))
+
+
+# --------------------------------------------------------------------------- flags and run directories
+from tiered_emb.errors import ConfigError, CorruptStoreError  # noqa: E402
+
+SMALL = ["--batch", "16", "--rows", "200", "--dim", "2", "--hbm-rows", "16", "--ddr-rows", "0", "--bottom", "4",
+         "--top", "4", "--eval-batches", "1", "--quiet", "--step-threads", "1", "--lookahead", "0"]
+
+
+def _small(run_dir, *extra):
+    return main(["train", "--run-dir", str(run_dir), *SMALL, *extra])
+
+
+def _listing(run_dir):
+    return {str(p.relative_to(run_dir)): p.read_bytes() if p.is_file() and p.parent == run_dir else None
+            for p in sorted(run_dir.rglob("*"))}
+
+
+def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
+    run = tmp_path / "run"
+    assert _small(run, "--steps", "2") == 0
+    before = _listing(run)
+    bad_tsv = tmp_path / "bad.tsv"
+    bad_tsv.write_text("\t".join(["x"] * 40) + "\n" + "\t".join(["1"] * 40) + "\n")
+    cases = [(["--dim", "0"], "dim=0"), (["--bottom", "x"], "MLP sizes 'x'"), (["--top", "4,0"], "MLP sizes"),
+             (["--data", str(tmp_path / "none.tsv")], "not a file"), (["--data", str(bad_tsv)], "bad.tsv"),
+             (["--steps", "-5"], "--steps -5"), (["--eval-batches", "0"], "--eval-batches 0"),
+             (["--checkpoint-every", "-1"], "--checkpoint-every"), (["--lookahead", "-1"], "--lookahead"),
+             (["--step-threads", "0"], "--step-threads"), (["--seed", "-1"], "--seed -1"),
+             (["--alpha", "nan"], "--alpha"), (["--dense-lr", "-1"], "--dense-lr"), (["--lr", "0"], "lr=0"),
+             (["--rows", "0"], "--rows 0"), (["--batch", "0"], "--batch 0"), (["--policy", "mru"], "policy"),
+             (["--hbm-rows", "0"], "hbm_rows")]
+    for flags, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            _small(run, "--steps", "1", *flags)
+        assert _listing(run) == before, flags
+
+
+def test_a_run_dir_that_is_not_a_run_is_not_replaced(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        _small(f, "--steps", "1")
+    assert f.read_text() == "x"
+    d = tmp_path / "other"
+    d.mkdir()
+    (d / "keep.txt").write_text("not a run")
+    with pytest.raises(ConfigError, match="no config.json"):
+        _small(d, "--steps", "1")
+    assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+    with pytest.raises(ConfigError, match="cannot be made"):
+        _small(f / "run", "--steps", "1")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _small(empty, "--steps", "1") == 0  # an empty folder, or a run, is replaced
+
+
+def test_resume_refuses_flags_that_differ_from_the_run(tmp_path):
+    run = tmp_path / "run"
+    assert _small(run, "--steps", "1") == 0
+    before = _listing(run)
+    with pytest.raises(ConfigError, match="--dim 32 .*--optimizer 'sgd' .*--lr 0.5 .*--seed 9") as e:
+        main(["train", "--run-dir", str(run), "--steps", "2", "--resume", "--quiet", "--dim", "32",
+              "--optimizer", "sgd", "--lr", "0.5", "--seed", "9", "--top", "4"])
+    assert "--top" not in str(e.value)  # given, but the run's value
+    with pytest.raises(ConfigError, match="--data"):
+        main(["train", "--run-dir", str(run), "--steps", "2", "--resume", "--data", str(tmp_path / "a.tsv")])
+    assert _listing(run) == before
+    # the run's own values, and flags that are not the run's identity, may be given
+    r = main(["train", "--run-dir", str(run), *SMALL, "--steps", "2", "--resume", "--hbm-rows", "32",
+              "--lookahead", "2", "--bottom", "4,", "--checkpoint-every", "0"])
+    assert r == 0 and json.loads((run / "report.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("text", ["{bad", "[1, 2]", '{"dim": 4}', "\udcff"], ids=["json", "list", "keys", "utf8"])
+def test_resume_with_a_corrupt_config_json(tmp_path, text):
+    run = tmp_path / "run"
+    assert _small(run, "--steps", "1") == 0
+    (run / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(CorruptStoreError, match="config.json"):
+        _small(run, "--steps", "2", "--resume")
+
+
+# --------------------------------------------------------------------------- interrupted runs
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run = tmp_path_factory.mktemp("whole") / "run"
+    _train(run, "--steps", "6", "--checkpoint-every", "0", "--step-threads", "1", "--eval-batches", "1")
+    return _state(run)
+
+
+@pytest.mark.parametrize("lookahead, exc, at_forward", [("0", KeyboardInterrupt, 4), ("4", RuntimeError, 4),
+                                                         ("4", KeyboardInterrupt, 6), ("0", RuntimeError, 2)])
+def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(tmp_path, monkeypatch, uninterrupted,
+                                                                          lookahead, exc, at_forward):
+    """A step that raises (or Ctrl-C) closes the store without a checkpoint: the rows stay
+    those saved with the last step and dense weights, so --resume applies no update twice
+    (was: close() checkpointed the rows as of the interruption)."""
+    import tiered_emb.dlrm as dlrm
+
+    real_build = dlrm.build_model
+    calls = {"n": 0}
+
+    def build_interrupting(*a, **k):
+        model = real_build(*a, **k)
+        forward = model.forward
+
+        def interrupting(dense, feats):
+            calls["n"] += 1
+            if calls["n"] == at_forward:  # in step at_forward - 1, after its rows were read
+                forward(dense, feats)
+                raise exc("interrupted")
+            return forward(dense, feats)
+        model.forward = interrupting
+        return model
+
+    common = ["--steps", "6", "--step-threads", "1", "--eval-batches", "1", "--lookahead", lookahead]
+    monkeypatch.setattr(dlrm, "build_model", build_interrupting)
+    with pytest.raises(exc):
+        _train(tmp_path / "parts", *common, "--checkpoint-every", "2")
+    monkeypatch.setattr(dlrm, "build_model", real_build)
+    r = _train(tmp_path / "parts", *common, "--resume")
+    assert r["steps_this_run"] == 6 - 2 * ((at_forward - 1) // 2)  # from the last checkpoint
+    rows_a, saved_a = uninterrupted
+    rows_b, saved_b = _state(tmp_path / "parts")
+    assert saved_a["step"] == saved_b["step"] == 6
+    assert [n for n in rows_a if rows_a[n] != rows_b[n]] == []
+    for k, v in saved_a["model"].items():
+        assert torch.equal(v, saved_b["model"][k]), k
+    for k, v in saved_a["opt"]["state"].items():
+        assert all(torch.equal(t, saved_b["opt"]["state"][k][n]) for n, t in v.items()), k

@@ -235,3 +235,95 @@ def test_dense_parameters_keep_their_torch_optimizer(tmp_path):
     opt.step()
     assert not torch.equal(before, lin.weight.detach())
     store.close()
+
+
+def test_2d_input_per_sample_weights_grad_has_their_shape(tmp_path):
+    # was: grad_w returned flat (n,) for (B, L) weights -> autograd error in backward
+    store = _store(tmp_path)
+    ref = _torch_bag(store, "sum")
+    x = torch.tensor([[1, 2, 2], [3, 4, 1]])
+    w = torch.linspace(0.5, 2.0, 6).reshape(2, 3).requires_grad_()
+    w_ref = w.detach().clone().requires_grad_()
+    grad = torch.linspace(-1.0, 1.0, 2 * DIM).reshape(2, DIM)
+    TieredEmbeddingBag(store, "t")(x, per_sample_weights=w).backward(grad)
+    ref(x, per_sample_weights=w_ref).backward(grad)
+    assert w.grad.shape == (2, 3)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-6, atol=1e-6)
+    store.close()
+
+
+def _all_rows(store):
+    return store.peek("t", np.arange(ROWS), with_state=True).tobytes()
+
+
+@pytest.mark.parametrize("which", ["ids", "offsets", "weights"])
+def test_meta_device_inputs_are_a_device_error(tmp_path, which):
+    from tiered_emb.errors import DeviceError
+    store = _store(tmp_path)
+    ids, off, w = torch.tensor([1, 2, 3]), torch.tensor([0, 2]), torch.ones(3)
+    if which == "ids":
+        ids = ids.to("meta")
+    elif which == "offsets":
+        off = off.to("meta")
+    else:
+        w = w.to("meta")
+    before = _all_rows(store)
+    with pytest.raises(DeviceError, match="'meta' device"):
+        TieredEmbeddingBag(store, "t")(ids, off, w)
+    with pytest.raises(DeviceError, match="'meta' device"):
+        TieredEmbedding(store, "t")(torch.tensor([1, 2], device="meta"))
+    assert _all_rows(store) == before
+    store.close()
+
+
+@pytest.mark.parametrize("w", [np.array([1.0, 2.0, 3.0], np.float32), [1.0, 2.0, 3.0]], ids=["numpy", "list"])
+def test_per_sample_weights_must_be_a_tensor(tmp_path, w):
+    from tiered_emb.errors import ConfigError
+    store = _store(tmp_path)
+    with pytest.raises(ConfigError, match="per_sample_weights of type"):
+        TieredEmbeddingBag(store, "t")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]), w)
+    store.close()
+
+
+@pytest.mark.parametrize("x, w", [(torch.tensor([1, 2, 3]), torch.ones(3, 1)),
+                                  (torch.tensor([[1, 2], [3, 4]]), torch.ones(4)),
+                                  (torch.tensor([1, 2, 3]), torch.ones(2)),
+                                  (torch.tensor([1, 2, 3]), torch.ones(3, dtype=torch.complex64))],
+                         ids=["3x1-for-3", "flat-for-2d", "too-few", "complex"])
+def test_per_sample_weights_of_another_shape_or_dtype_are_refused(tmp_path, x, w):
+    # torch.nn.EmbeddingBag wants per_sample_weights of exactly the input's shape
+    from tiered_emb.errors import ConfigError
+    store = _store(tmp_path)
+    off = torch.tensor([0, 2]) if x.ndim == 1 else None
+    with pytest.raises(ConfigError, match="per_sample_weights have"):
+        TieredEmbeddingBag(store, "t")(x, off, w)
+    store.close()
+
+
+def test_collection_2d_lengths_or_values_are_an_id_type_error_and_read_nothing(tmp_path):
+    from tiered_emb.errors import IdTypeError
+    store = _store(tmp_path, tables=("a", "b"))
+    ebc = TieredEmbeddingBagCollection(store, ["a", "b"])
+    good = (torch.tensor([1, 2]), torch.tensor([1, 1]))
+    before = store.stats()
+    with pytest.raises(IdTypeError, match="lengths of feature 'b' have shape"):
+        ebc({"a": good, "b": (torch.tensor([1, 2, 3]), torch.tensor([[1, 2]]))})
+    with pytest.raises(IdTypeError, match="values of feature 'b' have shape"):
+        ebc({"a": good, "b": (torch.tensor([[1, 2]]), torch.tensor([2]))})
+    assert store.stats() == before  # feature 'a' was not read either
+    store.close()
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_uint64_ids_beyond_int64_are_reported_as_such(tmp_path, as_tensor):
+    # was: cast to int64 first, so 2**64-1 arrived as -1 and was "id -1 ... is negative"
+    store = _store(tmp_path)
+    ids = np.array([3, 2**64 - 1], dtype=np.uint64)
+    ids = torch.from_numpy(ids) if as_tensor else ids
+    with pytest.raises(IdRangeError, match="18446744073709551615, beyond int64") as e:
+        TieredEmbedding(store, "t")(ids)
+    assert "-1" not in str(e.value)
+    # uint64 ids within int64 are fine
+    out = TieredEmbedding(store, "t")(np.array([3, 4], dtype=np.uint64))
+    np.testing.assert_array_equal(out.detach().numpy(), store.peek("t", np.array([3, 4])))
+    store.close()

@@ -6,18 +6,47 @@ the value given, with a hint.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .errors import ConfigError
 from .optimizers import OPTIMIZERS, SGD, optimizer_from_dict, optimizer_to_dict
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # used with fullmatch: '$' would let "a\n" pass
 MAX_ID = 2**63 - 1
+# Rows are float32: every number that ends up in a row (an initial value, an optimizer's
+# hyperparameter) must be finite as float32, i.e. at most this in magnitude.
+FLOAT32_MAX = 3.4028234663852886e38
+# The largest |z| the Normal initialiser can draw (Box-Muller with u1 >= 2**-53).
+_NORMAL_Z_MAX = math.sqrt(-2.0 * math.log(2.0**-53))
+# LMDB maps its whole file into the address space: 2**48 bytes (256 TiB) is the virtual
+# address space of a 64-bit CPU with 48-bit addresses (x86-64, arm64); a larger map can
+# never be mapped there (and beyond 2**64 py-lmdb raises OverflowError).
+MAX_MAP_SIZE_BYTES = 1 << 48
 
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    """An int or float (numpy scalars included), not a bool, a complex or a string."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _plain_number(obj, field_name: str) -> None:
+    """Store a numpy scalar (or other Real) field of a frozen config as a Python float, so it
+    serialises to JSON; ints and floats are kept as given."""
+    v = getattr(obj, field_name)
+    if not isinstance(v, (int, float)):
+        object.__setattr__(obj, field_name, float(v))
+
+
+def _fits_float32(x: float) -> bool:
+    return math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
 @dataclass(frozen=True)
@@ -29,8 +58,13 @@ class Uniform:
     name = "uniform"
 
     def __post_init__(self):
-        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
-            raise ConfigError(f"Uniform(low={self.low!r}, high={self.high!r}) is invalid", "use finite low < high")
+        if not (_is_real(self.low) and _is_real(self.high)):
+            raise ConfigError(f"Uniform(low={self.low!r}, high={self.high!r}) is invalid", "use numbers low < high")
+        _plain_number(self, "low")
+        _plain_number(self, "high")
+        if not (_fits_float32(self.low) and _fits_float32(self.high) and self.low < self.high):
+            raise ConfigError(f"Uniform(low={self.low!r}, high={self.high!r}) is invalid",
+                              f"use finite low < high, each at most {FLOAT32_MAX:.7g} in magnitude (rows are float32)")
 
 
 @dataclass(frozen=True)
@@ -42,8 +76,16 @@ class Normal:
     name = "normal"
 
     def __post_init__(self):
+        if not (_is_real(self.std) and _is_real(self.mean)):
+            raise ConfigError(f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid", "use numbers: a std > 0, a mean")
+        _plain_number(self, "std")
+        _plain_number(self, "mean")
         if not (math.isfinite(self.std) and self.std > 0 and math.isfinite(self.mean)):
             raise ConfigError(f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid", "use a finite std > 0")
+        if abs(self.mean) + _NORMAL_Z_MAX * self.std > FLOAT32_MAX:
+            raise ConfigError(f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid",
+                              f"|mean| + {_NORMAL_Z_MAX:.3f} * std (the largest draw) must be at most "
+                              f"{FLOAT32_MAX:.7g}: rows are float32")
 
 
 INITS = {"uniform": Uniform, "normal": Normal}
@@ -71,6 +113,7 @@ class TableConfig:
 
     Examples
     --------
+    >>> from tiered_emb import RowWiseAdagrad
     >>> TableConfig("user", dim=64, optimizer=RowWiseAdagrad(lr=0.05)).record_width
     65
     """
@@ -83,7 +126,7 @@ class TableConfig:
     optimizer: object = field(default_factory=SGD)
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ConfigError(f"TableConfig.name={self.name!r} is invalid", "use 1-200 letters, digits, '_', '.' or '-'")
         if not _is_int(self.dim) or not 1 <= self.dim <= 65536:
             raise ConfigError(f"TableConfig.dim={self.dim!r} is invalid", "use an int in 1..65536")
@@ -96,6 +139,13 @@ class TableConfig:
         if type(self.optimizer) not in OPTIMIZERS.values():
             raise ConfigError(f"TableConfig.optimizer={self.optimizer!r} is invalid",
                               "use SGD, Adagrad, RowWiseAdagrad or Adam from tiered_emb")
+        # The optimizer's kernels take its hyperparameters as float32: 1e39 would be inf there.
+        for k in self.optimizer.__dataclass_fields__:
+            v = getattr(self.optimizer, k)
+            for x in (v if isinstance(v, tuple) else (v,)):
+                if _is_real(x) and not _fits_float32(x):
+                    raise ConfigError(f"TableConfig.optimizer={self.optimizer!r} is invalid: {k}={v!r} overflows float32",
+                                      f"use a {k} of at most {FLOAT32_MAX:.7g} in magnitude")
 
     @property
     def state_width(self) -> int:
@@ -136,7 +186,8 @@ class TierConfig:
     ssd_compression : int or None
         zstd level (1..22) for LMDB records, or None for raw float32 bytes.
     map_size_bytes : int
-        Initial LMDB map size; the map doubles by itself when full.
+        Initial LMDB map size, 2**20 (1 MiB) to 2**48 (256 TiB: LMDB maps the file into
+        the address space, 48 bits on x86-64 and arm64); the map doubles by itself when full.
     background_writes : bool
         Write evicted rows to LMDB on a writer thread (default) instead of the step's; the
         rows stay readable from memory until their transaction commits.
@@ -157,15 +208,17 @@ class TierConfig:
             raise ConfigError(f"TierConfig.hbm_rows={self.hbm_rows!r} is invalid", "use an int in 1..2**31-1")
         if not _is_int(self.ddr_rows) or self.ddr_rows < 0 or self.ddr_rows > 2**31 - 1:
             raise ConfigError(f"TierConfig.ddr_rows={self.ddr_rows!r} is invalid", "use an int in 0..2**31-1")
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ConfigError(f"TierConfig.policy={self.policy!r} is unknown", f"use one of {sorted(POLICIES)}")
-        if self.device not in ("auto", "cpu", "cuda"):
+        if not isinstance(self.device, str) or self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"TierConfig.device={self.device!r} is invalid", "use 'auto', 'cpu' or 'cuda'")
         if self.ssd_compression is not None and (not _is_int(self.ssd_compression) or not 1 <= self.ssd_compression <= 22):
             raise ConfigError(f"TierConfig.ssd_compression={self.ssd_compression!r} is invalid",
                               "use None (no compression) or a zstd level in 1..22")
-        if not _is_int(self.map_size_bytes) or self.map_size_bytes < (1 << 20):
-            raise ConfigError(f"TierConfig.map_size_bytes={self.map_size_bytes!r} is invalid", "use an int >= 1 MiB")
+        if not _is_int(self.map_size_bytes) or not (1 << 20) <= self.map_size_bytes <= MAX_MAP_SIZE_BYTES:
+            raise ConfigError(f"TierConfig.map_size_bytes={self.map_size_bytes!r} is invalid",
+                              "use an int from 1 MiB (2**20) to 256 TiB (2**48, what a 64-bit address space "
+                              "can map); the map grows by itself when full")
         if not isinstance(self.background_writes, bool):
             raise ConfigError(f"TierConfig.background_writes={self.background_writes!r} is invalid", "use True or False")
 

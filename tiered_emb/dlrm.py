@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shutil
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import TableConfig, TierConfig
-from .errors import ConfigError, StoreNotFoundError
+from .errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
 from .optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from .sim.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
 from .store import TieredStore
@@ -33,32 +34,40 @@ from .stream import format_tier_table, progress
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
 _RUN_KEYS = ("data", "rows", "dim", "batch", "alpha", "bottom", "top", "optimizer", "lr", "dense_lr", "seed")
+# Their defaults.  The parser's defaults are None, so that ``--resume`` knows which flags
+# were given (and refuses those that differ from the run's config.json).
+_RUN_DEFAULTS = {"data": None, "rows": 100_000, "dim": 16, "batch": 2048, "alpha": 1.05, "bottom": "64",
+                 "top": "64", "optimizer": "rowwise_adagrad", "lr": 0.05, "dense_lr": 0.05, "seed": 0}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a DLRM whose embedding tables are 10x larger than HBM+DDR",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", default="runs/dlrm", help="run directory holding the store (replaced unless --resume)")
-    p.add_argument("--resume", action="store_true", help="continue from the store's last checkpoint in --run-dir")
+    p.add_argument("--run-dir", default="runs/dlrm",
+                   help="run directory holding the store (replaced unless --resume; only an empty one or one "
+                        "holding a run's config.json is replaced)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the store's last checkpoint in --run-dir (the model and data flags are "
+                        "the run's; giving one that differs is an error)")
     p.add_argument("--steps", type=int, default=200, help="train steps in total (a resumed run stops here too)")
-    p.add_argument("--batch", type=int, default=2048, help="samples per step")
-    p.add_argument("--rows", type=int, default=100_000, help="rows per table (26 tables)")
-    p.add_argument("--dim", type=int, default=16, help="embedding dim")
-    p.add_argument("--alpha", type=float, default=1.05, help="Zipf skew of the synthetic ids")
+    p.add_argument("--batch", type=int, help="samples per step (default 2048)")
+    p.add_argument("--rows", type=int, help="rows per table (26 tables; default 100000)")
+    p.add_argument("--dim", type=int, help="embedding dim (default 16)")
+    p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (default 1.05)")
     p.add_argument("--hbm-rows", type=int, default=4096, help="HBM-tier rows per table")
     p.add_argument("--ddr-rows", type=int, default=4096, help="DDR-tier rows per table")
     p.add_argument("--policy", default="lookahead+lru",
                    help="cache policy of the tiers (lru, lfu, lookahead+lru, lookahead+lfu)")
-    p.add_argument("--optimizer", default="rowwise_adagrad", choices=sorted(_EMB_OPTIMIZERS),
-                   help="the store's optimizer for the embedding rows")
-    p.add_argument("--lr", type=float, default=0.05, help="embedding learning rate")
-    p.add_argument("--dense-lr", type=float, default=0.05, help="learning rate of the MLPs (torch Adagrad)")
-    p.add_argument("--bottom", default="64", help="bottom MLP hidden sizes, comma separated (then dim)")
-    p.add_argument("--top", default="64", help="top MLP hidden sizes, comma separated (then 1)")
+    p.add_argument("--optimizer", choices=sorted(_EMB_OPTIMIZERS),
+                   help="the store's optimizer for the embedding rows (default rowwise_adagrad)")
+    p.add_argument("--lr", type=float, help="embedding learning rate (default 0.05)")
+    p.add_argument("--dense-lr", type=float, help="learning rate of the MLPs (torch Adagrad; default 0.05)")
+    p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default 64)")
+    p.add_argument("--top", help="top MLP hidden sizes, comma separated (then 1; default 64)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out (and train) batches for the report")
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (0: only at the end)")
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="seed of the rows, the MLPs and the synthetic data (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--lookahead", type=int, default=4,
                    help="batches handed to the store ahead of the step (the window; 0: no pipeline)")
@@ -207,36 +216,164 @@ def _step_threads(args) -> int:
     return max(1, cores - 1)
 
 
+def _check_run_flags(args) -> None:
+    """The flags that are not part of the run's identity (checked before anything is touched)."""
+    def bad(flag, value, hint):
+        raise ConfigError(f"{flag} {value!r} is invalid", hint)
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not is_int(args.steps) or args.steps < 0:
+        bad("--steps", args.steps, "use an int >= 0: the train steps of the run in total")
+    if not is_int(args.eval_batches) or args.eval_batches < 1:
+        bad("--eval-batches", args.eval_batches, "use an int >= 1: the report's log loss and AUC need a batch")
+    if not is_int(args.checkpoint_every) or args.checkpoint_every < 0:
+        bad("--checkpoint-every", args.checkpoint_every, "use an int >= 0 (0: checkpoint only at the end)")
+    for flag, name in (("--lookahead", "lookahead"), ("--load-ahead", "load_ahead"), ("--read-ahead", "read_ahead")):
+        v = getattr(args, name, 0)
+        if not is_int(v) or v < 0:
+            bad(flag, v, "use an int >= 0")
+    n = getattr(args, "step_threads", None)
+    if n is not None and (not is_int(n) or n < 1):
+        bad("--step-threads", n, "use an int >= 1, or leave it out (every core but one)")
+
+
+def _run_config(args) -> dict:
+    """The run's identity (``_RUN_KEYS``) from the flags given, defaults for the others; checked."""
+    cfg = {}
+    for k in _RUN_KEYS:
+        v = getattr(args, k, None)
+        cfg[k] = _RUN_DEFAULTS[k] if v is None else v
+    if cfg["data"]:
+        cfg["data"] = str(Path(cfg["data"]).resolve())
+    for k in ("rows", "batch"):
+        v = cfg[k]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"--{k} {v!r} is invalid", "use an int >= 1")
+    seed = cfg["seed"]
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+        raise ConfigError(f"--seed {seed!r} is invalid", "use an int in [0, 2**64)")
+    for k, flag, lo in (("alpha", "--alpha", "0 (0: uniform ids)"), ("dense_lr", "--dense-lr", "0")):
+        v = cfg[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{flag} {v!r} is invalid", f"use a finite number >= {lo}")
+    if cfg["optimizer"] not in _EMB_OPTIMIZERS:
+        raise ConfigError(f"--optimizer {cfg['optimizer']!r} is unknown", f"use one of {sorted(_EMB_OPTIMIZERS)}")
+    _sizes(cfg["bottom"])
+    _sizes(cfg["top"])
+    return cfg
+
+
+def _tables(cfg: dict) -> list[TableConfig]:
+    opt_cls = _EMB_OPTIMIZERS[cfg["optimizer"]]
+    return [TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt_cls(lr=cfg["lr"])) for f in _features()]
+
+
+def _load_data(cfg: dict):
+    """The run's batches; a --data file that cannot be read is a ConfigError."""
+    try:
+        return _data(cfg)
+    except TieredEmbError:
+        raise
+    except (OSError, ValueError) as err:  # unreadable file, a bad label or hex id, not UTF-8
+        raise ConfigError(f"--data {cfg['data']!r} cannot be read ({err})",
+                          "give a Criteo-format TSV: label, 13 ints, 26 hex ids, tab separated") from err
+
+
+def _read_run_config(config_path: Path) -> dict:
+    try:
+        cfg = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CorruptStoreError(f"the run's {str(config_path)!r} cannot be read ({err})",
+                                "restore it from a backup, or start a new run without --resume") from err
+    if not isinstance(cfg, dict) or any(k not in cfg for k in _RUN_KEYS):
+        raise CorruptStoreError(f"the run's {str(config_path)!r} is not a run config (needs {list(_RUN_KEYS)})",
+                                "restore it from a backup, or start a new run without --resume")
+    return cfg
+
+
+def _conflicts(args, stored: dict) -> list[str]:
+    """The run flags given (not None) that differ from the run's stored config."""
+    out = []
+    for k in _RUN_KEYS:
+        given = getattr(args, k, None)
+        if given is None:
+            continue
+        had = stored[k]
+        if k == "data":
+            same = had is not None and str(Path(given).resolve()) == had
+        elif k in ("bottom", "top"):
+            same = _sizes(given) == _sizes(had)
+        else:
+            same = given == had
+        if not same:
+            out.append(f"--{k.replace('_', '-')} {given!r} (the run's: {had!r})")
+    return out
+
+
+def _replaceable(run_dir: Path) -> None:
+    """Refuse to replace a path that is not a run directory (a file, a link, a folder of other things)."""
+    if not (run_dir.exists() or run_dir.is_symlink()):
+        return
+    if run_dir.is_symlink() or not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {str(run_dir)!r} exists and is not a directory",
+                          "choose another --run-dir (it is replaced by the new run)")
+    if any(run_dir.iterdir()) and not (run_dir / "config.json").is_file():
+        raise ConfigError(f"--run-dir {str(run_dir)!r} holds files but no run (no config.json); not replaced",
+                          "choose a new or empty --run-dir, or remove that one yourself")
+
+
 def train(args) -> dict:
-    """Run the job described by the parsed ``args``; returns the report as a dict."""
+    """Run the job described by the parsed ``args``; returns the report as a dict.
+
+    Every flag is checked before the run directory is touched.  A step that fails (or a
+    Ctrl-C) closes the store without a checkpoint, so the rows stay those of the last
+    checkpoint, saved with the step and dense weights of that instant: ``--resume``
+    continues from there as if never interrupted.
+    """
     import torch
 
     run_dir = Path(args.run_dir)
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
+    _check_run_flags(args)
     tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu",
                        background_writes=not getattr(args, "sync_writes", False))
     if args.resume:
         if not config_path.is_file():
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
-        cfg = json.loads(config_path.read_text())
+        cfg = _read_run_config(config_path)
+        conflicts = _conflicts(args, cfg)
+        if conflicts:
+            raise ConfigError(f"--resume with flags that differ from the run's config.json: {', '.join(conflicts)}",
+                              "drop them to continue the run as it was started, or start a new run "
+                              "(without --resume, or in another --run-dir)")
+        data = _load_data(cfg)
         store = TieredStore.open(store_dir, tiers=tiers)
     else:
-        cfg = {k: getattr(args, k) for k in _RUN_KEYS}
-        if cfg["data"]:
-            cfg["data"] = str(Path(cfg["data"]).resolve())
+        cfg = _run_config(args)
+        tables = _tables(cfg)
+        data = _load_data(cfg)
+        _replaceable(run_dir)
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+        try:
+            run_dir.mkdir(parents=True)
+        except OSError as err:
+            raise ConfigError(f"--run-dir {str(run_dir)!r} cannot be made ({err})",
+                              "choose a --run-dir under a directory you can write") from err
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
-        opt_cls = _EMB_OPTIMIZERS[cfg["optimizer"]]
-        tables = [TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt_cls(lr=cfg["lr"]))
-                  for f in _features()]
         store = TieredStore.create(store_dir, tables, tiers, seed=cfg["seed"])
     try:
-        return _train_loop(torch, args, cfg, store)
-    finally:
-        store.close()
+        report = _train_loop(torch, args, cfg, store, data)
+    except BaseException:
+        # Give up the rows since the last checkpoint: they and the trainer state saved with
+        # it (step, dense weights) must come from the same instant for --resume.
+        store.close(checkpoint=False)
+        raise
+    store.close()
+    return report
 
 
 def _thread_cpu_s() -> tuple[float, dict[int, float]] | None:
@@ -279,10 +416,9 @@ def _thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
     return {name: round(1e3 * cpu / steps, 2) for name, cpu in sorted(out.items())}
 
 
-def _train_loop(torch, args, cfg: dict, store) -> dict:
+def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     from .torch import TrainPipeline
 
-    data = _data(cfg)
     torch.manual_seed(cfg["seed"])
     model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
     dense_params = [p for p in model.parameters()]

@@ -28,35 +28,48 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, IdTypeError
+from .errors import ConfigError, DeviceError, IdRangeError, IdTypeError
 from .pooled import BagPlan, apply_pooled_gradients, lookup_pooled, plan_bags
 from .prefetch import lookahead
 
 _MODES = ("sum", "mean")
+_MAX_INT64 = 2**63 - 1
+
+
+def _no_data(x, what: str) -> None:
+    """A tensor on the ``meta`` device has a shape but no values to read."""
+    if isinstance(x, torch.Tensor) and x.device.type == "meta":
+        raise DeviceError(f"{what} are on the 'meta' device, which holds no data",
+                          "pass tensors with values (on the CPU or the GPU)")
 
 
 def _as_numpy_ids(x, what: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
+        _no_data(x, what)
         if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
             raise IdTypeError(f"{what} have dtype {x.dtype}", "pass integer ids (torch.long)")
         x = x.detach()
         if x.device.type != "cpu":
             x = x.cpu()
-        return np.ascontiguousarray(x.numpy(), dtype=np.int64)
-    a = np.asarray(x)
-    if a.dtype.kind not in "iu":
-        raise IdTypeError(f"{what} have dtype {a.dtype}", "pass integer ids")
+        a = x.numpy()
+    else:
+        a = np.asarray(x)
+        if a.dtype.kind not in "iu":
+            raise IdTypeError(f"{what} have dtype {a.dtype}", "pass integer ids")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > _MAX_INT64:  # would wrap to a negative int64
+        raise IdRangeError(f"{what} hold {int(a.max())}, beyond int64", f"ids are int64 in [0, {_MAX_INT64}]")
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def _bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids (n,), offsets (B+1,))`` from torch.nn.EmbeddingBag's input conventions."""
+def _bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """``(ids (n,), offsets (B+1,), the input's shape)`` from torch.nn.EmbeddingBag's input conventions."""
     ids = _as_numpy_ids(input, "input ids")
+    shape = tuple(ids.shape)
     if ids.ndim == 2:
         if offsets is not None:
             raise ConfigError("offsets were given with a 2-D input", "pass offsets=None for 2-D (B, L) input")
         b, length = ids.shape
-        return ids.reshape(-1), np.arange(b + 1, dtype=np.int64) * length
+        return ids.reshape(-1), np.arange(b + 1, dtype=np.int64) * length, shape
     if ids.ndim != 1:
         raise IdTypeError(f"input ids have shape {tuple(ids.shape)}", "pass 1-D ids with offsets, or 2-D (B, L) ids")
     if offsets is None:
@@ -66,17 +79,26 @@ def _bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.
         raise IdTypeError(f"offsets have shape {tuple(off.shape)}", "pass 1-D offsets")
     if not include_last_offset:
         off = np.concatenate([off, np.array([ids.shape[0]], dtype=np.int64)])
-    return ids, off
+    return ids, off, shape
 
 
-def _weights_of(per_sample_weights, n: int, mode: str):
+def _weights_of(per_sample_weights, shape: tuple, mode: str):
+    """float32 (n,) weights from ``per_sample_weights``, a tensor of the ids' ``shape`` (as in torch)."""
     if per_sample_weights is None:
         return None
     if mode != "sum":
         raise ConfigError(f"per_sample_weights with mode={mode!r}", "per_sample_weights need mode='sum' (as in torch)")
-    w = per_sample_weights.detach().reshape(-1)
-    if w.shape[0] != n:
-        raise ConfigError(f"per_sample_weights have {w.shape[0]} values for {n} ids", "give one weight per id")
+    w = per_sample_weights
+    if not isinstance(w, torch.Tensor):
+        raise ConfigError(f"per_sample_weights of type {type(w).__name__} are invalid",
+                          "pass a float tensor (torch.as_tensor(w, dtype=torch.float32)), as torch.nn.EmbeddingBag")
+    _no_data(w, "per_sample_weights")
+    if w.is_complex():  # its imaginary part would be dropped
+        raise ConfigError(f"per_sample_weights have dtype {w.dtype}", "pass real weights (torch.float32)")
+    if tuple(w.shape) != tuple(shape):
+        raise ConfigError(f"per_sample_weights have shape {tuple(w.shape)} for input ids of shape {tuple(shape)}",
+                          "give one weight per id, in the input's shape (as torch.nn.EmbeddingBag)")
+    w = w.detach().reshape(-1)
     return np.ascontiguousarray(w.cpu().numpy(), dtype=np.float32)
 
 
@@ -96,6 +118,7 @@ class _FusedBags(torch.autograd.Function):
         ctx.batch = batch
         ctx.weights_need_grad = weights_t is not None and weights_t.requires_grad
         if ctx.weights_need_grad:
+            ctx.weights_shape, ctx.weights_device = weights_t.shape, weights_t.device
             # d out[b] / d w_i = row_i: rows as read now (before the backward updates them).
             ctx.rows = batch.store.peek(batch.table, batch.plan.ids)
         return torch.from_numpy(out)
@@ -110,6 +133,7 @@ class _FusedBags(torch.autograd.Function):
             plan = batch.plan
             bag_of = np.repeat(np.arange(plan.num_bags), np.diff(plan.offsets))
             grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
+            grad_w = grad_w.reshape(ctx.weights_shape).to(ctx.weights_device)  # the weights' own shape: (n,) or (B, L)
             ctx.rows = None
         apply_pooled_gradients(batch.store, batch.table, batch.plan, g, batch.nonfinite)
         ctx.batch = None
@@ -156,8 +180,9 @@ class _StoreModule(torch.nn.Module):
     def _needs_backward() -> bool:
         return torch.is_grad_enabled()
 
-    def _pooled(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str) -> torch.Tensor:
-        weights = _weights_of(weights_t, ids.shape[0], mode)
+    def _pooled(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None) -> torch.Tensor:
+        """``shape``: the input ids' shape, that of ``weights_t`` (default ``ids.shape``)."""
+        weights = _weights_of(weights_t, ids.shape if shape is None else shape, mode)
         plan = plan_bags(ids, offsets, weights, mean=(mode == "mean"))
         if self.store.xp is not np:
             return self._pooled_device(plan, weights_t, mode)
@@ -213,8 +238,8 @@ class TieredEmbeddingBag(_StoreModule):
 
     def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:
         """Pooled rows, float32 (B, dim); ``input`` 1-D with ``offsets``, or 2-D (B, L)."""
-        ids, off = _bags_of(input, offsets, self.include_last_offset)
-        return self._pooled(ids, off, per_sample_weights, self.mode)
+        ids, off, shape = _bags_of(input, offsets, self.include_last_offset)
+        return self._pooled(ids, off, per_sample_weights, self.mode, shape)
 
     def extra_repr(self) -> str:
         return f"table={self.table!r}, dim={self.embedding_dim}, mode={self.mode!r}"
@@ -288,15 +313,20 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
         missing = [f for f in self.feature_tables if f not in jagged]
         if missing:
             raise ConfigError(f"features {missing} are missing from the batch", f"give every feature of {list(self.feature_tables)}")
-        out = {}
-        for f, bag in self.bags.items():
+        bags = {}
+        for f in self.bags:  # every feature checked before any is read
             values, lengths, weights = jagged[f]
             lengths = _as_numpy_ids(lengths, f"lengths of feature {f!r}")
+            if lengths.ndim != 1:
+                raise IdTypeError(f"lengths of feature {f!r} have shape {tuple(lengths.shape)}",
+                                  "pass 1-D lengths, one per bag")
             offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
             ids = _as_numpy_ids(values, f"values of feature {f!r}")
-            out[f] = bag._pooled(ids, offsets, weights, bag.mode)
-        return out
+            if ids.ndim != 1:
+                raise IdTypeError(f"values of feature {f!r} have shape {tuple(ids.shape)}", "pass 1-D values")
+            bags[f] = ids, offsets, weights
+        return {f: bag._pooled(*bags[f], bag.mode) for f, bag in self.bags.items()}
 
 
 def _jagged_of(features) -> dict:
