@@ -372,6 +372,37 @@ def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
     assert len(raised) == 1 and isinstance(raised[0].__cause__, OSError)
 
 
+@pytest.mark.parametrize("kind", ["loader", "ids"])
+@pytest.mark.parametrize("depth, load", [(1, 0), (4, 1), (4, 0)])
+def test_a_batch_that_cannot_be_fetched_fails_after_the_ones_before_it(tmp_path, kind, depth, load):
+    """The loader raising at batch 6, or batch 6 holding an id out of range: batches 0-5
+    run (as without lookahead), then that error; the rows are those of batches 0-5."""
+    data = batches(10, seed=8)
+
+    def source():
+        for i, b in enumerate(data):
+            if i == 6:
+                if kind == "loader":
+                    raise OSError("bad record")
+                b = dict(b, v=np.array([400]))  # v has num_rows=400
+            yield b
+
+    ran = []
+    with TieredStore.create(tmp_path / "f", TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4) as s:
+        with pytest.raises(OSError if kind == "loader" else IdRangeError):
+            for i, b in enumerate(lookahead(s, source(), lambda x: x, depth, load)):
+                for name in sorted(b):
+                    rows = s.lookup(name, b[name])
+                    s.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+                ran.append(i)
+        assert ran == [0, 1, 2, 3, 4, 5]
+        assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0
+        got = {name: s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))}
+    ref = reference(data[:6])
+    for name, n in (("u", 300), ("v", 400)):
+        np.testing.assert_array_equal(got[name], ref.peek_records(name, np.arange(n)))
+
+
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     data = batches(10, seed=5)
     s = TieredStore.create(tmp_path / "x", TABLES, TierConfig(50, 0, "lookahead+lru", "cpu"), seed=4)

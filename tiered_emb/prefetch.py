@@ -265,9 +265,11 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
         the step more than it saves (docs/benchmarks.md), hence the default 0.
 
     Yields each batch after its rows are up (a failure to bring them up is raised here,
-    as PrefetchError, in the step that needs them).  Control returning to the generator
-    means the batch's update is applied: its pins are released then.  Closing the
-    generator early (break, exception) releases every outstanding pin.
+    as PrefetchError, in the step that needs them).  An error fetching a batch (from
+    ``batches``, from ``ids_of`` or its ids' checks) is raised when the loop reaches that
+    batch, after the batches fetched before it have run, as without lookahead.  Control
+    returning to the generator means the batch's update is applied: its pins are released
+    then.  Closing the generator early (break, exception) releases every outstanding pin.
 
     Examples
     --------
@@ -287,19 +289,23 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
     window: list = []  # (batch, ticket) of batches base, base + 1, ...
     base = 0
     exhausted = False
+    failed: Exception | None = None  # fetching a batch failed: raised when the loop reaches it
     t = -depth
     try:
         while True:
             if not exhausted:
-                nxt = next(it, _STOP)
-                if nxt is _STOP:
-                    exhausted = True
-                else:  # batch t + depth enters the window
-                    window.append((nxt, store.prefetch(ids_of(nxt), bring_up=False)))
-                    if load == 0:
-                        # The step places its own rows: let the window's pins come first, as
-                        # they always do with load-ahead (the thread's work runs in order).
-                        window[-1][1]._entered.wait()
+                try:
+                    nxt = next(it, _STOP)
+                    if nxt is _STOP:
+                        exhausted = True
+                    else:  # batch t + depth enters the window
+                        window.append((nxt, store.prefetch(ids_of(nxt), bring_up=False)))
+                        if load == 0:
+                            # The step places its own rows: let the window's pins come first, as
+                            # they always do with load-ahead (the thread's work runs in order).
+                            window[-1][1]._entered.wait()
+                except Exception as err:  # the loader, ids_of or the batch's ids: the batches
+                    exhausted, failed = True, err  # before it still run first, as without lookahead
             j = t + read - base  # batch t + read: its LMDB rows are read on the thread
             if read > 0 and 0 <= j < len(window):
                 store.read_ahead(window[j][1])
@@ -308,6 +314,8 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                 store.bring_up(window[j][1])
             if t >= 0:
                 if not window:
+                    if failed is not None:
+                        raise failed
                     return
                 batch, ticket = window.pop(0)
                 base += 1
