@@ -327,3 +327,71 @@ def test_uint64_ids_beyond_int64_are_reported_as_such(tmp_path, as_tensor):
     out = TieredEmbedding(store, "t")(np.array([3, 4], dtype=np.uint64))
     np.testing.assert_array_equal(out.detach().numpy(), store.peek("t", np.array([3, 4])))
     store.close()
+
+
+def test_second_backward_through_one_output_is_a_typed_error(tmp_path):
+    from tiered_emb.errors import BackwardError
+    with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=4, num_rows=20, optimizer=SGD(0.5))],
+                            TierConfig(hbm_rows=32, device="cpu"), seed=1) as s:
+        out = TieredEmbeddingBag(s, "t")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
+        out.sum().backward(retain_graph=True)
+        once = s.peek("t", np.arange(20))
+        with pytest.raises(BackwardError, match="second backward"):
+            (2 * out).sum().backward()
+        np.testing.assert_array_equal(s.peek("t", np.arange(20)), once)
+
+
+@pytest.mark.parametrize("what", ["per_sample_weights", "offsets", "ids"])
+def test_inputs_changed_in_place_after_forward_do_not_change_the_update(tmp_path, what):
+    with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=4, num_rows=20, optimizer=SGD(0.5))],
+                            TierConfig(hbm_rows=32, device="cpu"), seed=1) as s:
+        w0 = s.peek("t", np.arange(20)).copy()
+        bag = TieredEmbeddingBag(s, "t", include_last_offset=True)
+        ids, off, psw = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2, 4]), torch.ones(4)
+        out = bag(ids, off, per_sample_weights=psw)
+        {"per_sample_weights": lambda: psw.mul_(100.0), "offsets": lambda: off.copy_(torch.tensor([0, 0, 4])),
+         "ids": lambda: ids.copy_(torch.tensor([9, 9, 9, 9]))}[what]()
+        out.backward(torch.stack([torch.ones(4), 3 * torch.ones(4)]))
+        delta = s.peek("t", np.arange(20)) - w0
+    np.testing.assert_allclose(delta[[1, 2, 3, 4], 0], [-0.5, -0.5, -1.5, -1.5], rtol=1e-6)
+    assert not delta[9].any()
+
+
+def test_embedding_of_a_scalar_index_has_the_shape_of_torchs(tmp_path):
+    with _store(tmp_path) as s:
+        emb = TieredEmbedding(s, "t")
+        assert emb(torch.tensor(3)).shape == torch.nn.Embedding(10, emb.embedding_dim)(torch.tensor(3)).shape
+        assert emb(torch.tensor([[3]])).shape == (1, 1, emb.embedding_dim)
+
+
+def test_features_sharing_a_table_get_one_update_on_their_summed_gradient(tmp_path):
+    """Two features of one table: one optimizer step per row on the summed gradient (as
+    torchrec), byte for byte the store's own apply_gradients of the two bags' rows."""
+    tables = [TableConfig("t", dim=4, num_rows=20, optimizer=Adagrad(lr=0.1))]
+    v1, l1, v2, l2 = torch.tensor([1, 2, 3]), torch.tensor([2, 1]), torch.tensor([3, 1]), torch.tensor([1, 1])
+    g1 = torch.linspace(-1, 1, 8).reshape(2, 4)
+    g2 = torch.linspace(0.5, 2, 8).reshape(2, 4)
+    with TieredStore.create(tmp_path / "a", tables, TierConfig(32, device="cpu"), seed=1) as s, \
+            TieredStore.create(tmp_path / "b", tables, TierConfig(32, device="cpu"), seed=1) as ref:
+        out = TieredEmbeddingBagCollection(s, {"f1": "t", "f2": "t"})({"f1": (v1, l1), "f2": (v2, l2)})
+        assert out["f1"].shape == (2, 4) and out["f2"].shape == (2, 4)
+        ((out["f1"] * g1).sum() + (out["f2"] * g2).sum()).backward()
+        # by hand: each id's gradient is its bag's; one apply over both features' ids in order
+        ids = np.array([1, 2, 3, 3, 1])
+        grads = np.stack([g1[0], g1[0], g1[1], g2[0], g2[1]]).astype(np.float32)
+        ref.apply_gradients("t", ids, grads)
+        assert s.peek("t", np.arange(20), with_state=True).tobytes() == \
+            ref.peek("t", np.arange(20), with_state=True).tobytes()
+
+
+@pytest.mark.parametrize("bad_b, err", [((torch.tensor([1, 2, 3]), torch.tensor([1, 1])), "IdTypeError"),
+                                        ((torch.tensor([1, 99]), torch.tensor([1, 1])), "IdRangeError")])
+def test_collection_checks_every_feature_before_reading_any(tmp_path, bad_b, err):
+    import tiered_emb.errors as errors
+    with TieredStore.create(tmp_path / "s", [TableConfig("a", dim=4, num_rows=50), TableConfig("b", dim=4, num_rows=50)],
+                            TierConfig(hbm_rows=8, ddr_rows=8, device="cpu")) as s:
+        ebc = TieredEmbeddingBagCollection(s, ["a", "b"])
+        before = s.stats()
+        with pytest.raises(getattr(errors, err)):
+            ebc({"a": (torch.tensor([1, 2]), torch.tensor([1, 1])), "b": bad_b})
+        assert s.stats() == before

@@ -79,6 +79,10 @@ class PrefetchError(TieredEmbError, RuntimeError):
     """The background prefetch thread failed; raised in the step that needed its rows."""
 
 
+class BackwardError(TieredEmbError, RuntimeError):
+    """A second backward through an embedding output whose update the store already applied."""
+
+
 class TraceFileError(TieredEmbError, OSError):
     """A trace file that is missing or not in the format it was read as."""
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, DeviceError, IdRangeError, IdTypeError
+from .errors import BackwardError, ConfigError, DeviceError, IdRangeError, IdTypeError
 from .pooled import BagPlan, apply_pooled_gradients, lookup_pooled, plan_bags
 from .prefetch import lookahead
 
@@ -58,7 +58,9 @@ def _as_numpy_ids(x, what: str) -> np.ndarray:
             raise IdTypeError(f"{what} have dtype {a.dtype}", "pass integer ids")
     if a.dtype == np.uint64 and a.size and int(a.max()) > _MAX_INT64:  # would wrap to a negative int64
         raise IdRangeError(f"{what} hold {int(a.max())}, beyond int64", f"ids are int64 in [0, {_MAX_INT64}]")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    # A copy, never a view of the caller's tensor: the backward reads the batch again, and
+    # an input changed in place after the forward must not change the update.
+    return np.array(a, dtype=np.int64, order="C", copy=True)
 
 
 def _bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray, tuple]:
@@ -99,7 +101,7 @@ def _weights_of(per_sample_weights, shape: tuple, mode: str):
         raise ConfigError(f"per_sample_weights have shape {tuple(w.shape)} for input ids of shape {tuple(shape)}",
                           "give one weight per id, in the input's shape (as torch.nn.EmbeddingBag)")
     w = w.detach().reshape(-1)
-    return np.ascontiguousarray(w.cpu().numpy(), dtype=np.float32)
+    return np.array(w.cpu().numpy(), dtype=np.float32, order="C", copy=True)  # a copy: see _as_numpy_ids
 
 
 class _Batch:
@@ -127,6 +129,10 @@ class _FusedBags(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         batch = ctx.batch
+        if batch is None:
+            raise BackwardError("a second backward through an embedding output whose update the store already "
+                                "applied (backward(retain_graph=True), then another backward)",
+                                "sum the losses and call backward once; the store applies its optimizer in backward")
         g = np.ascontiguousarray(grad_out.detach().cpu().numpy(), dtype=np.float32)
         grad_w = None
         if ctx.weights_need_grad:
@@ -152,6 +158,9 @@ class _RowsFromStore(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_rows):
+        if ctx.args is None:
+            raise BackwardError("a second backward through embedding rows whose update the store already applied",
+                                "sum the losses and call backward once; the store applies its optimizer in backward")
         store, table, ids, nonfinite = ctx.args
         g = grad_rows.detach().contiguous()
         if store.xp is np:
@@ -182,8 +191,16 @@ class _StoreModule(torch.nn.Module):
 
     def _pooled(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None) -> torch.Tensor:
         """``shape``: the input ids' shape, that of ``weights_t`` (default ``ids.shape``)."""
+        return self._run(self._plan(ids, offsets, weights_t, mode, shape), weights_t, mode)
+
+    @staticmethod
+    def _plan(ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None) -> BagPlan:
+        """The batch's bags, checked (offsets, weights); nothing read yet."""
         weights = _weights_of(weights_t, ids.shape if shape is None else shape, mode)
-        plan = plan_bags(ids, offsets, weights, mean=(mode == "mean"))
+        return plan_bags(ids, offsets, weights, mean=(mode == "mean"))
+
+    def _run(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
+        """Pooled rows of a checked plan, with the fused backward when grad is enabled."""
         if self.store.xp is not np:
             return self._pooled_device(plan, weights_t, mode)
         batch = _Batch(self.store, self.table, plan, self.nonfinite)
@@ -262,9 +279,8 @@ class TieredEmbedding(_StoreModule):
         super().__init__(store, table, nonfinite)
 
     def forward(self, input) -> torch.Tensor:
-        ids = _as_numpy_ids(input, "input ids")
-        shape = tuple(ids.shape)
-        flat = ids.reshape(-1)
+        shape = tuple(input.shape) if isinstance(input, torch.Tensor) else np.shape(input)  # () for a 0-d index
+        flat = _as_numpy_ids(input, "input ids").reshape(-1)
         # Bags of one id: the pooled path is a gather, with the same fused backward.
         out = self._pooled(flat, np.arange(flat.shape[0] + 1, dtype=np.int64), None, "sum")
         return out.reshape(*shape, self.embedding_dim)
@@ -314,7 +330,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
         if missing:
             raise ConfigError(f"features {missing} are missing from the batch", f"give every feature of {list(self.feature_tables)}")
         bags = {}
-        for f in self.bags:  # every feature checked before any is read
+        for f in self.bags:
             values, lengths, weights = jagged[f]
             lengths = _as_numpy_ids(lengths, f"lengths of feature {f!r}")
             if lengths.ndim != 1:
@@ -326,7 +342,39 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             if ids.ndim != 1:
                 raise IdTypeError(f"values of feature {f!r} have shape {tuple(ids.shape)}", "pass 1-D values")
             bags[f] = ids, offsets, weights
-        return {f: bag._pooled(*bags[f], bag.mode) for f, bag in self.bags.items()}
+        # Features of one table are looked up together, as one batch of bags: one update of
+        # each row on the gradient summed over them (as torchrec), not one per feature.
+        groups: dict[str, list[str]] = {}
+        for f in self.bags:
+            groups.setdefault(self.feature_tables[f], []).append(f)
+        planned = []
+        for table, feats in groups.items():  # every feature checked before any row is read
+            bag = self.bags[feats[0]]
+            ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
+            plan = bag._plan(ids, offsets, weights_t, bag.mode)
+            store = bag.store
+            store._ids(store._table(table), plan.ids)  # the ids' range, before anything is read
+            planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
+        out = {}
+        for bag, plan, weights_t, feats, sizes in planned:
+            pooled = bag._run(plan, weights_t, bag.mode)
+            out.update(zip(feats, torch.split(pooled, sizes) if len(feats) > 1 else [pooled]))
+        return {f: out[f] for f in self.bags}
+
+
+def _joined(parts: list[tuple]) -> tuple:
+    """``(ids, offsets, weights)`` of several features' bags, one after the other (weights of 1
+    for a feature given none, when another has them)."""
+    ids = np.concatenate([p[0] for p in parts])
+    starts = np.cumsum([0] + [p[0].shape[0] for p in parts[:-1]])
+    offsets = np.concatenate([parts[0][1][:1]] + [p[1][1:] + s for p, s in zip(parts, starts)])
+    if all(p[2] is None for p in parts):
+        return ids, offsets, None
+    weights = [p[2] if p[2] is not None else torch.ones(p[0].shape[0]) for p in parts]
+    for w, p in zip(weights, parts):
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (p[0].shape[0],):
+            return ids, offsets, w  # _weights_of raises the typed error for it
+    return ids, offsets, torch.cat([w.reshape(-1).to(torch.float32) for w in weights])
 
 
 def _jagged_of(features) -> dict:
