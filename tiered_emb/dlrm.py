@@ -41,7 +41,7 @@ _RUN_DEFAULTS = {"data": None, "rows": 100_000, "dim": 16, "batch": 2048, "alpha
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a DLRM whose embedding tables are 10x larger than HBM+DDR",
+    p = sub.add_parser("train", help="train a DLRM whose embedding tables are 12x larger than HBM+DDR",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", default="runs/dlrm",
                    help="run directory holding the store (replaced unless --resume; only an empty one or one "
@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
     p.add_argument("--read-ahead", type=int, default=0,
                    help="of the window, how many batches ahead the background thread reads rows from LMDB into "
                         "host memory (default 0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
-                        "cores with LMDB in the page cache, see docs/training.md)")
+                        "cores with LMDB in the page cache, see docs/benchmarks.md)")
     p.add_argument("--step-threads", type=int, default=None,
                    help="torch and Numba threads of the training step (default: the cores but one, at least 1, "
                         "with or without lookahead, so the lookahead thread has a core and every --lookahead "

@@ -6,14 +6,15 @@ unique id by the store.  For a batch of 8,192 bags x 20 ids x dim 128 those two
 intermediate (n, dim) arrays are 80 MiB each, written and read once: the cost of the
 step.  Here instead
 
-forward   dedupe once -> pin the unique ids in HBM -> pool each bag directly from
+forward   dedupe once -> resolve the unique ids in HBM (pinned while the forward reads
+          them when some had to come up) -> pool each bag directly from
           ``records[slots[inverse[i]]]`` (no gathered copy);
 backward  for each unique id, sum ``w_i * grad_out[bag(i)]`` over its positions in batch
           order (no per-position copy) -> the table's optimizer on its slots.
 
 Both produce bitwise the values of the plain path: the same float32 products, summed
 in the same order (position order inside a bag, batch order per unique id), and the
-optimizer's arithmetic unchanged.  The backward updates the slots the forward pinned
+optimizer's arithmetic unchanged.  The backward updates the slots the forward found
 when they still hold the same ids (checked id by id; a slot holding its id holds the
 row's newest record), without resolving them again: one HBM lookup per batch instead of
 the plain path's two, so the policy sees one touch per batch.  Otherwise (rows evicted
