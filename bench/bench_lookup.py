@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, timed, write_json  # noqa: E402
 
 from tiered_emb import TableConfig, TieredStore, TierConfig  # noqa: E402
+from tiered_emb.sim.compare import libcachesim_hashpower  # noqa: E402
 from tiered_emb.sim.traces import zipf_ids  # noqa: E402
 from tiered_emb.tiers.cache import simulate  # noqa: E402
 
@@ -110,7 +111,7 @@ def _libcachesim_lru(lcs, trace: np.ndarray, cap: int) -> dict:
         rec["next"] = -1
         rec.tofile(path)
         reader = lcs.TraceReader(trace=str(path), trace_type=lcs.TraceType.ORACLE_GENERAL_TRACE)
-        cache = lcs.LRU(cache_size=cap)
+        cache = lcs.LRU(cache_size=cap, hashpower=libcachesim_hashpower(cap))
         t0 = time.perf_counter()
         miss_ratio, _ = cache.process_trace(reader)
         dt = time.perf_counter() - t0

@@ -26,6 +26,7 @@ from ..errors import ConfigError, MissingExtraError, TraceFileError
 from ..stream import progress
 from . import traces
 from ._checks import as_ids, int_arg
+from .compare import libcachesim_hashpower
 from .engine import check_policy, simulate
 from .mrc import lru_curve, opt_curve
 
@@ -236,7 +237,8 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
                 pmed = statistics.median(peer_secs)
                 rows.append({"engine": "libcachesim", "policy": p, "cache": label, "cache_objects": cap,
                              "hits": peer_hits, "requests": n, "hit_ratio": peer_hits / max(n, 1),
-                             "seconds": peer_secs, "median_s": pmed, "mreq_per_s": n / pmed / 1e6})
+                             "seconds": peer_secs, "median_s": pmed, "mreq_per_s": n / pmed / 1e6,
+                             "hashpower": libcachesim_hashpower(cap)})
     return rows
 
 

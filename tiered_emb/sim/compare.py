@@ -55,7 +55,7 @@ def run_libcachesim(trace: np.ndarray, sizes: list[tuple[str, int]], policies: l
                 secs, hits = [], None
                 for _ in range(repeats):
                     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-                    cache = cls(cache_size=cap)
+                    cache = cls(cache_size=cap, hashpower=libcachesim_hashpower(cap))
                     t0 = time.perf_counter()
                     miss_ratio, _ = cache.process_trace(reader)
                     secs.append(time.perf_counter() - t0)
@@ -70,13 +70,21 @@ def run_libcachesim(trace: np.ndarray, sizes: list[tuple[str, int]], policies: l
     return rows
 
 
+def libcachesim_hashpower(capacity: int) -> int:
+    """libCacheSim's hash table size (log2 buckets) for a cache of ``capacity`` objects: at
+    least twice the buckets, as our own index has.  Its default (24: 16M buckets, 128 MiB)
+    costs a smaller cache a fixed ~0.1 s a run and a cache miss a probe; the table grows by
+    itself past this, so the hits do not depend on it."""
+    return max(10, (2 * int(capacity) - 1).bit_length())
+
+
 def _serve(path: str, n: int) -> None:
     """The worker: read ``NAME CAPACITY`` lines on stdin, answer ``SECONDS HITS`` lines."""
     lcs = import_libcachesim()
     for line in sys.stdin:
         name, cap = line.split()
         reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
-        cache = getattr(lcs, name)(cache_size=int(cap))
+        cache = getattr(lcs, name)(cache_size=int(cap), hashpower=libcachesim_hashpower(int(cap)))
         t0 = time.perf_counter()
         miss_ratio, _ = cache.process_trace(reader)
         secs = time.perf_counter() - t0
