@@ -403,6 +403,37 @@ def test_a_batch_that_cannot_be_fetched_fails_after_the_ones_before_it(tmp_path,
         np.testing.assert_array_equal(got[name], ref.peek_records(name, np.arange(n)))
 
 
+@pytest.mark.parametrize("depth", [0, 1])
+def test_a_plan_forwarded_on_two_tables_updates_each_tables_own_rows(tmp_path, depth):
+    """One BagPlan (the same ids) looked up on tables a and b inside a step whose rows are
+    pinned: each backward updates its own table's rows, never the other's slots."""
+    from tiered_emb import SGD
+    tables = [TableConfig("a", dim=2, optimizer=SGD(lr=1.0)), TableConfig("b", dim=2, optimizer=SGD(lr=1.0))]
+    ref = ReferenceStore(tables, seed=0)
+    with TieredStore.create(tmp_path / "p", tables, TierConfig(16, 0, "lookahead+lru", "cpu")) as s:
+        s.lookup("a", np.array([9]))  # a's slots of ids 1, 2 are not b's
+        ids = np.array([1, 2])
+        for b in lookahead(s, [ids], lambda b: {"a": b, "b": b}, depth=depth, load_ahead=1):
+            plan = plan_bags(b, np.array([0, 2]))
+            lookup_pooled(s, "a", plan)
+            lookup_pooled(s, "b", plan)
+            apply_pooled_gradients(s, "a", plan, np.ones((1, 2), np.float32))
+            apply_pooled_gradients(s, "b", plan, np.ones((1, 2), np.float32))
+        for name in ("a", "b"):
+            ref.apply_gradients(name, ids, np.ones((2, 2), np.float32))
+            check = np.array([1, 2, 9])
+            assert s.peek(name, check, with_state=True).tobytes() == ref.peek_records(name, check).tobytes()
+
+
+def test_a_loop_closed_after_its_store_raises_nothing(tmp_path):
+    s = TieredStore.create(tmp_path / "c", [TableConfig("t", dim=2)], TierConfig(8, 0, "lookahead+lru", "cpu"))
+    gen = lookahead(s, [np.array([i, i + 1]) for i in range(5)], lambda b: {"t": b}, depth=2, load_ahead=1)
+    s.lookup("t", next(gen))
+    s.close()
+    gen.close()
+    assert s._closed and not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+
+
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     data = batches(10, seed=5)
     s = TieredStore.create(tmp_path / "x", TABLES, TierConfig(50, 0, "lookahead+lru", "cpu"), seed=4)

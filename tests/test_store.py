@@ -602,3 +602,25 @@ def test_create_that_fails_leaves_no_directory(tmp_path, monkeypatch):
 def test_table_name_of_another_type_is_unknown_table(store, name):
     with pytest.raises(UnknownTableError):
         store.lookup(name, np.array([1]))
+
+
+def test_peek_of_a_repeated_id_held_only_in_lmdb(tmp_path):
+    with TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3) as s:
+        s.write("a", np.array([0]), np.full((1, 8), 2.0, np.float32))
+    with TieredStore.open(tmp_path / "s") as s:
+        got = s.peek("a", np.array([0, 7, 0]), with_state=True)
+        np.testing.assert_array_equal(got[0], got[2])
+        assert (got[0, :8] == 2.0).all()
+
+
+def test_bag_plans_take_integer_ids_only(tmp_path):
+    from tiered_emb.pooled import plan_bags
+    with pytest.raises(IdTypeError):
+        plan_bags(np.array([1.7, 2.0]), np.array([0, 2]))
+    with pytest.raises(IdTypeError):
+        plan_bags(np.array([True, False]), np.array([0, 2]))
+    with pytest.raises(IdTypeError):
+        plan_bags(np.array([1, 2]), np.array([0.0, 2.0]))
+    with pytest.raises(IdRangeError, match="beyond int64"):
+        plan_bags(np.array([2**64 - 1], dtype=np.uint64), np.array([0, 1]))
+    assert plan_bags(np.array([3, 1], dtype=np.uint32), np.array([0, 2])).uids.tolist() == [3, 1]

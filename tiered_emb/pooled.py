@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .errors import ConfigError, IdTypeError
+from .errors import ConfigError, IdRangeError, IdTypeError
 from .kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _group_starts, _local_f32, _pool_bags,
                       _prefetch, _prefetch_row, dedupe)
 from .optimizers import _adagrad_update, _adam_update, _sgd_update
@@ -98,8 +98,10 @@ def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None =
     >>> p.uids.tolist(), p.num_bags
     ([4, 2], 2)
     """
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    ids = _int64_of(ids, "ids")
+    offsets = _int64_of(offsets, "offsets")
+    if ids.ndim != 1:
+        raise IdTypeError(f"ids have shape {ids.shape}", "pass 1-D ids (ravel them)")
     if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != ids.shape[0] \
             or (offsets.shape[0] > 1 and bool((np.diff(offsets) < 0).any())):
         raise IdTypeError(f"offsets {offsets[:8].tolist()}... do not describe bags of {ids.shape[0]} ids",
@@ -110,6 +112,16 @@ def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None =
             raise ConfigError(f"per_sample_weights have shape {weights.shape}, ids {ids.shape}",
                               "give one weight per id")
     return BagPlan(ids, offsets, weights, bool(mean))
+
+
+def _int64_of(a, what: str) -> np.ndarray:
+    """``a`` as int64, or IdTypeError (not integers) / IdRangeError (uint64 beyond int64): never truncated."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
+        raise IdTypeError(f"{what} have dtype {a.dtype}", f"pass integer {what}, e.g. np.asarray(x, dtype=np.int64)")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > 2**63 - 1:
+        raise IdRangeError(f"{what} hold {int(a.max())}, beyond int64", "ids are int64 >= 0")
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 # Below this many float32 elements of work a batch runs its kernels on one thread: waking
@@ -444,7 +456,7 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
         store._ids(t, plan.ids)
     if plan.ids.shape[0] == 0:
         return
-    if plan.pinned is not None and store._still_pinned(plan.pinned):
+    if plan.pinned is not None and plan.checked is t and store._still_pinned(plan.pinned):
         # Its rows are still pinned for it (see lookup_pooled): no lock, unless the locked
         # path must answer (no fused kernel, or ids skipped), which resolves them again.  A
         # backward run after its batch's step (gradients accumulated over batches, say)
@@ -465,7 +477,7 @@ def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str,
     uids, summed = store._screen_nonfinite(t, uids, summed, bad.astype(bool), nonfinite)
     opt = t.cfg.optimizer
     update = _FUSED_UPDATES.get(opt.name) if store.xp is np else None
-    slots = plan.slots
+    slots = plan.slots if plan.checked is t else None  # slots of this table's forward only
     if update is not None and slots is not None and uids is plan.uids \
             and (pinned or _still_resident(t.hbm.slot_ids, slots, uids)):
         # The forward's slots still hold these ids: update them without resolving again.

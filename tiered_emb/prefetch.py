@@ -325,7 +325,8 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                     yield batch
                 finally:
                     store._prefetcher.stepping = None
-                    store.release(ticket)
+                    if not store._closed:  # (close() during the step released every ticket)
+                        store.release(ticket)
             t += 1
     finally:
         for _, ticket in window:

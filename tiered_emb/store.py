@@ -496,6 +496,7 @@ class TieredStore:
         """
         t = self._table(table)
         ids = self._ids(t, ids)
+        ids, inverse = dedupe(ids)  # the LMDB read takes distinct ids
         out = np.empty((ids.shape[0], t.cfg.record_width), dtype=np.float32)
         hs = t.hbm.find(ids)
         at_h = np.flatnonzero(hs >= 0)
@@ -511,6 +512,7 @@ class TieredStore:
         if (~found).any():
             sub[~found] = init_rows(t.cfg, ids[rest[~found]], self.seed)
         out[rest] = sub
+        out = out[inverse]
         return out if with_state else np.ascontiguousarray(out[:, : t.cfg.dim])
 
     # ------------------------------------------------------------------ lookahead
