@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiered_emb.index import _index_del, _index_find, _index_put, new_index, table_size_for
+from tiered_emb.index import _hash_home, _index_del, _index_find, _index_put, new_index, table_size_for
 
 
 def test_table_size_scales_with_capacity_not_ids():
@@ -24,15 +24,24 @@ def test_hand_traced_insert_find_delete():
 
 
 def test_backward_shift_keeps_colliding_runs_reachable():
-    keys, vals = new_index(4)  # 8 buckets: many collisions among 6 keys
-    ids = [1, 9, 17, 25, 33, 41]
-    for s, k in enumerate(ids):
+    keys, vals = new_index(4)  # 8 buckets
+    mask = keys.shape[0] - 1
+    # keys chosen by their home bucket: three share bucket h, two share the next one, so
+    # runs overlap and a delete must shift a key home-ahead of the gap (and not one whose
+    # home lies after it)
+    by_home = {}
+    for k in range(1, 10_000):
+        by_home.setdefault(int(_hash_home(k, mask)), []).append(k)
+    h = next(b for b in range(8) if len(by_home.get(b, [])) >= 3 and len(by_home.get((b + 1) & mask, [])) >= 2)
+    ids = by_home[h][:3] + by_home[(h + 1) & mask][:2] + by_home[(h + 3) & mask][:1]
+    slots = {k: s for s, k in enumerate(ids)}
+    for k, s in slots.items():
         _index_put(keys, vals, k, s)
-    for victim in (9, 1, 41):
+    for victim in (ids[0], ids[3], ids[1], ids[5]):
         _index_del(keys, vals, victim)
         ids.remove(victim)
         for k in ids:
-            assert _index_find(keys, vals, k) >= 0
+            assert _index_find(keys, vals, k) == slots[k]
         assert _index_find(keys, vals, victim) == -1
 
 

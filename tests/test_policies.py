@@ -1,7 +1,7 @@
 """LRU and LFU: hand-traced sequences, and the Numba kernels against the plain-Python reference."""
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb.kernels import dedupe
@@ -88,6 +88,26 @@ def test_batch_larger_than_capacity_is_chunked_and_pinned():
 def test_kernel_decisions_equal_reference(policy, force_pin, capacity, batches):
     """Both resolve paths (all-hit without pins, and pinned) make the reference's decisions."""
     run_both(policy, capacity, batches, force_pin)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("capacity, trace", [
+    (2, [1, 2] * 31 + [3, 1, 2, 3]),  # more hits in a row than LRU's ring holds (2 * cap + 16): compaction
+    (16, [i % 23 for i in range(0, 400, 3)] + [5, 5, 5, 7, 7, 30, 31, 32, 5, 7, 33] * 4),  # LFU detach mid-heap
+])
+def test_simulate_equals_reference_hand_traced_long_runs(policy, capacity, trace):
+    ref = ReferencePolicy(capacity, policy)
+    hits = sum(ref.access_batch([i])[0][0] for i in trace)
+    assert simulate(np.array(trace, dtype=np.int64), capacity, policy) == hits
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(4, 16), batches=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=12),
+                                                      min_size=1, max_size=40))
+def test_kernel_decisions_equal_reference_deeper_heaps(policy, capacity, batches):
+    """Larger capacities than the test above: a pin detaches slots from the middle of LFU's heap."""
+    run_both(policy, capacity, batches, True)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])

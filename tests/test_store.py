@@ -53,6 +53,8 @@ def test_lazy_rows_do_not_depend_on_touch_order(tmp_path):
 def test_initialisers_have_the_asked_distribution(store):
     w = store.peek("a", np.arange(2000)).ravel()
     assert -0.05 <= w.min() and w.max() < 0.05 and abs(w.mean()) < 0.003
+    rows = store.peek("a", np.arange(50))
+    assert all(np.unique(r).shape[0] == r.shape[0] for r in rows)  # every element drawn on its own
     v = store.peek("b", np.arange(100)).ravel()
     assert abs(v.std() - 0.1) < 0.02
 
@@ -211,8 +213,16 @@ def test_bad_rows_and_gradients(store):
     after = store.peek("a", ids, with_state=True)
     np.testing.assert_array_equal(after[1], before[1])
     assert not np.array_equal(after[0], before[0])
+    before = store.peek("a", ids, with_state=True)
     store.apply_gradients("a", ids, g, nonfinite="zero")
-    assert np.isfinite(store.peek("a", ids, with_state=True)).all()
+    after = store.peek("a", ids, with_state=True)
+    assert np.isfinite(after).all() and not np.array_equal(after[1], before[1])  # updated, NaN as 0
+    zeroed = np.nan_to_num(g, nan=0.0)
+    ref = ReferenceStore(TABLES, seed=3)
+    for i, r in zip(ids, before):  # the same weights and optimizer state
+        ref._record("a", int(i))[:] = r
+    ref.apply_gradients("a", ids, zeroed)
+    assert after.tobytes() == ref.peek_records("a", ids).tobytes()
     with pytest.raises(UnknownTableError, match="use one of"):
         store.lookup("nope", ids)
 
@@ -624,3 +634,10 @@ def test_bag_plans_take_integer_ids_only(tmp_path):
     with pytest.raises(IdRangeError, match="beyond int64"):
         plan_bags(np.array([2**64 - 1], dtype=np.uint64), np.array([0, 1]))
     assert plan_bags(np.array([3, 1], dtype=np.uint32), np.array([0, 2])).uids.tolist() == [3, 1]
+
+
+def test_lazy_rows_depend_on_the_table_name(tmp_path):
+    tables = [TableConfig("x", dim=8), TableConfig("y", dim=8)]
+    with TieredStore.create(tmp_path / "s", tables, cpu(4), seed=3) as s:
+        x, y = s.peek("x", np.arange(20)), s.peek("y", np.arange(20))
+    assert not (x == y).all(axis=1).any()
