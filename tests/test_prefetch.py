@@ -44,6 +44,21 @@ def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, po
                 assert t.hbm.fmeta[2] == np.count_nonzero(t.hbm.pins)
 
 
+def step(store, b):
+    """One training step of batch ``b`` through the store's plain calls (the reference's arithmetic)."""
+    for name in sorted(b):
+        rows = store.lookup(name, b[name])
+        store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+
+
+def close_keeping_errors(store, raised):
+    """``store.close()``, its PrefetchError (if any) appended to ``raised``."""
+    try:
+        store.close()
+    except PrefetchError as err:
+        raised.append(err)
+
+
 def reference(data):
     ref = ReferenceStore(TABLES, seed=4)
     for b in data:
@@ -281,16 +296,11 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     raised, ran = [], []
     try:
         for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load_ahead=1)):
-            for name in sorted(b):
-                rows = s.lookup(name, b[name])
-                s.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+            step(s, b)
             ran.append(i)
     except PrefetchError as err:
         raised.append(err)
-    try:
-        s.close()
-    except PrefetchError as err:
-        raised.append(err)
+    close_keeping_errors(s, raised)
     assert len(raised) == 1 and "unpinning" in str(raised[0]) and isinstance(raised[0].__cause__, OSError)
     assert ran[:3] == [0, 1, 2] and s._closed
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
@@ -357,18 +367,13 @@ def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
     gen = lookahead(s, data, lambda x: x, 2, load_ahead=1)
     try:
         for i, b in enumerate(gen):
-            for name in sorted(b):
-                rows = s.lookup(name, b[name])
-                s.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+            step(s, b)
             if i == 1:
                 break
         gen.close()
     except PrefetchError as err:
         raised.append(err)
-    try:
-        s.close()
-    except PrefetchError as err:
-        raised.append(err)
+    close_keeping_errors(s, raised)
     assert len(raised) == 1 and isinstance(raised[0].__cause__, OSError)
 
 
@@ -391,9 +396,7 @@ def test_a_batch_that_cannot_be_fetched_fails_after_the_ones_before_it(tmp_path,
     with TieredStore.create(tmp_path / "f", TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4) as s:
         with pytest.raises(OSError if kind == "loader" else IdRangeError):
             for i, b in enumerate(lookahead(s, source(), lambda x: x, depth, load)):
-                for name in sorted(b):
-                    rows = s.lookup(name, b[name])
-                    s.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
+                step(s, b)
                 ran.append(i)
         assert ran == [0, 1, 2, 3, 4, 5]
         assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0
