@@ -64,6 +64,10 @@ def main(argv=None) -> int:
     bench.write_json(args.json, payload)
     if args.plot:
         bench.plot_policies(rows, args.plot, f"{desc}, {requests:,} requests", payload.get("mrc"))
+    differ = [f"{r['policy']} at {r['cache']}" for r in rows if r["engine"] == "libcachesim" and not r["same_hits"]]
+    if differ:  # every shared policy is defined as libCacheSim's (docs/policies.md): a difference is a bug
+        print(f"hit counts differ from libCacheSim's: {', '.join(differ)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -177,3 +177,27 @@ def test_shell_command_prints_a_typed_error_without_a_traceback():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "error:" in r.stderr and "Hint:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_script_fails_when_the_peer_counts_other_hits(tmp_path, monkeypatch, capsys):
+    """Every shared policy is defined as libCacheSim's: a peer hit count that differs is a
+    failed run (exit status 1, the JSON still written with same_hits false)."""
+    from contextlib import contextmanager
+
+    import tiered_emb.sim.compare as compare
+
+    @contextmanager
+    def off_by_one_peer(trace, workdir=None):
+        from tiered_emb.sim.engine import simulate
+        yield lambda policy, cap: (1.0, simulate(trace, cap, policy) + (policy == "fifo"))
+
+    monkeypatch.setattr(compare, "libcachesim_peer", off_by_one_peer)
+    spec = importlib.util.spec_from_file_location("bench_policies", ROOT / "bench" / "bench_policies.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "p.json"
+    assert mod.main(["--ids", "2k", "--requests", "10k", "--repeats", "1", "--no-mrc", "--policies", "lru,fifo",
+                     "--json", str(out), "--quiet"]) == 1
+    rows = [r for r in json.loads(out.read_text())["results"] if r["engine"] == "libcachesim"]
+    assert {r["policy"]: r["same_hits"] for r in rows} == {"lru": True, "fifo": False}
+    assert "fifo at" in capsys.readouterr().err

@@ -219,6 +219,8 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
                 hits = h
                 got = peer(p, cap) if peer is not None else None
                 if got is not None:
+                    if peer_hits is not None and got[1] != peer_hits:
+                        raise RuntimeError(f"the peer's {p} gave {got[1]} then {peer_hits} hits on the same trace")
                     peer_secs.append(got[0])
                     peer_hits = got[1]
                 done += 1
@@ -238,7 +240,7 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
                 rows.append({"engine": "libcachesim", "policy": p, "cache": label, "cache_objects": cap,
                              "hits": peer_hits, "requests": n, "hit_ratio": peer_hits / max(n, 1),
                              "seconds": peer_secs, "median_s": pmed, "mreq_per_s": n / pmed / 1e6,
-                             "hashpower": libcachesim_hashpower(cap)})
+                             "hashpower": libcachesim_hashpower(cap), "same_hits": peer_hits == hits})
     return rows
 
 
