@@ -641,3 +641,32 @@ def test_lazy_rows_depend_on_the_table_name(tmp_path):
     with TieredStore.create(tmp_path / "s", tables, cpu(4), seed=3) as s:
         x, y = s.peek("x", np.arange(20)), s.peek("y", np.arange(20))
     assert not (x == y).all(axis=1).any()
+
+
+def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
+    """Row 0 evicted dirty twice while every LMDB write fails (a full disk): both write-backs
+    wait in memory, and reads must find the newer one; once there is room, it is the one kept."""
+    from tiered_emb.errors import StoreFullError
+    tables = [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))]
+    s = TieredStore.create(tmp_path / "s", tables, cpu(1, 0, background_writes=False), seed=5)
+    s._ssd.writeback_rows = 1
+    real, full = s._ssd._put_waiting, [True]
+
+    def put(txn, snaps, main=False):
+        if full[0]:
+            raise StoreFullError("no space left on device", "free some")
+        real(txn, snaps, main)
+
+    monkeypatch.setattr(s._ssd, "_put_waiting", put)
+    ref = ReferenceStore(tables, seed=5)
+    for step, other in ((1.0, 1), (2.0, 2)):
+        g = np.full((1, 2), step, np.float32)
+        s.apply_gradients("t", np.array([0]), g)
+        ref.apply_gradients("t", np.array([0]), g)
+        with pytest.raises(StoreFullError):
+            s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written
+        assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
+    full[0] = False
+    s.close()
+    with TieredStore.open(tmp_path / "s") as s:
+        assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
