@@ -60,7 +60,9 @@ class BagPlan:
     mean: bool
     slots: np.ndarray | None = None  # HBM slots of uids at the forward (fused path), for the backward
     pinned: object = None  # the prefetch ticket that pinned ``slots`` for this batch (see TieredStore._pinned_batch)
-    checked: object = None  # the store table whose id range ``ids`` were checked against (by lookup_pooled)
+    # The store table whose id range ``ids`` were last checked against (the ids never change);
+    # ``slots``, when set, are that table's: a lookup sets both.
+    checked: object = None
     _unique: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -355,7 +357,6 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
     weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
     plan.slots = None
     plan.pinned = None
-    plan.checked = None
     if backward:
         pinned = store._pinned_batch(table, plan.ids)
         if pinned is not None:
@@ -387,8 +388,9 @@ def lookup_pooled(store, table: str, plan: BagPlan, backward: bool = True) -> np
                 c["lookups"] += plan.ids.shape[0]
                 c["hits"] += plan.ids.shape[0]
                 return out
-        store._ids(t, plan.ids)  # validation: range and num_rows
-        plan.checked = t
+        if plan.checked is not t:  # (a collection checks every feature before reading any)
+            store._ids(t, plan.ids)  # validation: range and num_rows
+            plan.checked = t
         if store.xp is np and plan.uids.shape[0] <= t.hbm.unpinned_capacity:
             if plan.uids.shape[0] == 0:
                 out[:] = 0.0

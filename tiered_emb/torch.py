@@ -353,7 +353,9 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
             plan = bag._plan(ids, offsets, weights_t, bag.mode)
             store = bag.store
-            store._ids(store._table(table), plan.ids)  # the ids' range, before anything is read
+            t = store._table(table)
+            store._ids(t, plan.ids)  # the ids' range, before anything is read
+            plan.checked = t  # (so the lookup does not check them again)
             planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
         out = {}
         for bag, plan, weights_t, feats, sizes in planned:

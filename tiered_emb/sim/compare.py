@@ -7,7 +7,6 @@ own C loop: the fastest path its Python binding offers.  Cache sizes are object 
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
@@ -17,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MissingExtraError
-from ..stream import progress
 from .engine import check_policy
 from .traces import write_oracle_general
 
@@ -32,42 +30,6 @@ def import_libcachesim():
         raise MissingExtraError("--compare libcachesim needs the libcachesim package, which is not installed",
                                 "pip install 'tiered-emb[bench]'") from err
     return libcachesim
-
-
-def run_libcachesim(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list[str], repeats: int = 3,
-                    workdir=None, show_progress: bool = True) -> list[dict]:
-    """Rows like :func:`tiered_emb.sim.bench.run_policies`' for every policy libCacheSim has."""
-    lcs = import_libcachesim()
-    names = [p for p in policies if check_policy(p).libcachesim]
-    n = int(trace.shape[0])
-    rows = []
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        path = Path(tmp) / "trace.oracleGeneral"
-        write_oracle_general(path, trace)
-        total, done, t_start = len(names) * len(sizes) * repeats, 0, time.perf_counter()
-        for p in names:
-            cls = getattr(lcs, check_policy(p).libcachesim)
-            for label, cap in sizes:
-                if p == "s3fifo" and cap < _S3FIFO_MIN_OBJECTS:
-                    # libCacheSim aborts the process: its small queue would hold < 2 objects
-                    sys.stderr.write(f"libCacheSim S3FIFO skipped at {cap} objects (needs >= 20)\n")
-                    continue
-                secs, hits = [], None
-                for _ in range(repeats):
-                    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-                    cache = cls(cache_size=cap, hashpower=libcachesim_hashpower(cap))
-                    t0 = time.perf_counter()
-                    miss_ratio, _ = cache.process_trace(reader)
-                    secs.append(time.perf_counter() - t0)
-                    hits = n - int(round(miss_ratio * n))
-                    done += 1
-                    if show_progress:
-                        progress(done, total, t_start, f"libCacheSim runs ({p}, {label})     ")
-                med = statistics.median(secs)
-                rows.append({"engine": "libcachesim", "policy": p, "cache": label, "cache_objects": cap,
-                             "hits": hits, "requests": n, "hit_ratio": hits / max(n, 1), "seconds": secs,
-                             "median_s": med, "mreq_per_s": n / med / 1e6})
-    return rows
 
 
 def libcachesim_hashpower(capacity: int) -> int:
