@@ -1,5 +1,4 @@
 """Bitwise determinism across Numba thread counts (the other axes: state machine and test_prefetch)."""
-import hashlib
 import os
 import subprocess
 import sys

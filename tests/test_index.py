@@ -1,4 +1,3 @@
-import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tiered_emb import Adagrad, RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
 from tiered_emb.testing import crash
