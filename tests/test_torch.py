@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiered_emb import SGD, Adagrad, IdRangeError, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
+from tiered_emb import SGD, Adagrad, BackwardError, IdRangeError, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
 from tiered_emb.kernels import _pool_bags, _unpool_grads  # noqa: E402
 from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags  # noqa: E402
 from tiered_emb.torch import TieredEmbedding, TieredEmbeddingBag, TieredEmbeddingBagCollection  # noqa: E402
@@ -395,3 +395,37 @@ def test_collection_checks_every_feature_before_reading_any(tmp_path, bad_b, err
         with pytest.raises(getattr(errors, err)):
             ebc({"a": (torch.tensor([1, 2]), torch.tensor([1, 1])), "b": bad_b})
         assert s.stats() == before
+
+
+@pytest.mark.parametrize("bad", ["a", "b"])
+@pytest.mark.parametrize("module", ["bags", "rows"])
+def test_nonfinite_in_one_table_updates_no_table(tmp_path, bad, module):
+    """A backward whose gradient for one table holds NaN raises and updates *no* table:
+    the step is all or nothing, so skipping the batch leaves every table as it was."""
+    store = _store(tmp_path, tables=("a", "b"))
+    ids, offsets, _ = _batch(4)
+    if module == "bags":
+        mods = {t: TieredEmbeddingBag(store, t) for t in ("a", "b")}
+        outs = {t: m(ids, offsets) for t, m in mods.items()}
+    else:
+        mods = {t: TieredEmbedding(store, t) for t in ("a", "b")}
+        outs = {t: m(ids) for t, m in mods.items()}
+    before = {t: store.peek(t, np.arange(ROWS), with_state=True).tobytes() for t in ("a", "b")}
+    loss = sum((outs[t] * (float("nan") if t == bad else 1.0)).sum() for t in ("a", "b"))
+    with pytest.raises(NonFiniteGradientError):
+        loss.backward(retain_graph=True)
+    for t in ("a", "b"):
+        assert store.peek(t, np.arange(ROWS), with_state=True).tobytes() == before[t], t
+    # nothing was applied, so the same outputs may be backpropagated again: one update each,
+    # the same bytes as a store that only ever saw the finite pass
+    sum(o.sum() for o in outs.values()).backward()
+    ref = _store(tmp_path, name="ref", tables=("a", "b"))
+    ref_mods = {t: (TieredEmbeddingBag if module == "bags" else TieredEmbedding)(ref, t) for t in ("a", "b")}
+    sum((m(ids, offsets) if module == "bags" else m(ids)).sum() for m in ref_mods.values()).backward()
+    for t in ("a", "b"):
+        got = store.peek(t, np.arange(ROWS), with_state=True).tobytes()
+        assert got != before[t] and got == ref.peek(t, np.arange(ROWS), with_state=True).tobytes(), t
+    with pytest.raises(BackwardError):
+        outs["a"].sum().backward()
+    store.close()
+    ref.close()

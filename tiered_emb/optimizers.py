@@ -219,6 +219,10 @@ _CPU_KERNELS = {"sgd": _sgd_update, "adagrad": _adagrad_update,
                 "rowwise_adagrad": _rowwise_adagrad_update, "adam": _adam_update}
 
 
+def _no_update() -> None:
+    """The update of an empty batch (what a prepared update is when there is nothing to do)."""
+
+
 def apply_update(opt, records, slots, grads, xp=np) -> None:
     """Update ``records[slots]`` in place with ``grads`` (one row per distinct slot).
 

@@ -36,7 +36,7 @@ import numpy as np
 from .errors import ConfigError, IdRangeError, IdTypeError
 from .kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _group_starts, _local_f32, _pool_bags,
                       _prefetch, _prefetch_row, dedupe)
-from .optimizers import _adagrad_update, _adam_update, _sgd_update
+from .optimizers import _adagrad_update, _adam_update, _no_update, _sgd_update
 
 
 @dataclass
@@ -450,6 +450,14 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
     ``unpooled`` is each position's gradient row, and checked as strictly: a gradient of
     another shape or dtype, or ids out of the table's range, raise and change nothing.
     """
+    pooled_update(store, table, plan, grad_out, nonfinite)()
+
+
+def pooled_update(store, table: str, plan: BagPlan, grad_out: np.ndarray, nonfinite: str = "raise"):
+    """:func:`apply_pooled_gradients` in two halves: every check and the reduction now (what
+    it raises, it raises here, having changed nothing), the update when the returned
+    callable is called.  A backward through several tables checks them all before it
+    updates any (:mod:`tiered_emb.torch`)."""
     t = store._table(table)
     if nonfinite not in ("raise", "skip", "zero"):
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
@@ -457,26 +465,30 @@ def apply_pooled_gradients(store, table: str, plan: BagPlan, grad_out: np.ndarra
     if plan.checked is not t:  # not already checked by lookup_pooled for this table
         store._ids(t, plan.ids)
     if plan.ids.shape[0] == 0:
-        return
-    if plan.pinned is not None and plan.checked is t and store._still_pinned(plan.pinned):
-        # Its rows are still pinned for it (see lookup_pooled): no lock, unless the locked
-        # path must answer (no fused kernel, or ids skipped), which resolves them again.  A
-        # backward run after its batch's step (gradients accumulated over batches, say)
-        # finds its slots perhaps given to other rows, and goes there at once.
-        with _threads_for(plan.ids.shape[0] * t.cfg.dim):
-            if _apply_pooled(store, t, plan, grad_out, nonfinite, pinned=True):
-                return
-    with store._lock, _threads_for(plan.ids.shape[0] * t.cfg.dim):  # see lookup_pooled
-        _apply_pooled(store, t, plan, grad_out, nonfinite)
+        return _no_update
+    work = plan.ids.shape[0] * t.cfg.dim
+    with _threads_for(work):
+        summed, bad = reduce_bag_grads(plan, grad_out)
+    uids, summed = store._screen_nonfinite(t, plan.uids, summed, bad.astype(bool), nonfinite)
+
+    def update() -> None:
+        if plan.pinned is not None and plan.checked is t and store._still_pinned(plan.pinned):
+            # Its rows are still pinned for it (see lookup_pooled): no lock, unless the locked
+            # path must answer (no fused kernel, or ids skipped), which resolves them again.  A
+            # backward run after its batch's step (gradients accumulated over batches, say)
+            # finds its slots perhaps given to other rows, and goes there at once.
+            with _threads_for(work):
+                if _update_pooled(store, t, plan, uids, summed, pinned=True):
+                    return
+        with store._lock, _threads_for(work):  # see lookup_pooled
+            _update_pooled(store, t, plan, uids, summed)
+    return update
 
 
-def _apply_pooled(store, t, plan: BagPlan, grad_out: np.ndarray, nonfinite: str, pinned: bool = False) -> bool:
-    """Reduce, screen and update; True when done.  With ``pinned`` (no lock held: ``plan.slots``
-    are pinned for this batch) only the fused in-place update is done; False, with nothing
-    changed, where the locked path must answer."""
-    uids = plan.uids
-    summed, bad = reduce_bag_grads(plan, grad_out)
-    uids, summed = store._screen_nonfinite(t, uids, summed, bad.astype(bool), nonfinite)
+def _update_pooled(store, t, plan: BagPlan, uids, summed, pinned: bool = False) -> bool:
+    """Update ``uids`` by their (screened) ``summed`` gradients; True when done.  With ``pinned``
+    (no lock held: ``plan.slots`` are pinned for this batch) only the fused in-place update
+    is done; False, with nothing changed, where the locked path must answer."""
     opt = t.cfg.optimizer
     update = _FUSED_UPDATES.get(opt.name) if store.xp is np else None
     slots = plan.slots if plan.checked is t else None  # slots of this table's forward only
@@ -505,4 +517,4 @@ _FUSED_UPDATES = {"rowwise_adagrad": _rowwise_adagrad_by_four, "sgd": _sgd_updat
                   "adam": _adam_update}
 
 
-__all__ = ["BagPlan", "plan_bags", "lookup_pooled", "reduce_bag_grads", "apply_pooled_gradients"]
+__all__ = ["BagPlan", "plan_bags", "lookup_pooled", "reduce_bag_grads", "apply_pooled_gradients", "pooled_update"]

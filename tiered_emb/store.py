@@ -33,7 +33,7 @@ from .errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, 
                      StoreLockedError, StoreNotFoundError, UnknownTableError)
 from .init import init_rows
 from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
-from .optimizers import apply_update
+from .optimizers import _no_update, apply_update
 from .policies import POLICIES
 from .prefetch import Prefetcher, Ticket
 from .tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier
@@ -48,6 +48,8 @@ def _locked(method):
         with self._lock:
             return method(self, *args, **kwargs)
     return wrapper
+
+
 _TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
 
 
@@ -426,18 +428,29 @@ class TieredStore:
         nonfinite : ``"raise"`` (NonFiniteGradientError, nothing changes), ``"skip"`` (rows
             whose summed gradient is not finite are left alone) or ``"zero"`` (treated as 0)
         """
+        self.gradient_update(table, ids, grads, nonfinite)()
+
+    def gradient_update(self, table: str, ids, grads, nonfinite: str = "raise"):
+        """:meth:`apply_gradients` in two halves: every check and the reduction now (what it
+        raises, it raises here, having changed nothing), the update when the returned
+        callable is called (it takes the store's lock).  A backward through several tables
+        checks them all before it updates any (:mod:`tiered_emb.torch`)."""
         t = self._table(table)
         ids = self._ids(t, ids)
         g = self._rows(t, grads, ids.shape[0], "gradients")
         if nonfinite not in ("raise", "skip", "zero"):
             raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
         if ids.shape[0] == 0:
-            return
+            return _no_update
         uids, inverse = dedupe(ids)
         summed = reduce_grads(g, inverse, uids.shape[0])
         bad = None if _all_finite(summed) else ~np.isfinite(summed).all(axis=1)
         uids, summed = self._screen_nonfinite(t, uids, summed, bad, nonfinite)
-        self._update_rows(t, uids, summed)
+
+        def update() -> None:
+            with self._lock:
+                self._update_rows(self._table(table), uids, summed)
+        return update
 
     @staticmethod
     def _screen_nonfinite(t: _Table, uids, summed, bad, nonfinite: str):

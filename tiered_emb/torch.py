@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import BackwardError, ConfigError, DeviceError, IdRangeError, IdTypeError
-from .pooled import BagPlan, apply_pooled_gradients, lookup_pooled, plan_bags
+from .pooled import BagPlan, lookup_pooled, plan_bags, pooled_update
 from .prefetch import lookahead
 
 _MODES = ("sum", "mean")
@@ -104,6 +104,24 @@ def _weights_of(per_sample_weights, shape: tuple, mode: str):
     return np.array(w.cpu().numpy(), dtype=np.float32, order="C", copy=True)  # a copy: see _as_numpy_ids
 
 
+def _after_backward(update, ctx, spent: str) -> None:
+    """Run ``update`` (a table's checked and reduced gradient step) once the whole backward
+    pass has succeeded, not now; then clear ``ctx.<spent>``, which marks the update as
+    applied (a second backward through it raises :class:`BackwardError`).
+
+    Why: autograd calls each table's backward on its own, so a backward through several
+    tables whose gradient for one holds NaN (``nonfinite="raise"``) updated the tables
+    before it and raised at that one: half a step, which a caller who skips the batch
+    could not undo.  Each backward checks its gradient at once (the error stops the pass)
+    and queues its update on the autograd engine, which runs the queued callbacks, in
+    order, only at the end of a pass that raised nothing: every table or none.
+    """
+    def run() -> None:
+        update()
+        setattr(ctx, spent, None)
+    torch.autograd.Variable._execution_engine.queue_callback(run)
+
+
 class _Batch:
     """One forward's plan, kept for its backward."""
 
@@ -141,8 +159,7 @@ class _FusedBags(torch.autograd.Function):
             grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
             grad_w = grad_w.reshape(ctx.weights_shape).to(ctx.weights_device)  # the weights' own shape: (n,) or (B, L)
             ctx.rows = None
-        apply_pooled_gradients(batch.store, batch.table, batch.plan, g, batch.nonfinite)
-        ctx.batch = None
+        _after_backward(pooled_update(batch.store, batch.table, batch.plan, g, batch.nonfinite), ctx, "batch")
         return None, grad_w, None
 
 
@@ -163,11 +180,8 @@ class _RowsFromStore(torch.autograd.Function):
                                 "sum the losses and call backward once; the store applies its optimizer in backward")
         store, table, ids, nonfinite = ctx.args
         g = grad_rows.detach().contiguous()
-        if store.xp is np:
-            store.apply_gradients(table, ids, g.cpu().numpy(), nonfinite=nonfinite)
-        else:
-            store.apply_gradients(table, ids, store.xp.from_dlpack(g), nonfinite=nonfinite)
-        ctx.args = None
+        g = g.cpu().numpy() if store.xp is np else store.xp.from_dlpack(g)
+        _after_backward(store.gradient_update(table, ids, g, nonfinite=nonfinite), ctx, "args")
         return None, None, None, None, None
 
 
