@@ -8,10 +8,10 @@ True
 """
 from .engine import SIM_POLICIES, simulate
 from .mrc import MissRatioCurve, lru_curve, opt_curve
-from .policies import next_use_of
+from .policies import next_use_of, release_scratch
 from .traces import (drift_ids, read_column, read_criteo, read_npy, read_oracle_general, table_batches,
                      write_npy, write_oracle_general, zipf_ids)
 
-__all__ = ["SIM_POLICIES", "simulate", "MissRatioCurve", "lru_curve", "opt_curve", "next_use_of",
+__all__ = ["SIM_POLICIES", "simulate", "MissRatioCurve", "lru_curve", "opt_curve", "next_use_of", "release_scratch",
            "zipf_ids", "drift_ids", "table_batches", "read_npy", "write_npy", "read_column",
            "read_criteo", "read_oracle_general", "write_oracle_general"]

@@ -26,6 +26,9 @@ not, and why):
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import numba
 import numpy as np
 from numba.core import types
@@ -166,6 +169,51 @@ def make_index(capacity: int, max_id: int, dense: bool):
     return new_index(capacity)
 
 
+# --------------------------------------------------------------------------- scratch arrays
+#: Largest scratch array (bytes) a thread keeps for its next run; larger ones are freed.
+SCRATCH_KEEP_BYTES = 1 << 28
+
+
+class _Kept(threading.local):
+    def __init__(self):
+        self.arrays: dict[str, np.ndarray] = {}
+
+
+_KEPT = _Kept()
+
+
+@contextmanager
+def scratch(role: str, n: int, dtype):
+    """An uninitialised ``dtype`` array of ``n`` for one run, given back when the run ends:
+    the previous run's of this thread and ``role`` when it is large enough.
+
+    Why: the arrays over the id space (the dense index, Belady's next uses and last
+    positions: 40-120 MiB at 10M ids and 20M requests) are the same size run after run, and
+    a fresh one is paid for again at its first touch, one page fault per page.  On the
+    machine measured that cost 0.02 s for 120 MiB in a quiet process and up to 0.23 s
+    after another process had freed a few GiB (Belady at a 0.1 % cache: 0.44 s against
+    0.6-0.7 s).  A sweep over policies and sizes now faults them in once.
+
+    An array taken is not in the pool until given back, so two users of one role at once
+    each get their own.  Arrays above :data:`SCRATCH_KEEP_BYTES` are not kept.
+    """
+    dtype = np.dtype(dtype)
+    held = _KEPT.arrays.pop(role, None)
+    if held is None or held.dtype != dtype or held.shape[0] < n:
+        held = None  # the old one goes before the new one is made
+        held = np.empty(max(n, 1), dtype=dtype)
+    try:
+        yield held[:n]
+    finally:
+        if held.nbytes <= SCRATCH_KEEP_BYTES:
+            _KEPT.arrays[role] = held
+
+
+def release_scratch() -> None:
+    """Free the scratch arrays this thread keeps between runs (see :func:`scratch`)."""
+    _KEPT.arrays.clear()
+
+
 # --------------------------------------------------------------------------- next use
 @numba.njit(cache=True)
 def _next_use(trace, order, next_use, never):
@@ -225,13 +273,21 @@ def next_use_of(trace: np.ndarray, dtype=np.int64, max_id: int | None = None) ->
         raise ConfigError(f"dtype={dtype!r} cannot hold the positions of {n} requests",
                           "use np.int64 (or np.int32 below 2**31 requests)")
     out = np.empty(n, dtype=dtype)
+    _next_use_into(trace, out, max_id)
+    return out
+
+
+def _next_use_into(trace: np.ndarray, out: np.ndarray, max_id: int | None) -> None:
+    """:func:`next_use_of` of ``trace`` (checked int64 ids) into ``out``."""
+    n = trace.shape[0]
     lo, hi = id_range(trace) if max_id is None else (0, max_id)
     if lo >= 0 and dense_ok(hi, n):
-        _next_use_dense(trace, np.full(hi + 1, n, dtype=np.int32 if n < 2**31 else np.int64), out)
+        with scratch("last", hi + 1, np.int32 if n < 2**31 else np.int64) as last:
+            last.fill(n)
+            _next_use_dense(trace, last, out)
     else:
         order = np.argsort(trace, kind="stable").astype(np.int64)
         _next_use(trace, order, out, n)
-    return out
 
 
 # --------------------------------------------------------------------------- LRU
@@ -1012,53 +1068,57 @@ def _flags(n: int, record: bool) -> np.ndarray:
     return np.zeros(n if record else 0, dtype=np.uint8)
 
 
+@contextmanager
 def _state(trace, capacity, index, max_id, entries=None):
-    """``(index, id dtype)`` for a kernel run of ``entries`` ids (default ``capacity``).
+    """``(index, id dtype)`` for a kernel run of ``entries`` ids (default ``capacity``), for
+    the run's duration (a dense index is a :func:`scratch` array).
 
     ``index`` is "auto" (dense when :func:`dense_ok`), "dense" or "hash"; ``max_id`` is
     the trace's largest id when the caller knows it.  Ids are kept as int32 beside a dense
     index (they fit), as int64 beside the hash table.
     """
     entries = capacity if entries is None else entries
-    if index == "hash":
-        return make_index(entries, 0, False), np.int64
-    if max_id is None:
+    if index != "hash" and max_id is None:
         max_id = id_range(trace)[1]
-    dense = index == "dense" or dense_ok(max_id, trace.shape[0])
-    return make_index(entries, max_id, dense), (np.int32 if dense else np.int64)
+    if index == "hash" or not (index == "dense" or dense_ok(max_id, trace.shape[0])):
+        yield make_index(entries, 0, False), np.int64
+        return
+    with scratch("index", max(max_id + 1, 1), np.int32) as ix:
+        ix.fill(-1)
+        yield ix, np.int32
 
 
 def lru_hits(trace, capacity, hit_flags, index="auto", max_id=None):
-    ix, idt = _state(trace, capacity, index, max_id)
-    return _lru_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                         np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32), hit_flags)
+    with _state(trace, capacity, index, max_id) as (ix, idt):
+        return _lru_simulate(trace, capacity, ix, np.empty(capacity, idt),
+                             np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32), hit_flags)
 
 
 def lfu_hits(trace, capacity, hit_flags, index="auto", max_id=None):
-    ix, idt = _state(trace, capacity, index, max_id)
-    nb = capacity + 1
-    bk = np.full((nb, 8), NIL, np.int32 if trace.shape[0] < 2**31 else np.int64)
-    bk[:, 0] = 0
-    return _lfu_simulate(trace, capacity, ix, np.empty(capacity, idt), np.full((capacity, 4), NIL, np.int32), bk,
-                         np.arange(nb - 1, -1, -1, dtype=np.int32), hit_flags)
+    with _state(trace, capacity, index, max_id) as (ix, idt):
+        nb = capacity + 1
+        bk = np.full((nb, 8), NIL, np.int32 if trace.shape[0] < 2**31 else np.int64)
+        bk[:, 0] = 0
+        return _lfu_simulate(trace, capacity, ix, np.empty(capacity, idt), np.full((capacity, 4), NIL, np.int32), bk,
+                             np.arange(nb - 1, -1, -1, dtype=np.int32), hit_flags)
 
 
 def fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None):
-    ix, idt = _state(trace, capacity, index, max_id)
-    return _fifo_simulate(trace, capacity, ix, np.empty(capacity, idt), hit_flags)
+    with _state(trace, capacity, index, max_id) as (ix, idt):
+        return _fifo_simulate(trace, capacity, ix, np.empty(capacity, idt), hit_flags)
 
 
 def clock_hits(trace, capacity, hit_flags, index="auto", max_id=None):
-    ix, idt = _state(trace, capacity, index, max_id)
-    return _clock_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                           np.zeros(capacity, np.uint8), hit_flags)
+    with _state(trace, capacity, index, max_id) as (ix, idt):
+        return _clock_simulate(trace, capacity, ix, np.empty(capacity, idt),
+                               np.zeros(capacity, np.uint8), hit_flags)
 
 
 def sieve_hits(trace, capacity, hit_flags, index="auto", max_id=None):
-    ix, idt = _state(trace, capacity, index, max_id)
-    return _sieve_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                           np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32),
-                           np.zeros(capacity, np.uint8), hit_flags)
+    with _state(trace, capacity, index, max_id) as (ix, idt):
+        return _sieve_simulate(trace, capacity, ix, np.empty(capacity, idt),
+                               np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32),
+                               np.zeros(capacity, np.uint8), hit_flags)
 
 
 def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9) -> tuple[int, int, int]:
@@ -1071,29 +1131,32 @@ def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0
 def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_ratio=0.1, ghost_ratio=0.9, threshold=2):
     small, main, ghost = s3fifo_sizes(capacity, small_ratio, ghost_ratio)
     gcap = max(ghost, 1)
-    ix, idt = _state(trace, capacity, index, max_id, capacity + ghost)
-    return _s3fifo_simulate(trace, small, main, ghost, threshold, ix,
-                            np.empty(capacity, idt), np.zeros(capacity, np.uint8),
-                            np.zeros(capacity, np.int64), np.empty((2, capacity), np.int32),
-                            np.zeros((2, 2), np.int64), np.empty(gcap, idt),
-                            np.full(gcap, NIL, np.int32), np.full(gcap, NIL, np.int32),
-                            np.arange(gcap - 1, -1, -1, dtype=np.int32), hit_flags)
+    with _state(trace, capacity, index, max_id, capacity + ghost) as (ix, idt):
+        return _s3fifo_simulate(trace, small, main, ghost, threshold, ix,
+                                np.empty(capacity, idt), np.zeros(capacity, np.uint8),
+                                np.zeros(capacity, np.int64), np.empty((2, capacity), np.int32),
+                                np.zeros((2, 2), np.int64), np.empty(gcap, idt),
+                                np.full(gcap, NIL, np.int32), np.full(gcap, NIL, np.int32),
+                                np.arange(gcap - 1, -1, -1, dtype=np.int32), hit_flags)
 
 
 def arc_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     nodes = 2 * capacity + 1
-    ix, idt = _state(trace, capacity, index, max_id, nodes)
-    return _arc_simulate(trace, capacity, ix, np.empty(nodes, idt),
-                         np.zeros(nodes, np.int8), np.full(nodes, NIL, np.int32),
-                         np.full(nodes, NIL, np.int32), np.arange(nodes - 1, -1, -1, dtype=np.int32),
-                         hit_flags)
+    with _state(trace, capacity, index, max_id, nodes) as (ix, idt):
+        return _arc_simulate(trace, capacity, ix, np.empty(nodes, idt),
+                             np.zeros(nodes, np.int8), np.full(nodes, NIL, np.int32),
+                             np.full(nodes, NIL, np.int32), np.arange(nodes - 1, -1, -1, dtype=np.int32),
+                             hit_flags)
 
 
 def belady_hits(trace, capacity, hit_flags, next_use=None, index="auto", max_id=None):
     """Belady's hits; ``next_use`` (from :func:`next_use_of`) is computed when not given (``max_id``:
     the largest id when the caller knows it and has checked the ids are >= 0)."""
     if next_use is None:
-        next_use = next_use_of(trace, np.int32 if trace.shape[0] < 2**31 else np.int64, max_id)
-    ix, idt = _state(trace, capacity, index, max_id)
-    return _belady_simulate(trace, next_use, capacity, ix, np.empty(capacity, idt), np.empty(capacity, np.int64),
-                            np.empty(capacity, np.int32), np.empty(capacity, np.int32), hit_flags)
+        n = trace.shape[0]
+        with scratch("next_use", n, np.int32 if n < 2**31 else np.int64) as nu:
+            _next_use_into(trace, nu, max_id)
+            return belady_hits(trace, capacity, hit_flags, nu, index, max_id)
+    with _state(trace, capacity, index, max_id) as (ix, idt):
+        return _belady_simulate(trace, next_use, capacity, ix, np.empty(capacity, idt), np.empty(capacity, np.int64),
+                                np.empty(capacity, np.int32), np.empty(capacity, np.int32), hit_flags)
