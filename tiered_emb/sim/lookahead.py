@@ -48,7 +48,7 @@ def _batch_uniques(trace, batch_size, uids, boff):
     """Unique ids of each batch of ``batch_size`` requests, in first-occurrence order; returns their count."""
     n = trace.shape[0]
     nb = (n + batch_size - 1) // batch_size
-    inverse = np.empty(batch_size, dtype=np.int64)
+    inverse = np.empty(min(batch_size, n), dtype=np.int64)  # no batch is longer than the trace
     w = 0
     boff[0] = 0
     for b in range(nb):
@@ -293,6 +293,9 @@ def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = 
     if not 0 <= load <= window:
         raise ConfigError(f"load_ahead={load_ahead} is invalid for window={window}", "use 0 <= load_ahead <= window")
     uids, boff = _checked_batches(uids, boff)
+    # a window past the last batch sees what one up to it sees (and the loop runs once per
+    # batch of the window)
+    window, load = min(window, boff.shape[0] - 1), min(load, boff.shape[0] - 1)
     hbm = CacheTier(_no_eviction_rows(hbm_rows, uids.shape[0]), policy)
     ddr = CacheTier(_no_eviction_rows(ddr_rows, uids.shape[0]), policy)
     counts = np.zeros((boff.shape[0] - 1, 3), dtype=np.int64)
@@ -413,6 +416,7 @@ def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window
         raise ConfigError(f"capacity={capacity}, window={window}, ties={ties!r} are invalid",
                           "use capacity >= 1, window >= 0, ties 'lru' or 'lfu'")
     uids, boff = _checked_batches(uids, boff)
+    window = min(window, boff.shape[0] - 1)  # the same beyond the last batch (and no overflow of t + window)
     if uids.shape[0] >= 1 << 30:
         raise ConfigError(f"{uids.shape[0]} requests are too many for one run", "split the trace below 2**30 requests")
     # a cache of len(uids) rows never evicts: larger ones run as that one (same hits, its memory)

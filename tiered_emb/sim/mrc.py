@@ -356,6 +356,14 @@ def _running_sum(hist, hits):
         hits[d] = total
 
 
+def _as_int64_sizes(q: np.ndarray) -> np.ndarray:
+    """Integer cache sizes as int64; unsigned ones past int64 become its largest (any size
+    from the trace's length on has the same hits), not a wrapped negative."""
+    if q.dtype.kind == "u" and q.dtype.itemsize == 8:
+        q = np.minimum(q, np.uint64(2**63 - 1))
+    return q.astype(np.int64)
+
+
 @dataclass(frozen=True)
 class MissRatioCurve:
     """Hits of a policy against cache size.
@@ -394,7 +402,7 @@ class MissRatioCurve:
         if q.dtype.kind not in "iu" and not (q.size == 0 and q.dtype.kind == "f"):
             raise ConfigError(f"sizes have dtype {q.dtype}", "give cache sizes as integers (objects)")
         shape = q.shape
-        q = q.astype(np.int64).reshape(-1)
+        q = _as_int64_sizes(q).reshape(-1)
         if q.size and int(q.min()) < 0:
             raise ConfigError(f"cache size {int(q.min())} is negative", "give cache sizes >= 0")
         m = self.sizes.shape[0]
@@ -470,7 +478,7 @@ def opt_curve(trace: np.ndarray, sizes) -> MissRatioCurve:
     if sizes.ndim > 1 or (sizes.size and sizes.dtype.kind not in "iu"):
         raise ConfigError(f"sizes have dtype {sizes.dtype} and shape {sizes.shape}",
                           "give a list of cache sizes in objects (integers)")
-    sizes = np.unique(sizes.astype(np.int64))
+    sizes = np.unique(_as_int64_sizes(sizes))
     if sizes.size and int(sizes[0]) < 0:
         raise ConfigError(f"cache size {int(sizes[0])} is negative", "give cache sizes >= 0")
     nxt = next_use_of(trace, max_id=hi)

@@ -37,7 +37,7 @@ from numba.extending import overload
 from ..errors import ConfigError
 from ..index import _hash_home, _index_del, _index_find, _index_put, new_index
 from ..kernels import _prefetch
-from ._checks import as_ids
+from ._checks import as_ids, finite_arg
 
 NIL = -1
 
@@ -1123,7 +1123,12 @@ def sieve_hits(trace, capacity, hit_flags, index="auto", max_id=None):
 
 def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9) -> tuple[int, int, int]:
     """``(small, main, ghost)`` object counts, computed as libCacheSim does (C doubles cast
-    to int64), except that the small queue holds at least one object."""
+    to int64), except that the small queue holds at least one object.  ``small_ratio`` is
+    in [0, 1] and ``ghost_ratio`` finite and >= 0 (a :class:`ConfigError` otherwise)."""
+    small_ratio = finite_arg("small_ratio", small_ratio, 0.0, "give small_ratio in [0, 1]")
+    ghost_ratio = finite_arg("ghost_ratio", ghost_ratio, 0.0, "give a finite ghost_ratio >= 0")
+    if small_ratio > 1:
+        raise ConfigError(f"small_ratio={small_ratio!r} is invalid", "give small_ratio in [0, 1]")
     small = max(int(capacity * small_ratio), 1) if capacity > 1 else 0
     return small, capacity - small, int(capacity * ghost_ratio)
 
