@@ -661,12 +661,81 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
     ref = ReferenceStore(tables, seed=5)
     for step, other in ((1.0, 1), (2.0, 2)):
         g = np.full((1, 2), step, np.float32)
+        if step > 1:  # the operation after a failed write-back raises it before changing anything
+            with pytest.raises(StoreFullError):
+                s.apply_gradients("t", np.array([0]), g)
+            assert s.peek("t", np.array([0]), with_state=True).tobytes() == \
+                ref.peek_records("t", np.array([0])).tobytes()
         s.apply_gradients("t", np.array([0]), g)
         ref.apply_gradients("t", np.array([0]), g)
-        with pytest.raises(StoreFullError):
-            s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written
+        s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written (kept for the next call)
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
+    assert len(s._ssd._flushing) == 2  # both write-backs of row 0 wait in memory
+    with pytest.raises(StoreFullError):
+        s.lookup("t", np.array([3]))
     full[0] = False
     s.close()
     with TieredStore.open(tmp_path / "s") as s:
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
+
+
+def test_a_full_disk_under_an_update_spread_over_chunks_applies_it_whole(tmp_path, monkeypatch):
+    """More unique ids than HBM holds: the update goes chunk by chunk, and a failed
+    write-back met half way used to raise after the first chunks were updated (a retry
+    applied them twice).  A failure is now raised by the next operation, before it changes
+    anything: each call is applied whole or not at all."""
+    import threading
+
+    from tiered_emb.errors import StoreFullError
+    tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
+    ref = ReferenceStore(tables, seed=4)
+    s = TieredStore.create(tmp_path / "f", tables, cpu(2), seed=4)
+    s._ssd.writeback_rows = 2
+    real, calls = s._ssd._put_waiting, []
+
+    def full_once(txn, snaps, main=False):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise StoreFullError("no space left on device", "free some")
+        real(txn, snaps, main)
+
+    monkeypatch.setattr(s._ssd, "_put_waiting", full_once)
+    ids, g = np.arange(8), np.ones((8, 2), np.float32)
+    changed_on_error = []
+    for _ in range(6):
+        before = s.peek("u", ids, with_state=True)
+        try:
+            s.apply_gradients("u", ids, g)
+        except StoreFullError:
+            changed_on_error.append(int((s.peek("u", ids, with_state=True) != before).any(axis=1).sum()))
+            s.apply_gradients("u", ids, g)  # the step that failed, retried
+        ref.apply_gradients("u", ids, g)
+    s.close()
+    assert changed_on_error == [0]
+    with TieredStore.open(tmp_path / "f") as s:
+        np.testing.assert_array_equal(s.peek("u", ids, with_state=True), ref.peek_records("u", ids))
+
+
+@pytest.mark.parametrize("message, free, full", [("mdb_txn_commit: Input/output error", 1 << 20, True),
+                                                 ("mdb_txn_commit: Input/output error", 1 << 40, False),
+                                                 ("mdb_put: No space left on device", 1 << 40, True),
+                                                 ("mdb_txn_commit: Bad file descriptor", 0, False)])
+def test_a_short_write_on_a_full_disk_is_store_full(tmp_path, monkeypatch, message, free, full):
+    """LMDB reports its short page writes as EIO: on a filling disk that is the usual first
+    failure, and it was reported as a corrupt store."""
+    import collections
+    import shutil
+
+    import lmdb
+
+    from tiered_emb.errors import StoreFullError
+    s = TieredStore.create(tmp_path / "s", [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))], cpu(4), seed=1)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 41, (1 << 41) - free, free))
+
+    def fail(txn):
+        raise lmdb.Error(message)
+
+    with pytest.raises(StoreFullError if full else CorruptStoreError):
+        s._ssd._write(fail)
+    s.close()

@@ -308,22 +308,29 @@ class TieredStore:
     def _chunks(self, t: _Table, uids: np.ndarray):
         """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each held in HBM while the caller uses it."""
         with self._lock:
+            # An earlier write-back that failed (a full disk) is raised now, before this
+            # operation changes anything; a failure during it waits for the next one, so an
+            # update spread over chunks is applied whole or not at all.
+            self._ssd.raise_failed_write()
             cap = t.hbm.unpinned_capacity
             if cap < 1:
                 raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
             for start in range(0, uids.shape[0], cap):
                 chunk = uids[start:start + cap]
-                slots, pinned = self._bring_up(t, chunk)
+                slots, pinned = self._bring_up(t, chunk, defer_errors=True)
                 try:
                     yield start, slots
                 finally:
                     if pinned:
                         t.hbm.release(slots)
 
-    def _bring_up(self, t: _Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False):
+    def _bring_up(self, t: _Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False,
+                  defer_errors: bool = False):
         """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down.
 
         ``c``: the counters to charge (the step's by default; the prefetcher has its own).
+        ``defer_errors``: a failed write-back is kept for the next operation (see :meth:`_chunks`)
+        instead of raised here.
         Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
         """
         c = t.counters if c is None else c
@@ -370,7 +377,7 @@ class TieredStore:
             if ev_ids.shape[0]:
                 c["ssd"]["writebacks"] += ev_ids.shape[0]
                 try:  # raises a failed background write (its rows, and these, wait in memory)
-                    self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False)
+                    self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False, defer_errors=defer_errors)
                 except BaseException:
                     if pinned:
                         t.hbm.release(slots)

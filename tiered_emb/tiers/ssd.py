@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import shutil
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -386,11 +387,27 @@ class SsdTier:
                 with self._gate.resizing():
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.Error as err:
-                if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
+                if self._disk_full(err):
                     raise StoreFullError(f"the disk under {self.path} is full ({err}); the write was rolled back",
                                          "free disk space or move the store, then call flush()/checkpoint() again") from err
                 raise CorruptStoreError(f"writing to {self.path} failed ({err}); the write was rolled back",
                                         "check the disk and the store directory") from err
+
+    #: Free bytes under which an I/O error of a write is taken for a full disk.
+    FULL_BELOW_BYTES = 64 << 20
+
+    def _disk_full(self, err: lmdb.Error) -> bool:
+        """Whether a failed write transaction ran out of disk.  Besides ENOSPC: LMDB reports a
+        short write of its pages as EIO ("Input/output error"), the usual first failure of a
+        filling disk; an EIO with less than :data:`FULL_BELOW_BYTES` free counts as full."""
+        if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
+            return True
+        if getattr(err, "errno", None) != errno.EIO and "Input/output error" not in str(err):
+            return False
+        try:
+            return shutil.disk_usage(self.path).free < self.FULL_BELOW_BYTES
+        except OSError:
+            return False
 
     def _set_written(self, table: str, ids: np.ndarray) -> None:
         """Set the written bits of ``ids`` (under ``_mu``: setting a bit rewrites its whole byte,
@@ -431,22 +448,40 @@ class SsdTier:
                     out.setdefault(t, []).append(buf.items()[0])
         return {t: np.concatenate(parts) for t, parts in sorted(out.items())}
 
+    def raise_failed_write(self) -> None:
+        """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
+        if self._writer_error is not None:
+            err, self._writer_error = self._writer_error, None
+            raise err
+
     def wait_writes(self) -> None:
         """Wait for the writer thread; its error, if any, is raised by the next durable write."""
         if self._writer is not None:
             self._writer.join()
             self._writer = None
 
-    def _write_behind(self) -> None:
-        """Hand every waiting write-back to the writer thread (after the previous one is done)."""
+    def _write_behind(self, defer_errors: bool = False) -> None:
+        """Hand every waiting write-back to the writer thread (after the previous one is done).
+
+        A failed write's rows stay waiting in memory, retried by the next write.  The failure
+        is raised here, or with ``defer_errors`` kept for :meth:`raise_failed_write`: an
+        operation that is changing rows goes on to its end, and the next one raises it
+        before it changes anything (all or nothing).
+        """
         self.wait_writes()
-        if self._writer_error is not None:  # its rows stay waiting, retried by the next write
-            err, self._writer_error = self._writer_error, None
-            raise err
+        if self._writer_error is not None:
+            if defer_errors:
+                return
+            self.raise_failed_write()
         with self._mu:
             snaps = self._waiting()
         if not self.background_writes:
-            self._commit_waiting(snaps)
+            try:
+                self._commit_waiting(snaps)
+            except Exception as err:
+                if not defer_errors:
+                    raise
+                self._writer_error = err
             return
         self._writer = threading.Thread(target=self._commit_waiting, args=(snaps, True), name="tiered_emb-writer",
                                         daemon=True)
@@ -466,12 +501,14 @@ class SsdTier:
             self._flushing = [s for s in self._flushing if not any(s is x for x in snaps)]
             self._written(self._ids_of(snaps))
 
-    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True) -> int:
+    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
+                      defer_errors: bool = False) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
 
         ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
         others until ``writeback_rows`` are waiting, then all go out in one transaction
-        (on the writer thread with ``background_writes``); reads see them at once.
+        (on the writer thread with ``background_writes``); reads see them at once; a failed
+        write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
         ``durable=True`` writes them, and every waiting row, now.
         """
         batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
@@ -483,7 +520,7 @@ class SsdTier:
                     self._wb[t].put(ids, rows)
                 waiting = sum(len(b) for b in self._wb.values())
             if waiting >= self.writeback_rows:
-                self._write_behind()
+                self._write_behind(defer_errors)
             return n
         self.wait_writes()
         with self._mu:
