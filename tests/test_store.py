@@ -739,3 +739,119 @@ def test_a_short_write_on_a_full_disk_is_store_full(tmp_path, monkeypatch, messa
     with pytest.raises(StoreFullError if full else CorruptStoreError):
         s._ssd._write(fail)
     s.close()
+
+
+_KILLED_CREATE = r"""
+import os, signal, sys
+from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb import store as storemod
+from tiered_emb.tiers import ssd as ssdmod
+die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[2] == "manifest":  # the LMDB meta committed, the manifest not yet written
+    storemod.TieredStore._write_manifest = die
+else:                          # inside the first LMDB transaction
+    ssdmod.SsdTier._put_waiting = die
+TieredStore.create(sys.argv[1], [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu"))
+"""
+
+
+@pytest.mark.parametrize("point", ["manifest", "first_txn"])
+def test_a_create_killed_half_way_is_started_over_by_the_next_create(tmp_path, point):
+    """Killed between its mkdir and its manifest, create() left a directory that create()
+    refused (it exists) and open() refused (no manifest), so only a manual delete helped."""
+    import subprocess
+    import sys
+    path = tmp_path / "s"
+    p = subprocess.run([sys.executable, "-c", _KILLED_CREATE, str(path), point], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == -9, p.stderr
+    with pytest.raises(StoreNotFoundError, match="did not finish"):
+        TieredStore.open(path)
+    tables = [TableConfig("t", dim=4, optimizer=SGD(lr=1.0))]
+    with TieredStore.create(path, tables, cpu(4), seed=2) as s:
+        s.apply_gradients("t", np.array([1, 2]), np.ones((2, 4), np.float32))
+        want = s.peek("t", np.arange(4), with_state=True)
+    with TieredStore.open(path) as s:
+        assert s.peek("t", np.arange(4), with_state=True).tobytes() == want.tobytes()
+
+
+def test_only_a_half_made_store_is_started_over(tmp_path):
+    tables = [TableConfig("t", dim=4)]
+    with TieredStore.create(tmp_path / "whole", tables, cpu(4)):
+        pass
+    with pytest.raises(StoreExistsError):  # a finished store is never replaced
+        TieredStore.create(tmp_path / "whole", tables, cpu(4))
+    other = tmp_path / "other"
+    (other / "lmdb").mkdir(parents=True)
+    (other / "LOCK").touch()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(StoreExistsError):  # a file that is not the store's: not a half-made store
+        TieredStore.create(other, tables, cpu(4))
+    assert (other / "notes.txt").read_text() == "mine"
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "LOCK").touch()
+    import fcntl
+    import os
+    fd = os.open(busy / "LOCK", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a create still running there
+    try:
+        with pytest.raises(StoreLockedError):
+            TieredStore.create(busy, tables, cpu(4))
+    finally:
+        os.close(fd)
+
+
+_OPEN_AND_READ = r"""
+import sys, numpy as np
+from tiered_emb import TieredStore
+from tiered_emb.errors import CorruptStoreError
+try:
+    s = TieredStore.open(sys.argv[1])
+    for name in s.tables:
+        s.peek(name, np.arange(400), with_state=True)
+    s.close(checkpoint=False)
+    print("RESULT ok")
+except CorruptStoreError:
+    print("RESULT CorruptStoreError")
+except BaseException as e:
+    print("RESULT", type(e).__module__ + "." + type(e).__name__, str(e)[:100])
+"""
+
+
+def test_a_damaged_lmdb_page_is_a_corrupt_store_error(tmp_path):
+    """Pages of the tables' B-trees overwritten with (seeded) junk: opening and reading the
+    store gives CorruptStoreError or the rows, never a raw lmdb error (the key walk at open
+    and the meta read raised lmdb.CorruptedError / BadTxnError).  LMDB pages carry no
+    checksums, so some junk makes LMDB itself abort: those cases are counted, not failed."""
+    import shutil
+    import subprocess
+    import sys
+    path = tmp_path / "s"
+    tables = [TableConfig("a", dim=8), TableConfig("b", dim=4, num_rows=400)]
+    s = TieredStore.create(path, tables, TierConfig(hbm_rows=8, ddr_rows=0, device="cpu", map_size_bytes=1 << 20))
+    rng = np.random.default_rng(0)
+    for name, dim in (("a", 8), ("b", 4)):
+        s.write(name, np.arange(400), rng.standard_normal((400, dim)).astype(np.float32))
+    s.checkpoint()
+    for name, dim in (("a", 8), ("b", 4)):
+        s.write(name, np.arange(0, 400, 3), rng.standard_normal((134, dim)).astype(np.float32))
+    s.flush()
+    crash(s)
+    psize = 4096
+    npages = (path / "lmdb" / "data.mdb").stat().st_size // psize
+    junk = np.random.default_rng(1)
+    raw = []
+    for pg in range(12, min(npages, 22)):
+        cp = tmp_path / "c"
+        shutil.rmtree(cp, ignore_errors=True)
+        shutil.copytree(path, cp)
+        with open(cp / "lmdb" / "data.mdb", "r+b") as f:
+            f.seek(pg * psize)
+            f.write(junk.integers(0, 256, psize, dtype=np.uint8).tobytes())
+        p = subprocess.run([sys.executable, "-c", _OPEN_AND_READ, str(cp)], capture_output=True, text=True,
+                           timeout=120)
+        res = [ln[7:] for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if res and res[0] not in ("ok", "CorruptStoreError"):
+            raw.append(f"page {pg}: {res[0]}")
+    assert not raw, "\n".join(raw)

@@ -122,13 +122,18 @@ class TieredStore:
             raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig")
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
             raise ConfigError(f"seed={seed!r} is invalid", "use an int in [0, 2**64)")
-        if path.exists():
+        half_made = _half_made(path)
+        if path.exists() and not half_made:
             raise StoreExistsError(f"store path {str(path)!r} already exists",
                                    "open it with TieredStore.open, or choose a new path")
         resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
-        path.mkdir(parents=True)
-        lock_fd = _lock(path)
+        if not half_made:
+            path.mkdir(parents=True)
+        lock_fd = _lock(path)  # a create still running there holds it: StoreLockedError
         try:
+            if half_made:  # a create() killed before its manifest: start it over
+                shutil.rmtree(path / "lmdb", ignore_errors=True)
+                (path / "manifest.json.tmp").unlink(missing_ok=True)
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
                           tiers.map_size_bytes, background_writes=tiers.background_writes,
                           table_rows={t.name: t.num_rows for t in tables})
@@ -159,6 +164,9 @@ class TieredStore:
         if restore not in ("checkpoint", "latest"):
             raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
         manifest_path = path / "manifest.json"
+        if _half_made(path):
+            raise StoreNotFoundError(f"{str(path)!r} holds a store whose create() did not finish (no manifest.json)",
+                                     "call TieredStore.create on it again: it starts a half-made store over")
         if not manifest_path.is_file():
             raise StoreNotFoundError(f"no store at {str(path)!r} (no manifest.json)",
                                      "check the path, or make one with TieredStore.create")
@@ -183,6 +191,7 @@ class TieredStore:
             raise CorruptStoreError(f"store {str(path)!r} has no LMDB data file (lmdb/data.mdb)",
                                     "restore the store directory from a backup")
         lock_fd = _lock(path)
+        ssd = None
         try:
             resolve_xp(tiers.device)
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
@@ -195,6 +204,8 @@ class TieredStore:
                 ssd.discard_pending()
             store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
         except BaseException:
+            if ssd is not None:
+                ssd.close()
             os.close(lock_fd)
             raise
         return store
@@ -815,6 +826,17 @@ class TieredStore:
         """Bytes of the LMDB files on disk."""
         self._check_open()
         return self._ssd.file_bytes()
+
+
+def _half_made(path: Path) -> bool:
+    """Whether ``path`` is what a :meth:`TieredStore.create` killed before its manifest leaves:
+    a directory of nothing but its lock file and LMDB files, with no ``manifest.json``."""
+    try:
+        top = {p.name for p in path.iterdir()}
+        lmdb_files = {p.name for p in (path / "lmdb").iterdir()} if (path / "lmdb").is_dir() else set()
+    except OSError:  # absent, not a directory, unreadable
+        return False
+    return "LOCK" in top and top <= {"LOCK", "lmdb", "manifest.json.tmp"} and lmdb_files <= {"data.mdb", "lock.mdb"}
 
 
 def _lock(path: Path) -> int:

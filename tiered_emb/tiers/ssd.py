@@ -164,18 +164,28 @@ class SsdTier:
         except lmdb.Error as err:
             raise CorruptStoreError(f"LMDB environment {self.path} cannot be opened ({err})",
                                     "check the store directory and its permissions") from err
-        self._n_pending = {n: self._entries(self._pending[n]) for n in self.widths}
         # Ids ever written here, per table with ``num_rows`` (a bit each; None: look for
         # every id).  Bits are only ever set, before the rows enter the write-back buffer
         # or an LMDB transaction, so a clear bit means the id is held nowhere here.
         self._written_bits: dict[str, np.ndarray | None] = {}
         try:
-            for n in sorted(self.widths):
-                rows = (table_rows or {}).get(n)
-                self._written_bits[n] = None if rows is None else self._bits_from_keys(n, int(rows))
+            with self._corrupt_on_lmdb_error("reading"):
+                self._n_pending = {n: self._entries(self._pending[n]) for n in self.widths}
+                for n in sorted(self.widths):
+                    rows = (table_rows or {}).get(n)
+                    self._written_bits[n] = None if rows is None else self._bits_from_keys(n, int(rows))
         except BaseException:
             self.env.close()
             raise
+
+    @contextmanager
+    def _corrupt_on_lmdb_error(self, doing: str):
+        """An LMDB error (a damaged page: wrong type, bad transaction) as :class:`CorruptStoreError`."""
+        try:
+            yield
+        except lmdb.Error as err:
+            raise CorruptStoreError(f"{doing} {self.path} failed ({type(err).__name__}: {err})",
+                                    "restore the store directory from a backup") from err
 
     def _check_length(self) -> None:
         """Raise CorruptStoreError when ``data.mdb`` is shorter than its last committed page:
@@ -589,7 +599,8 @@ class SsdTier:
         self.checkpoint({}, self.read_meta(), None)
 
     def read_meta(self) -> dict:
-        with self._gate.reading(), self.env.begin() as txn:
+        with self._corrupt_on_lmdb_error("reading the meta record of"), self._gate.reading(), \
+                self.env.begin() as txn:
             v = txn.get(b"meta", db=self._meta)
         if v is None:
             raise CorruptStoreError(f"the LMDB environment {self.path} has no meta record",
@@ -600,7 +611,7 @@ class SsdTier:
             raise CorruptStoreError(f"the meta record of {self.path} is not JSON", "restore from a backup") from err
 
     def read_extra(self) -> bytes | None:
-        with self._gate.reading(), self.env.begin() as txn:
+        with self._corrupt_on_lmdb_error("reading the extra record of"), self._gate.reading(), self.env.begin() as txn:
             v = txn.get(b"extra", db=self._meta)
         return None if v is None else bytes(v)
 
