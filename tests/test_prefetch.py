@@ -9,6 +9,7 @@ from tiered_emb.errors import ConfigError, IdRangeError, PrefetchError
 from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
 from tiered_emb.prefetch import lookahead
 from tiered_emb.sim.traces import zipf_ids
+from tiered_emb.testing import full_disk_for
 from tiered_emb.testing.reference import ReferenceStore
 
 TABLES = [TableConfig("u", dim=4, optimizer=RowWiseAdagrad(lr=0.2)),
@@ -226,23 +227,14 @@ def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
     np.testing.assert_array_equal(got, ref.lookup("u", np.array([5])))
 
 
-def test_failed_background_write_loses_nothing(tmp_path, monkeypatch):
+def test_failed_background_write_loses_nothing(tmp_path):
     from tiered_emb.errors import StoreFullError
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     ref = ReferenceStore(tables, seed=4)
     path = tmp_path / "f"
     s = TieredStore.create(path, tables, TierConfig(1, 0, "lru", "cpu"), seed=4)
     s._ssd.writeback_rows = 2
-    real = s._ssd._put_waiting
-    calls = []
-
-    def full_once(txn, snaps, main=False):
-        calls.append(threading.current_thread().name)
-        if len(calls) == 1:
-            raise StoreFullError("no space left on device", "free some")
-        real(txn, snaps, main)
-
-    monkeypatch.setattr(s._ssd, "_put_waiting", full_once)
+    calls = full_disk_for(s)
     raised = []
     for i in range(12):
         g = np.full((1, 2), i + 1, dtype=np.float32)

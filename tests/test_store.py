@@ -679,27 +679,18 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
 
 
-def test_a_full_disk_under_an_update_spread_over_chunks_applies_it_whole(tmp_path, monkeypatch):
+def test_a_full_disk_under_an_update_spread_over_chunks_applies_it_whole(tmp_path):
     """More unique ids than HBM holds: the update goes chunk by chunk, and a failed
     write-back met half way used to raise after the first chunks were updated (a retry
     applied them twice).  A failure is now raised by the next operation, before it changes
     anything: each call is applied whole or not at all."""
-    import threading
-
     from tiered_emb.errors import StoreFullError
+    from tiered_emb.testing import full_disk_for
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     ref = ReferenceStore(tables, seed=4)
     s = TieredStore.create(tmp_path / "f", tables, cpu(2), seed=4)
     s._ssd.writeback_rows = 2
-    real, calls = s._ssd._put_waiting, []
-
-    def full_once(txn, snaps, main=False):
-        calls.append(threading.current_thread().name)
-        if len(calls) == 1:
-            raise StoreFullError("no space left on device", "free some")
-        real(txn, snaps, main)
-
-    monkeypatch.setattr(s._ssd, "_put_waiting", full_once)
+    full_disk_for(s)
     ids, g = np.arange(8), np.ones((8, 2), np.float32)
     changed_on_error = []
     for _ in range(6):

@@ -674,15 +674,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_
         if hit_on_ghost:
             g = -2 - s
             _ix_del(ix, key)
-            a, b = golder[g], gnewer[g]
-            if a == NIL:
-                g_oldest = b
-            else:
-                gnewer[a] = b
-            if b == NIL:
-                g_newest = a
-            else:
-                golder[b] = a
+            g_newest, g_oldest = _list_unlink(gnewer, golder, g_newest, g_oldest, g)
             gfree[g_free_n] = g
             g_free_n += 1
             g_size -= 1

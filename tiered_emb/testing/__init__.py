@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 
 def crash(store) -> None:
@@ -11,3 +12,20 @@ def crash(store) -> None:
     store._closed = True
     store._ssd.close()
     os.close(store._lock_fd)
+
+
+def full_disk_for(store, writes: int = 1) -> list[str]:
+    """Make the next ``writes`` LMDB write-back transactions of ``store`` fail as on a full
+    disk (:class:`~tiered_emb.errors.StoreFullError`, rolled back), the later ones succeed.
+    Returns the list the attempts append their thread's name to."""
+    from ..errors import StoreFullError
+    real, attempts = store._ssd._put_waiting, []
+
+    def put(txn, snaps, main=False):
+        attempts.append(threading.current_thread().name)
+        if len(attempts) <= writes:
+            raise StoreFullError("no space left on device", "free some")
+        real(txn, snaps, main)
+
+    store._ssd._put_waiting = put
+    return attempts
