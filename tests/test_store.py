@@ -846,3 +846,20 @@ def test_a_damaged_lmdb_page_is_a_corrupt_store_error(tmp_path):
         if res and res[0] not in ("ok", "CorruptStoreError"):
             raw.append(f"page {pg}: {res[0]}")
     assert not raw, "\n".join(raw)
+
+
+def test_a_store_with_checkpoints_that_lost_its_manifest_is_never_started_over(tmp_path):
+    """Only a store holding nothing (no row, no checkpoint past the first) counts as a
+    create() killed half way: a finished one whose manifest.json was lost keeps its LMDB."""
+    path = tmp_path / "s"
+    tables = [TableConfig("t", dim=4, optimizer=SGD(lr=1.0))]
+    with TieredStore.create(path, tables, cpu(4), seed=2) as s:
+        s.write("t", np.arange(10), np.arange(40, dtype=np.float32).reshape(10, 4))
+        s.checkpoint()
+    data = (path / "lmdb" / "data.mdb").read_bytes()
+    (path / "manifest.json").unlink()
+    with pytest.raises(StoreNotFoundError, match="no manifest.json"):
+        TieredStore.open(path)
+    with pytest.raises(StoreExistsError, match="without its manifest"):
+        TieredStore.create(path, tables, cpu(4), seed=2)
+    assert (path / "lmdb" / "data.mdb").read_bytes() == data

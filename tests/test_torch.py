@@ -429,3 +429,57 @@ def test_nonfinite_in_one_table_updates_no_table(tmp_path, bad, module):
         outs["a"].sum().backward()
     store.close()
     ref.close()
+
+
+def test_a_failed_write_back_pending_before_a_backward_stops_it_before_any_table_changes(tmp_path):
+    """A forward's evictions leave a failed write-back (a full disk) pending; the backward
+    through two tables raises it from its checks, so neither table changes, and the retry
+    updates both once (before, the first queued update was applied, then the second raised)."""
+    from tiered_emb.errors import StoreFullError
+    from tiered_emb.testing import full_disk_for
+    tables = [TableConfig(t, dim=2, num_rows=100, optimizer=SGD(0.5)) for t in ("a", "b")]
+    s = TieredStore.create(tmp_path / "s", tables,
+                           TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=False), seed=1)
+    s._ssd.writeback_rows = 1
+    emb_a, emb_b = TieredEmbedding(s, "a"), TieredEmbedding(s, "b")
+    emb_b(torch.arange(4)).sum().backward()  # b's rows 0..3 dirty in HBM
+    full_disk_for(s, writes=1)
+    out_a = emb_a(torch.arange(6))           # more ids than HBM: the spill path
+    out_b = emb_b(torch.tensor([4, 5]))      # evicts dirty rows of b: their write-back fails, kept
+    before = {t: s.peek(t, np.arange(10), with_state=True).tobytes() for t in ("a", "b")}
+    with pytest.raises(StoreFullError):
+        (out_a.sum() + out_b.sum()).backward(retain_graph=True)
+    for t in ("a", "b"):
+        assert s.peek(t, np.arange(10), with_state=True).tobytes() == before[t], t
+    (out_a.sum() + out_b.sum()).backward()
+    for t in ("a", "b"):
+        assert s.peek(t, np.arange(10), with_state=True).tobytes() != before[t], t
+    s.close()
+
+
+def test_a_weighted_bag_can_be_backpropagated_again_after_a_pass_that_raised(tmp_path):
+    """The rows a weighted bag's weight gradient is made from were dropped in its backward,
+    before the update ran: after a pass that raised, the retry failed inside np.einsum."""
+    ids, off = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])
+
+    def run(store, psw):
+        out_b = TieredEmbeddingBag(store, "b")(ids, off)  # b first: autograd visits a's backward first
+        out_a = TieredEmbeddingBag(store, "a")(ids, off, per_sample_weights=psw)
+        return lambda scale: (out_a.sum() + scale * out_b.sum()).backward(retain_graph=True)
+
+    s, ref = _store(tmp_path, tables=("a", "b")), _store(tmp_path, name="ref", tables=("a", "b"))
+    psw = torch.linspace(0.5, 2.0, 4).requires_grad_()
+    backward = run(s, psw)
+    before = s.peek("a", np.arange(ROWS), with_state=True).tobytes()
+    with pytest.raises(NonFiniteGradientError):
+        backward(float("nan"))
+    assert s.peek("a", np.arange(ROWS), with_state=True).tobytes() == before
+    psw.grad = None
+    backward(1.0)
+    psw_ref = psw.detach().clone().requires_grad_()
+    run(ref, psw_ref)(1.0)
+    for t in ("a", "b"):
+        assert s.peek(t, np.arange(ROWS), with_state=True).tobytes() == ref.peek(t, np.arange(ROWS), with_state=True).tobytes()
+    torch.testing.assert_close(psw.grad, psw_ref.grad)
+    s.close()
+    ref.close()

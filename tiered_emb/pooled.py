@@ -470,6 +470,7 @@ def pooled_update(store, table: str, plan: BagPlan, grad_out: np.ndarray, nonfin
     with _threads_for(work):
         summed, bad = reduce_bag_grads(plan, grad_out)
     uids, summed = store._screen_nonfinite(t, plan.uids, summed, bad.astype(bool), nonfinite)
+    store.raise_failed_write()
 
     def update() -> None:
         if plan.pinned is not None and plan.checked is t and store._still_pinned(plan.pinned):
@@ -500,7 +501,7 @@ def _update_pooled(store, t, plan: BagPlan, uids, summed, pinned: bool = False) 
         return True
     if pinned:
         return False
-    store._update_rows(t, uids, summed, update)
+    store._update_rows(t, uids, summed, update, checked=True)  # by pooled_update
     return True
 
 

@@ -122,7 +122,7 @@ class TieredStore:
             raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig")
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
             raise ConfigError(f"seed={seed!r} is invalid", "use an int in [0, 2**64)")
-        half_made = _half_made(path)
+        half_made = _half_made(path, look_inside=False)
         if path.exists() and not half_made:
             raise StoreExistsError(f"store path {str(path)!r} already exists",
                                    "open it with TieredStore.open, or choose a new path")
@@ -130,6 +130,10 @@ class TieredStore:
         if not half_made:
             path.mkdir(parents=True)
         lock_fd = _lock(path)  # a create still running there holds it: StoreLockedError
+        if half_made and not _half_made(path):  # looked at again, inside, under the lock
+            os.close(lock_fd)
+            raise StoreExistsError(f"store path {str(path)!r} holds an LMDB store without its manifest.json",
+                                   "restore manifest.json from a backup, or choose a new path")
         try:
             if half_made:  # a create() killed before its manifest: start it over
                 shutil.rmtree(path / "lmdb", ignore_errors=True)
@@ -165,8 +169,8 @@ class TieredStore:
             raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
         manifest_path = path / "manifest.json"
         if _half_made(path):
-            raise StoreNotFoundError(f"{str(path)!r} holds a store whose create() did not finish (no manifest.json)",
-                                     "call TieredStore.create on it again: it starts a half-made store over")
+            raise StoreNotFoundError(f"{str(path)!r} holds a store whose create() did not finish (no manifest.json, "
+                                     "no rows)", "call TieredStore.create on it again: it starts a half-made store over")
         if not manifest_path.is_file():
             raise StoreNotFoundError(f"no store at {str(path)!r} (no manifest.json)",
                                      "check the path, or make one with TieredStore.create")
@@ -316,13 +320,17 @@ class TieredStore:
         return np.ascontiguousarray(r)
 
     # ------------------------------------------------------------------ the step
-    def _chunks(self, t: _Table, uids: np.ndarray):
-        """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each held in HBM while the caller uses it."""
+    def _chunks(self, t: _Table, uids: np.ndarray, checked: bool = False):
+        """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each held in HBM while the caller uses it.
+
+        ``checked``: the caller raised an earlier failed write-back itself (see below).
+        """
         with self._lock:
             # An earlier write-back that failed (a full disk) is raised now, before this
             # operation changes anything; a failure during it waits for the next one, so an
             # update spread over chunks is applied whole or not at all.
-            self._ssd.raise_failed_write()
+            if not checked:
+                self._ssd.raise_failed_write()
             cap = t.hbm.unpinned_capacity
             if cap < 1:
                 raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
@@ -464,11 +472,19 @@ class TieredStore:
         summed = reduce_grads(g, inverse, uids.shape[0])
         bad = None if _all_finite(summed) else ~np.isfinite(summed).all(axis=1)
         uids, summed = self._screen_nonfinite(t, uids, summed, bad, nonfinite)
+        self.raise_failed_write()
 
         def update() -> None:
             with self._lock:
-                self._update_rows(self._table(table), uids, summed)
+                self._update_rows(self._table(table), uids, summed, checked=True)
         return update
+
+    def raise_failed_write(self) -> None:
+        """Raise the failure of an earlier write-back of evicted rows (a full disk), once, if
+        there is one; its rows still wait in memory, and the next write retries them.  The
+        checks of :meth:`gradient_update` end with it."""
+        with self._lock:
+            self._ssd.raise_failed_write()
 
     @staticmethod
     def _screen_nonfinite(t: _Table, uids, summed, bad, nonfinite: str):
@@ -484,10 +500,11 @@ class TieredStore:
         summed[~np.isfinite(summed)] = 0.0
         return uids, summed
 
-    def _update_rows(self, t: _Table, uids, summed, kernel=None) -> None:
-        """One optimizer update per unique id, chunk by chunk in HBM; ``kernel`` overrides the CPU kernel."""
+    def _update_rows(self, t: _Table, uids, summed, kernel=None, checked: bool = False) -> None:
+        """One optimizer update per unique id, chunk by chunk in HBM; ``kernel`` overrides the CPU
+        kernel; ``checked`` as :meth:`_chunks`."""
         opt = t.cfg.optimizer
-        for start, slots in self._chunks(t, uids):
+        for start, slots in self._chunks(t, uids, checked):
             chunk = summed[start:start + slots.shape[0]]
             if kernel is not None and self.xp is np:
                 kernel(t.hbm.records, slots, chunk, opt.params())
@@ -828,15 +845,45 @@ class TieredStore:
         return self._ssd.file_bytes()
 
 
-def _half_made(path: Path) -> bool:
+def _half_made(path: Path, look_inside: bool = True) -> bool:
     """Whether ``path`` is what a :meth:`TieredStore.create` killed before its manifest leaves:
-    a directory of nothing but its lock file and LMDB files, with no ``manifest.json``."""
+    a directory of nothing but its lock file and LMDB files, no ``manifest.json``, and (with
+    ``look_inside``; call it holding the lock) an LMDB environment holding no row and no
+    checkpoint past the first.  A finished store that lost its manifest is not one."""
     try:
         top = {p.name for p in path.iterdir()}
         lmdb_files = {p.name for p in (path / "lmdb").iterdir()} if (path / "lmdb").is_dir() else set()
     except OSError:  # absent, not a directory, unreadable
         return False
-    return "LOCK" in top and top <= {"LOCK", "lmdb", "manifest.json.tmp"} and lmdb_files <= {"data.mdb", "lock.mdb"}
+    if not ("LOCK" in top and top <= {"LOCK", "lmdb", "manifest.json.tmp"} and lmdb_files <= {"data.mdb", "lock.mdb"}):
+        return False
+    return not look_inside or "data.mdb" not in lmdb_files or _holds_nothing(path / "lmdb")
+
+
+def _holds_nothing(lmdb_dir: Path) -> bool:
+    """True when the LMDB environment at ``lmdb_dir`` has no row in any table and no meta
+    record past epoch 0; False when it has, or cannot be read (then nothing is replaced)."""
+    import lmdb
+    try:
+        env = lmdb.open(str(lmdb_dir), readonly=True, lock=False, max_dbs=4096, subdir=True)
+    except lmdb.Error:
+        return False
+    try:
+        with env.begin() as txn:
+            names = [bytes(k) for k, _ in txn.cursor()]
+            for name in names:
+                db = env.open_db(name, txn=txn, create=False)
+                if name == b"meta":
+                    meta = txn.get(b"meta", db=db)
+                    if meta is not None and json.loads(bytes(meta)).get("epoch", 0) != 0:
+                        return False
+                elif txn.stat(db)["entries"]:
+                    return False
+        return True
+    except (lmdb.Error, ValueError, AttributeError):
+        return False
+    finally:
+        env.close()
 
 
 def _lock(path: Path) -> int:

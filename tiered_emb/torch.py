@@ -104,21 +104,25 @@ def _weights_of(per_sample_weights, shape: tuple, mode: str):
     return np.array(w.cpu().numpy(), dtype=np.float32, order="C", copy=True)  # a copy: see _as_numpy_ids
 
 
-def _after_backward(update, ctx, spent: str) -> None:
+def _after_backward(update, ctx, spent: tuple[str, ...]) -> None:
     """Run ``update`` (a table's checked and reduced gradient step) once the whole backward
-    pass has succeeded, not now; then clear ``ctx.<spent>``, which marks the update as
-    applied (a second backward through it raises :class:`BackwardError`).
+    pass has succeeded, not now; then clear the ``spent`` attributes of ``ctx``, the first of
+    which marks the update as applied (a second backward through it raises :class:`BackwardError`).
 
     Why: autograd calls each table's backward on its own, so a backward through several
     tables whose gradient for one holds NaN (``nonfinite="raise"``) updated the tables
     before it and raised at that one: half a step, which a caller who skips the batch
     could not undo.  Each backward checks its gradient at once (the error stops the pass)
     and queues its update on the autograd engine, which runs the queued callbacks, in
-    order, only at the end of a pass that raised nothing: every table or none.
+    order, only at the end of a pass that raised nothing: every table or none.  The checks
+    include a failed write-back left by an earlier operation (a full disk), and the queued
+    updates leave one met among them to the next operation, so that failure too stops the
+    pass before any table changes.
     """
     def run() -> None:
         update()
-        setattr(ctx, spent, None)
+        for name in spent:
+            setattr(ctx, name, None)
     torch.autograd.Variable._execution_engine.queue_callback(run)
 
 
@@ -158,8 +162,8 @@ class _FusedBags(torch.autograd.Function):
             bag_of = np.repeat(np.arange(plan.num_bags), np.diff(plan.offsets))
             grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
             grad_w = grad_w.reshape(ctx.weights_shape).to(ctx.weights_device)  # the weights' own shape: (n,) or (B, L)
-            ctx.rows = None
-        _after_backward(pooled_update(batch.store, batch.table, batch.plan, g, batch.nonfinite), ctx, "batch")
+        # ctx.rows go with the update: a pass that fails leaves them for the backward run again
+        _after_backward(pooled_update(batch.store, batch.table, batch.plan, g, batch.nonfinite), ctx, ("batch", "rows"))
         return None, grad_w, None
 
 
@@ -181,7 +185,7 @@ class _RowsFromStore(torch.autograd.Function):
         store, table, ids, nonfinite = ctx.args
         g = grad_rows.detach().contiguous()
         g = g.cpu().numpy() if store.xp is np else store.xp.from_dlpack(g)
-        _after_backward(store.gradient_update(table, ids, g, nonfinite=nonfinite), ctx, "args")
+        _after_backward(store.gradient_update(table, ids, g, nonfinite=nonfinite), ctx, ("args",))
         return None, None, None, None, None
 
 
