@@ -863,3 +863,23 @@ def test_a_store_with_checkpoints_that_lost_its_manifest_is_never_started_over(t
     with pytest.raises(StoreExistsError, match="without its manifest"):
         TieredStore.create(path, tables, cpu(4), seed=2)
     assert (path / "lmdb" / "data.mdb").read_bytes() == data
+
+
+def test_close_saves_extra_with_its_checkpoint(tmp_path):
+    """close(extra=...) saves the trainer's state with the rows of the last checkpoint; a
+    plain close keeps the older bytes (documented), and extra without a checkpoint is refused."""
+    tables = [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))]
+    s = TieredStore.create(tmp_path / "s", tables, cpu(4), seed=1)
+    s.checkpoint(extra=b"step 1")
+    s.apply_gradients("t", np.array([1]), np.ones((1, 2), np.float32))
+    with pytest.raises(ConfigError, match="would not save"):
+        s.close(checkpoint=False, extra=b"step 2")
+    with pytest.raises(ConfigError, match="invalid"):
+        s.close(extra="step 2")
+    want = s.peek("t", np.arange(4), with_state=True)
+    s.close(extra=b"step 2")
+    with TieredStore.open(tmp_path / "s") as s:
+        assert s.extra == b"step 2" and s.peek("t", np.arange(4), with_state=True).tobytes() == want.tobytes()
+        s.apply_gradients("t", np.array([2]), np.ones((1, 2), np.float32))
+    with TieredStore.open(tmp_path / "s") as s:  # a plain close: the rows move on, extra stays
+        assert s.extra == b"step 2" and s.peek("t", np.arange(4), with_state=True).tobytes() != want.tobytes()

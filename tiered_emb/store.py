@@ -231,21 +231,27 @@ class TieredStore:
             raise CorruptStoreError(f"writing {str(tmp)!r} failed ({err})",
                                     "check the disk and the store directory's permissions") from err
 
-    def close(self, checkpoint: bool = True) -> None:
+    def close(self, checkpoint: bool = True, extra: bytes | None = None) -> None:
         """Checkpoint, then release the LMDB environment and the writer lock (idempotent).
 
         If the checkpoint fails (``StoreFullError``: the disk is full) the store stays open
         with every row it holds, so nothing is lost: free space and call ``close()`` again.
 
-        ``checkpoint=False`` closes without one: every change since the last checkpoint is
-        given up, as after a crash (:meth:`open` restores that checkpoint).  For a trainer
-        whose step failed midway, whose own state was saved with that checkpoint.
+        ``extra`` is saved with that checkpoint, as with :meth:`checkpoint`; without it the
+        bytes of an earlier checkpoint stay (see :attr:`extra`).  ``checkpoint=False``
+        closes without one: every change since the last checkpoint is given up, as after a
+        crash (:meth:`open` restores that checkpoint).  For a trainer whose step failed
+        midway, whose own state was saved with that checkpoint.
         """
         if self._closed:
             return
+        _check_extra(extra)
+        if extra is not None and not checkpoint:
+            raise ConfigError("close(checkpoint=False, extra=...) would not save extra",
+                              "pass extra with checkpoint=True, or leave it out")
         self._prefetcher.close()
         if checkpoint:
-            self.checkpoint()
+            self.checkpoint(extra)
         try:
             self._prefetcher.check()  # a failed unpinning on the thread, raised once the rows are safe
         finally:
@@ -265,7 +271,10 @@ class TieredStore:
 
     @property
     def extra(self) -> bytes | None:
-        """The ``extra`` bytes saved by the last :meth:`checkpoint` (e.g. a trainer's state)."""
+        """The ``extra`` bytes last saved with a checkpoint (``checkpoint(extra=...)`` or
+        ``close(extra=...)``; e.g. a trainer's state), or None.  A checkpoint without
+        ``extra`` keeps them as they were, so after ``checkpoint(extra=state)``, more steps
+        and a plain ``close()`` they are older than the rows: pass the state to ``close`` too."""
         self._check_open()
         return self._ssd.read_extra()
 
@@ -791,8 +800,7 @@ class TieredStore:
         Returns the number of rows written.
         """
         self._check_open()
-        if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
-            raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")
+        _check_extra(extra)
         self._prefetcher.drain()
         with self._lock:
             return self._checkpoint(extra)
@@ -843,6 +851,11 @@ class TieredStore:
         """Bytes of the LMDB files on disk."""
         self._check_open()
         return self._ssd.file_bytes()
+
+
+def _check_extra(extra) -> None:
+    if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")
 
 
 def _half_made(path: Path, look_inside: bool = True) -> bool:
