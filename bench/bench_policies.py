@@ -2,7 +2,8 @@
 
 Exact command (the numbers in docs/policies.md)::
 
-    python bench/bench_policies.py --json bench/results/policies.json --plot docs/img/policies_zipf.png
+    python bench/bench_policies.py --repeats 5 --json bench/results/policies.json \
+        --plot docs/img/policies_zipf.png --mrc-plot docs/img/mrc_zipf.png
 
 It runs the machinery of ``tiered-emb bench policies`` (and ``bench mrc``) at the issue's
 sizes: caches of 0.1 %, 1 % and 10 % of the ids; every policy of ours, the shared ones
