@@ -161,14 +161,6 @@ def dense_ok(max_id: int, n_requests: int) -> bool:
     return max_id < min(max(DENSE_MAX_IDS, DENSE_IDS_PER_REQUEST * n_requests), 2**31 - 1)
 
 
-def make_index(capacity: int, max_id: int, dense: bool):
-    """An empty index for ``capacity`` ids: ``slot_of`` int32 ``(max_id + 1,)`` filled with -1
-    when ``dense``, else the hash table ``(keys, vals)`` of :func:`tiered_emb.index.new_index`."""
-    if dense:
-        return np.full(max(max_id + 1, 1), -1, dtype=np.int32)
-    return new_index(capacity)
-
-
 # --------------------------------------------------------------------------- scratch arrays
 #: Largest scratch array (bytes) a thread keeps for its next run; larger ones are freed.
 SCRATCH_KEEP_BYTES = 1 << 28
@@ -200,7 +192,7 @@ def scratch(role: str, n: int, dtype):
     dtype = np.dtype(dtype)
     held = _KEPT.arrays.pop(role, None)
     if held is None or held.dtype != dtype or held.shape[0] < n:
-        held = None  # the old one goes before the new one is made
+        del held  # the old one is freed before the new one is made
         held = np.empty(max(n, 1), dtype=dtype)
     try:
         yield held[:n]
@@ -1073,7 +1065,7 @@ def _state(trace, capacity, index, max_id, entries=None):
     if index != "hash" and max_id is None:
         max_id = id_range(trace)[1]
     if index == "hash" or not (index == "dense" or dense_ok(max_id, trace.shape[0])):
-        yield make_index(entries, 0, False), np.int64
+        yield new_index(entries), np.int64  # the store's hash table (keys, vals)
         return
     with scratch("index", max(max_id + 1, 1), np.int32) as ix:
         ix.fill(-1)
