@@ -525,6 +525,36 @@ def test_manifest_write_on_a_full_disk_is_a_typed_error_and_retried(tmp_path, mo
         np.testing.assert_array_equal(s2.peek("a", np.array([3]), with_state=True), ref.peek_records("a", np.array([3])))
 
 
+def test_manifest_rename_and_new_store_directory_are_fsynced(tmp_path, monkeypatch):
+    """A rename is durable only once its directory is fsynced: without it a power loss can
+    bring back the old manifest.json beside a newer checkpoint (or lose a new store's entry)."""
+    import os
+    real_fsync, real_replace, events = os.fsync, os.replace, []
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(b)))
+        real_replace(a, b)
+
+    monkeypatch.setattr("tiered_emb.store.os.fsync", fsync)
+    monkeypatch.setattr("tiered_emb.store.os.replace", replace)
+    path = tmp_path / "deep" / "s"
+    s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
+    assert ("fsync", str(path.parent.resolve())) in events  # the new directory's entry
+    assert ("fsync", str((path / "lmdb").resolve())) in events  # data.mdb's
+    events.clear()
+    s.apply_gradients("a", np.array([3]), np.full((1, 8), 0.5, np.float32))
+    s.checkpoint()
+    s.close()
+    renamed = [i for i, e in enumerate(events) if e == ("replace", str(path / "manifest.json"))]
+    assert len(renamed) == 2  # the checkpoint's and close()'s
+    for i in renamed:  # each rename is followed by an fsync of the store directory
+        assert ("fsync", str(path.resolve())) in events[i + 1:i + 2]
+
+
 def test_close_without_checkpoint_gives_up_what_came_after_the_last_one(tmp_path):
     path = tmp_path / "s"
     s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)

@@ -129,6 +129,7 @@ class TieredStore:
         resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
         if not half_made:
             path.mkdir(parents=True)
+            _fsync_dir(path.parent)  # the new directory's entry, before anything is written in it
         lock_fd = _lock(path)  # a create still running there holds it: StoreLockedError
         if half_made and not _half_made(path):  # looked at again, inside, under the lock
             os.close(lock_fd)
@@ -143,6 +144,7 @@ class TieredStore:
                           table_rows={t.name: t.num_rows for t in tables})
             meta = {"format": FORMAT, "epoch": 0}
             ssd.checkpoint({}, meta, None)
+            _fsync_dir(path / "lmdb")  # data.mdb's entry (LMDB syncs the file, not its directory)
             store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
             store._write_manifest()
         except BaseException:
@@ -224,6 +226,7 @@ class TieredStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path / "manifest.json")
+            _fsync_dir(self.path)  # the rename itself: without this a power loss may undo it
         except OSError as err:  # the rows are committed in LMDB by then; only the manifest is behind
             if err.errno == errno.ENOSPC:
                 raise StoreFullError(f"the disk under {str(self.path)!r} is full writing manifest.json ({err})",
@@ -897,6 +900,17 @@ def _holds_nothing(lmdb_dir: Path) -> bool:
         return False
     finally:
         env.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory: makes the renames and creations of entries in it durable (POSIX
+    leaves them in the page cache until then, so a power loss could bring back the old
+    ``manifest.json`` beside a newer checkpoint)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _lock(path: Path) -> int:
