@@ -1,5 +1,6 @@
 """The DLRM main job at tiny size: the smoke run, resume bitwise, a real Criteo sample."""
 import io
+import types
 import json
 import sys
 from pathlib import Path
@@ -147,6 +148,29 @@ def test_resume_refuses_flags_that_differ_from_the_run(tmp_path):
     r = main(["train", "--run-dir", str(run), *SMALL, "--steps", "2", "--resume", "--hbm-rows", "32",
               "--lookahead", "2", "--bottom", "4,", "--checkpoint-every", "0"])
     assert r == 0 and json.loads((run / "report.json").read_text())["steps"] == 2
+
+
+def test_the_step_thread_count_is_kept_with_the_run(tmp_path, monkeypatch):
+    """torch sums in another order on another thread count, so the run keeps its own: a
+    resume without --step-threads (on a machine whose default differs) goes on with it,
+    and a different one is refused before anything is touched."""
+    import tiered_emb.dlrm as dlrm
+    run = tmp_path / "run"
+    _train(run, "--steps", "2", "--step-threads", "1")
+    assert json.loads((run / "config.json").read_text())["step_threads"] == 1
+    monkeypatch.setattr(dlrm.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert dlrm._step_threads(types.SimpleNamespace(step_threads=None)) == 7  # this "machine"'s default
+    before = _listing(run)
+    with pytest.raises(ConfigError, match="--step-threads 2 .*the run's: 1"):
+        _train(run, "--steps", "3", "--resume", "--step-threads", "2")
+    assert _listing(run) == before
+    r = _train(run, "--steps", "3", "--resume")
+    assert r["step_threads"] == 1 and r["steps"] == 3
+    # a run kept before the thread count was: the flag, else the machine's default, as then
+    cfg = json.loads((run / "config.json").read_text())
+    del cfg["step_threads"]
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert _train(run, "--steps", "4", "--resume", "--step-threads", "2")["step_threads"] == 2
 
 
 @pytest.mark.parametrize("text", ["{bad", "[1, 2]", '{"dim": 4}', "\udcff"], ids=["json", "list", "keys", "utf8"])

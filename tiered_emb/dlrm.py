@@ -207,11 +207,14 @@ def _save_state(torch, store, step: int, model, opt) -> None:
     store.checkpoint(buf.getvalue())
 
 
-def _step_threads(args) -> int:
-    """The step's torch and Numba threads: ``--step-threads``, else every core but one (at least 1)."""
+def _step_threads(args, cfg: dict | None = None) -> int:
+    """The step's torch and Numba threads: ``--step-threads``, else the run's (``cfg``, its
+    config.json), else every core but one (at least 1)."""
     n = getattr(args, "step_threads", None)
     if n is not None:
         return n
+    if cfg is not None and cfg.get("step_threads") is not None:
+        return cfg["step_threads"]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
 
@@ -345,6 +348,10 @@ def train(args) -> dict:
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
         cfg = _read_run_config(config_path)
         conflicts = _conflicts(args, cfg)
+        given, had = getattr(args, "step_threads", None), cfg.get("step_threads")
+        if given is not None and had is not None and given != had:  # (a run from before it was kept has none)
+            conflicts.append(f"--step-threads {given!r} (the run's: {had!r}; torch sums in another order on "
+                             "another thread count, so the run would not be the one an uninterrupted run gives)")
         if conflicts:
             raise ConfigError(f"--resume with flags that differ from the run's config.json: {', '.join(conflicts)}",
                               "drop them to continue the run as it was started, or start a new run "
@@ -353,6 +360,9 @@ def train(args) -> dict:
         store = TieredStore.open(store_dir, tiers=tiers)
     else:
         cfg = _run_config(args)
+        # Kept with the run: torch's results depend on its thread count (docs/determinism.md),
+        # so a resume on another machine, whose default differs, goes on as the run began.
+        cfg["step_threads"] = _step_threads(args)
         tables = _tables(cfg)
         data = _load_data(cfg)
         _replaceable(run_dir)
@@ -449,7 +459,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead,
                              load_ahead=getattr(args, "load_ahead", 1), read_ahead=getattr(args, "read_ahead", 0),
-                             step_threads=_step_threads(args))
+                             step_threads=_step_threads(args, cfg))
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
@@ -464,7 +474,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     stats = store.stats()  # training's statistics, before evaluation reads more rows
     report = {"steps": max(args.steps, start), "steps_this_run": done, "batch": cfg["batch"],
               "train_seconds": train_s, "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
-              "step_threads": _step_threads(args), "thread_cpu_ms_per_step": thread_cpu}
+              "step_threads": _step_threads(args, cfg), "thread_cpu_ms_per_step": thread_cpu}
     model.eval()
     with torch.no_grad():
         for split in ("train", "test"):
