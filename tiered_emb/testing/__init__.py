@@ -19,13 +19,21 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
     disk (:class:`~tiered_emb.errors.StoreFullError`, rolled back), the later ones succeed.
     Returns the list the attempts append their thread's name to."""
     from ..errors import StoreFullError
-    real, attempts = store._ssd._put_waiting, []
+    ssd, attempts = store._ssd, []
+    real_put, real_by_process = ssd._put_waiting, ssd._write_by_process
 
-    def put(txn, snaps, main=False):
+    def attempt():
         attempts.append(threading.current_thread().name)
         if len(attempts) <= writes:
             raise StoreFullError("no space left on device", "free some")
-        real(txn, snaps, main)
 
-    store._ssd._put_waiting = put
+    def put(txn, snaps, main=False):  # a write in this process (flush, checkpoint, no writer process)
+        attempt()
+        real_put(txn, snaps, main)
+
+    def by_process(snaps):  # a background write through the writer process
+        attempt()
+        return real_by_process(snaps)
+
+    ssd._put_waiting, ssd._write_by_process = put, by_process
     return attempts

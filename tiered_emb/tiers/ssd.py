@@ -23,10 +23,11 @@ initialised), and looking for them cost as much as finding one.
 """
 from __future__ import annotations
 
-import errno
 import itertools
 import json
-import shutil
+import os
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,10 +38,9 @@ import numpy as np
 import zstandard
 
 from ..errors import ConfigError, CorruptStoreError, StoreFullError, StoreLockedError
+from . import _lmdb_writer
+from ._lmdb_writer import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
 from .rowbuf import ABSENT, FOUND, RowBuffer
-
-_RAW = 0
-_ZSTD = 1
 _META_DB = b"meta"
 
 
@@ -130,6 +130,10 @@ class SsdTier:
         # stay readable from its snapshot (``_flushing``) until it commits.
         self.writeback_rows = int(writeback_rows)
         self.background_writes = bool(background_writes)
+        # The writer thread hands each transaction to a writer process (its own GIL; see
+        # tiers/_lmdb_writer.py).
+        self.writer_process = self.background_writes and WRITER_PROCESS
+        self._proc: _WriterProcess | None = None
         self._mu = threading.Lock()  # guards _wb, _flushing, _staged, _gen (short sections only)
         self._gate = _TxnGate()
         self._wb: dict[str, RowBuffer] = {n: RowBuffer(w) for n, w in sorted(self.widths.items())}
@@ -143,11 +147,12 @@ class SsdTier:
         self._gen = 0
         self.staging = {"reads": 0, "rows": 0, "used": 0, "discarded": 0}
         self.compression = compression
+        self._max_dbs, self._max_readers = 2 * len(self.widths) + 2, 64
         self._zc = zstandard.ZstdCompressor(level=compression) if compression else None
         self._zd = zstandard.ZstdDecompressor()
         try:
-            self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=2 * len(self.widths) + 2,
-                                 subdir=True, readahead=False, meminit=False, max_readers=64)
+            self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=self._max_dbs,
+                                 subdir=True, readahead=False, meminit=False, max_readers=self._max_readers)
             self._check_length()
             self._meta = self.env.open_db(_META_DB)
             self._main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(self.widths)}
@@ -216,23 +221,6 @@ class SsdTier:
         return bits
 
     # ----------------------------------------------------------------- encoding
-    def _encode(self, row: np.ndarray) -> bytes:
-        raw = row.tobytes()
-        if self._zc is None:
-            return bytes((_RAW,)) + raw
-        return bytes((_ZSTD,)) + self._zc.compress(raw)
-
-    def _encode_many(self, rows: np.ndarray) -> list[bytes]:
-        """:meth:`_encode` of each row of ``rows`` (k, W) float32; uncompressed ones built as one array."""
-        if self._zc is not None:
-            return [self._encode(r) for r in rows]
-        k = rows.shape[0]
-        size = 1 + rows.shape[1] * 4
-        payload = np.empty((k, size), dtype=np.uint8)
-        payload[:, 0] = _RAW
-        payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, -1)
-        return payload.view(f"V{size}").reshape(k).tolist()  # one bytes object per row, built in C
-
     def _decode(self, value, out_row: np.ndarray) -> None:
         tag = value[0]
         body = bytes(value[1:])
@@ -248,11 +236,6 @@ class SsdTier:
             raise CorruptStoreError(f"an LMDB record of {self.path} has {len(body)} bytes, expected {out_row.nbytes}",
                                     "restore from a backup")
         out_row[:] = np.frombuffer(body, dtype=np.float32)
-
-    @staticmethod
-    def _keys(ids: np.ndarray) -> list[bytes]:
-        """LMDB keys of ``ids`` (int64 (k,)): 8 big-endian bytes each."""
-        return ids.astype(">i8").view("V8").tolist()
 
     # ----------------------------------------------------------------- reads
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
@@ -314,7 +297,7 @@ class SsdTier:
                     if todo.shape[0] == 0:
                         break
                     with txn.cursor(db=db) as cur:
-                        got = _cursor_get_many(cur, self._keys(ids[todo]))
+                        got = _cursor_get_many(cur, lmdb_keys(ids[todo]))
                     if got:
                         self._decode_many(got, ids[todo], at[todo], out_rows, state)
         except lmdb.Error as err:
@@ -397,27 +380,11 @@ class SsdTier:
                 with self._gate.resizing():
                     self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.Error as err:
-                if self._disk_full(err):
+                if disk_full(err, self.path):
                     raise StoreFullError(f"the disk under {self.path} is full ({err}); the write was rolled back",
                                          "free disk space or move the store, then call flush()/checkpoint() again") from err
                 raise CorruptStoreError(f"writing to {self.path} failed ({err}); the write was rolled back",
                                         "check the disk and the store directory") from err
-
-    #: Free bytes under which an I/O error of a write is taken for a full disk.
-    FULL_BELOW_BYTES = 64 << 20
-
-    def _disk_full(self, err: lmdb.Error) -> bool:
-        """Whether a failed write transaction ran out of disk.  Besides ENOSPC: LMDB reports a
-        short write of its pages as EIO ("Input/output error"), the usual first failure of a
-        filling disk; an EIO with less than :data:`FULL_BELOW_BYTES` free counts as full."""
-        if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
-            return True
-        if getattr(err, "errno", None) != errno.EIO and "Input/output error" not in str(err):
-            return False
-        try:
-            return shutil.disk_usage(self.path).free < self.FULL_BELOW_BYTES
-        except OSError:
-            return False
 
     def _set_written(self, table: str, ids: np.ndarray) -> None:
         """Set the written bits of ``ids`` (under ``_mu``: setting a bit rewrites its whole byte,
@@ -429,10 +396,7 @@ class SsdTier:
     def _put_rows(self, txn, table: str, db, ids: np.ndarray, rows: np.ndarray) -> None:
         with self._mu:  # before the commit (rows from the write-back buffer have theirs already)
             self._set_written(table, ids)
-        order = np.argsort(ids, kind="stable")  # key order; a repeated id's last row wins
-        pairs = zip(self._keys(ids[order]), self._encode_many(rows[order]))
-        with txn.cursor(db=db) as cur:
-            cur.putmulti(pairs)
+        put_rows(txn, db, ids, rows, self._zc)
 
     def _put_waiting(self, txn, snaps: list[dict[str, RowBuffer]], main: bool = False) -> None:
         """Write write-back snapshots, oldest first, into ``p:`` (or ``t:`` with ``main``)."""
@@ -499,17 +463,55 @@ class SsdTier:
 
     def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
         try:
-            self._write(lambda txn: self._put_waiting(txn, snaps))
+            if on_thread and self.writer_process:
+                entries = self._write_by_process(snaps)
+            else:
+                self._write(lambda txn: self._put_waiting(txn, snaps))
+                entries = {t: self._entries(self._pending[t]) for t in self.widths}
         except BaseException as err:
             if not on_thread:
                 raise
             self._writer_error = err
             return
-        for t in self.widths:
-            self._n_pending[t] = self._entries(self._pending[t])
+        self._n_pending.update(entries)  # before the snapshots leave the read path: reads then look in p:
         with self._mu:
             self._flushing = [s for s in self._flushing if not any(s is x for x in snaps)]
             self._written(self._ids_of(snaps))
+
+    def _write_by_process(self, snaps) -> dict[str, int]:
+        """Write write-back snapshots, oldest first, into ``p:`` in one transaction of the
+        writer process; returns the entries of each ``p:`` written.  Grows the map and
+        sends the write again when the map is full; a failure is rolled back (the rows stay
+        waiting in memory) and raised as :class:`StoreFullError` or :class:`CorruptStoreError`."""
+        parts = []
+        for snap in snaps:
+            for t, buf in sorted(snap.items()):
+                if len(buf):
+                    ids, rows = buf.items()
+                    parts.append((t, np.ascontiguousarray(ids, dtype=np.int64),
+                                  np.ascontiguousarray(rows, dtype=np.float32)))
+        if not parts:
+            return {}
+        while True:
+            if self._proc is None:
+                self._proc = _WriterProcess(self)
+            try:
+                reply = self._proc.write(parts, int(self.env.info()["map_size"]))
+            except CorruptStoreError:
+                self._proc.close()
+                self._proc = None  # the next write starts another one
+                raise
+            if reply.get("error") == "map_full":
+                with self._gate.resizing():
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                continue
+            if reply.get("error") == "full":
+                raise StoreFullError(f"the disk under {self.path} is full ({reply['message']}); the write was "
+                                     "rolled back", "free disk space or move the store, then call flush()/checkpoint() again")
+            if "error" in reply:
+                raise CorruptStoreError(f"writing to {self.path} failed ({reply['message']}); the write was rolled back",
+                                        "check the disk and the store directory")
+            return {name[2:]: n for name, n in reply["entries"].items()}
 
     def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
                       defer_errors: bool = False) -> int:
@@ -635,6 +637,74 @@ class SsdTier:
         return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
 
     def close(self) -> None:
-        """Wait for the writer thread and close the environment (waiting write-backs are not written)."""
+        """Wait for the writer thread, end the writer process and close the environment
+        (waiting write-backs are not written)."""
         self.wait_writes()
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
         self.env.close()
+
+
+#: Whether background write-backs go through a writer process (POSIX: it relies on the
+#: parent's pipes closing and on re-parenting at the parent's death; elsewhere the writer
+#: thread writes itself).
+WRITER_PROCESS = os.name == "posix"
+
+
+class _WriterProcess:
+    """The trainer's side of one writer process (protocol: tiers/_lmdb_writer.py).  Used by
+    the writer thread only, one write at a time."""
+
+    def __init__(self, tier: SsdTier):
+        self.path = tier.path
+        try:
+            self.proc = subprocess.Popen([sys.executable, _lmdb_writer.__file__, str(os.getpid())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        except OSError as err:
+            raise CorruptStoreError(f"the LMDB writer process for {self.path} cannot start ({err})",
+                                    "the rows wait in memory; flush() writes them from this process") from err
+        reply = self._call({"path": str(tier.path), "map_size": int(tier.env.info()["map_size"]),
+                            "max_dbs": tier._max_dbs, "max_readers": tier._max_readers,
+                            "compression": tier.compression, "dbs": ["p:" + t for t in sorted(tier.widths)]}, [])
+        if not reply.get("ok"):
+            self.close()
+            raise CorruptStoreError(f"the LMDB writer process for {self.path} could not open it ({reply})",
+                                    "check the store directory")
+
+    def write(self, parts, map_size: int) -> dict:
+        """Send one write (``[(table, ids int64, rows float32)]``) and return the process's reply."""
+        head = {"map_size": map_size, "parts": [["p:" + t, int(ids.shape[0]), int(rows.shape[1])]
+                                                 for t, ids, rows in parts]}
+        return self._call(head, [a for _, ids, rows in parts for a in (ids, rows)])
+
+    def _call(self, head: dict, arrays) -> dict:
+        try:
+            self.proc.stdin.write(frame_bytes(head))
+            for a in arrays:
+                self.proc.stdin.write(memoryview(a).cast("B"))
+            self.proc.stdin.flush()
+            reply = read_frame(self.proc.stdout)
+        except (OSError, ValueError):  # a broken pipe: the process is gone
+            reply = None
+        if reply is None:
+            status = self.proc.poll()
+            raise CorruptStoreError(f"the LMDB writer process of {self.path} ended (exit status {status}) before its "
+                                    "commit; the write was rolled back",
+                                    "the rows wait in memory: the next write starts a new writer process")
+        return reply
+
+    def close(self) -> None:
+        """End the process (it exits when its input closes) and reap it.  Called between
+        writes, when it holds no transaction: if its input stays open elsewhere (a process
+        forked from this one meanwhile holds the pipe), it is killed after a short wait."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()

@@ -1,0 +1,225 @@
+"""The LMDB writer process of background write-backs (tiers/_lmdb_writer.py)."""
+import io
+import os
+import signal
+import sys
+import time
+
+import lmdb
+import numpy as np
+import pytest
+
+from tiered_emb import RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
+from tiered_emb.errors import CorruptStoreError
+from tiered_emb.testing.reference import ReferenceStore
+from tiered_emb.tiers import _lmdb_writer, ssd
+
+pytestmark = pytest.mark.skipif(not ssd.WRITER_PROCESS, reason="background writes use a thread on this OS")
+
+TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
+          TableConfig("b", dim=3, num_rows=500, optimizer=SGD(lr=0.5))]
+
+
+def _steps(s, ref, steps, seed=0, n=40):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        for t in TABLES:
+            ids = rng.integers(0, 500, n)
+            g = rng.standard_normal((n, t.dim)).astype(np.float32)
+            s.apply_gradients(t.name, ids, g)
+            if ref is not None:
+                ref.apply_gradients(t.name, ids, g)
+
+
+def _pending(s) -> dict:
+    """Every key and value of every ``p:`` database (after the writes in flight)."""
+    s._ssd.wait_writes()
+    with s._ssd.env.begin() as txn:
+        return {t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s._ssd._pending[t])] for t in sorted(s.tables)}
+
+
+def _store(path, background, **kw):
+    s = TieredStore.create(path, TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
+                                                    background_writes=background, **kw), seed=2)
+    s._ssd.writeback_rows = 16  # a write-back transaction every few steps
+    return s
+
+
+@pytest.mark.parametrize("compression", [None, 3])
+def test_the_writer_process_writes_what_this_process_writes(tmp_path, compression):
+    """Same keys and bytes in ``p:`` as the in-process writer, and the same rows after reopening."""
+    a = _store(tmp_path / "a", True, ssd_compression=compression)
+    b = _store(tmp_path / "b", False, ssd_compression=compression)
+    ref = ReferenceStore(TABLES, seed=2)
+    _steps(a, ref, 12)
+    _steps(b, None, 12)
+    assert a._ssd._proc is not None and a._ssd._proc.proc.poll() is None  # the process wrote them
+    assert b._ssd._proc is None
+    pa, pb = _pending(a), _pending(b)
+    assert pa == pb and sum(len(v) for v in pa.values()) > 100
+    assert a._ssd._n_pending == {t: len(v) for t, v in pa.items()}
+    proc = a._ssd._proc.proc
+    a.close()
+    b.close()
+    assert proc.returncode == 0  # close() ended it
+    ids = np.arange(500)
+    with TieredStore.open(tmp_path / "a") as s:
+        for t in TABLES:
+            np.testing.assert_array_equal(s.peek(t.name, ids, with_state=True), ref.peek_records(t.name, ids))
+
+
+def test_a_killed_writer_process_loses_nothing(tmp_path):
+    """Its write is rolled back and raised (typed) by the next operation before it changes
+    anything; the rows wait in memory, and the next write starts a new process."""
+    s = _store(tmp_path / "s", True)
+    ref = ReferenceStore(TABLES, seed=2)
+    _steps(s, ref, 6)
+    s._ssd.wait_writes()
+    first = s._ssd._proc.proc
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    raised, rng = [], np.random.default_rng(5)
+    for step in range(30):
+        for t in TABLES:
+            ids = rng.integers(0, 500, 40)
+            g = rng.standard_normal((40, t.dim)).astype(np.float32)
+            before = s.peek(t.name, ids, with_state=True)
+            try:
+                s.apply_gradients(t.name, ids, g)
+            except CorruptStoreError as err:
+                assert "writer process" in str(err)
+                assert s.peek(t.name, ids, with_state=True).tobytes() == before.tobytes()  # nothing changed
+                raised.append(step)
+                s.apply_gradients(t.name, ids, g)
+            ref.apply_gradients(t.name, ids, g)
+    assert len(raised) == 1
+    assert s._ssd._proc is not None and s._ssd._proc.proc is not first and s._ssd._proc.proc.poll() is None
+    s.close()
+    ids = np.arange(500)
+    with TieredStore.open(tmp_path / "s") as s:
+        for t in TABLES:
+            np.testing.assert_array_equal(s.peek(t.name, ids, with_state=True), ref.peek_records(t.name, ids))
+
+
+def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
+    """The process reports a full map without writing; this side grows its map and sends the
+    write again, and the process takes the new size."""
+    s = TieredStore.create(tmp_path / "s", [TableConfig("w", dim=64, optimizer=SGD(lr=0.5))],
+                           TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", map_size_bytes=1 << 20), seed=2)
+    s._ssd.writeback_rows = 4096
+    ref = ReferenceStore([TableConfig("w", dim=64, optimizer=SGD(lr=0.5))], seed=2)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        ids = rng.integers(0, 1 << 30, 512)
+        g = rng.standard_normal((512, 64)).astype(np.float32)
+        s.apply_gradients("w", ids, g)
+        ref.apply_gradients("w", ids, g)
+    s._ssd.wait_writes()
+    assert s._ssd._writer_error is None and s._ssd._proc is not None
+    assert s._ssd.env.info()["map_size"] > 1 << 20 and s._ssd._n_pending["w"] > 4096
+    s.close()
+    with TieredStore.open(tmp_path / "s") as s:
+        some = np.unique(np.random.default_rng(1).integers(0, 1 << 30, 512))
+        np.testing.assert_array_equal(s.peek("w", some, with_state=True), ref.peek_records("w", some))
+
+
+def _serve(monkeypatch, path, frames: bytes, parent: int, ppids):
+    """Run the writer's main() here on ``frames``; os.getppid() answers from ``ppids``."""
+    calls = iter(ppids)
+    monkeypatch.setattr(_lmdb_writer.os, "getppid", lambda: next(calls, -1))
+    monkeypatch.setattr(sys, "argv", ["_lmdb_writer.py", str(parent)])
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(frames)))
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
+    _lmdb_writer.main()
+    return out.getvalue()
+
+
+def _write_request(ids, rows, map_size):
+    head = {"map_size": map_size, "parts": [["p:a", int(ids.shape[0]), int(rows.shape[1])]]}
+    return _lmdb_writer.frame_bytes(head) + ids.tobytes() + rows.tobytes()
+
+
+def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
+    """Its parent gone (re-parented) by the time LMDB's writer lock is taken, a write is
+    rolled back: a store opened by another process since must not get stale rows."""
+    path = tmp_path / "env"
+    env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
+    env.open_db(b"p:a")
+    env.close()
+    hello = _lmdb_writer.frame_bytes({"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64,
+                                      "compression": None, "dbs": ["p:a"]})
+    ids, rows = np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32)
+    frames = hello + _write_request(ids, rows, 1 << 24) + _write_request(ids + 10, rows, 1 << 24)
+    # the parent is there at the start, for the first commit, then gone for the second
+    out = _serve(monkeypatch, path, frames, parent=777, ppids=[777, 777, 1])
+    replies = []
+    stream = io.BytesIO(out)
+    while (r := _lmdb_writer.read_frame(stream)) is not None:
+        replies.append(r)
+    assert replies == [{"ok": True}, {"ok": True, "entries": {"p:a": 3}}]  # no reply to the second: it ended
+    env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
+    with env.begin() as txn:
+        keys = [bytes(k) for k, _ in txn.cursor(db=env.open_db(b"p:a", txn=txn))]
+    env.close()
+    assert keys == _lmdb_writer.lmdb_keys(ids)
+    # started by a parent already gone: it writes nothing at all
+    assert _serve(monkeypatch, path, frames, parent=777, ppids=[1]) == b""
+
+
+def test_a_writer_whose_input_ends_mid_write_commits_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "env"
+    env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
+    env.open_db(b"p:a")
+    env.close()
+    hello = _lmdb_writer.frame_bytes({"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64,
+                                      "compression": None, "dbs": ["p:a"]})
+    whole = _write_request(np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32), 1 << 24)
+    with pytest.raises(SystemExit):
+        _serve(monkeypatch, path, hello + whole[:-5], parent=777, ppids=[777] * 10)
+    env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
+    with env.begin() as txn:
+        assert txn.stat(env.open_db(b"p:a", txn=txn))["entries"] == 0
+    env.close()
+
+
+def test_the_writer_process_ends_with_a_killed_trainer(tmp_path):
+    """A trainer killed outright leaves no writer behind (its input closes), and the store
+    opens again at its checkpoint."""
+    import subprocess
+    script = f"""
+import sys, numpy as np
+from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
+s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
+                       TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
+s._ssd.writeback_rows = 8
+rng = np.random.default_rng(0)
+for _ in range(20):
+    s.apply_gradients("a", rng.integers(0, 1000, 16), np.ones((16, 4), np.float32))
+s._ssd.wait_writes()
+print(s._ssd._proc.proc.pid, flush=True)
+sys.stdin.read()
+"""
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as trainer:
+        try:
+            child = int(trainer.stdout.readline())
+            assert _alive(child)
+        finally:
+            trainer.kill()
+            trainer.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    if _alive(child):
+        pytest.fail("the writer process outlived its trainer")
+    with TieredStore.open(tmp_path / "s") as s:  # at its checkpoint: the one create() made
+        assert s.epoch == 0 and s.stats()["a"]["ssd"]["rows"] == 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

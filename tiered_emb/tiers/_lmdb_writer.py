@@ -1,0 +1,180 @@
+"""The LMDB writer process: commits the SSD tier's background write-backs outside the trainer's process.
+
+Why a process: py-lmdb releases the GIL around every key it puts (``Cursor.putmulti``
+included), so a writer *thread* hands the GIL back and forth ~10,000 times a step with
+the step and the prefetch thread; in the DLRM job its 65,536-row transactions took 2-3x
+their own CPU in wall time and slowed both other threads.  A process has its own GIL: the
+trainer's side only sends the rows down a pipe and waits for the reply with the GIL
+released.  LMDB is built for several processes on one environment (its lock file
+serialises the writers and tracks every process's readers), so the trainer's own reads
+and its checkpoints go on through its own environment.
+
+This file runs as a plain script (``python _lmdb_writer.py <parent pid>``: no package
+import, so it starts in a fraction of a second) and is imported by
+:mod:`tiered_emb.tiers.ssd` for the record encoding and the full-disk test, which both
+processes must share.
+
+Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
+
+- first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs"}``; reply ``{"ok": true}``;
+- then per write ``{"map_size", "parts": [[db name, rows, width], ...]}`` followed, per
+  part, by its ids (int64) and rows (float32, rows x width) as raw bytes; reply
+  ``{"ok": true, "entries": {db name: entries after the commit}}``, or ``{"error": "map_full"}``
+  (nothing written: the trainer's side grows the map and sends the write again), or
+  ``{"error": "full" | "failed", "message": ...}`` (rolled back).
+
+The process ends when stdin closes (its parent closed it, or ended: the kernel closes a
+dead process's pipes).  A write the parent did not live to see is never committed: the
+process looks at its parent *inside* the write transaction, after LMDB's writer lock is
+taken and just before the commit.  A process that opens the store after the parent's
+death must first take the parent's store lock, released only at its death, and then
+LMDB's writer lock to drop ``p:``; so either this commit came first (and is dropped with
+``p:``), or this process takes LMDB's lock after that and finds its parent gone (the
+kernel re-parents it as part of the parent's exit, long before another process can have
+opened LMDB).  (``PR_SET_PDEATHSIG`` is no use here: it fires when the *thread* that
+started the process ends, and each write-back runs on a thread of its own.)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]  # run as a script: this package's modules (cache.py, ...) must not shadow others
+
+import errno  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import struct  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+RAW = 0
+ZSTD = 1
+#: Free bytes under which an I/O error of a write is taken for a full disk.
+FULL_BELOW_BYTES = 64 << 20
+
+
+def encode_rows(rows: np.ndarray, compressor) -> list[bytes]:
+    """The LMDB values of ``rows`` (k, W) float32: a tag byte, then the record's bytes
+    (zstd-compressed with ``compressor``, or raw: built as one array)."""
+    if compressor is not None:
+        return [bytes((ZSTD,)) + compressor.compress(r.tobytes()) for r in rows]
+    k = rows.shape[0]
+    size = 1 + rows.shape[1] * 4
+    payload = np.empty((k, size), dtype=np.uint8)
+    payload[:, 0] = RAW
+    payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, -1)
+    return payload.view(f"V{size}").reshape(k).tolist()  # one bytes object per row, built in C
+
+
+def lmdb_keys(ids: np.ndarray) -> list[bytes]:
+    """LMDB keys of ``ids`` (int64 (k,)): 8 big-endian bytes each (byte order = id order)."""
+    return ids.astype(">i8").view("V8").tolist()
+
+
+def put_rows(txn, db, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
+    """Put ``rows`` under ``ids`` in ``db``, in key order (a repeated id's last row wins)."""
+    order = np.argsort(ids, kind="stable")
+    with txn.cursor(db=db) as cur:
+        cur.putmulti(zip(lmdb_keys(ids[order]), encode_rows(rows[order], compressor)))
+
+
+def disk_full(err: BaseException, path) -> bool:
+    """Whether a failed write transaction ran out of disk.  Besides ENOSPC: LMDB reports a
+    short write of its pages as EIO ("Input/output error"), the usual first failure of a
+    filling disk; an EIO with less than :data:`FULL_BELOW_BYTES` free counts as full."""
+    import lmdb
+    if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
+        return True
+    if getattr(err, "errno", None) != errno.EIO and "Input/output error" not in str(err):
+        return False
+    try:
+        return shutil.disk_usage(path).free < FULL_BELOW_BYTES
+    except OSError:
+        return False
+
+
+def read_frame(stream) -> dict | None:
+    """The next JSON frame, or None at the end of the stream."""
+    head = stream.read(4)
+    if len(head) < 4:
+        return None
+    (n,) = struct.unpack("<I", head)
+    body = stream.read(n)
+    if len(body) < n:
+        return None
+    return json.loads(body)
+
+
+def frame_bytes(obj: dict) -> bytes:
+    """One frame: the length of ``obj``'s JSON, 4 bytes little-endian, then the JSON."""
+    body = json.dumps(obj).encode()
+    return struct.pack("<I", len(body)) + body
+
+
+def write_frame(stream, obj: dict) -> None:
+    stream.write(frame_bytes(obj))
+    stream.flush()
+
+
+class _Orphaned(Exception):
+    """The parent ended during a write: the transaction is rolled back."""
+
+
+def _read_exact(stream, n: int) -> bytes:
+    data = stream.read(n)
+    if len(data) < n:
+        sys.exit(0)  # the trainer's side is gone mid-write: nothing is committed
+    return data
+
+
+def main() -> None:
+    import lmdb
+    import zstandard
+
+    parent = int(sys.argv[1])
+    if os.getppid() != parent:
+        return
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    hello = read_frame(inp)
+    if hello is None:
+        return
+    env = lmdb.open(hello["path"], map_size=hello["map_size"], max_dbs=hello["max_dbs"], subdir=True,
+                    readahead=False, meminit=False, max_readers=hello["max_readers"])
+    level = hello["compression"]
+    compressor = zstandard.ZstdCompressor(level=level) if level else None
+    dbs = {name: env.open_db(name.encode()) for name in hello["dbs"]}
+    write_frame(out, {"ok": True})
+    while True:
+        req = read_frame(inp)
+        if req is None:
+            return
+        parts = []
+        for name, n, width in req["parts"]:
+            ids = np.frombuffer(_read_exact(inp, 8 * n), dtype=np.int64)
+            rows = np.frombuffer(_read_exact(inp, 4 * n * width), dtype=np.float32).reshape(n, width)
+            parts.append((name, ids, rows))
+        try:
+            if req["map_size"] != env.info()["map_size"]:
+                env.set_mapsize(req["map_size"])  # the trainer's size (it grows the map)
+            with env.begin(write=True) as txn:
+                for name, ids, rows in parts:
+                    put_rows(txn, dbs[name], ids, rows, compressor)
+                entries = {name: int(txn.stat(dbs[name])["entries"]) for name in sorted({p[0] for p in parts})}
+                if os.getppid() != parent:  # under LMDB's writer lock: see the module's docstring
+                    raise _Orphaned
+        except _Orphaned:
+            return
+        except lmdb.MapFullError:
+            write_frame(out, {"error": "map_full"})
+            continue
+        except lmdb.Error as err:
+            write_frame(out, {"error": "full" if disk_full(err, hello["path"]) else "failed",
+                              "message": f"{type(err).__name__}: {err}"})
+            continue
+        write_frame(out, {"ok": True, "entries": entries})
+
+
+if __name__ == "__main__":
+    main()
