@@ -40,7 +40,7 @@ def test_smoke_run_reports(tmp_path, capsys):
     assert r["steps"] == 6 and r["samples_per_s"] > 0
     if sys.platform.startswith("linux"):  # per-thread CPU from /proc
         cpu = r["thread_cpu_ms_per_step"]
-        assert cpu["main"] > 0 and "tiered_emb-prefetch" in cpu and min(cpu.values()) >= 0
+        assert cpu["main"] > 0 and "tiered_emb-prefetch" in cpu and "writer process" in cpu and min(cpu.values()) >= 0
     assert r["tables_over_capacity"] >= 10
     assert r["tiers"]["ssd"]["lookups"] > 0 and r["tiers"]["ssd"]["rows"] > 0  # LMDB really used
     for key in ("train_auc", "test_auc", "train_logloss", "test_logloss"):

@@ -386,32 +386,41 @@ def train(args) -> dict:
     return report
 
 
-def _thread_cpu_s() -> tuple[float, dict[int, float]] | None:
-    """``(process CPU seconds, {native thread id: CPU seconds})`` from ``/proc`` (Linux; None elsewhere)."""
+def _proc_cpu_s(stat_path: str) -> float | None:
+    """CPU seconds (user + system) of a thread or process from its ``/proc/.../stat``."""
+    try:
+        with open(stat_path) as f:
+            stat = f.read()
+    except OSError:
+        return None  # ended meanwhile
+    fields = stat[stat.rindex(")") + 2:].split()  # utime and stime: fields 14 and 15 of stat
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu_s(store=None) -> tuple[float, dict[int, float], float] | None:
+    """``(process CPU seconds, {native thread id: CPU seconds}, CPU seconds of the store's
+    LMDB writer process)`` from ``/proc`` (Linux; None elsewhere)."""
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    tick = os.sysconf("SC_CLK_TCK")
     threads = {}
     for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # ended meanwhile
-        fields = stat[stat.rindex(")") + 2:].split()  # utime and stime: fields 14 and 15 of stat
-        threads[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        cpu = _proc_cpu_s(f"/proc/self/task/{tid}/stat")
+        if cpu is not None:
+            threads[int(tid)] = cpu
     t = os.times()
-    return t.user + t.system, threads
+    writer = store._ssd.writer_pid() if store is not None else None
+    return t.user + t.system, threads, (_proc_cpu_s(f"/proc/{writer}/stat") or 0.0) if writer else 0.0
 
 
 def _thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
     """CPU milliseconds a step of each thread between two :func:`_thread_cpu_s`, by thread
     name (``main``; the store's ``tiered_emb-prefetch``; ``other native threads``: torch's
     and Numba's pools; ``ended threads``: those gone by the end, the write-back writers
-    among them).  Why: on a host with few cores the step, the lookahead thread and the
-    writer share them, and these shares say which one a run waits on (docs/tuning.md)."""
+    among them; ``writer process``: the store's LMDB writer, a process of its own, started
+    at the first write-back).  Why: on a host with few cores the step, the lookahead thread
+    and the writer share them, and these shares say which one a run waits on (docs/tuning.md)."""
     if before is None or after is None or steps <= 0:
         return None
     import threading
@@ -423,6 +432,7 @@ def _thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
         name = names.get(tid, "other native threads")
         out[name] = out.get(name, 0.0) + cpu - before[1].get(tid, 0.0)
     out["ended threads"] = max(after[0] - before[0] - sum(out.values()), 0.0)
+    out["writer process"] = max(after[2] - before[2], 0.0)  # (0 before its first write: not started)
     return {name: round(1e3 * cpu / steps, 2) for name, cpu in sorted(out.items())}
 
 
@@ -442,7 +452,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         opt.load_state_dict(state["opt"])
     loss_fn = torch.nn.BCEWithLogitsLoss()
     model.train()
-    cpu0 = _thread_cpu_s()
+    cpu0 = _thread_cpu_s(store)
     t0 = time.perf_counter()
     ema = None
     features = _features()
@@ -468,7 +478,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             progress(step + 1 - start, args.steps - start, t0, f"steps  loss {ema:.4f}")
     train_s = time.perf_counter() - t0
     done = max(args.steps - start, 0)
-    thread_cpu = _thread_cpu_per_step(cpu0, _thread_cpu_s(), done)
+    thread_cpu = _thread_cpu_per_step(cpu0, _thread_cpu_s(store), done)
     if done or start < args.steps:
         _save_state(torch, store, max(args.steps, start), model, opt)
     stats = store.stats()  # training's statistics, before evaluation reads more rows

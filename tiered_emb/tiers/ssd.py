@@ -478,6 +478,11 @@ class SsdTier:
             self._flushing = [s for s in self._flushing if not any(s is x for x in snaps)]
             self._written(self._ids_of(snaps))
 
+    def writer_pid(self) -> int | None:
+        """The writer process's pid while it runs (None before the first background write)."""
+        proc = self._proc
+        return proc.proc.pid if proc is not None else None
+
     def _write_by_process(self, snaps) -> dict[str, int]:
         """Write write-back snapshots, oldest first, into ``p:`` in one transaction of the
         writer process; returns the entries of each ``p:`` written.  Grows the map and
