@@ -223,3 +223,131 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, monkeypatch):
+    """No python that runs the writer (a frozen or embedded app): a warning, then the writer
+    thread writes itself, as before the writer process; nothing lost, nothing left open."""
+    monkeypatch.setattr(ssd.sys, "executable", "/bin/false")
+    s = _store(tmp_path / "s", True)
+    ref = ReferenceStore(TABLES, seed=2)
+    with pytest.warns(RuntimeWarning, match="writer process .* could not start .* thread from now on"):
+        _steps(s, ref, 12)
+        s._ssd.wait_writes()
+    assert s._ssd.writer_process is False and s._ssd._proc is None and s._ssd._writer_error is None
+    assert sum(s._ssd._n_pending.values()) > 0  # written by the thread
+    s.close()
+    ids = np.arange(500)
+    with TieredStore.open(tmp_path / "s") as s:
+        for t in TABLES:
+            np.testing.assert_array_equal(s.peek(t.name, ids, with_state=True), ref.peek_records(t.name, ids))
+
+
+def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
+    import gc
+    s = _store(tmp_path / "s", True)
+    _steps(s, None, 12)
+    s._ssd.wait_writes()
+    proc = s._ssd._proc.proc
+    del s
+    gc.collect()
+    assert proc.returncode is not None  # reaped, its pipes closed (no ResourceWarning: they are errors here)
+
+
+def test_a_fork_does_not_keep_the_writer_alive(tmp_path):
+    """A process forked from the trainer (a data loader's workers) inherits the writer's
+    pipe; it is pointed at /dev/null there, so close() ends the writer at once."""
+    s = _store(tmp_path / "s", True)
+    _steps(s, None, 12)
+    s._ssd.wait_writes()
+    proc = s._ssd._proc.proc
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: wait until told to go
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        t0 = time.monotonic()
+        s.close()
+        assert time.monotonic() - t0 < 3 and proc.returncode == 0  # it quit, not killed after a wait
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
+def test_ctrl_c_is_the_trainers_not_the_writers(tmp_path):
+    """The writer runs in a session of its own and ignores SIGINT: a Ctrl-C (sent to the
+    terminal's process group) or a signal to the job's group is the trainer's to handle."""
+    s = _store(tmp_path / "s", True)
+    _steps(s, None, 12)
+    s._ssd.wait_writes()
+    proc = s._ssd._proc.proc
+    assert os.getpgid(proc.pid) != os.getpgid(0)
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.3)
+    assert proc.poll() is None
+    _steps(s, None, 12, seed=1)
+    s._ssd.wait_writes()
+    assert s._ssd._writer_error is None and s._ssd._proc.proc is proc
+    s.close()
+
+
+def test_a_dead_writer_does_not_kill_a_trainer_with_default_sigpipe(tmp_path):
+    """A trainer that restored SIGPIPE's default action (a common CLI idiom) gets the typed
+    error when its writer has died, not a SIGPIPE that kills it."""
+    import subprocess
+    script = f"""
+import os, signal, numpy as np
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
+from tiered_emb.errors import CorruptStoreError
+s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
+                       TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
+s._ssd.writeback_rows = 8
+rng = np.random.default_rng(0)
+def steps(n):
+    raised = 0
+    for _ in range(n):
+        try:
+            s.apply_gradients("a", rng.integers(0, 1000, 16), np.ones((16, 4), np.float32))
+        except CorruptStoreError:
+            raised += 1
+    return raised
+steps(10)
+s._ssd.wait_writes()
+p = s._ssd._proc.proc
+os.kill(p.pid, signal.SIGKILL)
+p.wait()
+print("raised", steps(20), flush=True)
+s.close()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "raised 1"
+
+
+def test_close_after_the_writer_died_does_not_raise_sigpipe(tmp_path):
+    import subprocess
+    script = f"""
+import os, signal, numpy as np
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
+s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
+                       TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
+s._ssd.writeback_rows = 8
+rng = np.random.default_rng(0)
+for _ in range(10):
+    s.apply_gradients("a", rng.integers(0, 1000, 16), np.ones((16, 4), np.float32))
+s._ssd.wait_writes()
+p = s._ssd._proc.proc
+os.kill(p.pid, signal.SIGKILL)
+p.wait()
+s._ssd._proc.close()
+s._ssd._proc = None
+s.close()
+print("closed", flush=True)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "closed", (out.returncode, out.stderr[-2000:])

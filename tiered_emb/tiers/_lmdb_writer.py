@@ -17,14 +17,18 @@ processes must share.
 Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
 
 - first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs"}``; reply ``{"ok": true}``;
+- ``{"quit": true}``: the process ends (no reply);
 - then per write ``{"map_size", "parts": [[db name, rows, width], ...]}`` followed, per
   part, by its ids (int64) and rows (float32, rows x width) as raw bytes; reply
   ``{"ok": true, "entries": {db name: entries after the commit}}``, or ``{"error": "map_full"}``
   (nothing written: the trainer's side grows the map and sends the write again), or
   ``{"error": "full" | "failed", "message": ...}`` (rolled back).
 
-The process ends when stdin closes (its parent closed it, or ended: the kernel closes a
-dead process's pipes).  A write the parent did not live to see is never committed: the
+The process ends on a quit frame, when stdin closes (its parent closed it, or ended: the
+kernel closes a dead process's pipes) and, while it waits for a write, within a second of
+its parent's end (a process forked from the parent may hold the pipe open).  It runs in a
+session of its own and ignores SIGINT: a Ctrl-C or a signal to the trainer's process
+group is the trainer's to handle.  A write the parent did not live to see is never committed: the
 process looks at its parent *inside* the write transaction, after LMDB's writer lock is
 taken and just before the commit.  A process that opens the store after the parent's
 death must first take the parent's store lock, released only at its death, and then
@@ -97,14 +101,24 @@ def disk_full(err: BaseException, path) -> bool:
 
 def read_frame(stream) -> dict | None:
     """The next JSON frame, or None at the end of the stream."""
-    head = stream.read(4)
-    if len(head) < 4:
+    head = read_exact(stream, 4)
+    if head is None:
         return None
     (n,) = struct.unpack("<I", head)
-    body = stream.read(n)
-    if len(body) < n:
-        return None
-    return json.loads(body)
+    body = read_exact(stream, n)
+    return None if body is None else json.loads(body)
+
+
+def read_exact(stream, n: int) -> bytes | None:
+    """``n`` bytes of ``stream`` (buffered or raw: a raw read may return fewer), or None at its end."""
+    parts, got = [], 0
+    while got < n:
+        b = stream.read(n - got)
+        if not b:
+            return None
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
 
 
 def frame_bytes(obj: dict) -> bytes:
@@ -123,20 +137,44 @@ class _Orphaned(Exception):
 
 
 def _read_exact(stream, n: int) -> bytes:
-    data = stream.read(n)
-    if len(data) < n:
+    data = read_exact(stream, n)
+    if data is None:
         sys.exit(0)  # the trainer's side is gone mid-write: nothing is committed
     return data
+
+
+def _wait_for_input(stream, parent: int) -> bool:
+    """Wait until ``stream`` has input (True) or the parent is gone (False), looking at the
+    parent once a second."""
+    import select
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # not a file (a test's in-memory stream): input is there
+        return True
+    while True:
+        try:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+        except InterruptedError:
+            ready = []
+        if ready:
+            return True
+        if os.getppid() != parent:
+            return False
 
 
 def main() -> None:
     import lmdb
     import zstandard
 
+    import signal
+
     parent = int(sys.argv[1])
     if os.getppid() != parent:
         return
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Unbuffered input: between writes nothing waits in a buffer, so select() on the pipe
+    # tells whether the next frame has come.
+    inp, out = getattr(sys.stdin.buffer, "raw", sys.stdin.buffer), sys.stdout.buffer
     hello = read_frame(inp)
     if hello is None:
         return
@@ -147,8 +185,10 @@ def main() -> None:
     dbs = {name: env.open_db(name.encode()) for name in hello["dbs"]}
     write_frame(out, {"ok": True})
     while True:
+        if not _wait_for_input(inp, parent):
+            return
         req = read_frame(inp)
-        if req is None:
+        if req is None or req.get("quit"):
             return
         parts = []
         for name, n, width in req["parts"]:

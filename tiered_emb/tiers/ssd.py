@@ -26,9 +26,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import warnings
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -497,9 +500,20 @@ class SsdTier:
                                   np.ascontiguousarray(rows, dtype=np.float32)))
         if not parts:
             return {}
+        if hasattr(signal, "pthread_sigmask"):
+            # A write into a dead process's pipe raises here (EPIPE), instead of a SIGPIPE
+            # that kills the trainer when it runs with SIGPIPE's default action.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
         while True:
             if self._proc is None:
-                self._proc = _WriterProcess(self)
+                try:
+                    self._proc = _WriterProcess(self)
+                except _WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
+                    warnings.warn(f"{err}; this store's write-backs are written by its writer thread from now on",
+                                  RuntimeWarning, stacklevel=2)
+                    self.writer_process = False
+                    self._write(lambda txn: self._put_waiting(txn, snaps))
+                    return {t: self._entries(self._pending[t]) for t in self.widths}
             try:
                 reply = self._proc.write(parts, int(self.env.info()["map_size"]))
             except CorruptStoreError:
@@ -657,25 +671,43 @@ class SsdTier:
 WRITER_PROCESS = os.name == "posix"
 
 
+class _WriterStartError(Exception):
+    """The writer process could not start or open the environment."""
+
+
 class _WriterProcess:
     """The trainer's side of one writer process (protocol: tiers/_lmdb_writer.py).  Used by
-    the writer thread only, one write at a time."""
+    the writer thread only, one write at a time.
+
+    The process runs in a session of its own (a Ctrl-C or a signal to the trainer's process
+    group does not reach it) with this interpreter's ``sys.path``.  It is ended by
+    :meth:`close`, or when this object is collected (a store dropped without ``close()``),
+    or at exit; a process forked from this one does not keep its pipe (each pipe end is
+    pointed at /dev/null in the fork), so the process still sees its input close.
+    """
 
     def __init__(self, tier: SsdTier):
         self.path = tier.path
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             self.proc = subprocess.Popen([sys.executable, _lmdb_writer.__file__, str(os.getpid())],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                         start_new_session=True, env=env)
         except OSError as err:
-            raise CorruptStoreError(f"the LMDB writer process for {self.path} cannot start ({err})",
-                                    "the rows wait in memory; flush() writes them from this process") from err
-        reply = self._call({"path": str(tier.path), "map_size": int(tier.env.info()["map_size"]),
-                            "max_dbs": tier._max_dbs, "max_readers": tier._max_readers,
-                            "compression": tier.compression, "dbs": ["p:" + t for t in sorted(tier.widths)]}, [])
+            raise _WriterStartError(f"the LMDB writer process for {self.path} cannot start ({err})") from err
+        self._end = weakref.finalize(self, _end_process, self.proc)
+        _RUNNING.add(self)
+        try:
+            reply = self._call({"path": str(tier.path), "map_size": int(tier.env.info()["map_size"]),
+                                "max_dbs": tier._max_dbs, "max_readers": tier._max_readers,
+                                "compression": tier.compression, "dbs": ["p:" + t for t in sorted(tier.widths)]}, [])
+        except CorruptStoreError as err:
+            self.close()
+            raise _WriterStartError(f"the LMDB writer process for {self.path} could not start (exit status "
+                                    f"{self.proc.returncode}; its error, if any, is on stderr)") from err
         if not reply.get("ok"):
             self.close()
-            raise CorruptStoreError(f"the LMDB writer process for {self.path} could not open it ({reply})",
-                                    "check the store directory")
+            raise _WriterStartError(f"the LMDB writer process for {self.path} could not open it ({reply})")
 
     def write(self, parts, map_size: int) -> dict:
         """Send one write (``[(table, ids int64, rows float32)]``) and return the process's reply."""
@@ -693,23 +725,67 @@ class _WriterProcess:
         except (OSError, ValueError):  # a broken pipe: the process is gone
             reply = None
         if reply is None:
-            status = self.proc.poll()
+            try:
+                status = self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                status = None
             raise CorruptStoreError(f"the LMDB writer process of {self.path} ended (exit status {status}) before its "
                                     "commit; the write was rolled back",
                                     "the rows wait in memory: the next write starts a new writer process")
         return reply
 
     def close(self) -> None:
-        """End the process (it exits when its input closes) and reap it.  Called between
-        writes, when it holds no transaction: if its input stays open elsewhere (a process
-        forked from this one meanwhile holds the pipe), it is killed after a short wait."""
+        """End the process and reap it (between writes: it holds no transaction)."""
+        _RUNNING.discard(self)
+        self._end()
+
+
+def _end_process(proc: subprocess.Popen) -> None:
+    """Ask the writer process to quit, close its pipes and reap it (killed if it lingers)."""
+    if hasattr(signal, "sigtimedwait"):  # the quit frame: only where a SIGPIPE it raises can be taken back
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
         try:
-            self.proc.stdin.close()
+            proc.stdin.write(frame_bytes({"quit": True}))
+            proc.stdin.close()  # (a frame left in the buffer by a failed write is given up here)
+        except (OSError, ValueError):
+            pass  # already gone
+        finally:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)  # one the write raised, if any, is taken back here
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    for f in (proc.stdin, proc.stdout):
+        try:
+            f.close()
         except OSError:
             pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+_RUNNING: "weakref.WeakSet[_WriterProcess]" = weakref.WeakSet()
+
+
+def _forget_pipes_in_fork() -> None:
+    """In a process forked from this one: point every writer pipe end it inherited at
+    /dev/null, so that a writer still sees its input close when its trainer closes it or
+    dies (the fork itself never talks to the writers; its copies of these objects just
+    close /dev/null)."""
+    if not _RUNNING:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for w in list(_RUNNING):
+            for f in (w.proc.stdin, w.proc.stdout):
+                try:
+                    os.dup2(null, f.fileno())
+                except (OSError, ValueError):
+                    pass
+        _RUNNING.clear()
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pipes_in_fork)
