@@ -166,11 +166,22 @@ def test_the_step_thread_count_is_kept_with_the_run(tmp_path, monkeypatch):
     assert _listing(run) == before
     r = _train(run, "--steps", "3", "--resume")
     assert r["step_threads"] == 1 and r["steps"] == 3
-    # a run kept before the thread count was: the flag, else the machine's default, as then
+    # a run kept before the thread count was: the flag, else the machine's default, as then,
+    # and that count is kept from then on
     cfg = json.loads((run / "config.json").read_text())
     del cfg["step_threads"]
     (run / "config.json").write_text(json.dumps(cfg))
     assert _train(run, "--steps", "4", "--resume", "--step-threads", "2")["step_threads"] == 2
+    assert json.loads((run / "config.json").read_text())["step_threads"] == 2
+    assert _train(run, "--steps", "5", "--resume")["step_threads"] == 2
+    # a count that is not one is a damaged config.json, refused before anything is touched
+    for bad in ("2", 0, True, 1.0):
+        cfg["step_threads"] = bad
+        (run / "config.json").write_text(json.dumps(cfg))
+        before = _listing(run)
+        with pytest.raises(CorruptStoreError, match="step_threads"):
+            _train(run, "--steps", "6", "--resume")
+        assert _listing(run) == before
 
 
 @pytest.mark.parametrize("text", ["{bad", "[1, 2]", '{"dim": 4}', "\udcff"], ids=["json", "list", "keys", "utf8"])

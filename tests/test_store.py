@@ -1,5 +1,6 @@
 """TieredStore: the step API, tiers, durability and every typed error."""
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -525,6 +526,7 @@ def test_manifest_write_on_a_full_disk_is_a_typed_error_and_retried(tmp_path, mo
         np.testing.assert_array_equal(s2.peek("a", np.array([3]), with_state=True), ref.peek_records("a", np.array([3])))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 def test_manifest_rename_and_new_store_directory_are_fsynced(tmp_path, monkeypatch):
     """A rename is durable only once its directory is fsynced: without it a power loss can
     bring back the old manifest.json beside a newer checkpoint (or lose a new store's entry)."""
@@ -544,6 +546,7 @@ def test_manifest_rename_and_new_store_directory_are_fsynced(tmp_path, monkeypat
     path = tmp_path / "deep" / "s"
     s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
     assert ("fsync", str(path.parent.resolve())) in events  # the new directory's entry
+    assert ("fsync", str(tmp_path.resolve())) in events  # and the new directory above it
     assert ("fsync", str((path / "lmdb").resolve())) in events  # data.mdb's
     events.clear()
     s.apply_gradients("a", np.array([3]), np.full((1, 8), 0.5, np.float32))
@@ -553,6 +556,46 @@ def test_manifest_rename_and_new_store_directory_are_fsynced(tmp_path, monkeypat
     assert len(renamed) == 2  # the checkpoint's and close()'s
     for i in renamed:  # each rename is followed by an fsync of the store directory
         assert ("fsync", str(path.resolve())) in events[i + 1:i + 2]
+
+
+def test_a_filesystem_that_refuses_to_fsync_directories_still_works(tmp_path, monkeypatch):
+    """Directory fsync is best effort where the filesystem refuses it (EINVAL) or the
+    directory cannot be opened (a parent one may write but not list: EACCES): create()
+    and checkpoint() work as before; an I/O error is still raised, typed, and a create()
+    that failed leaves no directory behind to block its retry."""
+    import errno
+    import os
+    real_fsync, real_open = os.fsync, os.open
+
+    def fsync(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")) if sys.platform.startswith("linux") else False:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    def open_(p, flags, *a):
+        if flags & getattr(os, "O_DIRECTORY", 0):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(p, flags, *a)
+
+    for name, patch in (("fsync", fsync), ("open", open_)):
+        monkeypatch.setattr(f"tiered_emb.store.os.{name}", patch)
+        s = TieredStore.create(tmp_path / name, TABLES, cpu(4, 4), seed=3)
+        s.apply_gradients("a", np.array([3]), np.full((1, 8), 0.5, np.float32))
+        s.checkpoint()
+        s.close()
+        monkeypatch.undo()
+        with TieredStore.open(tmp_path / name) as s:
+            assert s.epoch == 2
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr("tiered_emb.store.os.fsync", eio)
+    with pytest.raises(CorruptStoreError, match="fsync"):
+        TieredStore.create(tmp_path / "eio", TABLES, cpu(4, 4), seed=3)
+    assert not (tmp_path / "eio").exists()
+    monkeypatch.undo()
+    TieredStore.create(tmp_path / "eio", TABLES, cpu(4, 4), seed=3).close()
 
 
 def test_close_without_checkpoint_gives_up_what_came_after_the_last_one(tmp_path):

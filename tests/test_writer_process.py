@@ -242,6 +242,44 @@ def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_
     _equals_reference(tmp_path / "s", ref)
 
 
+@pytest.mark.parametrize("case", ["no interpreter", "another program", "a silent program", "frozen",
+                                  "a Path in sys.path", "warnings are errors"])
+def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, monkeypatch, case):
+    """An embedded or frozen app (sys.executable none, or the app itself, which answers
+    anything or nothing), and odd sys.path entries, fall back to the writer thread; under
+    -W error the warning does not fail the write."""
+    import warnings
+    if case in ("no interpreter", "warnings are errors"):
+        monkeypatch.setattr(ssd.sys, "executable", None)
+    elif case == "another program":
+        monkeypatch.setattr(ssd.sys, "executable", "/bin/echo")  # prints its arguments: not a frame
+    elif case == "a silent program":
+        silent = tmp_path / "app.sh"
+        silent.write_text("#!/bin/sh\nsleep 30\n")
+        silent.chmod(0o755)
+        monkeypatch.setattr(ssd.sys, "executable", str(silent))
+        monkeypatch.setattr(ssd._WriterProcess, "START_TIMEOUT_S", 1)
+    elif case == "frozen":
+        monkeypatch.setattr(ssd.sys, "frozen", True, raising=False)
+    elif case == "a Path in sys.path":
+        monkeypatch.setattr(ssd.sys, "path", [*sys.path, tmp_path, "a" + os.pathsep + "b"])
+    s = _store(tmp_path / "s", True)
+    ref = ReferenceStore(TABLES, seed=2)
+    with warnings.catch_warnings(record=case != "warnings are errors") as seen:
+        warnings.simplefilter("error" if case == "warnings are errors" else "always")
+        _steps(s, ref, 12)
+        s._ssd.wait_writes()
+    assert s._ssd._writer_error is None
+    if case == "a Path in sys.path":  # those entries are left out; the writer runs
+        assert s._ssd._proc is not None and s._ssd.writer_process
+    else:
+        assert s._ssd.writer_process is False and s._ssd._proc is None
+        if case != "warnings are errors":
+            assert any("thread from now on" in str(w.message) for w in seen)
+    s.close()
+    _equals_reference(tmp_path / "s", ref)
+
+
 def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
     import gc
     s = _store(tmp_path / "s", True)

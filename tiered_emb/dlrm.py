@@ -293,6 +293,10 @@ def _read_run_config(config_path: Path) -> dict:
     if not isinstance(cfg, dict) or any(k not in cfg for k in _RUN_KEYS):
         raise CorruptStoreError(f"the run's {str(config_path)!r} is not a run config (needs {list(_RUN_KEYS)})",
                                 "restore it from a backup, or start a new run without --resume")
+    n = cfg.get("step_threads")  # absent or None: a run kept before the count was
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise CorruptStoreError(f"the run's {str(config_path)!r} has step_threads={n!r}",
+                                "set it to the int >= 1 the run began with (or remove it), or start a new run")
     return cfg
 
 
@@ -352,6 +356,9 @@ def train(args) -> dict:
         if given is not None and had is not None and given != had:  # (a run from before it was kept has none)
             conflicts.append(f"--step-threads {given!r} (the run's: {had!r}; torch sums in another order on "
                              "another thread count, so the run would not be the one an uninterrupted run gives)")
+        if had is None and not conflicts:  # a run kept before the count was: it keeps this resume's from now on
+            cfg["step_threads"] = _step_threads(args)
+            config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
         if conflicts:
             raise ConfigError(f"--resume with flags that differ from the run's config.json: {', '.join(conflicts)}",
                               "drop them to continue the run as it was started, or start a new run "

@@ -127,15 +127,17 @@ class TieredStore:
             raise StoreExistsError(f"store path {str(path)!r} already exists",
                                    "open it with TieredStore.open, or choose a new path")
         resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
+        new_dirs = [] if half_made else [p for p in (path, *path.parents) if not p.exists()]
         if not half_made:
             path.mkdir(parents=True)
-            _fsync_dir(path.parent)  # the new directory's entry, before anything is written in it
         lock_fd = _lock(path)  # a create still running there holds it: StoreLockedError
         if half_made and not _half_made(path):  # looked at again, inside, under the lock
             os.close(lock_fd)
             raise StoreExistsError(f"store path {str(path)!r} holds an LMDB store without its manifest.json",
                                    "restore manifest.json from a backup, or choose a new path")
         try:
+            for d in reversed(new_dirs):  # each new directory's entry in its parent
+                _fsync_dir(d.parent)
             if half_made:  # a create() killed before its manifest: start it over
                 shutil.rmtree(path / "lmdb", ignore_errors=True)
                 (path / "manifest.json.tmp").unlink(missing_ok=True)
@@ -905,10 +907,24 @@ def _holds_nothing(lmdb_dir: Path) -> bool:
 def _fsync_dir(path: Path) -> None:
     """fsync a directory: makes the renames and creations of entries in it durable (POSIX
     leaves them in the page cache until then, so a power loss could bring back the old
-    ``manifest.json`` beside a newer checkpoint)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    ``manifest.json`` beside a newer checkpoint).
+
+    Best effort where it cannot be done: a directory one may write but not list (mode
+    0333) cannot be opened to fsync, and some filesystems refuse fsync on a directory
+    (EINVAL); those are skipped, as databases do.  Other errors (EIO) are a
+    :class:`CorruptStoreError`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as err:
+        if err.errno in (errno.EACCES, errno.EPERM):
+            return
+        raise CorruptStoreError(f"directory {str(path)!r} cannot be opened to fsync it ({err})",
+                                "check the disk and the directory") from err
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise CorruptStoreError(f"fsync of directory {str(path)!r} failed ({err})", "check the disk") from err
     finally:
         os.close(fd)
 

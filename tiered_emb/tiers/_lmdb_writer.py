@@ -17,15 +17,14 @@ processes must share.
 Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
 
 - first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs"}``; reply ``{"ok": true}``;
-- ``{"quit": true}``: the process ends (no reply);
 - then per write ``{"map_size", "parts": [[db name, rows, width], ...]}`` followed, per
   part, by its ids (int64) and rows (float32, rows x width) as raw bytes; reply
   ``{"ok": true, "entries": {db name: entries after the commit}}``, or ``{"error": "map_full"}``
   (nothing written: the trainer's side grows the map and sends the write again), or
   ``{"error": "full" | "failed", "message": ...}`` (rolled back).
 
-The process ends on a quit frame, when stdin closes (its parent closed it, or ended: the
-kernel closes a dead process's pipes) and, while it waits for a write, within a second of
+The process ends when stdin closes (its parent closed it, or ended: the kernel closes a
+dead process's pipes; a frame cut short is never committed) and, while it waits for a write, within a second of
 its parent's end (a process forked from the parent may hold the pipe open).  It runs in a
 session of its own and ignores SIGINT: a Ctrl-C or a signal to the trainer's process
 group is the trainer's to handle.  A write the parent did not live to see is never committed: the
@@ -99,12 +98,15 @@ def disk_full(err: BaseException, path) -> bool:
         return False
 
 
-def read_frame(stream) -> dict | None:
-    """The next JSON frame, or None at the end of the stream."""
+def read_frame(stream, max_len: int | None = None) -> dict | None:
+    """The next JSON frame, or None at the end of the stream; ``ValueError`` when it is
+    longer than ``max_len`` bytes or not JSON."""
     head = read_exact(stream, 4)
     if head is None:
         return None
     (n,) = struct.unpack("<I", head)
+    if max_len is not None and n > max_len:
+        raise ValueError(f"a frame of {n} bytes, more than {max_len}")
     body = read_exact(stream, n)
     return None if body is None else json.loads(body)
 
@@ -188,7 +190,7 @@ def main() -> None:
         if not _wait_for_input(inp, parent):
             return
         req = read_frame(inp)
-        if req is None or req.get("quit"):
+        if req is None:
             return
         parts = []
         for name, n, width in req["parts"]:

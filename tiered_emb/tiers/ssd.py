@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -509,11 +510,15 @@ class SsdTier:
                 try:
                     self._proc = _WriterProcess(self)
                 except _WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
-                    warnings.warn(f"{err}; this store's write-backs are written by its writer thread from now on",
-                                  RuntimeWarning, stacklevel=2)
                     self.writer_process = False
                     self._write(lambda txn: self._put_waiting(txn, snaps))
-                    return {t: self._entries(self._pending[t]) for t in self.widths}
+                    entries = {t: self._entries(self._pending[t]) for t in self.widths}
+                    try:  # told once; under -W error it must not fail a write that succeeded
+                        warnings.warn(f"{err}; this store's write-backs are written by its writer thread from now on",
+                                      RuntimeWarning, stacklevel=2)
+                    except Warning:
+                        pass
+                    return entries
             try:
                 reply = self._proc.write(parts, int(self.env.info()["map_size"]))
             except CorruptStoreError:
@@ -686,26 +691,34 @@ class _WriterProcess:
     pointed at /dev/null in the fork), so the process still sees its input close.
     """
 
+    #: Seconds the process has to start and open the environment.
+    START_TIMEOUT_S = 60
+
     def __init__(self, tier: SsdTier):
         self.path = tier.path
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        if getattr(sys, "frozen", False) or not sys.executable:  # sys.executable is the app, or none
+            raise _WriterStartError(f"the LMDB writer process for {self.path} cannot start (no Python interpreter "
+                                    "to run it: a frozen or embedded app)")
+        paths = [p for p in sys.path if isinstance(p, str) and p and os.pathsep not in p]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         try:
             self.proc = subprocess.Popen([sys.executable, _lmdb_writer.__file__, str(os.getpid())],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
                                          start_new_session=True, env=env)
-        except OSError as err:
+        except (OSError, TypeError, ValueError) as err:
             raise _WriterStartError(f"the LMDB writer process for {self.path} cannot start ({err})") from err
         self._end = weakref.finalize(self, _end_process, self.proc)
         _RUNNING.add(self)
+        hello = {"path": str(tier.path), "map_size": int(tier.env.info()["map_size"]), "max_dbs": tier._max_dbs,
+                 "max_readers": tier._max_readers, "compression": tier.compression,
+                 "dbs": ["p:" + t for t in sorted(tier.widths)]}
         try:
-            reply = self._call({"path": str(tier.path), "map_size": int(tier.env.info()["map_size"]),
-                                "max_dbs": tier._max_dbs, "max_readers": tier._max_readers,
-                                "compression": tier.compression, "dbs": ["p:" + t for t in sorted(tier.widths)]}, [])
+            reply = self._call(hello, [], timeout=self.START_TIMEOUT_S, max_reply=1 << 12)
         except CorruptStoreError as err:
             self.close()
-            raise _WriterStartError(f"the LMDB writer process for {self.path} could not start (exit status "
-                                    f"{self.proc.returncode}; its error, if any, is on stderr)") from err
-        if not reply.get("ok"):
+            raise _WriterStartError(f"the LMDB writer process for {self.path} could not start ({err.args[0]}; "
+                                    "its error, if any, is on stderr)") from err
+        if reply.get("ok") is not True:
             self.close()
             raise _WriterStartError(f"the LMDB writer process for {self.path} could not open it ({reply})")
 
@@ -715,14 +728,21 @@ class _WriterProcess:
                                                  for t, ids, rows in parts]}
         return self._call(head, [a for _, ids, rows in parts for a in (ids, rows)])
 
-    def _call(self, head: dict, arrays) -> dict:
+    def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
+        """Send a frame (and ``arrays``' bytes) and return the reply; ``timeout`` seconds for
+        it to begin and ``max_reply`` bytes at most (for the start: a program that is not
+        the writer may answer anything, or nothing)."""
         try:
             self.proc.stdin.write(frame_bytes(head))
             for a in arrays:
                 self.proc.stdin.write(memoryview(a).cast("B"))
             self.proc.stdin.flush()
-            reply = read_frame(self.proc.stdout)
-        except (OSError, ValueError):  # a broken pipe: the process is gone
+            if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
+                self.proc.kill()
+                reply = None
+            else:
+                reply = read_frame(self.proc.stdout, max_reply)
+        except (OSError, ValueError):  # a broken pipe: the process is gone; or not a frame
             reply = None
         if reply is None:
             try:
@@ -741,16 +761,18 @@ class _WriterProcess:
 
 
 def _end_process(proc: subprocess.Popen) -> None:
-    """Ask the writer process to quit, close its pipes and reap it (killed if it lingers)."""
-    if hasattr(signal, "sigtimedwait"):  # the quit frame: only where a SIGPIPE it raises can be taken back
+    """Close the writer process's input (it exits at its end: a frame cut short is never
+    committed, so this may run while the writer thread is sending one, as at interpreter
+    exit) and its output, and reap it (killed if it lingers)."""
+    if hasattr(signal, "sigtimedwait"):
+        # Closing flushes what a failed write left in the buffer: a SIGPIPE that raises is taken back.
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
         try:
-            proc.stdin.write(frame_bytes({"quit": True}))
-            proc.stdin.close()  # (a frame left in the buffer by a failed write is given up here)
+            proc.stdin.close()
         except (OSError, ValueError):
             pass  # already gone
         finally:
-            signal.sigtimedwait({signal.SIGPIPE}, 0)  # one the write raised, if any, is taken back here
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
     for f in (proc.stdin, proc.stdout):
         try:
