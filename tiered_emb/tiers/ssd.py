@@ -467,9 +467,8 @@ class SsdTier:
 
     def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
         try:
-            if on_thread and self.writer_process:
-                entries = self._write_by_process(snaps)
-            else:
+            entries = self._write_by_process(snaps) if on_thread and self.writer_process else None
+            if entries is None:  # (also where the writer process cannot start)
                 self._write(lambda txn: self._put_waiting(txn, snaps))
                 entries = {t: self._entries(self._pending[t]) for t in self.widths}
         except BaseException as err:
@@ -487,11 +486,13 @@ class SsdTier:
         proc = self._proc
         return proc.proc.pid if proc is not None else None
 
-    def _write_by_process(self, snaps) -> dict[str, int]:
+    def _write_by_process(self, snaps) -> dict[str, int] | None:
         """Write write-back snapshots, oldest first, into ``p:`` in one transaction of the
-        writer process; returns the entries of each ``p:`` written.  Grows the map and
-        sends the write again when the map is full; a failure is rolled back (the rows stay
-        waiting in memory) and raised as :class:`StoreFullError` or :class:`CorruptStoreError`."""
+        writer process; returns the entries of each ``p:`` written, or None (nothing
+        written) when the process cannot start: this store's writes stay in this process
+        from then on.  Grows the map and sends the write again when the map is full; a
+        failure is rolled back (the rows stay waiting in memory) and raised as
+        :class:`StoreFullError` or :class:`CorruptStoreError`."""
         parts = []
         for snap in snaps:
             for t, buf in sorted(snap.items()):
@@ -511,14 +512,12 @@ class SsdTier:
                     self._proc = _WriterProcess(self)
                 except _WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
                     self.writer_process = False
-                    self._write(lambda txn: self._put_waiting(txn, snaps))
-                    entries = {t: self._entries(self._pending[t]) for t in self.widths}
-                    try:  # told once; under -W error it must not fail a write that succeeded
+                    try:  # told once; under -W error it must not fail the write
                         warnings.warn(f"{err}; this store's write-backs are written by its writer thread from now on",
                                       RuntimeWarning, stacklevel=2)
                     except Warning:
                         pass
-                    return entries
+                    return None
             try:
                 reply = self._proc.write(parts, int(self.env.info()["map_size"]))
             except CorruptStoreError:
