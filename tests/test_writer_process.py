@@ -125,7 +125,7 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
         np.testing.assert_array_equal(s.peek("w", some, with_state=True), ref.peek_records("w", some))
 
 
-def _serve(monkeypatch, path, frames: bytes, parent: int, ppids):
+def _serve(monkeypatch, frames: bytes, parent: int, ppids):
     """Run the writer's main() here on ``frames``; os.getppid() answers from ``ppids``."""
     calls = iter(ppids)
     monkeypatch.setattr(_lmdb_writer.os, "getppid", lambda: next(calls, -1))
@@ -159,7 +159,7 @@ def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
     ids, rows = np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32)
     frames = hello + _write_request(ids, rows, 1 << 24) + _write_request(ids + 10, rows, 1 << 24)
     # the parent is there at the start, for the first commit, then gone for the second
-    out = _serve(monkeypatch, path, frames, parent=777, ppids=[777, 777, 1])
+    out = _serve(monkeypatch, frames, parent=777, ppids=[777, 777, 1])
     replies = []
     stream = io.BytesIO(out)
     while (r := _lmdb_writer.read_frame(stream)) is not None:
@@ -171,14 +171,14 @@ def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
     env.close()
     assert keys == _lmdb_writer.lmdb_keys(ids)
     # started by a parent already gone: it writes nothing at all
-    assert _serve(monkeypatch, path, frames, parent=777, ppids=[1]) == b""
+    assert _serve(monkeypatch, frames, parent=777, ppids=[1]) == b""
 
 
 def test_a_writer_whose_input_ends_mid_write_commits_nothing(tmp_path, monkeypatch):
     path, hello = _env_for_writer(tmp_path)
     whole = _write_request(np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32), 1 << 24)
     with pytest.raises(SystemExit):
-        _serve(monkeypatch, path, hello + whole[:-5], parent=777, ppids=[777] * 10)
+        _serve(monkeypatch, hello + whole[:-5], parent=777, ppids=[777] * 10)
     env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
     with env.begin() as txn:
         assert txn.stat(env.open_db(b"p:a", txn=txn))["entries"] == 0
