@@ -723,14 +723,14 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
     tables = [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))]
     s = TieredStore.create(tmp_path / "s", tables, cpu(1, 0, background_writes=False), seed=5)
     s._ssd.writeback_rows = 1
-    real, full = s._ssd._put_waiting, [True]
+    real, full = s._ssd._put_segments, [True]
 
-    def put(txn, snaps, main=False):
+    def put(txn, segments):
         if full[0]:
             raise StoreFullError("no space left on device", "free some")
-        real(txn, snaps, main)
+        real(txn, segments)
 
-    monkeypatch.setattr(s._ssd, "_put_waiting", put)
+    monkeypatch.setattr(s._ssd, "_put_segments", put)
     ref = ReferenceStore(tables, seed=5)
     for step, other in ((1.0, 1), (2.0, 2)):
         g = np.full((1, 2), step, np.float32)

@@ -64,8 +64,13 @@ def test_the_writer_process_writes_what_this_process_writes(tmp_path, compressio
     assert a._ssd._proc is not None and a._ssd._proc.proc.poll() is None  # the process wrote them
     assert b._ssd._proc is None
     pa, pb = _pending(a), _pending(b)
-    assert pa == pb and sum(len(v) for v in pa.values()) > 100
-    assert a._ssd._n_pending == {t: len(v) for t, v in pa.items()}
+    assert pa == pb and sum(len(a._ssd._seg[t]) for t in pa) > 100
+    for t, segments in pa.items():  # the index holds every id of the segments
+        held = set()
+        for _, v in segments:
+            n = _lmdb_writer.SEGMENT_HEADER.unpack_from(v)[3]
+            held |= set(np.frombuffer(v, "<i8", n, _lmdb_writer.SEGMENT_HEADER.size).tolist())
+        assert len(a._ssd._seg[t]) == len(held) and (a._ssd._seg[t].find(np.array(sorted(held))) >= 0).all()
     proc = a._ssd._proc.proc
     a.close()
     b.close()
@@ -118,7 +123,7 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
         ref.apply_gradients("w", ids, g)
     s._ssd.wait_writes()
     assert s._ssd._writer_error is None and s._ssd._proc is not None
-    assert s._ssd.env.info()["map_size"] > 1 << 20 and s._ssd._n_pending["w"] > 4096
+    assert s._ssd.env.info()["map_size"] > 1 << 20 and len(s._ssd._seg["w"]) > 4096
     s.close()
     with TieredStore.open(tmp_path / "s") as s:
         some = np.unique(np.random.default_rng(1).integers(0, 1 << 30, 512))
@@ -147,8 +152,8 @@ def _env_for_writer(tmp_path):
                                            "compression": None, "dbs": ["p:a"]})
 
 
-def _write_request(ids, rows, map_size):
-    head = {"map_size": map_size, "parts": [["p:a", int(ids.shape[0]), int(rows.shape[1])]]}
+def _write_request(ids, rows, map_size, seq=0):
+    head = {"map_size": map_size, "parts": [["p:a", seq, int(ids.shape[0]), int(rows.shape[1])]]}
     return _lmdb_writer.frame_bytes(head) + ids.tobytes() + rows.tobytes()
 
 
@@ -157,19 +162,19 @@ def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
     rolled back: a store opened by another process since must not get stale rows."""
     path, hello = _env_for_writer(tmp_path)
     ids, rows = np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32)
-    frames = hello + _write_request(ids, rows, 1 << 24) + _write_request(ids + 10, rows, 1 << 24)
+    frames = hello + _write_request(ids, rows, 1 << 24) + _write_request(ids + 10, rows, 1 << 24, seq=1)
     # the parent is there at the start, for the first commit, then gone for the second
     out = _serve(monkeypatch, frames, parent=777, ppids=[777, 777, 1])
     replies = []
     stream = io.BytesIO(out)
     while (r := _lmdb_writer.read_frame(stream)) is not None:
         replies.append(r)
-    assert replies == [{"ok": True}, {"ok": True, "entries": {"p:a": 3}}]  # no reply to the second: it ended
+    assert replies == [{"ok": True}, {"ok": True}]  # no reply to the second: it ended
     env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
     with env.begin() as txn:
-        keys = [bytes(k) for k, _ in txn.cursor(db=env.open_db(b"p:a", txn=txn))]
+        got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=env.open_db(b"p:a", txn=txn))]
     env.close()
-    assert keys == _lmdb_writer.lmdb_keys(ids)
+    assert got == [(_lmdb_writer.segment_key(0), _lmdb_writer.encode_segment(ids, rows, None))]
     # started by a parent already gone: it writes nothing at all
     assert _serve(monkeypatch, frames, parent=777, ppids=[1]) == b""
 
@@ -237,7 +242,7 @@ def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_
         _steps(s, ref, 12)
         s._ssd.wait_writes()
     assert s._ssd.writer_process is False and s._ssd._proc is None and s._ssd._writer_error is None
-    assert sum(s._ssd._n_pending.values()) > 0  # written by the thread
+    assert sum(len(ix) for ix in s._ssd._seg.values()) > 0  # written by the thread
     s.close()
     _equals_reference(tmp_path / "s", ref)
 

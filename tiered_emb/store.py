@@ -38,7 +38,11 @@ from .policies import POLICIES
 from .prefetch import Prefetcher, Ticket
 from .tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier
 
-FORMAT = "tiered_emb/1"
+FORMAT = "tiered_emb/2"
+#: An older format :meth:`TieredStore.open` still takes: the same but for the rows written
+#: after the last checkpoint (one LMDB record per row; now segments), which only
+#: ``restore="checkpoint"`` can take (it drops them); the store is then rewritten as FORMAT.
+FORMAT_1 = "tiered_emb/1"
 
 
 def _locked(method):
@@ -182,7 +186,7 @@ class TieredStore:
             manifest = json.loads(manifest_path.read_text())
             if not isinstance(manifest, dict):
                 raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
-            if manifest.get("format") != FORMAT:
+            if manifest.get("format") not in (FORMAT, FORMAT_1):
                 raise ValueError(f"format {manifest.get('format')!r}")
             tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
             stored_tiers = TierConfig(**manifest["tiers"])
@@ -204,13 +208,16 @@ class TieredStore:
             resolve_xp(tiers.device)
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
                           max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
-                          background_writes=tiers.background_writes, table_rows={t.name: t.num_rows for t in tables})
+                          background_writes=tiers.background_writes, table_rows={t.name: t.num_rows for t in tables},
+                          legacy_pending=manifest["format"] == FORMAT_1)
             meta = ssd.read_meta()
             if restore == "latest":
                 ssd.promote_pending()
             else:
                 ssd.discard_pending()
             store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
+            if manifest["format"] != FORMAT:
+                store._write_manifest()  # before any row is written in this format
         except BaseException:
             if ssd is not None:
                 ssd.close()

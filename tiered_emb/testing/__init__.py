@@ -20,20 +20,24 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
     Returns the list the attempts append their thread's name to."""
     from ..errors import StoreFullError
     ssd, attempts = store._ssd, []
-    real_put, real_by_process = ssd._put_waiting, ssd._write_by_process
+    real_put, real_segments, real_by_process = ssd._put_waiting, ssd._put_segments, ssd._write_by_process
 
     def attempt():
         attempts.append(threading.current_thread().name)
         if len(attempts) <= writes:
             raise StoreFullError("no space left on device", "free some")
 
-    def put(txn, snaps, main=False):  # a write in this process (flush, checkpoint, no writer process)
+    def put(txn, snaps):  # a checkpoint's transaction
         attempt()
-        real_put(txn, snaps, main)
+        real_put(txn, snaps)
 
-    def by_process(snaps):  # a background write through the writer process
+    def put_segments(txn, segments):  # a write into p: in this process (flush, no writer process)
         attempt()
-        return real_by_process(snaps)
+        real_segments(txn, segments)
 
-    ssd._put_waiting, ssd._write_by_process = put, by_process
+    def by_process(segments):  # a background write through the writer process
+        attempt()
+        return real_by_process(segments)
+
+    ssd._put_waiting, ssd._put_segments, ssd._write_by_process = put, put_segments, by_process
     return attempts

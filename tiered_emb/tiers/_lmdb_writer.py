@@ -17,10 +17,10 @@ processes must share.
 Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
 
 - first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs"}``; reply ``{"ok": true}``;
-- then per write ``{"map_size", "parts": [[db name, rows, width], ...]}`` followed, per
-  part, by its ids (int64) and rows (float32, rows x width) as raw bytes; reply
-  ``{"ok": true, "entries": {db name: entries after the commit}}``, or ``{"error": "map_full"}``
-  (nothing written: the trainer's side grows the map and sends the write again), or
+- then per write ``{"map_size", "parts": [[db name, segment number, rows, width], ...]}``
+  followed, per part, by its ids (int64) and rows (float32, rows x width) as raw bytes;
+  each part is put as one segment (see :func:`encode_segment`); reply ``{"ok": true}``,
+  or ``{"error": "map_full"}`` (nothing written: the trainer's side grows the map and sends the write again), or
   ``{"error": "full" | "failed", "message": ...}`` (rolled back).
 
 The process ends when stdin closes (its parent closed it, or ended: the kernel closes a
@@ -67,13 +67,55 @@ def encode_rows(rows: np.ndarray, compressor) -> list[bytes]:
     size = 1 + rows.shape[1] * 4
     payload = np.empty((k, size), dtype=np.uint8)
     payload[:, 0] = RAW
-    payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, -1)
+    payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, size - 1)
     return payload.view(f"V{size}").reshape(k).tolist()  # one bytes object per row, built in C
 
 
 def lmdb_keys(ids: np.ndarray) -> list[bytes]:
     """LMDB keys of ``ids`` (int64 (k,)): 8 big-endian bytes each (byte order = id order)."""
     return ids.astype(">i8").view("V8").tolist()
+
+
+# A segment: rows written back together, one LMDB value in ``p:<table>`` under its
+# sequence number (8 big-endian bytes: keys only ever grow, so each put appends).
+#   header, 16 bytes little-endian: b"TSEG", version (u8), tag (u8: RAW or ZSTD), 2 zero
+#   bytes, rows n (u32), width W (u32);
+#   ids: n int64 little-endian, increasing;
+#   rows: n * W float32 little-endian, raw, or with ZSTD one zstd frame of them.
+SEGMENT_MAGIC = b"TSEG"
+SEGMENT_VERSION = 1
+SEGMENT_HEADER = struct.Struct("<4sBBxxII")
+
+
+def segment_key(seq: int) -> bytes:
+    return int(seq).to_bytes(8, "big")
+
+
+def last_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, rows)`` in id order with each id once: a repeated id's last row kept."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if ids.shape[0] > 1 and not (ids[1:] > ids[:-1]).all():
+        last = ids.shape[0] - 1 - np.unique(ids[::-1], return_index=True)[1]  # each id's last position, id order
+        ids, rows = ids[last], rows[last]
+    return ids, np.ascontiguousarray(rows, dtype=np.float32)
+
+
+def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor) -> bytes:
+    """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
+    id's last row kept."""
+    ids, rows = last_rows(ids, rows)
+    body = rows.astype("<f4", copy=False).tobytes()
+    tag = RAW
+    if compressor is not None:
+        body, tag = compressor.compress(body), ZSTD
+    head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, tag, ids.shape[0], rows.shape[1])
+    return head + ids.astype("<i8", copy=False).tobytes() + body
+
+
+def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
+    """Append the segment of ``rows`` under ``ids`` as number ``seq`` (above every one in ``db``)."""
+    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=True):
+        raise ValueError(f"segment {seq} is not above the last one")
 
 
 def put_rows(txn, db, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
@@ -193,17 +235,16 @@ def main() -> None:
         if req is None:
             return
         parts = []
-        for name, n, width in req["parts"]:
+        for name, seq, n, width in req["parts"]:
             ids = np.frombuffer(_read_exact(inp, 8 * n), dtype=np.int64)
             rows = np.frombuffer(_read_exact(inp, 4 * n * width), dtype=np.float32).reshape(n, width)
-            parts.append((name, ids, rows))
+            parts.append((name, seq, ids, rows))
         try:
             if req["map_size"] != env.info()["map_size"]:
                 env.set_mapsize(req["map_size"])  # the trainer's size (it grows the map)
             with env.begin(write=True) as txn:
-                for name, ids, rows in parts:
-                    put_rows(txn, dbs[name], ids, rows, compressor)
-                entries = {name: int(txn.stat(dbs[name])["entries"]) for name in sorted({p[0] for p in parts})}
+                for name, seq, ids, rows in parts:
+                    put_segment(txn, dbs[name], seq, ids, rows, compressor)
                 if os.getppid() != parent:  # under LMDB's writer lock: see the module's docstring
                     raise _Orphaned
         except _Orphaned:
@@ -211,11 +252,11 @@ def main() -> None:
         except lmdb.MapFullError:
             write_frame(out, {"error": "map_full"})
             continue
-        except lmdb.Error as err:
+        except (lmdb.Error, ValueError) as err:
             write_frame(out, {"error": "full" if disk_full(err, hello["path"]) else "failed",
                               "message": f"{type(err).__name__}: {err}"})
             continue
-        write_frame(out, {"ok": True, "entries": entries})
+        write_frame(out, {"ok": True})
 
 
 if __name__ == "__main__":

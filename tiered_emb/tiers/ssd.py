@@ -2,17 +2,25 @@
 
 Two named databases per table:
 
-- ``t:<table>``: rows as of the last checkpoint;
-- ``p:<table>``: rows written back since (dirty evictions and :meth:`flush`).
+- ``t:<table>``: rows as of the last checkpoint, one record per id;
+- ``p:<table>``: rows written back since (dirty evictions and :meth:`flush`), as
+  *segments*: each write transaction appends one value per table holding all its rows
+  (format: :func:`tiered_emb.tiers._lmdb_writer.encode_segment`), under a sequence
+  number that only grows.  An index in memory (:class:`~.segindex.SegmentIndex`, built
+  from the segments' ids when the store opens) says which segment holds each id's newest
+  copy.  Why: a B-tree insert per row cost ~1.2 us in the DLRM job (each 65,536-row
+  transaction rewrote most leaf pages of ``p:``); an append costs ~0.05 us a row.
 
-A read looks in ``p:`` first, then ``t:``.  :meth:`checkpoint` moves ``p:`` into ``t:``
-and writes the store's meta record in *one* write transaction, so LMDB's atomic commit
-makes the checkpoint a single durable point: reopening drops ``p:`` and finds exactly
-the last checkpoint (or keeps it, with ``restore="latest"``).
+A read looks in ``p:`` (through the index) first, then ``t:``.  :meth:`checkpoint` folds
+the newest copy of each row of ``p:`` into ``t:``, drops ``p:`` and writes the store's
+meta record in *one* write transaction, so LMDB's atomic commit makes the checkpoint a
+single durable point: reopening drops ``p:`` and finds exactly the last checkpoint (or
+keeps it, with ``restore="latest"``).  ``p:`` holds every copy written since the
+checkpoint, stale ones too, so it grows with the rows written back between checkpoints.
 
-Keys are the id as 8 big-endian bytes (LMDB's byte order is then id order); a value is
-one tag byte (0 raw, 1 zstd) and the record's float32 bytes: weights, then optimizer
-state.  The map doubles by itself when full; a full disk raises
+Keys of ``t:`` are the id as 8 big-endian bytes (LMDB's byte order is then id order); a
+value is one tag byte (0 raw, 1 zstd) and the record's float32 bytes: weights, then
+optimizer state.  The map doubles by itself when full; a full disk raises
 :class:`~tiered_emb.errors.StoreFullError` after the transaction is rolled back.
 
 A table with ``num_rows`` also has a bitmap of the ids ever written here (built from
@@ -44,7 +52,9 @@ import zstandard
 from ..errors import ConfigError, CorruptStoreError, StoreFullError, StoreLockedError
 from . import _lmdb_writer
 from ._lmdb_writer import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
+from ._lmdb_writer import SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION, last_rows, put_segment, segment_key
 from .rowbuf import ABSENT, FOUND, RowBuffer
+from .segindex import POS_BITS, POS_MASK, SegmentIndex
 _META_DB = b"meta"
 
 
@@ -121,10 +131,14 @@ def _cursor_get_many(cur, keys: list[bytes]) -> list[tuple[bytes, bytes]]:
     return got
 
 
+class _SegmentGone(Exception):
+    """A segment the index names is no longer in ``p:`` (a checkpoint dropped it meanwhile)."""
+
+
 class SsdTier:
     def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
                  map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True,
-                 table_rows: dict[str, int | None] | None = None):
+                 table_rows: dict[str, int | None] | None = None, legacy_pending: bool = False):
         self.path = Path(path)
         self.widths = dict(table_widths)
         # Write-backs of evicted rows wait in memory (the newest copy of those rows) and go
@@ -177,12 +191,23 @@ class SsdTier:
         # every id).  Bits are only ever set, before the rows enter the write-back buffer
         # or an LMDB transaction, so a clear bit means the id is held nowhere here.
         self._written_bits: dict[str, np.ndarray | None] = {}
+        # Where each row of ``p:`` lies (changed under ``_mu``), and the next segment's number.
+        self._seg: dict[str, SegmentIndex] = {n: SegmentIndex() for n in sorted(self.widths)}
+        self._seg_rows = {n: 0 for n in sorted(self.widths)}  # rows in the segments, stale copies too
+        self._seq = 0
+        # ``p:`` is read (:meth:`_load_segments`) only by promote_pending: every store opens
+        # with discard_pending or promote_pending, and a damaged ``p:`` then stops only the latter.
+        self._table_rows = {n: (table_rows or {}).get(n) for n in sorted(self.widths)}
+        # ``p:`` as an older version wrote it (a record per id; format tiered_emb/1): only
+        # dropped (discard_pending), never read.
+        self._legacy_pending = False
         try:
             with self._corrupt_on_lmdb_error("reading"):
-                self._n_pending = {n: self._entries(self._pending[n]) for n in self.widths}
                 for n in sorted(self.widths):
                     rows = (table_rows or {}).get(n)
                     self._written_bits[n] = None if rows is None else self._bits_from_keys(n, int(rows))
+                    if legacy_pending:
+                        self._legacy_pending |= self._entries(self._pending[n]) > 0
         except BaseException:
             self.env.close()
             raise
@@ -207,11 +232,11 @@ class SsdTier:
                                     f"reach {need})", "restore the store directory from a backup")
 
     def _bits_from_keys(self, table: str, num_rows: int) -> np.ndarray:
-        """The bitmap of the ids stored in ``t:`` and ``p:`` of ``table`` (one walk over the keys,
-        a million at a time: measured 0.18-0.27 s for 1.27M rows)."""
+        """The bitmap of the ids stored in ``t:`` of ``table`` (one walk over the keys, a
+        million at a time: measured 0.18-0.27 s for 1.27M rows); :meth:`_load_segments` adds ``p:``'s."""
         bits = np.zeros((num_rows + 7) // 8, dtype=np.uint8)
         with self._gate.reading(), self.env.begin() as txn:
-            for db in (self._main[table], self._pending[table]):
+            for db in (self._main[table],):
                 with txn.cursor(db=db) as cur:
                     keys = cur.iternext(keys=True, values=False)
                     while True:
@@ -223,6 +248,74 @@ class SsdTier:
                                                     "open it with the num_rows it was created with")
                         _set_bits(bits, ids)
         return bits
+
+    def _load_segments(self, table: str) -> None:
+        """Index the segments of ``p:<table>`` (oldest first: a newer copy wins) and set their ids' bits."""
+        index, bits, num_rows = self._seg[table], self._written_bits[table], self._table_rows[table]
+        with self._gate.reading(), self.env.begin(buffers=True) as txn, txn.cursor(db=self._pending[table]) as cur:
+            for key, value in cur:
+                seq = int.from_bytes(key, "big")
+                n, _ = self._segment_head(table, seq, value)
+                ids = np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64)
+                if len(key) != 8 or seq >> (63 - POS_BITS) or (n > 1 and not (ids[1:] > ids[:-1]).all()) \
+                        or (n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows))):
+                    raise CorruptStoreError(f"segment {bytes(key).hex()} of table {table!r} in {self.path} is damaged "
+                                            f"(its key or its ids)", "restore the store directory from a backup")
+                index.add(seq, ids)
+                self._seg_rows[table] += n
+                if bits is not None:
+                    _set_bits(bits, ids)
+                self._seq = max(self._seq, seq + 1)
+
+    def _segment_head(self, table: str, seq: int, value) -> tuple[int, int]:
+        """``(rows, tag)`` of segment ``seq`` of ``table`` after checking its header and length."""
+        width = self.widths[table]
+        try:
+            magic, version, tag, n, w = SEGMENT_HEADER.unpack_from(value)
+        except Exception:  # (struct.error: shorter than a header)
+            magic = None
+        size = SEGMENT_HEADER.size + 8 * n + 4 * n * width if magic is not None else 0
+        if magic != SEGMENT_MAGIC or version != SEGMENT_VERSION or w != width or tag not in (_RAW, _ZSTD) \
+                or len(value) < size - (4 * n * width if tag == _ZSTD else 0) or (tag == _RAW and len(value) != size):
+            raise CorruptStoreError(f"segment {seq} of table {table!r} in {self.path} is damaged (its header or "
+                                    "its length)", "restore the store directory from a backup")
+        return n, tag
+
+    def _segment_rows(self, table: str, seq: int, value) -> np.ndarray:
+        """The rows (n, W) float32 of segment ``seq`` of ``table`` (a view of ``value`` when raw)."""
+        n, tag = self._segment_head(table, seq, value)
+        at = SEGMENT_HEADER.size + 8 * n
+        width = self.widths[table]
+        if tag == _RAW:
+            return np.frombuffer(value, dtype="<f4", count=n * width, offset=at).reshape(n, width)
+        try:
+            body = self._zd.decompress(bytes(value[at:]), max_output_size=4 * n * width)
+        except zstandard.ZstdError as err:
+            raise CorruptStoreError(f"segment {seq} of table {table!r} in {self.path} does not decompress ({err})",
+                                    "restore from a backup") from err
+        if len(body) != 4 * n * width:
+            raise CorruptStoreError(f"segment {seq} of table {table!r} in {self.path} holds {len(body)} bytes of rows, "
+                                    f"expected {4 * n * width}", "restore from a backup")
+        return np.frombuffer(body, dtype="<f4").reshape(n, width)
+
+    def _read_segments(self, txn, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
+        """Rows at ``locs`` (index locations) of ``p:<table>`` into ``out_rows[at]``; one get per segment."""
+        order = np.argsort(locs, kind="stable")
+        locs, at = locs[order], at[order]
+        seqs = locs >> POS_BITS
+        cuts = np.flatnonzero(seqs[1:] != seqs[:-1]) + 1
+        db = self._pending[table]
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, locs.shape[0]].tolist()):
+            seq = int(seqs[a])
+            value = txn.get(segment_key(seq), db=db)
+            if value is None:
+                raise _SegmentGone(seq)
+            rows = self._segment_rows(table, seq, value)
+            pos = locs[a:b] & POS_MASK
+            if pos[-1] >= rows.shape[0]:
+                raise CorruptStoreError(f"segment {seq} of table {table!r} in {self.path} is shorter than its index says",
+                                        "restore the store directory from a backup")
+            out_rows[at[a:b]] = rows[pos]
 
     # ----------------------------------------------------------------- encoding
     def _decode(self, value, out_row: np.ndarray) -> None:
@@ -275,11 +368,15 @@ class SsdTier:
                 staged = self._staged[key].get(table)
                 if staged is not None:
                     self.staging["used"] += staged.get(ids, out_rows, state)
-        # LMDB last, in a transaction begun after the look above: a snapshot gone since
-        # was committed first, so the transaction sees its rows.
-        todo = np.flatnonzero(state == 0)
+            todo = np.flatnonzero(state == 0)
+            locs = self._seg[table].find(ids[todo])
+        # LMDB last, in transactions begun after the look above: a snapshot gone since was
+        # committed (and indexed) first, so the transaction sees its rows.
         if todo.shape[0]:
-            self._read_lmdb(table, ids[todo], out_rows, todo, state)
+            try:
+                self._read_lmdb(table, ids[todo], out_rows, todo, state, locs)
+            except _SegmentGone as gone:  # only a checkpoint drops segments, and it holds the store's lock
+                raise self._gone(table, gone) from None
         return state == FOUND
 
     def _maybe_stored(self, table: str, ids: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -287,23 +384,29 @@ class SsdTier:
         bits = self._written_bits[table]
         return at if bits is None or at.shape[0] == 0 else _with_bit(bits, ids, at)
 
-    def _read_lmdb(self, table: str, ids: np.ndarray, out_rows: np.ndarray, at: np.ndarray, state: np.ndarray) -> None:
-        """Records of ``ids`` (distinct) from ``p:`` then ``t:`` into ``out_rows[at]``; ``state[at]`` = FOUND where found."""
-        dbs = ([self._pending[table]] if self._n_pending[table] > 0 else []) + [self._main[table]]
-        order = np.argsort(ids, kind="stable")  # key order: one sequential walk
-        ids, at = ids[order], at[order]
+    def _read_lmdb(self, table: str, ids: np.ndarray, out_rows: np.ndarray, at: np.ndarray, state: np.ndarray,
+                   locs: np.ndarray) -> None:
+        """Records of ``ids`` (distinct) into ``out_rows[at]``, ``state[at]`` = FOUND where found:
+        from the segments of ``p:`` at ``locs`` (their index locations, -1: none), the rest from ``t:``."""
+        in_p = locs >= 0
         try:
+            if in_p.any():
+                # Buffers: a segment is read in place (a copy of it would cost more than its rows).
+                with self._gate.reading(), self.env.begin(buffers=True) as txn:
+                    self._read_segments(txn, table, locs[in_p], out_rows, at[in_p])
+                state[at[in_p]] = FOUND
+                ids, at = ids[~in_p], at[~in_p]
+            if ids.shape[0] == 0:
+                return
+            order = np.argsort(ids, kind="stable")  # key order: one sequential walk
+            ids, at = ids[order], at[order]
             # bytes, not buffers: py-lmdb's buffer objects cost more than the copies they save
             # (measured 430 -> 250 us for 500 records of one table)
             with self._gate.reading(), self.env.begin() as txn:
-                for db in dbs:
-                    todo = np.flatnonzero(state[at] == 0)
-                    if todo.shape[0] == 0:
-                        break
-                    with txn.cursor(db=db) as cur:
-                        got = _cursor_get_many(cur, lmdb_keys(ids[todo]))
-                    if got:
-                        self._decode_many(got, ids[todo], at[todo], out_rows, state)
+                with txn.cursor(db=self._main[table]) as cur:
+                    got = _cursor_get_many(cur, lmdb_keys(ids))
+                if got:
+                    self._decode_many(got, ids, at, out_rows, state)
         except lmdb.Error as err:
             raise CorruptStoreError(f"reading table {table!r} from {self.path} failed ({err})",
                                     "restore the store directory from a backup") from err
@@ -342,7 +445,15 @@ class SsdTier:
             state = np.zeros(ids.shape[0], dtype=np.uint8)
             at = self._maybe_stored(table, ids, np.arange(ids.shape[0]))
             if at.shape[0]:
-                self._read_lmdb(table, ids[at], rows, at, state)
+                with self._mu:
+                    locs = self._seg[table].find(ids[at])
+                try:
+                    self._read_lmdb(table, ids[at], rows, at, state, locs)
+                except _SegmentGone:  # dropped by a checkpoint since: as a read that overlapped a write
+                    with self._mu:
+                        self.staging["reads"] += 1
+                        self.staging["discarded"] += 1
+                    return False
             state[state == 0] = ABSENT
             buf = RowBuffer(self.widths[table], ids.shape[0])
             buf.put(ids, rows, state)
@@ -402,12 +513,82 @@ class SsdTier:
             self._set_written(table, ids)
         put_rows(txn, db, ids, rows, self._zc)
 
-    def _put_waiting(self, txn, snaps: list[dict[str, RowBuffer]], main: bool = False) -> None:
-        """Write write-back snapshots, oldest first, into ``p:`` (or ``t:`` with ``main``)."""
+    def _put_waiting(self, txn, snaps: list[dict[str, RowBuffer]]) -> None:
+        """Write write-back snapshots, oldest first, into ``t:`` (a checkpoint)."""
         for snap in snaps:
             for t, buf in sorted(snap.items()):
                 if len(buf):
-                    self._put_rows(txn, t, (self._main if main else self._pending)[t], *buf.items())
+                    self._put_rows(txn, t, self._main[t], *buf.items())
+
+    def _segments(self, snaps: list[dict[str, RowBuffer]], batches: dict | None = None) -> list:
+        """The segments of one write into ``p:``: per table, ``(table, number, ids, rows)`` of
+        its rows in ``snaps`` (oldest first) then ``batches`` (newest), each id's last row,
+        numbered on from :attr:`_seq` (one writer at a time)."""
+        parts: dict[str, list] = {}
+        for snap in snaps:
+            for t, buf in sorted(snap.items()):
+                if len(buf):
+                    parts.setdefault(t, []).append(buf.items())
+        for t, (ids, rows) in sorted((batches or {}).items()):
+            parts.setdefault(t, []).append((np.ascontiguousarray(ids, dtype=np.int64), rows))
+        out = []
+        for t in sorted(parts):
+            ids, rows = last_rows(np.concatenate([p[0] for p in parts[t]]), np.concatenate([p[1] for p in parts[t]]))
+            out.append((t, self._seq + len(out), ids, rows))
+        return out
+
+    def _put_segments(self, txn, segments: list) -> None:
+        with self._mu:  # before the commit (rows from the write-back buffer have theirs already)
+            for t, _, ids, _ in segments:
+                self._set_written(t, ids)
+        for t, seq, ids, rows in segments:
+            put_segment(txn, self._pending[t], seq, ids, rows, self._zc)
+
+    def _indexed(self, segments: list) -> None:
+        """After ``segments`` are committed (under ``_mu``): reads find their rows in ``p:``."""
+        for t, seq, ids, _ in segments:
+            self._seg[t].add(seq, ids)
+            self._seg_rows[t] += ids.shape[0]
+        self._seq += len(segments)
+
+    #: ``p:<table>`` is compacted when its segments hold more than this many times the rows
+    #: it has live (and at least :attr:`COMPACT_MIN_ROWS`): the stale copies of rows written
+    #: back again since the checkpoint, which would otherwise grow the file until the next one.
+    COMPACT_RATIO = 4
+    COMPACT_MIN_ROWS = 1 << 20
+
+    def _compact_due(self) -> list[str]:
+        return [t for t in sorted(self.widths)
+                if self._seg_rows[t] >= self.COMPACT_MIN_ROWS and self._seg_rows[t] > self.COMPACT_RATIO * len(self._seg[t])]
+
+    def _compact(self, tables: list[str]) -> None:
+        """Rewrite ``p:`` of each of ``tables`` as one segment of its live rows, in one transaction.
+
+        With no write in flight, and under the store's lock (every read of ``p:`` holds it,
+        but a staged one, which finds its segments gone and is discarded).  A failure rolls
+        back and leaves ``p:`` as it was.
+        """
+        with self._mu:
+            plan = [(t, self._seq + k) + self._seg[t].items() for k, t in enumerate(tables)]
+
+        def fn(txn):
+            for t, seq, ids, locs in plan:
+                rows = np.empty((ids.shape[0], self.widths[t]), dtype=np.float32)
+                try:
+                    self._read_segments(txn, t, locs, rows, np.arange(ids.shape[0]))
+                except _SegmentGone as gone:
+                    raise self._gone(t, gone) from None
+                txn.drop(self._pending[t], delete=False)
+                put_segment(txn, self._pending[t], seq, ids, rows, self._zc)
+
+        self._write(fn)
+        with self._mu:
+            for t, seq, ids, _ in plan:
+                self._seg[t].clear()
+                self._seg[t].add(seq, ids)
+                self._seg_rows[t] = ids.shape[0]
+            self._seq += len(plan)
+            self._written(None)
 
     def _waiting(self) -> list[dict[str, RowBuffer]]:
         """Every write-back not yet in LMDB, oldest first; the buffer starts afresh (under ``_mu``)."""
@@ -451,6 +632,15 @@ class SsdTier:
             if defer_errors:
                 return
             self.raise_failed_write()
+        due = self._compact_due()
+        if due:
+            try:
+                self._compact(due)
+            except Exception as err:  # (the rows wait in memory, the next write tries again)
+                if not defer_errors:
+                    raise
+                self._writer_error = err
+                return
         with self._mu:
             snaps = self._waiting()
         if not self.background_writes:
@@ -467,17 +657,17 @@ class SsdTier:
 
     def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
         try:
-            entries = self._write_by_process(snaps) if on_thread and self.writer_process else None
-            if entries is None:  # (also where the writer process cannot start)
-                self._write(lambda txn: self._put_waiting(txn, snaps))
-                entries = {t: self._entries(self._pending[t]) for t in self.widths}
+            segments = self._segments(snaps)
+            if not (on_thread and self.writer_process and self._write_by_process(segments)):
+                # (also where the writer process cannot start)
+                self._write(lambda txn: self._put_segments(txn, segments))
         except BaseException as err:
             if not on_thread:
                 raise
             self._writer_error = err
             return
-        self._n_pending.update(entries)  # before the snapshots leave the read path: reads then look in p:
         with self._mu:
+            self._indexed(segments)  # before the snapshots leave the read path: reads then look in p:
             self._flushing = [s for s in self._flushing if not any(s is x for x in snaps)]
             self._written(self._ids_of(snaps))
 
@@ -486,22 +676,18 @@ class SsdTier:
         proc = self._proc
         return proc.proc.pid if proc is not None else None
 
-    def _write_by_process(self, snaps) -> dict[str, int] | None:
-        """Write write-back snapshots, oldest first, into ``p:`` in one transaction of the
-        writer process; returns the entries of each ``p:`` written, or None (nothing
-        written) when the process cannot start: this store's writes stay in this process
-        from then on.  Grows the map and sends the write again when the map is full; a
-        failure is rolled back (the rows stay waiting in memory) and raised as
-        :class:`StoreFullError` or :class:`CorruptStoreError`."""
-        parts = []
-        for snap in snaps:
-            for t, buf in sorted(snap.items()):
-                if len(buf):
-                    ids, rows = buf.items()
-                    parts.append((t, np.ascontiguousarray(ids, dtype=np.int64),
-                                  np.ascontiguousarray(rows, dtype=np.float32)))
-        if not parts:
-            return {}
+    def _gone(self, table: str, gone: "_SegmentGone") -> CorruptStoreError:
+        return CorruptStoreError(f"segment {gone.args[0]} of table {table!r} in {self.path} is indexed but missing",
+                                 "restore the store directory from a backup")
+
+    def _write_by_process(self, segments: list) -> bool:
+        """Append ``segments`` (:meth:`_segments`) to ``p:`` in one transaction of the writer
+        process; False (nothing written) when the process cannot start: this store's writes
+        stay in this process from then on.  Grows the map and sends the write again when
+        the map is full; a failure is rolled back (the rows stay waiting in memory) and
+        raised as :class:`StoreFullError` or :class:`CorruptStoreError`."""
+        if not segments:
+            return True
         if hasattr(signal, "pthread_sigmask"):
             # A write into a dead process's pipe raises here (EPIPE), instead of a SIGPIPE
             # that kills the trainer when it runs with SIGPIPE's default action.
@@ -517,9 +703,9 @@ class SsdTier:
                                       RuntimeWarning, stacklevel=2)
                     except Warning:
                         pass
-                    return None
+                    return False
             try:
-                reply = self._proc.write(parts, int(self.env.info()["map_size"]))
+                reply = self._proc.write(segments, int(self.env.info()["map_size"]))
             except CorruptStoreError:
                 self._proc.close()
                 self._proc = None  # the next write starts another one
@@ -534,7 +720,7 @@ class SsdTier:
             if "error" in reply:
                 raise CorruptStoreError(f"writing to {self.path} failed ({reply['message']}); the write was rolled back",
                                         "check the disk and the store directory")
-            return {name[2:]: n for name, n in reply["entries"].items()}
+            return True
 
     def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
                       defer_errors: bool = False) -> int:
@@ -562,16 +748,10 @@ class SsdTier:
             snaps = self._waiting()
         if not batches and not any(len(b) for s in snaps for b in s.values()):
             return 0
-
-        def fn(txn):
-            self._put_waiting(txn, snaps)  # older than ``batches``: written first
-            for t, (ids, rows) in batches.items():
-                self._put_rows(txn, t, self._pending[t], ids, rows)
-
-        self._write(fn)
-        for t in self.widths:
-            self._n_pending[t] = self._entries(self._pending[t])
+        segments = self._segments(snaps, batches)  # the snapshots are older than ``batches``
+        self._write(lambda txn: self._put_segments(txn, segments))
         with self._mu:
+            self._indexed(segments)
             self._flushing = []
             self._writer_error = None
             self._written(None)
@@ -586,13 +766,16 @@ class SsdTier:
 
         def fn(txn):
             for t in sorted(self.widths):
-                if self._n_pending[t]:
-                    with txn.cursor(db=self._pending[t]) as cur:
-                        pairs = [(bytes(k), bytes(v)) for k, v in cur]
-                    with txn.cursor(db=self._main[t]) as cur:
-                        cur.putmulti(pairs)
-                    txn.drop(self._pending[t], delete=False)
-            self._put_waiting(txn, snaps, main=True)
+                if len(self._seg[t]):  # the newest copy of each row of p:, in id order
+                    ids, locs = self._seg[t].items()
+                    rows = np.empty((ids.shape[0], self.widths[t]), dtype=np.float32)
+                    try:
+                        self._read_segments(txn, t, locs, rows, np.arange(ids.shape[0]))
+                    except _SegmentGone as gone:
+                        raise self._gone(t, gone) from None
+                    put_rows(txn, self._main[t], ids, rows, self._zc)
+                txn.drop(self._pending[t], delete=False)
+            self._put_waiting(txn, snaps)
             for t in sorted(batches):
                 self._put_rows(txn, t, self._main[t], *batches[t])
             txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._meta)
@@ -601,11 +784,10 @@ class SsdTier:
 
         self._write(fn)
         with self._mu:
+            self._dropped_segments()
             self._flushing = []
             self._writer_error = None
             self._written(None)
-        for t in self.widths:
-            self._n_pending[t] = 0
         self.env.sync(True)
         return sum(b[0].shape[0] for b in batches.values())
 
@@ -616,11 +798,27 @@ class SsdTier:
                 txn.drop(self._pending[t], delete=False)
         self._write(fn)
         with self._mu:
+            self._dropped_segments()
             self._written(None)
-        self._n_pending = {t: 0 for t in self.widths}
+        self._legacy_pending = False
+
+    def _dropped_segments(self) -> None:
+        """After ``p:`` is dropped (under ``_mu``)."""
+        for index in self._seg.values():
+            index.clear()
+        self._seg_rows = dict.fromkeys(self._seg_rows, 0)
+        self._seq = 0
 
     def promote_pending(self) -> None:
         """Keep what was written since the last checkpoint (reopen at the latest flush)."""
+        if self._legacy_pending:
+            raise ConfigError(f"the rows written after the last checkpoint of {self.path} are in the format of an "
+                              "older tiered_emb (tiered_emb/1), which restore='latest' does not read",
+                              "open it with restore='checkpoint' (those rows are given up), or reopen it with the "
+                              "version that wrote it and checkpoint it there")
+        with self._corrupt_on_lmdb_error("reading"):
+            for table in sorted(self.widths):
+                self._load_segments(table)
         self.checkpoint({}, self.read_meta(), None)
 
     def read_meta(self) -> dict:
@@ -652,7 +850,8 @@ class SsdTier:
                 st = txn.stat(db)
                 out[label] = int(st["entries"])
                 out[label.replace("rows", "bytes")] = int(st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]))
-        with self._mu:  # waiting in memory for the next write
+        with self._mu:  # rows (not segments) of p:, and those waiting in memory for the next write
+            out["pending_rows"] = len(self._seg[table])
             out["writeback_rows"] = len(self._wb[table]) + sum(len(s[table]) for s in self._flushing if table in s)
         return out
 
@@ -721,11 +920,11 @@ class _WriterProcess:
             self.close()
             raise _WriterStartError(f"the LMDB writer process for {self.path} could not open it ({reply})")
 
-    def write(self, parts, map_size: int) -> dict:
-        """Send one write (``[(table, ids int64, rows float32)]``) and return the process's reply."""
-        head = {"map_size": map_size, "parts": [["p:" + t, int(ids.shape[0]), int(rows.shape[1])]
-                                                 for t, ids, rows in parts]}
-        return self._call(head, [a for _, ids, rows in parts for a in (ids, rows)])
+    def write(self, segments, map_size: int) -> dict:
+        """Send one write (``[(table, number, ids int64, rows float32)]``) and return the process's reply."""
+        head = {"map_size": map_size, "parts": [["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])]
+                                                 for t, seq, ids, rows in segments]}
+        return self._call(head, [a for _, _, ids, rows in segments for a in (ids, rows)])
 
     def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
         """Send a frame (and ``arrays``' bytes) and return the reply; ``timeout`` seconds for

@@ -1,0 +1,180 @@
+"""The rows written since the last checkpoint, as segments in ``p:``: the index, compaction,
+damaged segments and stores written in the format before segments."""
+import json
+
+import lmdb
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
+from tiered_emb.errors import ConfigError, CorruptStoreError
+from tiered_emb.testing import crash
+from tiered_emb.testing.reference import ReferenceStore
+from tiered_emb.tiers import _lmdb_writer
+from tiered_emb.tiers.segindex import POS_BITS, SegmentIndex
+from tiered_emb.tiers.ssd import SsdTier
+
+TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
+          TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**62), max_size=40, unique=True), max_size=12),
+       st.lists(st.integers(0, 2**62), max_size=20))
+def test_the_index_answers_as_a_dict(segments, probes):
+    ix, model = SegmentIndex(), {}
+    for seq, ids in enumerate(segments):
+        ix.add(seq, np.array(ids, dtype=np.int64))
+        model.update({x: (seq << POS_BITS) + i for i, x in enumerate(ids)})
+    assert len(ix) == len(model)
+    ask = sorted(model)[:20] + probes
+    assert ix.find(np.array(ask, dtype=np.int64)).tolist() == [model.get(x, -1) for x in ask]
+    ids, locs = ix.items()
+    assert ids.tolist() == sorted(model) and locs.tolist() == [model[x] for x in sorted(model)]
+    ix.clear()
+    assert len(ix) == 0 and ix.find(np.array([1])).tolist() == [-1]
+
+
+def _train(s, ref, steps, seed=0, n=64):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        for t in TABLES:
+            ids = rng.integers(0, 300, n)
+            g = rng.standard_normal((n, t.dim)).astype(np.float32)
+            s.apply_gradients(t.name, ids, g)
+            ref.apply_gradients(t.name, ids, g)
+
+
+def _same_rows(s, ref):
+    for t in TABLES:
+        ids = np.arange(300)
+        np.testing.assert_array_equal(s.peek(t.name, ids, with_state=True), ref.peek_records(t.name, ids))
+
+
+@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("compression", [None, 3])
+def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, background, compression):
+    """Rows evicted again and again leave stale copies in ``p:``; compaction rewrites the live
+    ones, and reads, reopening at the latest write and checkpoints find the same rows."""
+    monkeypatch.setattr(SsdTier, "COMPACT_MIN_ROWS", 200)
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
+                                                              background_writes=background,
+                                                              ssd_compression=compression), seed=4)
+    s._ssd.writeback_rows = 32
+    ref = ReferenceStore(TABLES, seed=4)
+    compactions = []
+    real = s._ssd._compact
+    monkeypatch.setattr(s._ssd, "_compact", lambda tables: (compactions.append(tables), real(tables)))
+    _train(s, ref, 60)
+    s._ssd.wait_writes()
+    assert compactions and s._ssd._writer_error is None
+    for t in TABLES:  # bounded: at most the ratio times the live rows, and one write-back's worth past it
+        assert s._ssd._seg_rows[t.name] <= SsdTier.COMPACT_RATIO * len(s._ssd._seg[t.name]) + 2 * 32 + 200
+    _same_rows(s, ref)
+    s.flush()
+    crash(s)
+    with TieredStore.open(tmp_path / "s", restore="latest") as r:
+        _same_rows(r, ref)
+        _train(r, ref, 10, seed=1)
+    with TieredStore.open(tmp_path / "s") as r:
+        _same_rows(r, ref)
+
+
+def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu",
+                                                              background_writes=False), seed=4)
+    ref = ReferenceStore(TABLES, seed=4)
+    _train(s, ref, 5)
+    s.flush()
+    ssd = s._ssd
+    ids = np.arange(300)
+    real = ssd._read_lmdb
+
+    def read_after_compaction(*args):
+        with s._lock:
+            ssd._compact(["a"])
+        return real(*args)
+
+    monkeypatch.setattr(ssd, "_read_lmdb", read_after_compaction)
+    before = dict(ssd.staging)
+    assert ssd.stage(7, {"a": ids}) is False
+    assert ssd.staging["discarded"] == before["discarded"] + 1 and 7 not in ssd._staged
+    monkeypatch.undo()
+    _same_rows(s, ref)
+    s.close()
+
+
+def _segments_of(path, table):
+    env = lmdb.open(str(path / "lmdb"), max_dbs=16)
+    with env.begin() as txn:
+        got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=env.open_db(b"p:" + table.encode(), txn=txn))]
+    return env, got
+
+
+@pytest.mark.parametrize("damage", ["magic", "width", "short", "order", "key"])
+def test_a_damaged_segment_is_a_corrupt_store(tmp_path, damage):
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=4)
+    _train(s, ReferenceStore(TABLES, seed=4), 5)
+    s.flush()
+    crash(s)
+    env, got = _segments_of(tmp_path / "s", "b")
+    key, value = got[0]
+    head = _lmdb_writer.SEGMENT_HEADER
+    n = head.unpack_from(value)[3]
+    if damage == "magic":
+        value = b"XSEG" + value[4:]
+    elif damage == "width":
+        value = head.pack(b"TSEG", 1, 0, n, 5) + value[head.size:]
+    elif damage == "short":
+        value = value[:-4]
+    elif damage == "order":
+        ids = np.frombuffer(value, "<i8", n, head.size)[::-1].copy()
+        value = value[:head.size] + ids.tobytes() + value[head.size + 8 * n:]
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"p:b", txn=txn)
+        if damage == "key":
+            txn.delete(key, db=db)
+            txn.put(b"\x01" + key, value, db=db)
+        else:
+            txn.put(key, value, db=db)
+    env.close()
+    with pytest.raises(CorruptStoreError, match="segment"):
+        TieredStore.open(tmp_path / "s", restore="latest")
+    with TieredStore.open(tmp_path / "s") as r:  # at its checkpoint it opens: p: is dropped unread
+        _same_rows(r, ReferenceStore(TABLES, seed=4))
+    env, got = _segments_of(tmp_path / "s", "b")
+    env.close()
+    assert got == []
+
+
+def _legacy(path, ids):
+    """Make the store at ``path`` one written by the format before segments, with rows of
+    ``ids`` in ``p:a`` after its checkpoint."""
+    env = lmdb.open(str(path / "lmdb"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        _lmdb_writer.put_rows(txn, env.open_db(b"p:a", txn=txn), ids, np.ones((ids.shape[0], 5), np.float32), None)
+    env.close()
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["format"] = "tiered_emb/1"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_store_of_the_format_before_segments_opens_at_its_checkpoint(tmp_path):
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=4)
+    ref = ReferenceStore(TABLES, seed=4)
+    _train(s, ref, 5)
+    s.close()
+    _legacy(tmp_path / "s", np.arange(10))
+    with pytest.raises(ConfigError, match="restore='checkpoint'"):
+        TieredStore.open(tmp_path / "s", restore="latest")
+    with TieredStore.open(tmp_path / "s") as r:  # its rows after the checkpoint are given up, as always
+        assert json.loads((tmp_path / "s" / "manifest.json").read_text())["format"] == "tiered_emb/2"
+        _same_rows(r, ref)
+        _train(r, ref, 3, seed=2)
+    with TieredStore.open(tmp_path / "s", restore="latest") as r:
+        _same_rows(r, ref)
+    # one closed cleanly (nothing after its checkpoint) opens either way
+    _legacy(tmp_path / "s", np.arange(0))
+    with TieredStore.open(tmp_path / "s", restore="latest") as r:
+        _same_rows(r, ref)
