@@ -523,7 +523,10 @@ class SsdTier:
     def _segments(self, snaps: list[dict[str, RowBuffer]], batches: dict | None = None) -> list:
         """The segments of one write into ``p:``: per table, ``(table, number, ids, rows)`` of
         its rows in ``snaps`` (oldest first) then ``batches`` (newest), each id's last row,
-        numbered on from :attr:`_seq` (one writer at a time)."""
+        numbered on from :attr:`_seq` (one writer at a time).  Their numbers are taken
+        whether or not the write commits: a writer process that died after its commit, before
+        its reply, leaves segments that are not indexed, and the rows' next write must
+        still append above them (a gap in the numbers is harmless)."""
         parts: dict[str, list] = {}
         for snap in snaps:
             for t, buf in sorted(snap.items()):
@@ -535,6 +538,7 @@ class SsdTier:
         for t in sorted(parts):
             ids, rows = last_rows(np.concatenate([p[0] for p in parts[t]]), np.concatenate([p[1] for p in parts[t]]))
             out.append((t, self._seq + len(out), ids, rows))
+        self._seq += len(out)
         return out
 
     def _put_segments(self, txn, segments: list) -> None:
@@ -549,7 +553,6 @@ class SsdTier:
         for t, seq, ids, _ in segments:
             self._seg[t].add(seq, ids)
             self._seg_rows[t] += ids.shape[0]
-        self._seq += len(segments)
 
     #: ``p:<table>`` is compacted when its segments hold more than this many times the rows
     #: it has live (and at least :attr:`COMPACT_MIN_ROWS`): the stale copies of rows written
@@ -570,6 +573,7 @@ class SsdTier:
         """
         with self._mu:
             plan = [(t, self._seq + k) + self._seg[t].items() for k, t in enumerate(tables)]
+        self._seq += len(plan)  # taken whether or not it commits (see _segments)
 
         def fn(txn):
             for t, seq, ids, locs in plan:
@@ -587,7 +591,6 @@ class SsdTier:
                 self._seg[t].clear()
                 self._seg[t].add(seq, ids)
                 self._seg_rows[t] = ids.shape[0]
-            self._seq += len(plan)
             self._written(None)
 
     def _waiting(self) -> list[dict[str, RowBuffer]]:
