@@ -209,3 +209,50 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
     crash(s)
     with TieredStore.open(tmp_path / "s", restore="latest") as r:
         _same_rows(r, ref)
+
+
+def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path, monkeypatch):
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False),
+                           seed=4)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        for t in TABLES:
+            ids = rng.integers(0, 300, 64)
+            s.apply_gradients(t.name, ids, rng.standard_normal((64, t.dim)).astype(np.float32))
+    s.flush()  # p:a now holds segments whose positions go up to ~300
+    ssd = s._ssd
+    assert len(ssd._seg["a"]) > 50
+    real = ssd._read_lmdb
+    width = ssd.widths["a"]
+
+    def checkpoint_and_write_between(*args):
+        with s._lock:  # what another thread does meanwhile: a checkpoint, then write-backs
+            ssd.checkpoint({}, ssd.read_meta(), None)
+            for i in range(10):  # segments 0..9 of p:a, one row each
+                ssd.write_pending({"a": (np.array([1000 + i]), np.ones((1, width), np.float32))})
+        return real(*args)
+
+    monkeypatch.setattr(ssd, "_read_lmdb", checkpoint_and_write_between)
+    assert ssd.stage(7, {"a": np.arange(300)}) is False  # (raised CorruptStoreError while the numbers restarted)
+    monkeypatch.undo()
+    s.close()
+
+
+def test_rows_cut_into_segments_of_the_cap(tmp_path, monkeypatch):
+    """A write or a compaction of more rows than a segment holds makes several segments (LMDB
+    refuses a value of 4 GiB or more); reads, compaction and reopening follow them."""
+    monkeypatch.setattr(SsdTier, "_rows_per_segment", lambda self, table: 7)
+    monkeypatch.setattr(SsdTier, "COMPACT_MIN_ROWS", 100)
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
+    s._ssd.writeback_rows = 32
+    ref = ReferenceStore(TABLES, seed=4)
+    _train(s, ref, 40)
+    s.flush()
+    _same_rows(s, ref)
+    crash(s)
+    env, got = _segments_of(tmp_path / "s", "a")
+    env.close()
+    sizes = [_lmdb_writer.SEGMENT_HEADER.unpack_from(v)[3] for _, v in got]
+    assert max(sizes) == 7 and len(sizes) > 10
+    with TieredStore.open(tmp_path / "s", restore="latest") as r:
+        _same_rows(r, ref)

@@ -115,7 +115,8 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor) -> bytes:
 def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
     """Append the segment of ``rows`` under ``ids`` as number ``seq`` (above every one in ``db``)."""
     if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=True):
-        raise ValueError(f"segment {seq} is not above the last one")
+        import lmdb
+        raise lmdb.KeyExistsError(f"segment {seq} is not above the last one")
 
 
 def put_rows(txn, db, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
@@ -252,7 +253,7 @@ def main() -> None:
         except lmdb.MapFullError:
             write_frame(out, {"error": "map_full"})
             continue
-        except (lmdb.Error, ValueError) as err:
+        except lmdb.Error as err:
             write_frame(out, {"error": "full" if disk_full(err, hello["path"]) else "failed",
                               "message": f"{type(err).__name__}: {err}"})
             continue

@@ -54,7 +54,7 @@ from . import _lmdb_writer
 from ._lmdb_writer import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
 from ._lmdb_writer import SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION, last_rows, put_segment, segment_key
 from .rowbuf import ABSENT, FOUND, RowBuffer
-from .segindex import POS_BITS, POS_MASK, SegmentIndex
+from .segindex import MAX_SEGMENT_ROWS, MAX_SEGMENTS, POS_BITS, POS_MASK, SegmentIndex
 _META_DB = b"meta"
 
 
@@ -257,7 +257,8 @@ class SsdTier:
                 seq = int.from_bytes(key, "big")
                 n, _ = self._segment_head(table, seq, value)
                 ids = np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64)
-                if len(key) != 8 or seq >> (63 - POS_BITS) or (n > 1 and not (ids[1:] > ids[:-1]).all()) \
+                if len(key) != 8 or seq >= MAX_SEGMENTS or n > MAX_SEGMENT_ROWS \
+                        or (n > 1 and not (ids[1:] > ids[:-1]).all()) \
                         or (n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows))):
                     raise CorruptStoreError(f"segment {bytes(key).hex()} of table {table!r} in {self.path} is damaged "
                                             f"(its key or its ids)", "restore the store directory from a backup")
@@ -537,9 +538,26 @@ class SsdTier:
         out = []
         for t in sorted(parts):
             ids, rows = last_rows(np.concatenate([p[0] for p in parts[t]]), np.concatenate([p[1] for p in parts[t]]))
-            out.append((t, self._seq + len(out), ids, rows))
+            out += self._numbered(t, ids, rows)
+        return out
+
+    def _numbered(self, table: str, ids: np.ndarray, rows) -> list:
+        """``ids`` (and ``rows``, or their locations) cut into segments of ``table``, numbered on
+        from :attr:`_seq`, which takes them.  A segment holds at most :meth:`_rows_per_segment`."""
+        step = self._rows_per_segment(table)
+        cuts = range(0, max(ids.shape[0], 1), step)
+        if self._seq + len(cuts) > MAX_SEGMENTS:
+            raise CorruptStoreError(f"{self.path} has numbered {self._seq:,} segments since it opened, all it can",
+                                    "close and reopen the store (its numbers start again after its checkpoint)")
+        out = [(table, self._seq + k, ids[a:a + step], rows[a:a + step]) for k, a in enumerate(cuts)]
         self._seq += len(out)
         return out
+
+    def _rows_per_segment(self, table: str) -> int:
+        """Rows a segment of ``table`` holds at most: 2**20 and 256 MiB (LMDB takes values
+        under 4 GiB), 1,024 with compression (a read decompresses every segment it needs whole)."""
+        cap = 1 << 10 if self._zc is not None else MAX_SEGMENT_ROWS
+        return max(1, min(cap, (256 << 20) // (8 + 4 * self.widths[table])))
 
     def _put_segments(self, txn, segments: list) -> None:
         with self._mu:  # before the commit (rows from the write-back buffer have theirs already)
@@ -572,25 +590,29 @@ class SsdTier:
         back and leaves ``p:`` as it was.
         """
         with self._mu:
-            plan = [(t, self._seq + k) + self._seg[t].items() for k, t in enumerate(tables)]
-        self._seq += len(plan)  # taken whether or not it commits (see _segments)
+            live = {t: self._seg[t].items() for t in tables}
+        plan = {t: self._numbered(t, *live[t]) for t in tables}  # numbers taken whether or not it commits
 
         def fn(txn):
-            for t, seq, ids, locs in plan:
+            for t in tables:
+                ids, locs = live[t]
                 rows = np.empty((ids.shape[0], self.widths[t]), dtype=np.float32)
                 try:
                     self._read_segments(txn, t, locs, rows, np.arange(ids.shape[0]))
                 except _SegmentGone as gone:
                     raise self._gone(t, gone) from None
                 txn.drop(self._pending[t], delete=False)
-                put_segment(txn, self._pending[t], seq, ids, rows, self._zc)
+                step = self._rows_per_segment(t)
+                for k, (_, seq, seg_ids, _) in enumerate(plan[t]):
+                    put_segment(txn, self._pending[t], seq, seg_ids, rows[k * step:(k + 1) * step], self._zc)
 
         self._write(fn)
         with self._mu:
-            for t, seq, ids, _ in plan:
+            for t in tables:
                 self._seg[t].clear()
-                self._seg[t].add(seq, ids)
-                self._seg_rows[t] = ids.shape[0]
+                for _, seq, seg_ids, _ in plan[t]:
+                    self._seg[t].add(seq, seg_ids)
+                self._seg_rows[t] = live[t][0].shape[0]
             self._written(None)
 
     def _waiting(self) -> list[dict[str, RowBuffer]]:
@@ -810,7 +832,7 @@ class SsdTier:
         for index in self._seg.values():
             index.clear()
         self._seg_rows = dict.fromkeys(self._seg_rows, 0)
-        self._seq = 0
+        # (the numbers go on: a read staged before may still hold locations of dropped segments)
 
     def promote_pending(self) -> None:
         """Keep what was written since the last checkpoint (reopen at the latest flush)."""
@@ -951,7 +973,7 @@ class _WriterProcess:
             except subprocess.TimeoutExpired:
                 status = None
             raise CorruptStoreError(f"the LMDB writer process of {self.path} ended (exit status {status}) before its "
-                                    "commit; the write was rolled back",
+                                    "reply; its write was rolled back, or committed and is written again",
                                     "the rows wait in memory: the next write starts a new writer process")
         return reply
 
