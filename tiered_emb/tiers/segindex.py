@@ -62,7 +62,7 @@ class SegmentIndex:
     >>> ix = SegmentIndex()
     >>> ix.add(3, np.array([7, 2]))
     >>> ix.add(4, np.array([2]))
-    >>> [divmod(int(x), 1 << 32) if x >= 0 else -1 for x in ix.find(np.array([2, 5, 7]))]
+    >>> [divmod(int(x), 1 << POS_BITS) if x >= 0 else -1 for x in ix.find(np.array([2, 5, 7]))]
     [(4, 0), -1, (3, 0)]
     """
 
