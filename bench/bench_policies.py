@@ -34,6 +34,8 @@ def main(argv=None) -> int:
                     help="curve / LRU-run pairs (the curve runs on both cores: a busy neighbour shows as outliers)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-libcachesim", action="store_true")
+    ap.add_argument("--libcachesim-table", choices=["sized", "default"], default="sized",
+                    help="libCacheSim's hash tables: sized to each cache, or its binding's default (16M buckets)")
     ap.add_argument("--no-mrc", action="store_true")
     ap.add_argument("--json", default="bench/results/policies.json")
     ap.add_argument("--plot", default=None)
@@ -48,12 +50,13 @@ def main(argv=None) -> int:
         rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet)
     else:
         from tiered_emb.sim.compare import libcachesim_peer
-        with libcachesim_peer(trace) as peer:  # each libCacheSim run right after ours: paired ratios
+        with libcachesim_peer(trace, table=args.libcachesim_table) as peer:  # each run right after ours: paired
             rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet,
                                       peer=peer)
     print(bench.format_table(rows))
     payload = {"trace": f"zipf:{args.alpha}", "description": desc, "requests": requests, "universe_ids": universe,
-               "seed": args.seed, "repeats": args.repeats, "machine": bench.machine_info(), "results": rows}
+               "seed": args.seed, "repeats": args.repeats, "machine": bench.machine_info(),
+               "libcachesim_table": None if args.no_libcachesim else args.libcachesim_table, "results": rows}
     if not args.no_mrc:
         mrc = bench.run_mrc(trace, sizes, args.mrc_repeats, opt=False, show_progress=not args.quiet)
         payload["mrc"] = mrc

@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tiered_emb.cli import main
@@ -75,17 +76,31 @@ def test_unknown_trace_and_policy():
         main(["bench", "policies", "--ids", "1k", "--requests", "1k", "--policies", "mru", "--no-progress"])
 
 
-def test_compare_libcachesim(tmp_path, capsys):
+@pytest.mark.parametrize("table", ["sized", "default"])
+def test_compare_libcachesim(tmp_path, capsys, table):
     pytest.importorskip("libcachesim")
     out = tmp_path / "c.json"
     assert main(["bench", "policies", "--ids", "5k", "--requests", "30k", "--cache", "1%,10%", "--policies",
                  "lru,lfu,fifo,clock,sieve,s3fifo,arc,belady", "--compare", "libcachesim", "--repeats", "1",
-                 "--json", str(out), "--no-progress"]) == 0
+                 "--libcachesim-table", table, "--json", str(out), "--no-progress"]) == 0
     rows = json.loads(out.read_text())["results"]
     ours = {(r["policy"], r["cache_objects"]): r["hits"] for r in rows if r["engine"] == "tiered_emb"}
     theirs = {(r["policy"], r["cache_objects"]): r["hits"] for r in rows if r["engine"] == "libcachesim"}
     assert set(theirs) == set(ours)
-    assert ours == theirs  # every shared policy, to the request
+    assert ours == theirs  # every shared policy, to the request, whatever its table
+    powers = {r["hashpower"] for r in rows if r["engine"] == "libcachesim"}
+    assert powers == ({None} if table == "default" else {10})  # 2 * 500 objects -> 2^10 buckets
+
+
+def test_libcachesim_table_names():
+    from tiered_emb.sim.compare import libcachesim_hashpower, libcachesim_peer
+    assert libcachesim_hashpower(100_000) == 18 and libcachesim_hashpower(3) == 10
+    assert libcachesim_hashpower(100_000, "default") is None
+    with pytest.raises(ConfigError, match="choose from sized, default"):
+        libcachesim_hashpower(10, "huge")
+    with pytest.raises(ConfigError, match="choose from sized, default"):
+        with libcachesim_peer(np.arange(4), table="huge"):
+            pass
 
 
 def test_bench_script_smoke(tmp_path, capsys):
@@ -187,7 +202,7 @@ def test_bench_script_fails_when_the_peer_counts_other_hits(tmp_path, monkeypatc
     import tiered_emb.sim.compare as compare
 
     @contextmanager
-    def off_by_one_peer(trace, workdir=None):
+    def off_by_one_peer(trace, workdir=None, table="sized"):
         from tiered_emb.sim.engine import simulate
         yield lambda policy, cap: (1.0, simulate(trace, cap, policy) + (policy == "fifo"))
 

@@ -240,7 +240,8 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
                 rows.append({"engine": "libcachesim", "policy": p, "cache": label, "cache_objects": cap,
                              "hits": peer_hits, "requests": n, "hit_ratio": peer_hits / max(n, 1),
                              "seconds": peer_secs, "median_s": pmed, "mreq_per_s": n / pmed / 1e6,
-                             "hashpower": libcachesim_hashpower(cap), "same_hits": peer_hits == hits})
+                             "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
+                             "same_hits": peer_hits == hits})
     return rows
 
 

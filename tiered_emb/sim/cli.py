@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
                    help="comma-separated: " + ",".join(__import__("tiered_emb.sim.engine",
                                                                   fromlist=["SIM_POLICIES"]).SIM_POLICIES))
     p.add_argument("--compare", choices=["libcachesim"], help="run the same trace through libCacheSim too")
+    p.add_argument("--libcachesim-table", choices=["sized", "default"], default="sized",
+                   help="libCacheSim's hash tables: sized to each cache (default; its best setting) or its "
+                        "binding's default (16M buckets)")
     p.set_defaults(func=run_policies_cmd)
     m = bsub.add_parser("mrc", help="exact LRU miss-ratio curve (every size, one pass) and Belady's")
     _common(m)
@@ -120,7 +123,7 @@ def run_policies_cmd(args) -> int:
     if args.compare == "libcachesim":
         from .compare import libcachesim_peer
         try:
-            with libcachesim_peer(trace) as peer:  # each libCacheSim run right after ours
+            with libcachesim_peer(trace, table=args.libcachesim_table) as peer:  # each run right after ours
                 rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=show, peer=peer)
         except MissingExtraError as err:
             bench.print_err(f"no comparison: {err}")

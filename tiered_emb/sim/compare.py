@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MissingExtraError
+from ..errors import ConfigError, MissingExtraError
 from .engine import check_policy
 from .traces import write_oracle_general
 
@@ -32,21 +32,30 @@ def import_libcachesim():
     return libcachesim
 
 
-def libcachesim_hashpower(capacity: int) -> int:
-    """libCacheSim's hash table size (log2 buckets) for a cache of ``capacity`` objects: at
-    least twice the buckets, as our own index has.  Its default (24: 16M buckets, 128 MiB)
-    costs a smaller cache a fixed ~0.1 s a run and a cache miss a probe; the table grows by
-    itself past this, so the hits do not depend on it."""
-    return max(10, (2 * int(capacity) - 1).bit_length())
+#: libCacheSim's hash tables: "sized" to each cache (:func:`libcachesim_hashpower`, its
+#: best setting for the sizes measured) or as its binding makes them by "default".
+LIBCACHESIM_TABLES = ("sized", "default")
 
 
-def _serve(path: str, n: int) -> None:
+def libcachesim_hashpower(capacity: int, table: str = "sized") -> int | None:
+    """libCacheSim's hash table size (log2 buckets) for a cache of ``capacity`` objects:
+    with ``table="sized"`` at least twice the buckets, as our own index has; None with
+    ``"default"`` (the binding's own, 24: 16M buckets, 128 MiB, which costs a smaller cache
+    a fixed ~0.1 s a run and a cache miss a probe).  The table grows by itself when full,
+    so the hits do not depend on it."""
+    if table not in LIBCACHESIM_TABLES:
+        raise ConfigError(f"unknown libCacheSim table {table!r}", f"choose from {', '.join(LIBCACHESIM_TABLES)}")
+    return max(10, (2 * int(capacity) - 1).bit_length()) if table == "sized" else None
+
+
+def _serve(path: str, n: int, table: str) -> None:
     """The worker: read ``NAME CAPACITY`` lines on stdin, answer ``SECONDS HITS`` lines."""
     lcs = import_libcachesim()
     for line in sys.stdin:
         name, cap = line.split()
         reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
-        cache = getattr(lcs, name)(cache_size=int(cap), hashpower=libcachesim_hashpower(int(cap)))
+        power = libcachesim_hashpower(int(cap), table)
+        cache = getattr(lcs, name)(cache_size=int(cap), **({} if power is None else {"hashpower": power}))
         t0 = time.perf_counter()
         miss_ratio, _ = cache.process_trace(reader)
         secs = time.perf_counter() - t0
@@ -56,10 +65,11 @@ def _serve(path: str, n: int) -> None:
 
 
 @contextmanager
-def libcachesim_peer(trace: np.ndarray, workdir=None):
+def libcachesim_peer(trace: np.ndarray, workdir=None, table: str = "sized"):
     """A ``peer`` for :func:`tiered_emb.sim.bench.run_policies`: ``(policy, capacity) ->
     (seconds, hits)`` of one libCacheSim run of ``trace``, or None where it has no such
-    policy (or cannot run it at that size).
+    policy (or cannot run it at that size).  ``table``: its hash tables, "sized" or
+    "default" (:func:`libcachesim_hashpower`); ``run.table`` tells which.
 
     libCacheSim runs in a worker process of its own (``python -m tiered_emb.sim.compare``).
     Why: run in our process, its frees of a large cache slowed our next run (ARC at a 10 %
@@ -68,13 +78,14 @@ def libcachesim_peer(trace: np.ndarray, workdir=None):
     """
     import subprocess
 
+    libcachesim_hashpower(1, table)  # checks the name
     import_libcachesim()
     n = int(trace.shape[0])
     warned = set()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / "trace.oracleGeneral"
         write_oracle_general(path, trace)
-        proc = subprocess.Popen([sys.executable, "-m", "tiered_emb.sim.compare", str(path), str(n)],
+        proc = subprocess.Popen([sys.executable, "-m", "tiered_emb.sim.compare", str(path), str(n), table],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
         def run(policy: str, cap: int):
@@ -93,6 +104,7 @@ def libcachesim_peer(trace: np.ndarray, workdir=None):
                 raise RuntimeError(f"the libCacheSim worker stopped (exit code {proc.poll()})")
             return float(answer[0]), int(answer[1])
 
+        run.table = table
         try:
             yield run
         finally:
@@ -102,4 +114,4 @@ def libcachesim_peer(trace: np.ndarray, workdir=None):
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], int(sys.argv[2]))
+    _serve(sys.argv[1], int(sys.argv[2]), sys.argv[3])
