@@ -46,7 +46,7 @@ import threading
 import numba
 import numpy as np
 
-from .errors import PrefetchError
+from .errors import ConfigError, PrefetchError
 
 _STOP = object()
 
@@ -56,6 +56,7 @@ class Ticket:
 
     def __init__(self, seq: int, ids: dict[str, np.ndarray]):
         self.seq = seq
+        self._owner = None  # the Prefetcher that made it
         # Per table: the ids as handed over.  The thread sets the rest when the batch
         # enters the window: the batch (ids, unique ids, inverse), the unique ids still to
         # bring up, the slots pinned for the batch so far, the pinned slot of each unique
@@ -125,6 +126,7 @@ class Prefetcher:
         with ``queue``, brings up the rest; otherwise :meth:`bring_up` queues that later.
         """
         ticket = Ticket(self._seq, batch)
+        ticket._owner = self
         self._seq += 1
         self._outstanding.append(ticket)
         self._put(ticket._entered, self._store._enter_ticket, ticket)
@@ -134,6 +136,7 @@ class Prefetcher:
 
     def bring_up(self, ticket: Ticket) -> None:
         """Queue ``ticket`` for the thread (tickets are brought up in the order they are queued)."""
+        self._check_own(ticket)
         if ticket.queued or ticket.released:
             return
         ticket.queued = True
@@ -141,10 +144,18 @@ class Prefetcher:
 
     def read_ahead(self, ticket: Ticket) -> None:
         """Queue ``ticket``'s LMDB reads for the thread (rows staged in host memory, tiers untouched)."""
+        self._check_own(ticket)
         if ticket.staged or ticket.released:
             return
         ticket.staged = True
         self._put(ticket._read, self._store._stage_ticket, ticket)
+
+    def _check_own(self, ticket) -> None:
+        """ConfigError, before anything changes, unless ``ticket`` came from this store's prefetch()."""
+        if getattr(ticket, "_owner", None) is not self:
+            what = "a ticket of another store" if isinstance(ticket, Ticket) else f"a {type(ticket).__name__}"
+            raise ConfigError(f"{what} was given to this store",
+                              "pass the Ticket this store's prefetch() returned, to the same store")
 
     def _put(self, event, job, ticket) -> None:
         if self._thread is None:
@@ -176,6 +187,7 @@ class Prefetcher:
         The thread unpins them in order with its other work, so the step never waits for
         the store's lock here; :meth:`drain` waits for it.
         """
+        self._check_own(ticket)
         if ticket.released:
             return
         ticket._settle()

@@ -133,7 +133,11 @@ class TieredStore:
         resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
         new_dirs = [] if half_made else [p for p in (path, *path.parents) if not p.exists()]
         if not half_made:
-            path.mkdir(parents=True)
+            try:
+                path.mkdir(parents=True)
+            except (NotADirectoryError, FileExistsError) as err:  # a file where a parent directory should be
+                raise ConfigError(f"store path {str(path)!r} cannot be made ({err})",
+                                  "choose a path whose parents are directories (or do not exist yet)") from err
         lock_fd = _lock(path)  # a create still running there holds it: StoreLockedError
         if half_made and not _half_made(path):  # looked at again, inside, under the lock
             os.close(lock_fd)
@@ -193,8 +197,8 @@ class TieredStore:
             seed = manifest["seed"]
             if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
                 raise ValueError(f"seed {seed!r}")
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CorruptStoreError(f"manifest {str(manifest_path)!r} is corrupt ({err})",
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+            raise CorruptStoreError(f"manifest {str(manifest_path)!r} is corrupt ({type(err).__name__}: {err})",
                                     "restore the store directory from a backup") from err
         if tiers is not None and not isinstance(tiers, TierConfig):
             raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
@@ -209,7 +213,7 @@ class TieredStore:
             ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
                           max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
                           background_writes=tiers.background_writes, table_rows={t.name: t.num_rows for t in tables},
-                          legacy_pending=manifest["format"] == FORMAT_1)
+                          legacy_pending=manifest["format"] == FORMAT_1, existing=True)
             meta = ssd.read_meta()
             if restore == "latest":
                 ssd.promote_pending()
@@ -310,8 +314,12 @@ class TieredStore:
 
     @staticmethod
     def _ids(t: _Table, ids) -> np.ndarray:
-        a = np.asarray(ids)
-        if a.dtype.kind not in "iu":
+        try:
+            a = np.asarray(ids)
+        except (ValueError, TypeError) as err:  # ragged lists, say
+            raise IdTypeError(f"ids for table {t.cfg.name!r} do not make an array ({err})",
+                              "pass a 1-D integer array, e.g. np.asarray(ids, dtype=np.int64)") from err
+        if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):  # ([] is float64)
             raise IdTypeError(f"ids for table {t.cfg.name!r} have dtype {a.dtype}",
                               "pass integer ids, e.g. np.asarray(ids, dtype=np.int64)")
         if a.ndim != 1:
@@ -606,6 +614,8 @@ class TieredStore:
         self._check_open()
         if not isinstance(batch, dict):
             raise ConfigError(f"batch of type {type(batch).__name__} is invalid", "pass {table name: ids}")
+        for name in batch:
+            self._table(name)  # (a name that is not a table's, an int say, before sorting them)
         handed = {}
         for name in sorted(batch):  # checked here, deduped by the thread
             # a copy: the step is matched to its ticket by these ids

@@ -337,6 +337,9 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
         super().__init__()
         if not isinstance(feature_tables, dict):
             feature_tables = {f: f for f in feature_tables}
+        for f in feature_tables:
+            if not isinstance(f, str):
+                raise ConfigError(f"feature name {f!r} is a {type(f).__name__}", "name features with str")
         self.feature_tables = dict(feature_tables)
         self.bags = torch.nn.ModuleDict({f: TieredEmbeddingBag(store, t, mode=mode, nonfinite=nonfinite)
                                          for f, t in self.feature_tables.items()})
@@ -359,6 +362,12 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             ids = _as_numpy_ids(values, f"values of feature {f!r}")
             if ids.ndim != 1:
                 raise IdTypeError(f"values of feature {f!r} have shape {tuple(ids.shape)}", "pass 1-D values")
+            # Checked per feature: features of one table are joined below, where one
+            # feature's wrong lengths or weights would shift its neighbour's bags instead.
+            if (lengths.shape[0] and int(lengths.min()) < 0) or int(offsets[-1]) != ids.shape[0]:
+                raise IdTypeError(f"lengths of feature {f!r} sum to {int(offsets[-1])} for {ids.shape[0]} values",
+                                  "give one length >= 0 per bag, summing to the number of values")
+            _weights_of(weights, ids.shape, self.bags[f].mode)
             bags[f] = ids, offsets, weights
         # Features of one table are looked up together, as one batch of bags: one update of
         # each row on the gradient summed over them (as torchrec), not one per feature.
@@ -390,10 +399,7 @@ def _joined(parts: list[tuple]) -> tuple:
     offsets = np.concatenate([parts[0][1][:1]] + [p[1][1:] + s for p, s in zip(parts, starts)])
     if all(p[2] is None for p in parts):
         return ids, offsets, None
-    weights = [p[2] if p[2] is not None else torch.ones(p[0].shape[0]) for p in parts]
-    for w, p in zip(weights, parts):
-        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (p[0].shape[0],):
-            return ids, offsets, w  # _weights_of raises the typed error for it
+    weights = [p[2] if p[2] is not None else torch.ones(p[0].shape[0]) for p in parts]  # each checked
     return ids, offsets, torch.cat([w.reshape(-1).to(torch.float32) for w in weights])
 
 
@@ -413,7 +419,7 @@ def _jagged_of(features) -> dict:
                       "pass a dict feature -> (values, lengths) or a torchrec KeyedJaggedTensor")
 
 
-__all__ = ["TieredEmbeddingBag", "TieredEmbedding", "TieredEmbeddingBagCollection"]
+__all__ = ["TieredEmbeddingBag", "TieredEmbedding", "TieredEmbeddingBagCollection", "TrainPipeline"]
 
 
 class TrainPipeline:

@@ -23,7 +23,7 @@ from ._checks import as_ids, finite_arg, int_arg
 def _zipf_cdf(n_ids: int, alpha: float) -> np.ndarray:
     try:
         w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
-    except MemoryError:
+    except (MemoryError, ValueError):  # ValueError: "array is too big" (beyond what numpy can index)
         raise ConfigError(f"n_ids={n_ids} needs a table of {8 * n_ids:,} bytes, which does not fit in memory",
                           "use fewer ids") from None
     cdf = np.cumsum(w)

@@ -138,7 +138,8 @@ class _SegmentGone(Exception):
 class SsdTier:
     def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
                  map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True,
-                 table_rows: dict[str, int | None] | None = None, legacy_pending: bool = False):
+                 table_rows: dict[str, int | None] | None = None, legacy_pending: bool = False,
+                 existing: bool = False):
         self.path = Path(path)
         self.widths = dict(table_widths)
         # Write-backs of evicted rows wait in memory (the newest copy of those rows) and go
@@ -172,6 +173,12 @@ class SsdTier:
             self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=self._max_dbs,
                                  subdir=True, readahead=False, meminit=False, max_readers=self._max_readers)
             self._check_length()
+            if existing:
+                try:
+                    self._check_tables()
+                except BaseException:
+                    self.env.close()
+                    raise
             self._meta = self.env.open_db(_META_DB)
             self._main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(self.widths)}
             self._pending = {n: self.env.open_db(b"p:" + n.encode()) for n in sorted(self.widths)}
@@ -211,6 +218,18 @@ class SsdTier:
         except BaseException:
             self.env.close()
             raise
+
+    def _check_tables(self) -> None:
+        """Raise CorruptStoreError unless LMDB holds a ``t:`` database for exactly the tables
+        given (an existing store's manifest), before any is opened (opening one creates it):
+        a table renamed in the manifest would otherwise answer with fresh rows while its own
+        stayed out of reach."""
+        with self._corrupt_on_lmdb_error("listing the tables of"), self.env.begin() as txn:
+            held = sorted(bytes(k)[2:].decode("utf-8", "replace") for k, _ in txn.cursor() if bytes(k)[:2] == b"t:")
+        listed = sorted(self.widths)
+        if held != listed:
+            raise CorruptStoreError(f"the manifest lists tables {listed} but LMDB in {self.path} holds {held}",
+                                    "restore manifest.json (or the store directory) from a backup")
 
     @contextmanager
     def _corrupt_on_lmdb_error(self, doing: str):
