@@ -517,3 +517,34 @@ def test_rows_a_step_brings_up_are_pinned_for_later_window_batches(tmp_path):
         s._prefetcher.drain()
         assert int(s._tables["t"].hbm.pins.sum()) == 0
         assert s._prefetcher.window == []
+
+
+@pytest.mark.parametrize("policy", ["lookahead+lru", "lookahead+lfu"])
+def test_the_window_is_re_pinned_where_it_can_matter(tmp_path, policy):
+    """Under LRU only tables where a step placed rows for its own batch are re-pinned (rows
+    the thread brings up are the most recent when unpinned); under LFU every table is."""
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=64, ddr_rows=64, policy=policy, device="cpu"))
+    probed = []
+    pin_resident = s._pin_resident
+
+    def counting(ticket, name):
+        probed.append(name)
+        pin_resident(ticket, name)
+
+    data = batches(8, seed=3)
+    try:
+        tickets = [s.prefetch(b, bring_up=False) for b in data[:3]]
+        for tk in tickets:
+            tk.wait()
+        s._pin_resident = counting
+        s.bring_up(tickets[0])  # the thread places rows: no table flagged by a step
+        tickets[0].wait()
+        s.prefetch(data[3], bring_up=False).wait()  # enters: re-pins the window, or not
+        repinned = sorted(set(probed[:-2]))  # the last two: the entering batch's own tables
+        assert repinned == ([] if policy == "lookahead+lru" else ["u", "v"])
+        probed.clear()
+        s.lookup("v", data[5]["v"])  # a step places rows of table v
+        s.prefetch(data[4], bring_up=False).wait()
+        assert sorted(set(probed[:-2])) == (["v"] if policy == "lookahead+lru" else ["u", "v"])
+    finally:
+        s.close()

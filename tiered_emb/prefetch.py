@@ -10,7 +10,7 @@ The step then finds its rows in HBM.
 Eviction by next use follows from the pins.  A batch *enters the window* when it is
 handed over (``depth`` batches ahead): with a ``lookahead+`` policy the thread pins its
 resident rows first thing, and, as each batch enters, the rows that came up since for the
-window's later batches (a step brought them up for its own batch), so victims are always
+window's later batches (where a step brought them up for its own batch), so victims are always
 rows not needed within the window, ordered by the tier's own policy.  Its missing rows
 can be *brought up* later, ``load_ahead`` batches ahead (default 0: by the step): a row
 brought up early is pinned until its batch is done, so loading the whole window at once

@@ -34,7 +34,7 @@ from .errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, 
 from .init import init_rows
 from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
 from .optimizers import _no_update, apply_update
-from .policies import POLICIES
+from .policies import LRU, POLICIES
 from .prefetch import Prefetcher, Ticket
 from .tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier
 
@@ -71,6 +71,9 @@ class _Table:
         self.counters["ssd"]["lazy_inits"] = 0
         # what the prefetch thread brought up, apart from the step's own traffic
         self.prefetch_counters = {tier: dict(c) for tier, c in self.counters.items()}
+        # Rows placed in HBM by a step for its own batch since the window was last re-pinned
+        # (TieredStore._repin_window, which only they can make useful).
+        self.step_placed = False
 
 
 class TieredStore:
@@ -381,6 +384,7 @@ class TieredStore:
         instead of raised here.
         Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
         """
+        by_step = c is None
         c = t.counters if c is None else c
         # What must come from LMDB or the initialiser is read first, before any tier
         # changes: a failed read (a corrupt store) then leaves the tiers as they were,
@@ -400,6 +404,7 @@ class TieredStore:
         c["hbm"]["misses"] += m
         c["hbm"]["evictions"] += vids.shape[0]
         if m:
+            t.step_placed |= by_step
             miss_ids = chunk[miss_idx]  # == missing: the misses are the ids not resident, in chunk order
             rows = np.empty((m, t.cfg.record_width), dtype=np.float32)
             dirty = np.zeros(m, dtype=np.uint8)
@@ -669,22 +674,37 @@ class TieredStore:
     def _repin_window(self) -> None:
         """Worker side: pin, for each batch of the window but the oldest (nearest first), its
         rows that came up since it entered (brought up by a step for its own batch) and are
-        not yet pinned for it, within the pin budget.
+        not yet pinned for it, within the pin budget; only in the tables where a step placed
+        rows since the last time.
 
         Why: a batch's resident rows are pinned when it enters the window, but a row a later
         step brings up would otherwise be left to the policy until its own batch, and a
         policy evicts a newcomer first (LFU: one use).  With this, ``lookahead+lfu`` equals
         offline Belady knowing the same window (LFU ties) at every point measured
         (docs/benchmarks.md).  The oldest batch is left alone: its step may be running.
+        Under LRU the rows the worker brings up (pinned for their own batch) are the most
+        recent when unpinned, evicted after every older row: re-pinning them for later
+        batches moved ``lookahead+lru`` by under 0.04 points at every point measured
+        (docs/benchmarks.md) and cost the job's lookahead thread ~4 ms a step (probing
+        every later batch's ids again as each batch enters).  So with an LRU base only the
+        tables where a step placed rows are re-pinned.  Under LFU those rows are newcomers
+        (one use), evicted first: there every table is, as before (without it
+        ``lookahead+lfu`` loading a batch ahead lost up to 0.76 points).
         """
         with self._lock:
             if self._closed:
+                return
+            recency = POLICIES[self.tiers.policy].code == LRU
+            placed = {name for name, t in self._tables.items() if t.step_placed or not recency}
+            for name in placed:
+                self._tables[name].step_placed = False
+            if not placed:
                 return
             for ticket in self._prefetcher.window[1:]:
                 if ticket.error is not None:  # (released or not: its unpinning, queued after, takes every pin)
                     continue
                 for name in sorted(ticket.uids):
-                    if ticket.todo_at[name].shape[0]:
+                    if name in placed and ticket.todo_at[name].shape[0]:
                         self._pin_resident(ticket, name)
 
     def _pin_resident(self, ticket: Ticket, name: str) -> None:

@@ -7,7 +7,8 @@ order) and run three ways, over the same batches:
 - :func:`store_hits`: the store's own kernels (:mod:`tiered_emb.tiers.cache`) driven as
   :func:`tiered_emb.prefetch.lookahead` drives them with window ``k``: before step ``t``
   batch ``t + k`` is prefetched (pinned in HBM; a ``lookahead+`` policy pins its
-  resident rows at once, and those that came up since for the window's later batches,
+  resident rows at once, and those that came up since for the window's later batches
+  (under LRU only if a step placed rows since),
   the worker brings up the rest within the pin budget), then step
   ``t`` resolves its batch, then its ticket is released.  ``k = 0`` is demand caching
   with the plain policy.  An exclusive DDR tier below takes HBM's victims and gives
@@ -37,7 +38,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..index import _index_del, _index_find, _index_put, new_index
 from ..kernels import _dedupe
-from ..policies import POLICIES
+from ..policies import LRU, POLICIES
 from ..tiers.cache import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
 from ._checks import as_ids, check_nonneg, int_arg
 from .policies import id_range, next_use_of
@@ -194,13 +195,18 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     in_ticket = np.zeros(uids.shape[0], dtype=np.bool_)
     tlen = np.zeros(nb, dtype=np.int64)
     cnt = np.zeros(2, dtype=np.int64)
+    step_placed = False  # a step brought rows up since the window was last re-pinned
     for t in range(-k, nb):
         if k > 0 and early_pin and t + k < nb:
-            # As batch t + k enters the window (TieredStore._enter_ticket): first the rows
-            # that came up since the later batches of the window entered it (by an earlier
-            # step) are pinned for them (every batch but the oldest, nearest first), then
-            # the resident rows of the batch entering.
-            for j in range(max(t, 0) + 1, t + k + 1):
+            # As batch t + k enters the window (TieredStore._enter_ticket): first, if a step
+            # placed rows since the last time (or the base policy is not LRU: see
+            # TieredStore._repin_window), the rows that came up since the later batches
+            # of the window entered it are pinned for them (every batch but the oldest,
+            # nearest first; TieredStore._repin_window), then the resident rows of the
+            # batch entering.
+            first = max(t, 0) + 1 if step_placed or code != LRU else t + k
+            step_placed = False
+            for j in range(first, t + k + 1):
                 _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap - reserve, uids, boff, j, ticket_slots,
                               in_ticket, tlen)
         j = t + load  # batch brought up before step t
@@ -231,6 +237,7 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
             slots, pinned = _resolve_counted(h, d, code, chunk, False, cnt, scratch)
             if pinned:
                 _cache_release(code, hP, hpins, hfmeta, slots)
+        step_placed = step_placed or cnt[0] > 0
         counts[t, 1] += cnt[0]
         counts[t, 2] += cnt[1]
         if tlen[t] > 0:
