@@ -44,3 +44,21 @@ def test_bench_prefetch_smoke(tmp_path):
             rates = [p["hbm_hit_rate"] for p in point["policies"].values()]
             assert all(0.0 <= r <= 1.0 for r in rates)
             assert point["policies"]["belady (full)"]["hbm_hit_rate"] >= max(rates) - 1e-12
+
+
+def test_stream_counts_each_row_stored_once(tmp_path, capsys):
+    """`tiered-emb stream`'s "rows stored" is the distinct rows the run touched (the rows
+    still in HBM and DDR were counted a second time beside LMDB's copies of them)."""
+    import re
+
+    import numpy as np
+
+    from tiered_emb.cli import main
+    from tiered_emb.sim.traces import zipf_ids
+    steps, tables, ids, batch = 3, 4, 20_000, 512
+    assert main(["stream", "--run-dir", str(tmp_path / "s"), "--steps", str(steps), "--ids", str(ids),
+                 "--batch", str(batch), "--hbm-rows", "256", "--ddr-rows", "512"]) == 0
+    printed = int(re.search(r"rows stored ([\d,]+)", capsys.readouterr().out).group(1).replace(",", ""))
+    distinct = sum(np.unique(np.concatenate([zipf_ids(ids, 1.05, batch, seed=step * 131 + i)
+                                             for step in range(steps)])).size for i in range(tables))
+    assert printed == distinct
