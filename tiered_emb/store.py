@@ -71,8 +71,8 @@ class _Table:
         self.counters["ssd"]["lazy_inits"] = 0
         # what the prefetch thread brought up, apart from the step's own traffic
         self.prefetch_counters = {tier: dict(c) for tier, c in self.counters.items()}
-        # Rows placed in HBM by a step for its own batch since the window was last re-pinned
-        # (TieredStore._repin_window, which only they can make useful).
+        # A step placed rows in HBM for its own batch since the window was last re-pinned
+        # (under LRU, TieredStore._repin_window re-pins only the tables where one did).
         self.step_placed = False
 
 
@@ -674,8 +674,8 @@ class TieredStore:
     def _repin_window(self) -> None:
         """Worker side: pin, for each batch of the window but the oldest (nearest first), its
         rows that came up since it entered (brought up by a step for its own batch) and are
-        not yet pinned for it, within the pin budget; only in the tables where a step placed
-        rows since the last time.
+        not yet pinned for it, within the pin budget; with an LRU base policy only in the
+        tables where a step placed rows since the last time.
 
         Why: a batch's resident rows are pinned when it enters the window, but a row a later
         step brings up would otherwise be left to the policy until its own batch, and a
