@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError
-from tiered_emb.testing import crash
+from tiered_emb.testing import crash, random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers import _lmdb_writer
 from tiered_emb.tiers.segindex import POS_BITS, SegmentIndex
@@ -37,13 +37,7 @@ def test_the_index_answers_as_a_dict(segments, probes):
 
 
 def _train(s, ref, steps, seed=0, n=64):
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        for t in TABLES:
-            ids = rng.integers(0, 300, n)
-            g = rng.standard_normal((n, t.dim)).astype(np.float32)
-            s.apply_gradients(t.name, ids, g)
-            ref.apply_gradients(t.name, ids, g)
+    random_updates((s, ref), TABLES, steps, seed, n, ids_below=300)
 
 
 def _same_rows(s, ref):

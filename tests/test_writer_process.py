@@ -11,6 +11,7 @@ import pytest
 
 from tiered_emb import RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import CorruptStoreError
+from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers import _lmdb_writer, ssd
 
@@ -21,14 +22,7 @@ TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
 
 
 def _steps(s, ref, steps, seed=0, n=40):
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        for t in TABLES:
-            ids = rng.integers(0, 500, n)
-            g = rng.standard_normal((n, t.dim)).astype(np.float32)
-            s.apply_gradients(t.name, ids, g)
-            if ref is not None:
-                ref.apply_gradients(t.name, ids, g)
+    random_updates((s, ref), TABLES, steps, seed, n, ids_below=500)
 
 
 def _pending(s) -> dict:

@@ -362,12 +362,6 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             ids = _as_numpy_ids(values, f"values of feature {f!r}")
             if ids.ndim != 1:
                 raise IdTypeError(f"values of feature {f!r} have shape {tuple(ids.shape)}", "pass 1-D values")
-            # Checked per feature: features of one table are joined below, where one
-            # feature's wrong lengths or weights would shift its neighbour's bags instead.
-            if (lengths.shape[0] and int(lengths.min()) < 0) or int(offsets[-1]) != ids.shape[0]:
-                raise IdTypeError(f"lengths of feature {f!r} sum to {int(offsets[-1])} for {ids.shape[0]} values",
-                                  "give one length >= 0 per bag, summing to the number of values")
-            _weights_of(weights, ids.shape, self.bags[f].mode)
             bags[f] = ids, offsets, weights
         # Features of one table are looked up together, as one batch of bags: one update of
         # each row on the gradient summed over them (as torchrec), not one per feature.
@@ -377,6 +371,17 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
         planned = []
         for table, feats in groups.items():  # every feature checked before any row is read
             bag = self.bags[feats[0]]
+            if len(feats) > 1:
+                # Checked one by one before they are joined, where one feature's wrong lengths
+                # or weights would shift its neighbour's bags instead (plan_bags checks a
+                # feature on its own table).
+                for f in feats:
+                    ids, offsets, weights = bags[f]
+                    if bool((offsets[1:] < offsets[:-1]).any()) or int(offsets[-1]) != ids.shape[0]:
+                        raise IdTypeError(f"lengths of feature {f!r} sum to {int(offsets[-1])} for {ids.shape[0]} "
+                                          "values, or hold a negative one",
+                                          "give one length >= 0 per bag, summing to the number of values")
+                    _weights_of(weights, ids.shape, bag.mode)
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
             plan = bag._plan(ids, offsets, weights_t, bag.mode)
             store = bag.store

@@ -41,3 +41,20 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
 
     ssd._put_waiting, ssd._put_segments, ssd._write_by_process = put, put_segments, by_process
     return attempts
+
+
+def random_updates(stores, tables, steps: int, seed: int = 0, n: int = 64, ids_below: int = 300) -> None:
+    """``steps`` rounds of ``n`` random ids (below ``ids_below``) and standard-normal
+    gradients per table of ``tables``, applied alike to every store of ``stores`` (a
+    :class:`~tiered_emb.TieredStore` and a reference, say; None entries are skipped).
+    Seeded: the same call makes the same updates."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        for t in tables:
+            ids = rng.integers(0, ids_below, n)
+            g = rng.standard_normal((n, t.dim)).astype(np.float32)
+            for s in stores:
+                if s is not None:
+                    s.apply_gradients(t.name, ids, g)
