@@ -37,7 +37,7 @@ from _common import machine, median, timed, write_json  # noqa: E402
 from tiered_emb import TableConfig, TieredStore, TierConfig  # noqa: E402
 from tiered_emb.sim.compare import libcachesim_hashpower  # noqa: E402
 from tiered_emb.sim.traces import zipf_ids  # noqa: E402
-from tiered_emb.tiers.cache import simulate  # noqa: E402
+from tiered_emb.cache.slots import simulate  # noqa: E402
 
 
 def bench_dim(dim: int, n_ids: int, batch: int, n_batches: int, repeats: int, seed: int) -> dict:

@@ -108,7 +108,7 @@ def hit_rates(trace: np.ndarray, batch: int, frac: float, window: int, load_ahea
 
 def end_to_end(args) -> dict:
     """samples/s of the DLRM job: no prefetch, the pipeline, every row resident (same data and steps)."""
-    from tiered_emb import dlrm
+    from tiered_emb.apps import dlrm
 
     parser = argparse.ArgumentParser()
     dlrm.add_parser(parser.add_subparsers(dest="command"))

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from tiered_emb import TieredStore  # noqa: E402
 from tiered_emb.cli import main  # noqa: E402
-from tiered_emb.dlrm import auc, log_loss  # noqa: E402
+from tiered_emb.apps.dlrm import auc, log_loss  # noqa: E402
 
 TINY = ["--batch", "64", "--rows", "3000", "--dim", "4", "--hbm-rows", "64", "--ddr-rows", "128",
         "--bottom", "8", "--top", "8", "--eval-batches", "2", "--quiet"]
@@ -154,7 +154,7 @@ def test_the_step_thread_count_is_kept_with_the_run(tmp_path, monkeypatch):
     """torch sums in another order on another thread count, so the run keeps its own: a
     resume without --step-threads (on a machine whose default differs) goes on with it,
     and a different one is refused before anything is touched."""
-    import tiered_emb.dlrm as dlrm
+    import tiered_emb.apps.dlrm as dlrm
     run = tmp_path / "run"
     _train(run, "--steps", "2", "--step-threads", "1")
     assert json.loads((run / "config.json").read_text())["step_threads"] == 1
@@ -208,7 +208,7 @@ def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(tmp_pa
     """A step that raises (or Ctrl-C) closes the store without a checkpoint: the rows stay
     those saved with the last step and dense weights, so --resume applies no update twice
     (was: close() checkpointed the rows as of the interruption)."""
-    import tiered_emb.dlrm as dlrm
+    import tiered_emb.apps.dlrm as dlrm
 
     real_build = dlrm.build_model
     calls = {"n": 0}

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiered_emb.index import _hash_home, _index_del, _index_find, _index_put, new_index, table_size_for
+from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_put, new_index, table_size_for
 
 
 def test_table_size_scales_with_capacity_not_ids():

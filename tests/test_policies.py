@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb.kernels import dedupe
-from tiered_emb.policies import POLICIES
+from tiered_emb.cache.policies import POLICIES
 from tiered_emb.testing.reference import ReferencePolicy
-from tiered_emb.tiers.cache import CacheTier, _cache_release, _cache_resolve, simulate
+from tiered_emb.cache.slots import CacheTier, _cache_release, _cache_resolve, simulate
 
 
 class KernelPolicy:

@@ -80,7 +80,7 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
                                   (1, 0, 1, 3), (4, 0, 1, 3), (4, 0, 4, 65536), (4, 1, 2, 3)):
         with TieredStore.create(tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"),
                                 seed=4) as s:
-            s._ssd.writeback_rows = wb
+            s.ssd.writeback_rows = wb
             train(s, data, depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
@@ -168,12 +168,12 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         stop = int(rng.integers(1, len(data) + 1))
         pooled = trial % 2 == 1
         s = TieredStore.create(path, TABLES, tiers, seed=4)
-        s._ssd.writeback_rows = wb
+        s.ssd.writeback_rows = wb
         train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load, read_ahead=read,
               pooled=pooled)
         s.close()  # mid-way: close drains and joins
         with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
-            s._ssd.writeback_rows = wb
+            s.ssd.writeback_rows = wb
             train(s, data[stop:], depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
@@ -186,20 +186,20 @@ def test_read_ahead_serves_the_step_from_memory(tmp_path):
     ref = reference(data)
     path = tmp_path / "r"
     with TieredStore.create(path, TABLES, TierConfig(8, 0, "lookahead+lru", "cpu"), seed=4) as s:
-        s._ssd.writeback_rows = 4
+        s.ssd.writeback_rows = 4
         train(s, data[:10], 0)
         s.flush()
-        s._ssd.writeback_rows = 1 << 16  # no LMDB write overlaps a staged read: none is dropped
+        s.ssd.writeback_rows = 1 << 16  # no LMDB write overlaps a staged read: none is dropped
         before = s.stats()["u"]["ssd"]
         train(s, data[10:], 4, load_ahead=0, read_ahead=1)
         after = s.stats()["u"]["ssd"]
-        staging = dict(s._ssd.staging)
+        staging = dict(s.ssd.staging)
         for name, n in (("u", 300), ("v", 400)):
             np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                           ref.peek_records(name, np.arange(n)))
     assert staging["reads"] == 10 and staging["discarded"] == 0 and staging["used"] > 0
     assert after["hits"] > before["hits"]  # the step's counters are its own, staged or not
-    assert s._ssd._staged == {}  # every staged batch dropped at its release
+    assert s.ssd._staged == {}  # every staged batch dropped at its release
 
 
 def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
@@ -207,18 +207,18 @@ def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
     # and must not be served.
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     with TieredStore.create(tmp_path / "w", tables, TierConfig(1, 0, "lru", "cpu"), seed=4) as s:
-        s._ssd.writeback_rows = 1
+        s.ssd.writeback_rows = 1
         s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))
         s.lookup("u", np.array([6]))  # 5 evicted, written
-        s._ssd.wait_writes()
+        s.ssd.wait_writes()
         ticket = s.prefetch({"u": np.array([5])}, bring_up=False)
         s.read_ahead(ticket)
         ticket.wait()
-        assert s._ssd.staging["rows"] == 1
+        assert s.ssd.staging["rows"] == 1
         s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))  # 5 newer than its staged copy
         s.lookup("u", np.array([6]))  # 5 evicted and written again
-        s._ssd.wait_writes()
-        assert len(s._ssd._staged[ticket.seq]["u"]) == 0
+        s.ssd.wait_writes()
+        assert len(s.ssd._staged[ticket.seq]["u"]) == 0
         got = s.lookup("u", np.array([5]))
         s.release(ticket)
     ref = ReferenceStore(tables, seed=4)
@@ -233,7 +233,7 @@ def test_failed_background_write_loses_nothing(tmp_path):
     ref = ReferenceStore(tables, seed=4)
     path = tmp_path / "f"
     s = TieredStore.create(path, tables, TierConfig(1, 0, "lru", "cpu"), seed=4)
-    s._ssd.writeback_rows = 2
+    s.ssd.writeback_rows = 2
     calls = full_disk_for(s)
     raised = []
     for i in range(12):

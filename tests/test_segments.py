@@ -55,16 +55,16 @@ def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, backgrou
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
                                                               background_writes=background,
                                                               ssd_compression=compression), seed=4)
-    s._ssd.writeback_rows = 32
+    s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     compactions = []
-    real = s._ssd._compact
-    monkeypatch.setattr(s._ssd, "_compact", lambda tables: (compactions.append(tables), real(tables)))
+    real = s.ssd._compact
+    monkeypatch.setattr(s.ssd, "_compact", lambda tables: (compactions.append(tables), real(tables)))
     _train(s, ref, 60)
-    s._ssd.wait_writes()
-    assert compactions and s._ssd._writer_error is None
+    s.ssd.wait_writes()
+    assert compactions and s.ssd._writer_error is None
     for t in TABLES:  # bounded: at most the ratio times the live rows, and one write-back's worth past it
-        assert s._ssd._seg_rows[t.name] <= SsdTier.COMPACT_RATIO * len(s._ssd._seg[t.name]) + 2 * 32 + 200
+        assert s.ssd._seg_rows[t.name] <= SsdTier.COMPACT_RATIO * len(s.ssd._seg[t.name]) + 2 * 32 + 200
     _same_rows(s, ref)
     s.flush()
     crash(s)
@@ -81,7 +81,7 @@ def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
     ref = ReferenceStore(TABLES, seed=4)
     _train(s, ref, 5)
     s.flush()
-    ssd = s._ssd
+    ssd = s.ssd
     ids = np.arange(300)
     real = ssd._read_lmdb
 
@@ -179,7 +179,7 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
     and their next write must append above the segments it left (not fail on their numbers)."""
     from tiered_emb.tiers import ssd as ssdmod
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
-    s._ssd.writeback_rows = 32
+    s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     real, lost = ssdmod._WriterProcess.write, []
 
@@ -193,11 +193,11 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
     monkeypatch.setattr(ssdmod._WriterProcess, "write", write)
     with pytest.raises(CorruptStoreError):
         _train(s, ref, 30)
-        s._ssd.wait_writes()
-        s._ssd.raise_failed_write()
+        s.ssd.wait_writes()
+        s.ssd.raise_failed_write()
     _train(s, ref, 30, seed=1)  # (the failed step above was not applied: the reference has it too)
-    s._ssd.wait_writes()
-    assert lost == [{"ok": True}] and s._ssd._writer_error is None
+    s.ssd.wait_writes()
+    assert lost == [{"ok": True}] and s.ssd._writer_error is None
     _same_rows(s, ref)
     s.flush()
     crash(s)
@@ -214,7 +214,7 @@ def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path,
             ids = rng.integers(0, 300, 64)
             s.apply_gradients(t.name, ids, rng.standard_normal((64, t.dim)).astype(np.float32))
     s.flush()  # p:a now holds segments whose positions go up to ~300
-    ssd = s._ssd
+    ssd = s.ssd
     assert len(ssd._seg["a"]) > 50
     real = ssd._read_lmdb
     width = ssd.widths["a"]
@@ -238,7 +238,7 @@ def test_rows_cut_into_segments_of_the_cap(tmp_path, monkeypatch):
     monkeypatch.setattr(SsdTier, "_rows_per_segment", lambda self, table: 7)
     monkeypatch.setattr(SsdTier, "COMPACT_MIN_ROWS", 100)
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
-    s._ssd.writeback_rows = 32
+    s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     _train(s, ref, 40)
     s.flush()

@@ -37,7 +37,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.checkpointed = copy.deepcopy(self.model.rows)
 
     def _with_writeback(self, store):
-        store._ssd.writeback_rows = self.writeback_rows
+        store.ssd.writeback_rows = self.writeback_rows
         return store
 
     @rule(table=st.sampled_from(NAMES), ids=ids_st)

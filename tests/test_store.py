@@ -358,12 +358,12 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
 def _lmdb_asks(s):
     """Record every id the store's SSD tier looks up in LMDB (wraps its batched read)."""
     asked = []
-    inner = s._ssd._read_lmdb
+    inner = s.ssd._read_lmdb
 
     def spy(table, ids, *rest):
         asked.extend((table, int(i)) for i in ids)
         return inner(table, ids, *rest)
-    s._ssd._read_lmdb = spy
+    s.ssd._read_lmdb = spy
     return asked
 
 
@@ -418,7 +418,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
     rng = np.random.default_rng(5)
     ref = ReferenceStore(TABLES, seed=2)
     with TieredStore.create(tmp_path / "s", TABLES, cpu(8, 4), seed=2) as s:
-        real = s._ssd.read
+        real = s.ssd.read
         calls = [0]
 
         def flaky(table, ids, out):
@@ -426,7 +426,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
             if calls[0] % 4 == 0:
                 raise CorruptStoreError("injected read failure", "none")
             return real(table, ids, out)
-        s._ssd.read = flaky
+        s.ssd.read = flaky
         failures = 0
         for _ in range(40):
             ids = rng.integers(0, 60, size=6)
@@ -441,7 +441,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
             np.testing.assert_array_equal(got, ref.lookup("b", ids))
             ref.apply_gradients("b", ids, grads)
         assert failures > 5 and int(s._tables["b"].hbm.pins.sum()) == 0
-        s._ssd.read = real
+        s.ssd.read = real
         np.testing.assert_array_equal(s.peek("b", np.arange(100), with_state=True), ref.peek_records("b", np.arange(100)))
 
 
@@ -453,7 +453,7 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
     s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
     g = np.full((2, 8), 0.5, np.float32)
     s.apply_gradients("a", np.array([3, 9]), g)  # dirty in HBM only
-    real, calls = s._ssd._write, []
+    real, calls = s.ssd._write, []
 
     def full_once(fn):
         calls.append(1)
@@ -461,7 +461,7 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
             raise StoreFullError("no space left on device", "free disk space")
         real(fn)
 
-    monkeypatch.setattr(s._ssd, "_write", full_once)
+    monkeypatch.setattr(s.ssd, "_write", full_once)
     with pytest.raises(StoreFullError):
         s.close()
     assert not s._closed
@@ -722,15 +722,15 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
     from tiered_emb.errors import StoreFullError
     tables = [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))]
     s = TieredStore.create(tmp_path / "s", tables, cpu(1, 0, background_writes=False), seed=5)
-    s._ssd.writeback_rows = 1
-    real, full = s._ssd._put_segments, [True]
+    s.ssd.writeback_rows = 1
+    real, full = s.ssd._put_segments, [True]
 
     def put(txn, segments):
         if full[0]:
             raise StoreFullError("no space left on device", "free some")
         real(txn, segments)
 
-    monkeypatch.setattr(s._ssd, "_put_segments", put)
+    monkeypatch.setattr(s.ssd, "_put_segments", put)
     ref = ReferenceStore(tables, seed=5)
     for step, other in ((1.0, 1), (2.0, 2)):
         g = np.full((1, 2), step, np.float32)
@@ -743,7 +743,7 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
         ref.apply_gradients("t", np.array([0]), g)
         s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written (kept for the next call)
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
-    assert len(s._ssd._flushing) == 2  # both write-backs of row 0 wait in memory
+    assert len(s.ssd._flushing) == 2  # both write-backs of row 0 wait in memory
     with pytest.raises(StoreFullError):
         s.lookup("t", np.array([3]))
     full[0] = False
@@ -762,7 +762,7 @@ def test_a_full_disk_under_an_update_spread_over_chunks_applies_it_whole(tmp_pat
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     ref = ReferenceStore(tables, seed=4)
     s = TieredStore.create(tmp_path / "f", tables, cpu(2), seed=4)
-    s._ssd.writeback_rows = 2
+    s.ssd.writeback_rows = 2
     full_disk_for(s)
     ids, g = np.arange(8), np.ones((8, 2), np.float32)
     changed_on_error = []
@@ -801,7 +801,7 @@ def test_a_short_write_on_a_full_disk_is_store_full(tmp_path, monkeypatch, messa
         raise lmdb.Error(message)
 
     with pytest.raises(StoreFullError if full else CorruptStoreError):
-        s._ssd._write(fail)
+        s.ssd._write(fail)
     s.close()
 
 

@@ -440,7 +440,7 @@ def test_a_failed_write_back_pending_before_a_backward_stops_it_before_any_table
     tables = [TableConfig(t, dim=2, num_rows=100, optimizer=SGD(0.5)) for t in ("a", "b")]
     s = TieredStore.create(tmp_path / "s", tables,
                            TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=False), seed=1)
-    s._ssd.writeback_rows = 1
+    s.ssd.writeback_rows = 1
     emb_a, emb_b = TieredEmbedding(s, "a"), TieredEmbedding(s, "b")
     emb_b(torch.arange(4)).sum().backward()  # b's rows 0..3 dirty in HBM
     full_disk_for(s, writes=1)

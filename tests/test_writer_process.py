@@ -27,15 +27,15 @@ def _steps(s, ref, steps, seed=0, n=40):
 
 def _pending(s) -> dict:
     """Every key and value of every ``p:`` database (after the writes in flight)."""
-    s._ssd.wait_writes()
-    with s._ssd.env.begin() as txn:
-        return {t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s._ssd._pending[t])] for t in sorted(s.tables)}
+    s.ssd.wait_writes()
+    with s.ssd.env.begin() as txn:
+        return {t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s.ssd._pending[t])] for t in sorted(s.tables)}
 
 
 def _store(path, background, **kw):
     s = TieredStore.create(path, TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
                                                     background_writes=background, **kw), seed=2)
-    s._ssd.writeback_rows = 16  # a write-back transaction every few steps
+    s.ssd.writeback_rows = 16  # a write-back transaction every few steps
     return s
 
 
@@ -55,17 +55,17 @@ def test_the_writer_process_writes_what_this_process_writes(tmp_path, compressio
     ref = ReferenceStore(TABLES, seed=2)
     _steps(a, ref, 12)
     _steps(b, None, 12)
-    assert a._ssd._proc is not None and a._ssd._proc.proc.poll() is None  # the process wrote them
-    assert b._ssd._proc is None
+    assert a.ssd._proc is not None and a.ssd._proc.proc.poll() is None  # the process wrote them
+    assert b.ssd._proc is None
     pa, pb = _pending(a), _pending(b)
-    assert pa == pb and sum(len(a._ssd._seg[t]) for t in pa) > 100
+    assert pa == pb and sum(len(a.ssd._seg[t]) for t in pa) > 100
     for t, segments in pa.items():  # the index holds every id of the segments
         held = set()
         for _, v in segments:
             n = _lmdb_writer.SEGMENT_HEADER.unpack_from(v)[3]
             held |= set(np.frombuffer(v, "<i8", n, _lmdb_writer.SEGMENT_HEADER.size).tolist())
-        assert len(a._ssd._seg[t]) == len(held) and (a._ssd._seg[t].find(np.array(sorted(held))) >= 0).all()
-    proc = a._ssd._proc.proc
+        assert len(a.ssd._seg[t]) == len(held) and (a.ssd._seg[t].find(np.array(sorted(held))) >= 0).all()
+    proc = a.ssd._proc.proc
     a.close()
     b.close()
     assert proc.returncode == 0  # close() ended it
@@ -78,8 +78,8 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
     s = _store(tmp_path / "s", True)
     ref = ReferenceStore(TABLES, seed=2)
     _steps(s, ref, 6)
-    s._ssd.wait_writes()
-    first = s._ssd._proc.proc
+    s.ssd.wait_writes()
+    first = s.ssd._proc.proc
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     raised, rng = [], np.random.default_rng(5)
@@ -97,7 +97,7 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
                 s.apply_gradients(t.name, ids, g)
             ref.apply_gradients(t.name, ids, g)
     assert len(raised) == 1
-    assert s._ssd._proc is not None and s._ssd._proc.proc is not first and s._ssd._proc.proc.poll() is None
+    assert s.ssd._proc is not None and s.ssd._proc.proc is not first and s.ssd._proc.proc.poll() is None
     s.close()
     _equals_reference(tmp_path / "s", ref)
 
@@ -107,7 +107,7 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
     write again, and the process takes the new size."""
     s = TieredStore.create(tmp_path / "s", [TableConfig("w", dim=64, optimizer=SGD(lr=0.5))],
                            TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", map_size_bytes=1 << 20), seed=2)
-    s._ssd.writeback_rows = 4096
+    s.ssd.writeback_rows = 4096
     ref = ReferenceStore([TableConfig("w", dim=64, optimizer=SGD(lr=0.5))], seed=2)
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -115,9 +115,9 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
         g = rng.standard_normal((512, 64)).astype(np.float32)
         s.apply_gradients("w", ids, g)
         ref.apply_gradients("w", ids, g)
-    s._ssd.wait_writes()
-    assert s._ssd._writer_error is None and s._ssd._proc is not None
-    assert s._ssd.env.info()["map_size"] > 1 << 20 and len(s._ssd._seg["w"]) > 4096
+    s.ssd.wait_writes()
+    assert s.ssd._writer_error is None and s.ssd._proc is not None
+    assert s.ssd.env.info()["map_size"] > 1 << 20 and len(s.ssd._seg["w"]) > 4096
     s.close()
     with TieredStore.open(tmp_path / "s") as s:
         some = np.unique(np.random.default_rng(1).integers(0, 1 << 30, 512))
@@ -193,12 +193,12 @@ import sys, numpy as np
 from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
 s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
                        TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
-s._ssd.writeback_rows = 8
+s.ssd.writeback_rows = 8
 rng = np.random.default_rng(0)
 for _ in range(20):
     s.apply_gradients("a", rng.integers(0, 1000, 16), np.ones((16, 4), np.float32))
-s._ssd.wait_writes()
-print(s._ssd._proc.proc.pid, flush=True)
+s.ssd.wait_writes()
+print(s.ssd._proc.proc.pid, flush=True)
 sys.stdin.read()
 """
     with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as trainer:
@@ -234,9 +234,9 @@ def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_
     ref = ReferenceStore(TABLES, seed=2)
     with pytest.warns(RuntimeWarning, match="writer process .* could not start .* thread from now on"):
         _steps(s, ref, 12)
-        s._ssd.wait_writes()
-    assert s._ssd.writer_process is False and s._ssd._proc is None and s._ssd._writer_error is None
-    assert sum(len(ix) for ix in s._ssd._seg.values()) > 0  # written by the thread
+        s.ssd.wait_writes()
+    assert s.ssd.writer_process is False and s.ssd._proc is None and s.ssd._writer_error is None
+    assert sum(len(ix) for ix in s.ssd._seg.values()) > 0  # written by the thread
     s.close()
     _equals_reference(tmp_path / "s", ref)
 
@@ -267,12 +267,12 @@ def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path
     with warnings.catch_warnings(record=case != "warnings are errors") as seen:
         warnings.simplefilter("error" if case == "warnings are errors" else "always")
         _steps(s, ref, 12)
-        s._ssd.wait_writes()
-    assert s._ssd._writer_error is None
+        s.ssd.wait_writes()
+    assert s.ssd._writer_error is None
     if case == "a Path in sys.path":  # those entries are left out; the writer runs
-        assert s._ssd._proc is not None and s._ssd.writer_process
+        assert s.ssd._proc is not None and s.ssd.writer_process
     else:
-        assert s._ssd.writer_process is False and s._ssd._proc is None
+        assert s.ssd.writer_process is False and s.ssd._proc is None
         if case != "warnings are errors":
             assert any("thread from now on" in str(w.message) for w in seen)
     s.close()
@@ -283,8 +283,8 @@ def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
     import gc
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
-    s._ssd.wait_writes()
-    proc = s._ssd._proc.proc
+    s.ssd.wait_writes()
+    proc = s.ssd._proc.proc
     del s
     gc.collect()
     assert proc.returncode is not None  # reaped, its pipes closed (no ResourceWarning: they are errors here)
@@ -295,8 +295,8 @@ def test_a_fork_does_not_keep_the_writer_alive(tmp_path):
     pipe; it is pointed at /dev/null there, so close() ends the writer at once."""
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
-    s._ssd.wait_writes()
-    proc = s._ssd._proc.proc
+    s.ssd.wait_writes()
+    proc = s.ssd._proc.proc
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the fork: wait until told to go
@@ -318,15 +318,15 @@ def test_ctrl_c_is_the_trainers_not_the_writers(tmp_path):
     terminal's process group) or a signal to the job's group is the trainer's to handle."""
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
-    s._ssd.wait_writes()
-    proc = s._ssd._proc.proc
+    s.ssd.wait_writes()
+    proc = s.ssd._proc.proc
     assert os.getpgid(proc.pid) != os.getpgid(0)
     os.kill(proc.pid, signal.SIGINT)
     time.sleep(0.3)
     assert proc.poll() is None
     _steps(s, None, 12, seed=1)
-    s._ssd.wait_writes()
-    assert s._ssd._writer_error is None and s._ssd._proc.proc is proc
+    s.ssd.wait_writes()
+    assert s.ssd._writer_error is None and s.ssd._proc.proc is proc
     s.close()
 
 
@@ -342,7 +342,7 @@ from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
 from tiered_emb.errors import CorruptStoreError
 s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
                        TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
-s._ssd.writeback_rows = 8
+s.ssd.writeback_rows = 8
 rng = np.random.default_rng(0)
 def steps(n):
     raised = 0
@@ -353,8 +353,8 @@ def steps(n):
             raised += 1
     return raised
 def kill_writer():
-    s._ssd.wait_writes()
-    p = s._ssd._proc.proc
+    s.ssd.wait_writes()
+    p = s.ssd._proc.proc
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
 steps(10)

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from .errors import DeviceError
+from tiered_emb.errors import DeviceError
 
 
 class DeviceFallbackWarning(UserWarning):

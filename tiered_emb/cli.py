@@ -5,10 +5,10 @@ import argparse
 import importlib
 import sys
 
-from .errors import TieredEmbError
+from tiered_emb.errors import TieredEmbError
 
 # module path of each subcommand; each module has ``add_parser(subparsers)``.
-_COMMANDS = ["tiered_emb.stream", "tiered_emb.dlrm", "tiered_emb.sim.cli"]
+_COMMANDS = ["tiered_emb.apps.stream", "tiered_emb.apps.dlrm", "tiered_emb.sim.cli"]
 
 
 def main(argv=None) -> int:

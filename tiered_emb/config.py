@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError
-from .optimizers import OPTIMIZERS, SGD, optimizer_from_dict, optimizer_to_dict
+from tiered_emb.errors import ConfigError
+from tiered_emb.optimizers import OPTIMIZERS, SGD, optimizer_from_dict, optimizer_to_dict
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # used with fullmatch: '$' would let "a\n" pass
 MAX_ID = 2**63 - 1
@@ -180,7 +180,7 @@ class TierConfig:
     ddr_rows : int
         Rows per table held in host DDR below HBM; >= 0 (0: HBM misses go to LMDB).
     policy : str
-        Eviction policy name from :data:`tiered_emb.policies.POLICIES` (``"lru"``, ``"lfu"``).
+        Eviction policy name from :data:`tiered_emb.cache.policies.POLICIES` (``"lru"``, ``"lfu"``).
     device : str
         ``"auto"`` (CuPy when a GPU is usable, else NumPy with one warning), ``"cpu"`` or ``"cuda"``.
     ssd_compression : int or None
@@ -202,7 +202,7 @@ class TierConfig:
     background_writes: bool = True
 
     def __post_init__(self):
-        from .policies import POLICIES
+        from tiered_emb.cache.policies import POLICIES
 
         if not _is_int(self.hbm_rows) or self.hbm_rows < 1 or self.hbm_rows > 2**31 - 1:
             raise ConfigError(f"TierConfig.hbm_rows={self.hbm_rows!r} is invalid", "use an int in 1..2**31-1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .config import Normal, TableConfig
+from tiered_emb.config import Normal, TableConfig
 
 _KIND_UNIFORM = 0
 _KIND_NORMAL = 1

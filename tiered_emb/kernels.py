@@ -13,7 +13,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .index import _hash_home
+from tiered_emb.cache.index import _hash_home
 
 # Rows this many positions ahead are prefetched by the pooling loops: a row read at
 # random from a large table misses the caches, and the loop's own loads cannot run far

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .errors import ConfigError
+from tiered_emb.errors import ConfigError
 
 
 def _check_positive(cls: str, field: str, value: float, allow_zero: bool = False) -> None:

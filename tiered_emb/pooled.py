@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .errors import ConfigError, IdRangeError, IdTypeError
-from .kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _group_starts, _local_f32, _pool_bags,
+from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
+from tiered_emb.kernels import (_REDUCE_BLOCKS, PREFETCH_DISTANCE, _blocks_by_work, _group_starts, _local_f32, _pool_bags,
                       _prefetch, _prefetch_row, dedupe)
-from .optimizers import _adagrad_update, _adam_update, _no_update, _sgd_update
+from tiered_emb.optimizers import _adagrad_update, _adam_update, _no_update, _sgd_update
 
 
 @dataclass

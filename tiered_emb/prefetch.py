@@ -46,7 +46,7 @@ import threading
 import numba
 import numpy as np
 
-from .errors import ConfigError, PrefetchError
+from tiered_emb.errors import ConfigError, PrefetchError
 
 _STOP = object()
 
@@ -290,7 +290,7 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
     """
     for name, v in (("depth", depth), ("load_ahead", load_ahead), ("read_ahead", read_ahead)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            from .errors import ConfigError
+            from tiered_emb.errors import ConfigError
             raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (depth 0: no prefetch)")
     if depth == 0:
         yield from batches

@@ -25,18 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from ._backend import resolve_xp, to_host, to_xp
-from .config import TableConfig, TierConfig
-from .errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, NonFiniteGradientError,
+from tiered_emb._version import __version__
+from tiered_emb._backend import resolve_xp, to_host, to_xp
+from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.errors import (ConfigError, CorruptStoreError, IdRangeError, IdTypeError, NonFiniteGradientError,
                      RowDtypeError, RowShapeError, StoreClosedError, StoreExistsError, StoreFullError,
                      StoreLockedError, StoreNotFoundError, UnknownTableError)
-from .init import init_rows
-from .kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
-from .optimizers import _no_update, apply_update
-from .policies import LRU, POLICIES
-from .prefetch import Prefetcher, Ticket
-from .tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier
+from tiered_emb.init import init_rows
+from tiered_emb.kernels import (_all_finite, _gather_positions, _gather_rows, _last_occurrence, dedupe, reduce_grads)
+from tiered_emb.optimizers import _no_update, apply_update
+from tiered_emb.cache.policies import LRU, POLICIES
+from tiered_emb.prefetch import Prefetcher, Ticket
+from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier
 
 FORMAT = "tiered_emb/2"
 #: An older format :meth:`TieredStore.open` still takes: the same but for the rows written
@@ -100,7 +100,7 @@ class TieredStore:
         self.seed = seed
         self.xp = resolve_xp(tiers.device)
         self._lock_fd = lock_fd
-        self._ssd = ssd
+        self.ssd = ssd
         self._meta = meta
         self._tables = {t.name: _Table(t, tiers, self.xp) for t in tables}
         self._closed = False
@@ -275,7 +275,7 @@ class TieredStore:
             self._prefetcher.check()  # a failed unpinning on the thread, raised once the rows are safe
         finally:
             self._closed = True
-            self._ssd.close()
+            self.ssd.close()
             os.close(self._lock_fd)
 
     def __enter__(self):
@@ -295,7 +295,7 @@ class TieredStore:
         ``extra`` keeps them as they were, so after ``checkpoint(extra=state)``, more steps
         and a plain ``close()`` they are older than the rows: pass the state to ``close`` too."""
         self._check_open()
-        return self._ssd.read_extra()
+        return self.ssd.read_extra()
 
     @property
     def epoch(self) -> int:
@@ -362,7 +362,7 @@ class TieredStore:
             # operation changes anything; a failure during it waits for the next one, so an
             # update spread over chunks is applied whole or not at all.
             if not checked:
-                self._ssd.raise_failed_write()
+                self.ssd.raise_failed_write()
             cap = t.hbm.unpinned_capacity
             if cap < 1:
                 raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
@@ -393,7 +393,7 @@ class TieredStore:
         below = missing[t.ddr.find(missing) < 0] if missing.shape[0] else missing
         if below.shape[0]:
             sub = np.empty((below.shape[0], t.cfg.record_width), dtype=np.float32)
-            on_ssd = self._ssd.read(t.cfg.name, below, sub)
+            on_ssd = self.ssd.read(t.cfg.name, below, sub)
             fresh = np.flatnonzero(~on_ssd)
             if fresh.shape[0]:
                 sub[fresh] = init_rows(t.cfg, below[fresh], self.seed)
@@ -430,7 +430,7 @@ class TieredStore:
             if ev_ids.shape[0]:
                 c["ssd"]["writebacks"] += ev_ids.shape[0]
                 try:  # raises a failed background write (its rows, and these, wait in memory)
-                    self._ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False, defer_errors=defer_errors)
+                    self.ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False, defer_errors=defer_errors)
                 except BaseException:
                     if pinned:
                         t.hbm.release(slots)
@@ -518,7 +518,7 @@ class TieredStore:
         there is one; its rows still wait in memory, and the next write retries them.  The
         checks of :meth:`gradient_update` end with it."""
         with self._lock:
-            self._ssd.raise_failed_write()
+            self.ssd.raise_failed_write()
 
     @staticmethod
     def _screen_nonfinite(t: _Table, uids, summed, bad, nonfinite: str):
@@ -590,7 +590,7 @@ class TieredStore:
         out[rest[at_d]] = t.ddr.records[ds[at_d]]
         rest = rest[~at_d]
         sub = np.empty((rest.shape[0], t.cfg.record_width), dtype=np.float32)
-        found = self._ssd.read(t.cfg.name, ids[rest], sub)
+        found = self.ssd.read(t.cfg.name, ids[rest], sub)
         if (~found).any():
             sub[~found] = init_rows(t.cfg, ids[rest[~found]], self.seed)
         out[rest] = sub
@@ -781,7 +781,7 @@ class TieredStore:
                 t = self._tables[name]
                 u = ticket.uids[name]
                 batch[name] = u[(t.hbm.find(u) < 0) & (t.ddr.find(u) < 0)]
-        self._ssd.stage(ticket.seq, batch)
+        self.ssd.stage(ticket.seq, batch)
 
     @staticmethod
     def _pin_budget(t: _Table) -> int:
@@ -797,7 +797,7 @@ class TieredStore:
                 self._tables[name].hbm.release(slots)
             ticket.slots = {}
             ticket.ids, ticket.batch, ticket.aligned = {}, {}, {}  # nothing pinned for it any more (the arrays go)
-            self._ssd.unstage(ticket.seq)
+            self.ssd.unstage(ticket.seq)
 
     # ------------------------------------------------------------------ durability
     def _dirty_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -827,7 +827,7 @@ class TieredStore:
 
     def _flush(self) -> int:
         batches = self._dirty_rows()
-        n = self._ssd.write_pending(batches)
+        n = self.ssd.write_pending(batches)
         self._mark_clean()
         for name, (ids, _) in batches.items():
             self._tables[name].counters["ssd"]["writebacks"] += ids.shape[0]
@@ -850,7 +850,7 @@ class TieredStore:
     def _checkpoint(self, extra) -> int:
         batches = self._dirty_rows()
         meta = dict(self._meta, epoch=self.epoch + 1)
-        n = self._ssd.checkpoint(batches, meta, extra)
+        n = self.ssd.checkpoint(batches, meta, extra)
         self._meta = meta
         self._mark_clean()
         for name, (ids, _) in batches.items():
@@ -877,7 +877,7 @@ class TieredStore:
                             bytes=t.hbm.resident_rows * row_bytes)
             s["ddr"].update(rows=t.ddr.resident_rows, capacity_rows=t.ddr.capacity_rows,
                             bytes=t.ddr.resident_rows * row_bytes)
-            ssd = self._ssd.table_stats(name)
+            ssd = self.ssd.table_stats(name)
             s["ssd"].update(rows=ssd["rows"] + ssd["pending_rows"], bytes=ssd["bytes"] + ssd["pending_bytes"],
                             writeback_rows=ssd["writeback_rows"])
             s["prefetch"] = {tier: dict(c) for tier, c in t.prefetch_counters.items()}
@@ -892,7 +892,7 @@ class TieredStore:
     def disk_bytes(self) -> int:
         """Bytes of the LMDB files on disk."""
         self._check_open()
-        return self._ssd.file_bytes()
+        return self.ssd.file_bytes()
 
 
 def _check_extra(extra) -> None:

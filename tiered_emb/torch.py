@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import BackwardError, ConfigError, DeviceError, IdRangeError, IdTypeError
-from .pooled import BagPlan, lookup_pooled, plan_bags, pooled_update
-from .prefetch import lookahead
+from tiered_emb.errors import BackwardError, ConfigError, DeviceError, IdRangeError, IdTypeError
+from tiered_emb.pooled import BagPlan, lookup_pooled, plan_bags, pooled_update
+from tiered_emb.prefetch import lookahead
 
 _MODES = ("sum", "mean")
 _MAX_INT64 = 2**63 - 1

@@ -172,9 +172,9 @@ def test_negative_ids_and_bad_batches_are_refused():
 def test_huge_tiers_run_as_tiers_that_hold_everything(tmp_path):
     """2**40 rows were a MemoryError (16 TiB); a tier that holds every id of the run makes the
     same decisions whatever its size, so the counts are those of the kernels at any large size."""
-    from tiered_emb.policies import POLICIES
+    from tiered_emb.cache.policies import POLICIES
     from tiered_emb.sim import lookahead as la
-    from tiered_emb.tiers.cache import CacheTier
+    from tiered_emb.cache.slots import CacheTier
 
     trace = zipf_ids(300, 1.0, 1500, seed=4)
     u, off = batch_uniques(trace, 25)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
 from tiered_emb.sim import SIM_POLICIES, simulate, zipf_ids
 from tiered_emb.testing import sim_reference as ref
-from tiered_emb.tiers.cache import CacheTier, _simulate_requests
+from tiered_emb.cache.slots import CacheTier, _simulate_requests
 
 POLICIES = sorted(ref.REFERENCES)
 traces = st.lists(st.integers(0, 12), min_size=0, max_size=120)

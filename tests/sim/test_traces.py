@@ -230,7 +230,7 @@ def test_synthetic_arguments():
 
 
 def test_criteo_tsv_clicks_bad_lines(tmp_path):
-    from tiered_emb.sim.clicks import CriteoTSV
+    from tiered_emb.apps.clicks import CriteoTSV
     row = ["1"] + ["3"] * 13 + ["68fd1e64"] * 26
     good = "\t".join(row) + "\n"
     p = tmp_path / "c.tsv"

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, MissingExtraError, TraceFileError
-from ..stream import progress
-from . import traces
-from ._checks import as_ids, int_arg
-from .compare import libcachesim_hashpower
-from .engine import check_policy, simulate
-from .mrc import lru_curve, opt_curve
+from tiered_emb.errors import ConfigError, MissingExtraError, TraceFileError
+from tiered_emb.apps.stream import progress
+from tiered_emb.sim import traces
+from tiered_emb._args import as_ids, int_arg
+from tiered_emb.sim.compare import libcachesim_hashpower
+from tiered_emb.sim.engine import check_policy, simulate
+from tiered_emb.sim.mrc import lru_curve, opt_curve
 
 _SUFFIX = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 
-from ..errors import ConfigError, MissingExtraError
-from . import bench
-from .engine import check_policy
+from tiered_emb.errors import ConfigError, MissingExtraError
+from tiered_emb.sim import bench
+from tiered_emb.sim.engine import check_policy
 
 
 def _common(p) -> None:
@@ -121,7 +121,7 @@ def run_policies_cmd(args) -> int:
     show = not args.no_progress
     rows = None
     if args.compare == "libcachesim":
-        from .compare import libcachesim_peer
+        from tiered_emb.sim.compare import libcachesim_peer
         try:
             with libcachesim_peer(trace, table=args.libcachesim_table) as peer:  # each run right after ours
                 rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=show, peer=peer)
@@ -138,7 +138,7 @@ def run_policies_cmd(args) -> int:
 
 
 def run_lookahead_cmd(args) -> int:
-    from .lookahead import compare_lookahead
+    from tiered_emb.sim.lookahead import compare_lookahead
 
     trace, universe, desc, sizes = _load(args)
     rows = compare_lookahead(trace, args.step_requests, sizes, args.window, args.load_ahead)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, MissingExtraError
-from .engine import check_policy
-from .traces import write_oracle_general
+from tiered_emb.errors import ConfigError, MissingExtraError
+from tiered_emb.sim.engine import check_policy
+from tiered_emb.sim.traces import write_oracle_general
 
 
 _S3FIFO_MIN_OBJECTS = 20

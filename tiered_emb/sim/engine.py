@@ -1,9 +1,9 @@
 """Run one policy over one trace: the simulator's policy registry.
 
-A policy is data, as in :mod:`tiered_emb.policies`: :data:`SIM_POLICIES` maps a name to
+A policy is data, as in :mod:`tiered_emb.cache.policies`: :data:`SIM_POLICIES` maps a name to
 its kernel driver and to libCacheSim's name for the same algorithm.  ``lru`` and ``lfu``
 are the store's policies: their simulator kernels make the store's decisions (the tests
-compare them with :func:`tiered_emb.tiers.cache._simulate_requests` request by request)
+compare them with :func:`tiered_emb.cache.slots._simulate_requests` request by request)
 and ``lru-store`` / ``lfu-store`` run the store's own kernel, for cross-checks.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ConfigError
-from ._checks import as_ids, check_nonneg, int_arg
-from ..tiers.cache import simulate as _store_simulate
-from . import policies as _p
+from tiered_emb.errors import ConfigError
+from tiered_emb._args import as_ids, check_nonneg, int_arg
+from tiered_emb.cache.slots import simulate as _store_simulate
+from tiered_emb.sim import policies as _p
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A training step needs all the rows of its batch at once, and a trainer knows the
 batches.  Here a trace is cut into batches (the unique ids of each, in first-occurrence
 order) and run three ways, over the same batches:
 
-- :func:`store_hits`: the store's own kernels (:mod:`tiered_emb.tiers.cache`) driven as
+- :func:`store_hits`: the store's own kernels (:mod:`tiered_emb.cache.slots`) driven as
   :func:`tiered_emb.prefetch.lookahead` drives them with window ``k``: before step ``t``
   batch ``t + k`` is prefetched (pinned in HBM; a ``lookahead+`` policy pins its
   resident rows at once, and those that came up since for the window's later batches
@@ -35,13 +35,13 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from ..errors import ConfigError
-from ..index import _index_del, _index_find, _index_put, new_index
-from ..kernels import _dedupe
-from ..policies import LRU, POLICIES
-from ..tiers.cache import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
-from ._checks import as_ids, check_nonneg, int_arg
-from .policies import id_range, next_use_of
+from tiered_emb.errors import ConfigError
+from tiered_emb.cache.index import _index_del, _index_find, _index_put, new_index
+from tiered_emb.kernels import _dedupe
+from tiered_emb.cache.policies import LRU, POLICIES
+from tiered_emb.cache.slots import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
+from tiered_emb._args import as_ids, check_nonneg, int_arg
+from tiered_emb.sim.policies import id_range, next_use_of
 
 
 @numba.njit(cache=True)
@@ -278,7 +278,7 @@ def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = 
     Parameters
     ----------
     hbm_rows, ddr_rows : tier capacities
-    policy : a name of :data:`tiered_emb.policies.POLICIES` (``lru``, ``lfu``, ``lookahead+lru``, ...)
+    policy : a name of :data:`tiered_emb.cache.policies.POLICIES` (``lru``, ``lfu``, ``lookahead+lru``, ...)
     window : prefetch window k (batches handed over ahead of the step); 0 = no prefetch
     load_ahead : batches ahead whose rows are brought up (<= window; default: window)
 
@@ -445,7 +445,7 @@ def compare_lookahead(trace: np.ndarray, batch_size: int, sizes: list[tuple[str,
     ``lookahead+lfu`` with ``window`` and ``load_ahead``; windowed Belady (LRU and LFU
     ties); full Belady on the stream of unique ids.  Returns one dict per size and run.
     """
-    from .engine import simulate
+    from tiered_emb.sim.engine import simulate
 
     window = int_arg("window", window, 0, hint="use a window of >= 0 batches")
     load_ahead = int_arg("load_ahead", load_ahead, 0, window, hint="use 0 <= load_ahead <= window")

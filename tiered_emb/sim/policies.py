@@ -7,7 +7,7 @@ array or a uint8 ``(n,)`` array that receives 1 at each hit (the tests compare i
 request by request with :mod:`tiered_emb.testing.sim_reference`).
 
 The store's own LRU and LFU are not here: :func:`tiered_emb.sim.simulate` runs them
-through :func:`tiered_emb.tiers.cache._simulate_requests`, the kernels the store uses.
+through :func:`tiered_emb.cache.slots._simulate_requests`, the kernels the store uses.
 The policies below follow libCacheSim's definitions so that hit ratios can be compared
 with it request for request (see ``docs/policies.md`` for the few places where they do
 not, and why):
@@ -34,10 +34,10 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from ..errors import ConfigError
-from ..index import _hash_home, _index_del, _index_find, _index_put, new_index
-from ..kernels import _prefetch
-from ._checks import as_ids, finite_arg
+from tiered_emb.errors import ConfigError
+from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_put, new_index
+from tiered_emb.kernels import _prefetch
+from tiered_emb._args import as_ids, finite_arg
 
 NIL = -1
 
@@ -56,7 +56,7 @@ DENSE_IDS_PER_REQUEST = 4
 
 # --------------------------------------------------------------------------- id -> slot index
 # Every kernel finds, adds and removes ids through the three functions below, which take
-# either index: the hash table of :mod:`tiered_emb.index` as a tuple ``(keys, vals)`` (ids
+# either index: the hash table of :mod:`tiered_emb.cache.index` as a tuple ``(keys, vals)`` (ids
 # unbounded, memory in proportion to the cache), or a *dense* int32 array ``slot_of`` over
 # the id space, -1 where absent (one random access instead of a hashed probe and a key
 # compare, and a delete that is one store).  Numba compiles a kernel once per index type,
@@ -287,7 +287,7 @@ def _next_use_into(trace: np.ndarray, out: np.ndarray, max_id: int | None) -> No
 def _lru_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
     """LRU over a list of slots (``newer`` / ``older`` int32 (capacity,)).
 
-    The same decisions as the store's kernel (:func:`tiered_emb.tiers.cache._simulate_requests`
+    The same decisions as the store's kernel (:func:`tiered_emb.cache.slots._simulate_requests`
     with LRU; the tests compare them request by request) with the list ends held in
     locals, which the compiler keeps in registers: several times faster.
     """

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, IdRangeError, TraceFileError
-from ._checks import as_ids, finite_arg, int_arg
+from tiered_emb.errors import ConfigError, IdRangeError, TraceFileError
+from tiered_emb._args import as_ids, finite_arg, int_arg
 
 
 @lru_cache(maxsize=4)
@@ -331,7 +331,7 @@ def write_oracle_general(path, ids: np.ndarray, clock_time: np.ndarray | None = 
     when there is none (what libCacheSim's Belady reads).  ``clock_time`` (integers (n,)
     in uint32's range) defaults to the request index; ``obj_size`` is a uint32.
     """
-    from .policies import next_use_of
+    from tiered_emb.sim.policies import next_use_of
 
     ids = as_ids(ids, "ids")
     if ids.size and int(ids.min()) < 0:

@@ -10,7 +10,7 @@ def crash(store) -> None:
     environment and the writer lock are released so the same process can reopen it."""
     store._prefetcher.close()
     store._closed = True
-    store._ssd.close()
+    store.ssd.close()
     os.close(store._lock_fd)
 
 
@@ -18,8 +18,8 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
     """Make the next ``writes`` LMDB write-back transactions of ``store`` fail as on a full
     disk (:class:`~tiered_emb.errors.StoreFullError`, rolled back), the later ones succeed.
     Returns the list the attempts append their thread's name to."""
-    from ..errors import StoreFullError
-    ssd, attempts = store._ssd, []
+    from tiered_emb.errors import StoreFullError
+    ssd, attempts = store.ssd, []
     real_put, real_segments, real_by_process = ssd._put_waiting, ssd._put_segments, ssd._write_by_process
 
     def attempt():

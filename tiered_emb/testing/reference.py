@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import TableConfig
-from ..init import init_rows
+from tiered_emb.config import TableConfig
+from tiered_emb.init import init_rows
 
 
 class ReferencePolicy:
-    """One cache tier's decisions, batch by batch, as :class:`tiered_emb.tiers.cache.CacheTier` makes them.
+    """One cache tier's decisions, batch by batch, as :class:`tiered_emb.cache.slots.CacheTier` makes them.
 
     A batch's distinct ids (first-occurrence order) are taken in chunks of at most
     ``capacity`` ids.  Within a chunk the resident ids are pinned first; then, in order,

@@ -1,6 +1,6 @@
 """The three tiers: HBM (:mod:`.hbm`), DDR (:mod:`.ddr`) and SSD/LMDB (:mod:`.ssd`)."""
-from .ddr import DdrTier
-from .hbm import DirectHbmTier, HbmTier
-from .ssd import SsdTier
+from tiered_emb.tiers.ddr import DdrTier
+from tiered_emb.tiers.hbm import DirectHbmTier, HbmTier
+from tiered_emb.tiers.ssd import SsdTier
 
 __all__ = ["HbmTier", "DirectHbmTier", "DdrTier", "SsdTier"]

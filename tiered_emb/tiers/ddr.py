@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._backend import host_zeros
-from .cache import CacheTier, _cache_admit, _cache_take
+from tiered_emb._backend import host_zeros
+from tiered_emb.cache.slots import CacheTier, _cache_admit, _cache_take
 
 
 class DdrTier(CacheTier):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .._backend import host_zeros, to_host, to_xp
-from .cache import CacheTier, _cache_pin, _cache_release, _cache_resolve_new
+from tiered_emb._backend import host_zeros, to_host, to_xp
+from tiered_emb.cache.slots import CacheTier, _cache_pin, _cache_release, _cache_resolve_new
 
 
 def _records(xp, rows: int, width: int):
@@ -126,7 +126,7 @@ _NO_FLAGS = np.empty(0, dtype=np.uint8)
 def _direct_resolve(slot_ids, dirty, pins, fmeta, uids, force_pin):
     """Claim slot ``uid`` for every id of ``uids`` (int64 (k,), distinct); returns int64
     positions of those not resident before (the caller writes their rows).  ``force_pin``
-    pins every slot, as :func:`tiered_emb.tiers.cache._cache_resolve` does for prefetch."""
+    pins every slot, as :func:`tiered_emb.cache.slots._cache_resolve` does for prefetch."""
     miss_idx = np.empty(uids.shape[0], dtype=np.int64)
     m = 0
     for i in range(uids.shape[0]):

@@ -3,7 +3,7 @@
 The SSD tier keeps two kinds of rows beside LMDB: evicted rows waiting to be written
 (the write-back buffer) and rows read ahead for a coming batch (staged reads).  Both
 are looked up for every id the step misses, so a Python dict (one ``get`` per id) is
-too slow; here an open-addressing index (:mod:`tiered_emb.index`) maps an id to its
+too slow; here an open-addressing index (:mod:`tiered_emb.cache.index`) maps an id to its
 position in rows appended to a growing array.
 
 Each entry carries a ``state`` byte: ``FOUND`` (the row is here) or ``ABSENT`` (a staged
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..index import EMPTY, _index_del, _index_find, _index_put, new_index
+from tiered_emb.cache.index import EMPTY, _index_del, _index_find, _index_put, new_index
 
 FOUND = 1
 ABSENT = 2

@@ -2,7 +2,7 @@
 
 The SSD tier writes evicted rows into ``p:<table>`` as segments (many rows in one LMDB
 value: one append instead of a B-tree insert per row) and finds a row through this
-index, kept in memory: an open-addressing hash table of :mod:`tiered_emb.index`'s
+index, kept in memory: an open-addressing hash table of :mod:`tiered_emb.cache.index`'s
 layout with int64 values, ``segment << POS_BITS | position``.  A newer segment's entry
 replaces an older one's.  Entries are only added, until :meth:`SegmentIndex.clear` (the
 checkpoint folds the segments into ``t:`` and drops them); the table doubles at half full.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..index import EMPTY, _hash_home, _index_find_many, table_size_for
+from tiered_emb.cache.index import EMPTY, _hash_home, _index_find_many, table_size_for
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
 #: other 43 (:data:`MAX_SEGMENTS`: at 1,000 segments a second, 278 years).

@@ -49,12 +49,12 @@ import numba
 import numpy as np
 import zstandard
 
-from ..errors import ConfigError, CorruptStoreError, StoreFullError, StoreLockedError
-from . import _lmdb_writer
-from ._lmdb_writer import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
-from ._lmdb_writer import SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION, last_rows, put_segment, segment_key
-from .rowbuf import ABSENT, FOUND, RowBuffer
-from .segindex import MAX_SEGMENT_ROWS, MAX_SEGMENTS, POS_BITS, POS_MASK, SegmentIndex
+from tiered_emb.errors import ConfigError, CorruptStoreError, StoreFullError, StoreLockedError
+from tiered_emb.tiers import _lmdb_writer
+from tiered_emb.tiers._lmdb_writer import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
+from tiered_emb.tiers._lmdb_writer import SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION, last_rows, put_segment, segment_key
+from tiered_emb.tiers.rowbuf import ABSENT, FOUND, RowBuffer
+from tiered_emb.tiers.segindex import MAX_SEGMENT_ROWS, MAX_SEGMENTS, POS_BITS, POS_MASK, SegmentIndex
 _META_DB = b"meta"
 
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import TableConfig, TierConfig
-from .errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
-from .optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
-from .sim.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
-from .store import TieredStore
-from .stream import format_tier_table, progress
+from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
+from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
+from tiered_emb.store import TieredStore
+from tiered_emb.apps.stream import format_tier_table, progress
 
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
@@ -103,7 +103,7 @@ def build_model(store, features: list[str], dim: int, bottom: list[int], top: li
     """A DLRM over ``store``'s tables (one per feature): ``model(dense, feats) -> logits (B,)``."""
     import torch
 
-    from .torch import TieredEmbeddingBagCollection
+    from tiered_emb.torch import TieredEmbeddingBagCollection
 
     class DLRM(torch.nn.Module):
         """Bottom MLP, embeddings, pairwise dot interaction, top MLP (Naumov et al. 2019)."""
@@ -417,7 +417,7 @@ def _thread_cpu_s(store=None) -> tuple[float, dict[int, float], float] | None:
         if cpu is not None:
             threads[int(tid)] = cpu
     t = os.times()
-    writer = store._ssd.writer_pid() if store is not None else None
+    writer = store.ssd.writer_pid() if store is not None else None
     return t.user + t.system, threads, (_proc_cpu_s(f"/proc/{writer}/stat") or 0.0) if writer else 0.0
 
 
@@ -444,7 +444,7 @@ def _thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
 
 
 def _train_loop(torch, args, cfg: dict, store, data) -> dict:
-    from .torch import TrainPipeline
+    from tiered_emb.torch import TrainPipeline
 
     torch.manual_seed(cfg["seed"])
     model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))

@@ -11,13 +11,13 @@ once per ``capacity`` uses (amortised O(1)).
 
 Only *attached* (unpinned) slots are live.  A slot is attached when the batch that used
 it releases it, in the batch's first-occurrence order, so ties cannot arise.
-State layout: :mod:`tiered_emb.policies._state`.
+State layout: :mod:`tiered_emb.cache.policies._state`.
 """
 from __future__ import annotations
 
 import numba
 
-from ._state import GEN, HEAD, RGEN, RING, RING_LEN, TAIL
+from tiered_emb.cache.policies._state import GEN, HEAD, RGEN, RING, RING_LEN, TAIL
 
 
 @numba.njit(inline="always")

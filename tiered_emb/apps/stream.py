@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import TableConfig, TierConfig
-from .optimizers import RowWiseAdagrad
-from .sim.traces import zipf_ids
-from .store import TieredStore
+from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.optimizers import RowWiseAdagrad
+from tiered_emb.sim.traces import zipf_ids
+from tiered_emb.store import TieredStore
 
 
 def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream=sys.stderr) -> None:

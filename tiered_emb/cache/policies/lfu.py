@@ -3,13 +3,13 @@
 Every tie is explicit: lowest count first, then least recently used, then lowest slot.
 Counts belong to residents: an evicted id starts again at 1 when it returns (as in
 libCacheSim's LFU), so the state scales with the tier, not with the id space.
-State layout: :mod:`tiered_emb.policies._state`.
+State layout: :mod:`tiered_emb.cache.policies._state`.
 """
 from __future__ import annotations
 
 import numba
 
-from ._state import COUNT, HEAP, HEAP_SIZE, HPOS, LAST
+from tiered_emb.cache.policies._state import COUNT, HEAP, HEAP_SIZE, HPOS, LAST
 
 
 @numba.njit(inline="always")

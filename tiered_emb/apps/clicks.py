@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from ._checks import finite_arg, int_arg
-from .traces import zipf_ids
+from tiered_emb.errors import ConfigError
+from tiered_emb._args import finite_arg, int_arg
+from tiered_emb.sim.traces import zipf_ids
 
 NUM_DENSE = 13
 NUM_CATS = 26

@@ -3,7 +3,7 @@
 A policy is data: an entry of :data:`POLICIES` maps a name to a small integer code, and
 the tier kernels dispatch on that code (Numba compiles one kernel; no jitclass, no Python
 object in the hot loop).  Each policy supplies three operations on the state tuple ``P``
-(see :mod:`tiered_emb.policies._state`):
+(see :mod:`tiered_emb.cache.policies._state`):
 
 - ``attach(slot)``: the slot becomes a candidate for eviction (released by its batch);
 - ``detach(slot)``: the slot stops being a candidate (pinned by a batch, or removed);
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numba
 
-from ._state import CLOCK, COUNT, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
-from .lfu import _lfu_attach, _lfu_detach, _lfu_sift_down, _lfu_victim
-from .lru import _lru_attach, _lru_detach, _lru_victim
+from tiered_emb.cache.policies._state import CLOCK, COUNT, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
+from tiered_emb.cache.policies.lfu import _lfu_attach, _lfu_detach, _lfu_sift_down, _lfu_victim
+from tiered_emb.cache.policies.lru import _lru_attach, _lru_detach, _lru_victim
 
 LRU = 0
 LFU = 1

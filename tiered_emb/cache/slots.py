@@ -12,17 +12,17 @@ Arrays (``cap`` = capacity, at least 1 so a zero-capacity DDR still has valid sh
 - ``free``: int32 (cap,), stack of free slots (``fmeta[0]`` entries), lowest slot on top;
 - ``fmeta``: int64 (3,), ``[free count, capacity, pinned slots]`` (the pinned count is
   kept by the kernels so the step never scans ``pins``);
-- ``keys``, ``vals``: the index (:mod:`tiered_emb.index`); ``P``: the policy state.
+- ``keys``, ``vals``: the index (:mod:`tiered_emb.cache.index`); ``P``: the policy state.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from ..errors import ConfigError
-from ..index import _hash_home, _index_del, _index_find, _index_find_many, _index_put, new_index
-from ..kernels import PREFETCH_DISTANCE, _prefetch
-from ..policies import POLICIES, _attach, _detach, _fresh, _hit, _touch, _victim, new_policy_state
+from tiered_emb.errors import ConfigError
+from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_find_many, _index_put, new_index
+from tiered_emb.kernels import PREFETCH_DISTANCE, _prefetch
+from tiered_emb.cache.policies import POLICIES, _attach, _detach, _fresh, _hit, _touch, _victim, new_policy_state
 
 
 class CacheTier:

@@ -9,7 +9,7 @@ import operator
 
 import numpy as np
 
-from ..errors import ConfigError, IdRangeError, IdTypeError
+from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
 
 _INT64_MAX = 2**63 - 1
 

@@ -1,0 +1,1 @@
+"""Applications built on the public API: the stream job, the DLRM job and its click data."""
