@@ -42,7 +42,7 @@ def test_prefetch_with_a_table_name_that_is_not_a_str(tmp_path):
     with _store(tmp_path) as s:
         with pytest.raises(UnknownTableError):
             s.prefetch({1: np.array([1]), "t": np.array([2])})
-        assert s._prefetcher._outstanding == []  # nothing queued
+        assert s.prefetcher.outstanding == []  # nothing queued
 
 
 def test_a_ticket_given_to_another_store(tmp_path):
@@ -59,8 +59,8 @@ def test_a_ticket_given_to_another_store(tmp_path):
             a.release("ticket")
         assert not tk.released
         a.release(tk)
-        a._prefetcher.drain()
-        t = a._tables["t"]
+        a.drain_prefetch()
+        t = a.tiers_of("t")
         assert t.hbm.unpinned_capacity == t.hbm.capacity_rows  # nothing left pinned
     finally:
         a.close()

@@ -40,7 +40,7 @@ def test_signed_zero_matches_the_reference_byte_for_byte(tmp_path):
     weight keeps its sign under it (assert_array_equal would not see the sign; bytes do)."""
     import numpy as np
     from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
-    from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
+    from tiered_emb.step.plan import plan_bags
     from tiered_emb.testing.reference import ReferenceStore
     ids = np.array([5, 6])
     rows = np.array([[-0.0, 1.0, -0.0, 2.0], [-0.0, -0.0, 3.0, 4.0]], np.float32)
@@ -57,6 +57,6 @@ def test_signed_zero_matches_the_reference_byte_for_byte(tmp_path):
         with TieredStore.create(tmp_path / f"p{k}", [cfg], TierConfig(8, 8, "lru", "cpu"), seed=1) as s:
             s.write("t", ids, rows)
             plan = plan_bags(ids, np.array([0, 1, 2]))  # each id a bag of its own: the fused path
-            lookup_pooled(s, "t", plan)
-            apply_pooled_gradients(s, "t", plan, g)
+            s.lookup_pooled("t", plan)
+            s.apply_pooled_gradients("t", plan, g)
             assert s.peek("t", ids, with_state=True).tobytes() == ref.peek_records("t", ids).tobytes(), opt.name

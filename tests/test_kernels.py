@@ -3,8 +3,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_emb.kernels import _blocks_by_work, _group_positions, _unpool_grads, dedupe, reduce_grads
-from tiered_emb.pooled import plan_bags, reduce_bag_grads
+from tiered_emb.step.plan import dedupe
+from tiered_emb.step.reduce import _blocks_by_work, _group_positions, reduce_grads
+from tiered_emb.testing.reference import unpool_grads as _unpool_grads
+from tiered_emb.step.plan import plan_bags
+from tiered_emb.step.reduce import reduce_bag_grads
 
 ids_st = st.lists(st.integers(0, 40), min_size=1, max_size=300)
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_emb.kernels import dedupe
+from tiered_emb.step.plan import dedupe
 from tiered_emb.cache.policies import POLICIES
 from tiered_emb.testing.reference import ReferencePolicy
 from tiered_emb.cache.slots import CacheTier, _cache_release, _cache_resolve, simulate

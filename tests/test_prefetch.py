@@ -6,8 +6,8 @@ import pytest
 
 from tiered_emb import RowWiseAdagrad, Adam, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import ConfigError, IdRangeError, PrefetchError
-from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
-from tiered_emb.prefetch import lookahead
+from tiered_emb.step.plan import plan_bags
+from tiered_emb.prefetch import Window, lookahead
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.testing import full_disk_for
 from tiered_emb.testing.reference import ReferenceStore
@@ -33,15 +33,15 @@ def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, po
         for name in sorted(b):
             if pooled:
                 plan = plan_bags(b[name], np.arange(b[name].shape[0] + 1))
-                rows = lookup_pooled(store, name, plan)
-                apply_pooled_gradients(store, name, plan, rows * np.float32(0.5) + np.float32(0.01))
+                rows = store.lookup_pooled(name, plan)
+                store.apply_pooled_gradients(name, plan, rows * np.float32(0.5) + np.float32(0.01))
                 continue
             rows = store.lookup(name, b[name])
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
         if checkpoint_every and step % checkpoint_every == checkpoint_every - 1:
             store.checkpoint()
-        with store._lock:  # the kept pinned count is the real one, whatever the thread is doing
-            for t in store._tables.values():
+        with store.lock:  # the kept pinned count is the real one, whatever the thread is doing
+            for t in (store.tiers_of(n) for n in store.tables):
                 assert t.hbm.fmeta[2] == np.count_nonzero(t.hbm.pins)
 
 
@@ -85,7 +85,7 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
                                               ref.peek_records(name, np.arange(n)))
-            assert int(s._tables["u"].hbm.pins.sum()) == 0
+            assert int(s.tiers_of("u").hbm.pins.sum()) == 0
 
 
 def train_bags(store, data, depth, load_ahead):
@@ -94,8 +94,8 @@ def train_bags(store, data, depth, load_ahead):
         for name in sorted(b):
             ids, offsets = b[name]
             plan = plan_bags(ids, offsets, None, mean=(name == "v"))
-            out = lookup_pooled(store, name, plan)
-            apply_pooled_gradients(store, name, plan, out * np.float32(0.5) + np.float32(0.01))
+            out = store.lookup_pooled(name, plan)
+            store.apply_pooled_gradients(name, plan, out * np.float32(0.5) + np.float32(0.01))
 
 
 @pytest.mark.parametrize("hbm, ddr", [(8, 0), (60, 16), (1000, 0)])
@@ -109,13 +109,13 @@ def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, 
         data.append({k: (v, np.sort(np.concatenate([[0, v.shape[0]], rng.integers(0, v.shape[0] + 1, 3)])))
                      for k, v in b.items()})
     taken = []
-    real = TieredStore._pinned_batch
+    real = Window.pinned_batch
 
     def spy(self, table, ids):
         got = real(self, table, ids)
         taken.append(got is not None)
         return got
-    monkeypatch.setattr(TieredStore, "_pinned_batch", spy)
+    monkeypatch.setattr(Window, "pinned_batch", spy)
     want = None
     for depth, load in ((0, 0), (1, 1), (4, 1), (4, 4), (4, 0)):
         taken.clear()
@@ -123,7 +123,7 @@ def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, 
                                 seed=4) as s:
             train_bags(s, data, depth, load)
             got = [s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))]
-            assert int(s._tables["u"].hbm.pins.sum()) == 0
+            assert int(s.tiers_of("u").hbm.pins.sum()) == 0
         if want is None:
             want = got
         else:
@@ -250,25 +250,25 @@ def test_failed_background_write_loses_nothing(tmp_path):
         np.testing.assert_array_equal(s.peek("u", np.arange(12), with_state=True), ref.peek_records("u", np.arange(12)))
 
 
-@pytest.mark.parametrize("job, load, read", [("_bring_up_ticket", 1, 0), ("_stage_ticket", 0, 1),
-                                             ("_enter_ticket", 0, 0), ("_enter_ticket", 1, 1)])
+@pytest.mark.parametrize("job, load, read", [("bring_up", 1, 0), ("stage", 0, 1),
+                                             ("enter", 0, 0), ("enter", 1, 1)])
 def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch, job, load, read):
     data = batches(6, seed=3)
     with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lookahead+lru", "cpu"), seed=4) as s:
-        real = getattr(s, job)
+        real = getattr(s.window, job)
 
         def failing(ticket):
             if ticket.seq == 3:
                 raise OSError("disk went away")
             real(ticket)
 
-        monkeypatch.setattr(s, job, failing)
+        monkeypatch.setattr(s.window, job, failing)
         ran = []
         with pytest.raises(PrefetchError, match="batch 3") as e:
             for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load, read)):
                 ran.append(i)
         assert ran == [0, 1, 2] and isinstance(e.value.__cause__, OSError)
-        assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0
+        assert int(s.tiers_of("u").hbm.pins.sum()) == 0 and int(s.tiers_of("v").hbm.pins.sum()) == 0
 
 
 def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
@@ -277,14 +277,14 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     data = batches(8, seed=6)
     path = tmp_path / "unpin"
     s = TieredStore.create(path, TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4)
-    real = s._unpin_ticket
+    real = s.window.unpin
 
     def failing(ticket):
         if ticket.seq == 2:
             raise OSError("unpin went wrong")
         real(ticket)
 
-    monkeypatch.setattr(s, "_unpin_ticket", failing)
+    monkeypatch.setattr(s.window, "unpin", failing)
     raised, ran = [], []
     try:
         for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load_ahead=1)):
@@ -294,7 +294,7 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
         raised.append(err)
     close_keeping_errors(s, raised)
     assert len(raised) == 1 and "unpinning" in str(raised[0]) and isinstance(raised[0].__cause__, OSError)
-    assert ran[:3] == [0, 1, 2] and s._closed
+    assert ran[:3] == [0, 1, 2] and s.closed
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     ref = reference([data[i] for i in ran])
     with TieredStore.open(path) as s2:
@@ -312,17 +312,17 @@ def test_failed_unpinning_at_close_is_raised_after_the_checkpoint(tmp_path, monk
     s.apply_gradients("u", np.array([3]), g)  # dirty in HBM, not checkpointed
     ticket = s.prefetch({"u": np.array([1, 2])})
     ticket.wait()
-    real = s._unpin_ticket
+    real = s.window.unpin
 
     def failing(t):
         if t is ticket:
             raise OSError("unpin went wrong")
         real(t)
 
-    monkeypatch.setattr(s, "_unpin_ticket", failing)
+    monkeypatch.setattr(s.window, "unpin", failing)
     with pytest.raises(PrefetchError, match="unpinning") as e:
         s.close()
-    assert isinstance(e.value.__cause__, OSError) and s._closed
+    assert isinstance(e.value.__cause__, OSError) and s.closed
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     ref = ReferenceStore(TABLES, seed=4)
     ref.apply_gradients("u", np.array([3]), g)
@@ -337,7 +337,7 @@ def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
     data = batches(8, seed=6)
     s = TieredStore.create(tmp_path / "l", TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4)
     go = threading.Event()
-    real_unpin, real_release = s._unpin_ticket, s._prefetcher.release
+    real_unpin, real_release = s.window.unpin, s.prefetcher.release
     seen = {}
 
     def failing_unpin(ticket):
@@ -350,11 +350,11 @@ def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
         seen[ticket.seq] = ticket
         if ticket.seq == 2:  # the loop's clean-up: let the thread fail first
             go.set()
-            seen[1]._unpinned.wait(5)
+            seen[1].unpinned_event.wait(5)
         real_release(ticket, check)
 
-    monkeypatch.setattr(s, "_unpin_ticket", failing_unpin)
-    monkeypatch.setattr(s._prefetcher, "release", release)
+    monkeypatch.setattr(s.window, "unpin", failing_unpin)
+    monkeypatch.setattr(s.prefetcher, "release", release)
     raised = []
     gen = lookahead(s, data, lambda x: x, 2, load_ahead=1)
     try:
@@ -391,7 +391,7 @@ def test_a_batch_that_cannot_be_fetched_fails_after_the_ones_before_it(tmp_path,
                 step(s, b)
                 ran.append(i)
         assert ran == [0, 1, 2, 3, 4, 5]
-        assert int(s._tables["u"].hbm.pins.sum()) == 0 and int(s._tables["v"].hbm.pins.sum()) == 0
+        assert int(s.tiers_of("u").hbm.pins.sum()) == 0 and int(s.tiers_of("v").hbm.pins.sum()) == 0
         got = {name: s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))}
     ref = reference(data[:6])
     for name, n in (("u", 300), ("v", 400)):
@@ -410,10 +410,10 @@ def test_a_plan_forwarded_on_two_tables_updates_each_tables_own_rows(tmp_path, d
         ids = np.array([1, 2])
         for b in lookahead(s, [ids], lambda b: {"a": b, "b": b}, depth=depth, load_ahead=1):
             plan = plan_bags(b, np.array([0, 2]))
-            lookup_pooled(s, "a", plan)
-            lookup_pooled(s, "b", plan)
-            apply_pooled_gradients(s, "a", plan, np.ones((1, 2), np.float32))
-            apply_pooled_gradients(s, "b", plan, np.ones((1, 2), np.float32))
+            s.lookup_pooled("a", plan)
+            s.lookup_pooled("b", plan)
+            s.apply_pooled_gradients("a", plan, np.ones((1, 2), np.float32))
+            s.apply_pooled_gradients("b", plan, np.ones((1, 2), np.float32))
         for name in ("a", "b"):
             ref.apply_gradients(name, ids, np.ones((2, 2), np.float32))
             check = np.array([1, 2, 9])
@@ -426,7 +426,7 @@ def test_a_loop_closed_after_its_store_raises_nothing(tmp_path):
     s.lookup("t", next(gen))
     s.close()
     gen.close()
-    assert s._closed and not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+    assert s.closed and not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
 
 
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
@@ -435,7 +435,7 @@ def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     for i, _ in enumerate(lookahead(s, data, lambda x: x, 4, load_ahead=1, read_ahead=2)):
         if i == 2:
             break
-    assert int(s._tables["u"].hbm.pins.sum()) == 0
+    assert int(s.tiers_of("u").hbm.pins.sum()) == 0
     assert [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     s.close()
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
@@ -447,7 +447,7 @@ def test_bad_ids_in_prefetch_raise_on_the_caller(tmp_path):
             s.prefetch({"v": np.array([400])})
         with pytest.raises(ConfigError):
             list(lookahead(s, [], lambda x: x, -1))
-        assert s._prefetcher._outstanding == []
+        assert s.prefetcher.outstanding == []
 
 
 def test_backward_after_its_step_moved_on_takes_the_locked_path(tmp_path):
@@ -464,12 +464,12 @@ def test_backward_after_its_step_moved_on_takes_the_locked_path(tmp_path):
             pending = None
             for b in it:
                 plan = plan_bags(b, off)
-                out = lookup_pooled(s, "t", plan)
+                out = s.lookup_pooled("t", plan)
                 if pending is None:
                     pending = (plan, out)
                     continue
                 for p, o in (pending, (plan, out)):
-                    apply_pooled_gradients(s, "t", p, o * np.float32(0.5) + np.float32(0.01))
+                    s.apply_pooled_gradients("t", p, o * np.float32(0.5) + np.float32(0.01))
                 pending = None
             return s.peek("t", np.arange(40), with_state=True)
 
@@ -483,12 +483,12 @@ def test_window_keeps_its_own_copy_of_the_ids(tmp_path):
         ids = np.arange(5, dtype=np.int64)
         ticket = s.prefetch({"u": ids})
         ids[:] = 99
-        s._prefetcher.stepping = ticket
+        s.window.stepping = ticket
         ticket.wait()
-        assert s._pinned_batch("u", ids) is None  # the changed array is not the batch handed over
-        got = s._pinned_batch("u", np.arange(5, dtype=np.int64))
+        assert s.window.pinned_batch("u", ids) is None  # the changed array is not the batch handed over
+        got = s.window.pinned_batch("u", np.arange(5, dtype=np.int64))
         assert got is not None and got[1].tolist() == [0, 1, 2, 3, 4]
-        s._prefetcher.stepping = None
+        s.window.stepping = None
         s.release(ticket)
 
 
@@ -499,24 +499,24 @@ def test_rows_a_step_brings_up_are_pinned_for_later_window_batches(tmp_path):
     with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=2)], TierConfig(16, 0, "lookahead+lfu", "cpu")) as s:
         tickets = [s.prefetch({"t": np.array(ids)}, bring_up=False) for ids in ([1, 2], [3, 4], [3, 5])]
         for tk in tickets:
-            tk._entered.wait()
+            tk.wait_entered()
         assert all(int((tk.aligned["t"] >= 0).sum()) == 0 for tk in tickets)  # nothing resident yet
         s.lookup("t", np.array([1, 2, 3]))  # A's step; 3 comes up with it
         s.release(tickets[0])
         d = s.prefetch({"t": np.array([6])}, bring_up=False)  # enters: the window is re-pinned first
-        d._entered.wait()
+        d.wait_entered()
         b, c = tickets[1], tickets[2]
-        slot3 = int(s._tables["t"].hbm.find(np.array([3]))[0])
+        slot3 = int(s.tiers_of("t").hbm.find(np.array([3]))[0])
         assert slot3 >= 0
         assert c.aligned["t"].tolist() == [slot3, -1]  # C = [3, 5]: 3 pinned for it
         assert c.uids["t"].tolist() == [5]  # what is left to bring up
         assert b.aligned["t"].tolist() == [-1, -1]  # B, the oldest, left alone
-        assert int(s._tables["t"].hbm.pins[slot3]) == 1
+        assert int(s.tiers_of("t").hbm.pins[slot3]) == 1
         for tk in (b, c, d):
             s.release(tk)
-        s._prefetcher.drain()
-        assert int(s._tables["t"].hbm.pins.sum()) == 0
-        assert s._prefetcher.window == []
+        s.drain_prefetch()
+        assert int(s.tiers_of("t").hbm.pins.sum()) == 0
+        assert s.window.tickets == []
 
 
 @pytest.mark.parametrize("policy", ["lookahead+lru", "lookahead+lfu"])
@@ -525,7 +525,7 @@ def test_the_window_is_re_pinned_where_it_can_matter(tmp_path, policy):
     the thread brings up are the most recent when unpinned); under LFU every table is."""
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=64, ddr_rows=64, policy=policy, device="cpu"))
     probed = []
-    pin_resident = s._pin_resident
+    pin_resident = s.window.pin_resident
 
     def counting(ticket, name):
         probed.append(name)
@@ -536,7 +536,7 @@ def test_the_window_is_re_pinned_where_it_can_matter(tmp_path, policy):
         tickets = [s.prefetch(b, bring_up=False) for b in data[:3]]
         for tk in tickets:
             tk.wait()
-        s._pin_resident = counting
+        s.window.pin_resident = counting
         s.bring_up(tickets[0])  # the thread places rows: no table flagged by a step
         tickets[0].wait()
         s.prefetch(data[3], bring_up=False).wait()  # enters: re-pins the window, or not

@@ -86,7 +86,7 @@ def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
     real = ssd._read_lmdb
 
     def read_after_compaction(*args):
-        with s._lock:
+        with s.lock:
             ssd._compact(["a"])
         return real(*args)
 
@@ -220,7 +220,7 @@ def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path,
     width = ssd.widths["a"]
 
     def checkpoint_and_write_between(*args):
-        with s._lock:  # what another thread does meanwhile: a checkpoint, then write-backs
+        with s.lock:  # what another thread does meanwhile: a checkpoint, then write-backs
             ssd.checkpoint({}, ssd.read_meta(), None)
             for i in range(10):  # segments 0..9 of p:a, one row each
                 ssd.write_pending({"a": (np.array([1000 + i]), np.ones((1, width), np.float32))})

@@ -338,7 +338,7 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
     rng = np.random.default_rng(0)
     path = tmp_path / "s"
     s = TieredStore.create(path, tables, cpu(hbm, 4), seed=3)
-    assert [s._tables[n].hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
+    assert [s.tiers_of(n).hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
     for step in range(6):
         for t in tables:
             ids = rng.integers(0, 64, 30)
@@ -440,7 +440,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
                     failures += 1  # the tiers are as before the call: retry it
             np.testing.assert_array_equal(got, ref.lookup("b", ids))
             ref.apply_gradients("b", ids, grads)
-        assert failures > 5 and int(s._tables["b"].hbm.pins.sum()) == 0
+        assert failures > 5 and int(s.tiers_of("b").hbm.pins.sum()) == 0
         s.ssd.read = real
         np.testing.assert_array_equal(s.peek("b", np.arange(100), with_state=True), ref.peek_records("b", np.arange(100)))
 
@@ -464,9 +464,9 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
     monkeypatch.setattr(s.ssd, "_write", full_once)
     with pytest.raises(StoreFullError):
         s.close()
-    assert not s._closed
+    assert not s.closed
     s.close()
-    assert s._closed and len(calls) == 2
+    assert s.closed and len(calls) == 2
     ref = ReferenceStore(TABLES, seed=3)
     ref.apply_gradients("a", np.array([3, 9]), g)
     with TieredStore.open(path) as s2:
@@ -477,23 +477,23 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
 def test_fused_backward_checks_its_gradient_and_ids(tmp_path):
     """apply_pooled_gradients is held to apply_gradients' checks: a gradient of the wrong
     shape or dtype, or ids beyond num_rows, raise and change nothing."""
-    from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags
+    from tiered_emb.step.plan import plan_bags
     with TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3) as s:
         plan = plan_bags(np.array([1, 2]), np.array([0, 1, 2]))
-        lookup_pooled(s, "a", plan)
+        s.lookup_pooled("a", plan)
         before = s.peek("a", np.array([1, 2]), with_state=True)
         with pytest.raises(RowShapeError):
-            apply_pooled_gradients(s, "a", plan, np.ones((2, 4), np.float32))
+            s.apply_pooled_gradients("a", plan, np.ones((2, 4), np.float32))
         with pytest.raises(RowShapeError):
-            apply_pooled_gradients(s, "a", plan, np.ones((3, 8), np.float32))
+            s.apply_pooled_gradients("a", plan, np.ones((3, 8), np.float32))
         with pytest.raises(RowDtypeError):
-            apply_pooled_gradients(s, "a", plan, np.ones((2, 8), np.float64))
+            s.apply_pooled_gradients("a", plan, np.ones((2, 8), np.float64))
         np.testing.assert_array_equal(s.peek("a", np.array([1, 2]), with_state=True), before)
         bad = plan_bags(np.array([5, 100]), np.array([0, 2]))  # b has num_rows=100, never looked up
         with pytest.raises(IdRangeError):
-            apply_pooled_gradients(s, "b", bad, np.ones((1, 3), np.float32))
+            s.apply_pooled_gradients("b", bad, np.ones((1, 3), np.float32))
         with pytest.raises(IdRangeError):  # checked against the table it is applied to
-            apply_pooled_gradients(s, "b", plan_bags(np.array([100]), np.array([0, 1])), np.ones((1, 3), np.float32))
+            s.apply_pooled_gradients("b", plan_bags(np.array([100]), np.array([0, 1])), np.ones((1, 3), np.float32))
         assert s.stats()["b"]["hbm"]["lookups"] == 0
     with TieredStore.open(tmp_path / "s") as s:  # nothing out of range reached LMDB
         assert s.peek("b", np.array([5])).shape == (1, 3)
@@ -608,7 +608,7 @@ def test_close_without_checkpoint_gives_up_what_came_after_the_last_one(tmp_path
     s.flush()
     assert not np.array_equal(s.peek("a", np.arange(10), with_state=True), kept)
     s.close(checkpoint=False)
-    assert s._closed
+    assert s.closed
     with TieredStore.open(path) as s2:
         assert s2.epoch == 1
         np.testing.assert_array_equal(s2.peek("a", np.arange(10), with_state=True), kept)
@@ -697,7 +697,7 @@ def test_peek_of_a_repeated_id_held_only_in_lmdb(tmp_path):
 
 
 def test_bag_plans_take_integer_ids_only(tmp_path):
-    from tiered_emb.pooled import plan_bags
+    from tiered_emb.step.plan import plan_bags
     with pytest.raises(IdTypeError):
         plan_bags(np.array([1.7, 2.0]), np.array([0, 2]))
     with pytest.raises(IdTypeError):

@@ -6,8 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiered_emb import SGD, Adagrad, BackwardError, IdRangeError, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
-from tiered_emb.kernels import _pool_bags, _unpool_grads  # noqa: E402
-from tiered_emb.pooled import apply_pooled_gradients, lookup_pooled, plan_bags  # noqa: E402
+from tiered_emb.testing.reference import pool_bags as _pool_bags, unpool_grads as _unpool_grads  # noqa: E402
+from tiered_emb.step.plan import plan_bags  # noqa: E402
 from tiered_emb.torch import TieredEmbedding, TieredEmbeddingBag, TieredEmbeddingBagCollection  # noqa: E402
 
 ROWS, DIM, LR = 50, 8, 0.5
@@ -103,7 +103,7 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
         w = np.linspace(0.1, 1.0, ids.shape[0]).astype(np.float32)
         for mean, weights in ((False, w), (True, None)):
             plan = plan_bags(ids, off, weights, mean)
-            out = lookup_pooled(fused, "t", plan)
+            out = fused.lookup_pooled("t", plan)
             rows = plain.lookup("t", ids)
             ref = np.empty_like(out)
             use_w = weights is not None
@@ -111,7 +111,7 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
             _pool_bags(rows, off, wk, use_w, mean, ref)
             assert out.tobytes() == ref.tobytes()
             grad_out = np.sin(np.arange(out.size, dtype=np.float32) + step).reshape(out.shape)
-            apply_pooled_gradients(fused, "t", plan, grad_out)
+            fused.apply_pooled_gradients("t", plan, grad_out)
             unpooled = np.empty((ids.shape[0], DIM), np.float32)
             _unpool_grads(grad_out, off, wk, use_w, mean, unpooled)
             plain.apply_gradients("t", ids, unpooled)
@@ -126,7 +126,7 @@ def test_inference_forward_is_bitwise_the_plain_path(tmp_path, hbm_rows):
     """No-grad forward (a direct HBM reads rows by id without deduping) against lookup + pool."""
     ours = _store(tmp_path, "a", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
     plain = _store(tmp_path, "b", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
-    assert getattr(ours._tables["t"].hbm, "direct", False) == (hbm_rows >= ROWS)
+    assert getattr(ours.tiers_of("t").hbm, "direct", False) == (hbm_rows >= ROWS)
     bag = TieredEmbeddingBag(ours, "t", mode="mean")
     for step in range(3):
         ids, offsets, _ = _batch(step, bags=9)
@@ -171,7 +171,7 @@ def test_direct_hbm_reads_rows_written_under_a_smaller_hbm(tmp_path):
         expected = s.peek("t", np.arange(ROWS), with_state=True)
         s.checkpoint()
     with TieredStore.open(path, tiers=TierConfig(hbm_rows=ROWS, device="cpu")) as s:
-        assert s._tables["t"].hbm.direct
+        assert s.tiers_of("t").hbm.direct
         ids = torch.arange(ROWS)
         with torch.no_grad():
             out = TieredEmbedding(s, "t")(ids).numpy()

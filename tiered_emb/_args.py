@@ -1,4 +1,6 @@
-"""Argument checks shared by the simulator's entry points: typed errors, nothing per request.
+"""Argument checks, once per call: the store's ids, rows and flags, and the simulator's arguments.
+
+Every check raises a typed error from :mod:`tiered_emb.errors` naming the value and a hint.
 
 Each check is O(1) or one vectorised O(n) pass, done once per call, never inside a kernel.
 """
@@ -9,7 +11,8 @@ import operator
 
 import numpy as np
 
-from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
+from tiered_emb._backend import to_host
+from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError, RowDtypeError, RowShapeError
 
 _INT64_MAX = 2**63 - 1
 
@@ -84,3 +87,67 @@ def check_nonneg(lo: int, what: str = "trace") -> None:
     """An :class:`IdRangeError` when the smallest id ``lo`` is negative (-1 is the hash index's empty key)."""
     if lo < 0:
         raise IdRangeError(f"ids must be >= 0, got {lo} in {what}", "offset or relabel the ids of the trace")
+
+
+def int64_of(a, what: str) -> np.ndarray:
+    """``a`` as int64, or IdTypeError (not integers) / IdRangeError (uint64 beyond int64): never truncated."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
+        raise IdTypeError(f"{what} have dtype {a.dtype}", f"pass integer {what}, e.g. np.asarray(x, dtype=np.int64)")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > 2**63 - 1:
+        raise IdRangeError(f"{what} hold {int(a.max())}, beyond int64", "ids are int64 >= 0")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+
+def table_ids(table: str, ids, num_rows: int | None) -> np.ndarray:
+    """``ids`` of ``table`` as a contiguous int64 (n,) array, checked: integers, 1-D, ``>= 0``
+    and below ``num_rows`` when it is set (IdTypeError / IdRangeError otherwise)."""
+    try:
+        a = np.asarray(ids)
+    except (ValueError, TypeError) as err:  # ragged lists, say
+        raise IdTypeError(f"ids for table {table!r} do not make an array ({err})",
+                          "pass a 1-D integer array, e.g. np.asarray(ids, dtype=np.int64)") from err
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):  # ([] is float64)
+        raise IdTypeError(f"ids for table {table!r} have dtype {a.dtype}",
+                          "pass integer ids, e.g. np.asarray(ids, dtype=np.int64)")
+    if a.ndim != 1:
+        raise IdTypeError(f"ids for table {table!r} have shape {a.shape}", "pass a 1-D array (ravel it)")
+    if a.shape[0] == 0:
+        return a.astype(np.int64)
+    if a.dtype == np.uint64 and int(a.max()) > _INT64_MAX:
+        raise IdRangeError(f"id {int(a.max())} of table {table!r} is beyond int64", "ids are int64 >= 0")
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0:
+        raise IdRangeError(f"id {lo} of table {table!r} is negative", "ids are >= 0")
+    if num_rows is not None and hi >= num_rows:
+        raise IdRangeError(f"id {hi} of table {table!r} is not below num_rows={num_rows}",
+                           "check the id mapping, or create the table with a larger num_rows (or None)")
+    return a
+
+
+def table_rows(table: str, rows, n: int, dim: int, what: str) -> np.ndarray:
+    """``rows`` (host NumPy or a device array) as contiguous float32 (n, dim), or
+    RowDtypeError / RowShapeError naming ``what`` (gradients, rows...)."""
+    r = to_host(rows) if not isinstance(rows, np.ndarray) and hasattr(rows, "get") else np.asarray(rows)
+    if r.dtype != np.float32:
+        raise RowDtypeError(f"{what} for table {table!r} have dtype {r.dtype}",
+                            "pass float32, e.g. np.asarray(x, dtype=np.float32)")
+    if r.shape != (n, dim):
+        raise RowShapeError(f"{what} for table {table!r} have shape {r.shape}, expected {(n, dim)}",
+                            "pass one row of the table's dim per id")
+    return np.ascontiguousarray(r)
+
+
+def nonfinite_rule(nonfinite) -> str:
+    """``nonfinite`` checked: ``"raise"``, ``"skip"`` or ``"zero"``."""
+    if nonfinite not in ("raise", "skip", "zero"):
+        raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
+    return nonfinite
+
+
+def extra_bytes(extra) -> None:
+    """``extra`` (a trainer's bytes saved with a checkpoint) checked: None or bytes-like."""
+    if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")

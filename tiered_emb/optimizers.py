@@ -1,9 +1,10 @@
-"""Row-wise optimizers applied by the store, in place, on the HBM slots of a batch.
+"""Row-wise optimizers: their hyper-parameters and state layouts (data only; the kernels that
+apply them are in :mod:`tiered_emb.step.update`).
 
 A row's record is ``[weights (dim) | optimizer state (state_width)]`` in one float32 row,
 so the state travels with its row through every tier and into LMDB.  Updates are
 *deterministic*: gradients of duplicate ids are summed in batch-position order
-(:func:`tiered_emb.kernels.reduce_grads`), then each unique row is updated exactly once,
+(:mod:`tiered_emb.step.reduce`), then each unique row is updated exactly once,
 in parallel only across distinct rows; no atomics, no order that depends on threads.
 
 State layouts (after the ``dim`` weights):
@@ -27,7 +28,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from tiered_emb.errors import ConfigError
@@ -142,132 +142,3 @@ def optimizer_to_dict(opt) -> dict:
     if "betas" in d:
         d["betas"] = list(d["betas"])
     return d
-
-
-# --------------------------------------------------------------------------- kernels
-# Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
-# parallel over distinct rows (slots are distinct by construction: one per unique id).
-# All arithmetic is float32 except the row-wise mean, accumulated in float64 in a fixed
-# order, so results do not depend on the thread count.
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _sgd_update(records, slots, grads, params):
-    lr = params[0]
-    dim = grads.shape[1]
-    for k in numba.prange(slots.shape[0]):
-        r = records[slots[k]]
-        for j in range(dim):
-            r[j] = r[j] - lr * grads[k, j]
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _adagrad_update(records, slots, grads, params):
-    lr = params[0]
-    eps = params[1]
-    dim = grads.shape[1]
-    for k in numba.prange(slots.shape[0]):
-        r = records[slots[k]]
-        for j in range(dim):
-            g = grads[k, j]
-            s = r[dim + j] + g * g
-            r[dim + j] = s
-            r[j] = r[j] - lr * (g / (np.sqrt(s) + eps))
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _rowwise_adagrad_update(records, slots, grads, params):
-    lr = params[0]
-    eps = params[1]
-    dim = grads.shape[1]
-    for k in numba.prange(slots.shape[0]):
-        r = records[slots[k]]
-        acc = 0.0
-        for j in range(dim):
-            g = np.float64(grads[k, j])
-            acc += g * g
-        s = r[dim] + np.float32(acc / dim)
-        r[dim] = s
-        step = lr / (np.sqrt(s) + eps)
-        for j in range(dim):
-            r[j] = r[j] - step * grads[k, j]
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _adam_update(records, slots, grads, params):
-    lr = params[0]
-    b1 = params[1]
-    b2 = params[2]
-    eps = params[3]
-    one = np.float32(1.0)
-    dim = grads.shape[1]
-    for k in numba.prange(slots.shape[0]):
-        r = records[slots[k]]
-        t = r[3 * dim] + one
-        r[3 * dim] = t
-        c1 = one - np.float32(np.float64(b1) ** np.float64(t))
-        c2 = one - np.float32(np.float64(b2) ** np.float64(t))
-        for j in range(dim):
-            g = grads[k, j]
-            m = b1 * r[dim + j] + (one - b1) * g
-            v = b2 * r[2 * dim + j] + (one - b2) * g * g
-            r[dim + j] = m
-            r[2 * dim + j] = v
-            r[j] = r[j] - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
-
-
-_CPU_KERNELS = {"sgd": _sgd_update, "adagrad": _adagrad_update,
-                "rowwise_adagrad": _rowwise_adagrad_update, "adam": _adam_update}
-
-
-def _no_update() -> None:
-    """The update of an empty batch (what a prepared update is when there is nothing to do)."""
-
-
-def apply_update(opt, records, slots, grads, xp=np) -> None:
-    """Update ``records[slots]`` in place with ``grads`` (one row per distinct slot).
-
-    Parameters
-    ----------
-    opt : SGD | Adagrad | RowWiseAdagrad | Adam
-    records : float32 array (capacity, dim + state_width) on the ``xp`` device
-    slots : int64 array (k,), distinct
-    grads : float32 array (k, dim), host (numpy) for the CPU path
-    """
-    if xp is np:
-        _CPU_KERNELS[opt.name](records, slots, grads, opt.params())
-        return
-    _apply_update_xp(opt, records, slots, grads, xp)
-
-
-def _apply_update_xp(opt, records, slots, grads, xp) -> None:
-    """The same arithmetic in array form, for the CuPy backend (float32 throughout)."""
-    p = [xp.float32(x) for x in opt.params()]
-    dim = grads.shape[1]
-    g = xp.asarray(grads, dtype=xp.float32)
-    s = xp.asarray(slots)
-    r = records[s]
-    w = r[:, :dim]
-    if opt.name == "sgd":
-        w = w - p[0] * g
-    elif opt.name == "adagrad":
-        st = r[:, dim:2 * dim] + g * g
-        r[:, dim:2 * dim] = st
-        w = w - p[0] * (g / (xp.sqrt(st) + p[1]))
-    elif opt.name == "rowwise_adagrad":
-        acc = (g.astype(xp.float64) ** 2).sum(axis=1) / dim
-        st = r[:, dim] + acc.astype(xp.float32)
-        r[:, dim] = st
-        w = w - (p[0] / (xp.sqrt(st) + p[1]))[:, None] * g
-    else:
-        one = xp.float32(1.0)
-        t = r[:, 3 * dim] + one
-        r[:, 3 * dim] = t
-        c1 = (one - (xp.float64(p[1]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
-        c2 = (one - (xp.float64(p[2]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
-        m = p[1] * r[:, dim:2 * dim] + (one - p[1]) * g
-        v = p[2] * r[:, 2 * dim:3 * dim] + (one - p[2]) * g * g
-        r[:, dim:2 * dim] = m
-        r[:, 2 * dim:3 * dim] = v
-        w = w - p[0] * ((m / c1) / (xp.sqrt(v / c2) + p[3]))
-    r[:, :dim] = w
-    records[s] = r

@@ -12,7 +12,7 @@ Dense parameters of the surrounding model keep their torch optimizer as usual::
     dense_opt.step()                      # the MLP's own optimizer
 
 With the NumPy HBM tier (no GPU), the forward pools straight from the HBM slots and the
-backward reduces the bags' gradients per unique id (:mod:`tiered_emb.pooled`); the
+backward reduces the bags' gradients per unique id (:mod:`tiered_emb.step.reduce`); the
 output is a zero-copy ``torch.from_numpy`` view.  With a CuPy HBM tier the rows cross
 into torch by DLPack (no copy) and torch pools them on the GPU.
 
@@ -28,8 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tiered_emb._args import nonfinite_rule
 from tiered_emb.errors import BackwardError, ConfigError, DeviceError, IdRangeError, IdTypeError
-from tiered_emb.pooled import BagPlan, lookup_pooled, plan_bags, pooled_update
+from tiered_emb.step.plan import BagPlan, plan_bags
 from tiered_emb.prefetch import lookahead
 
 _MODES = ("sum", "mean")
@@ -138,7 +139,7 @@ class _FusedBags(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor, weights_t, batch: _Batch):
-        out = lookup_pooled(batch.store, batch.table, batch.plan)
+        out = batch.store.lookup_pooled(batch.table, batch.plan)
         ctx.batch = batch
         ctx.weights_need_grad = weights_t is not None and weights_t.requires_grad
         if ctx.weights_need_grad:
@@ -163,7 +164,7 @@ class _FusedBags(torch.autograd.Function):
             grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
             grad_w = grad_w.reshape(ctx.weights_shape).to(ctx.weights_device)  # the weights' own shape: (n,) or (B, L)
         # ctx.rows go with the update: a pass that fails leaves them for the backward run again
-        _after_backward(pooled_update(batch.store, batch.table, batch.plan, g, batch.nonfinite), ctx, ("batch", "rows"))
+        _after_backward(batch.store.pooled_update(batch.table, batch.plan, g, batch.nonfinite), ctx, ("batch", "rows"))
         return None, grad_w, None
 
 
@@ -192,10 +193,8 @@ class _RowsFromStore(torch.autograd.Function):
 class _StoreModule(torch.nn.Module):
     def __init__(self, store, table: str, nonfinite: str):
         super().__init__()
-        if table not in store.tables:
-            store._table(table)  # raises UnknownTableError with a hint
-        if nonfinite not in ("raise", "skip", "zero"):
-            raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
+        store.table_config(table)  # raises UnknownTableError with a hint
+        nonfinite_rule(nonfinite)
         self.store = store
         self.table = table
         self.nonfinite = nonfinite
@@ -223,7 +222,7 @@ class _StoreModule(torch.nn.Module):
             return self._pooled_device(plan, weights_t, mode)
         batch = _Batch(self.store, self.table, plan, self.nonfinite)
         if not self._needs_backward():
-            return torch.from_numpy(lookup_pooled(self.store, self.table, plan, backward=False))
+            return torch.from_numpy(self.store.lookup_pooled(self.table, plan, backward=False))
         return _FusedBags.apply(self._anchor, weights_t, batch)
 
     def _pooled_device(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
@@ -385,9 +384,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
             plan = bag._plan(ids, offsets, weights_t, bag.mode)
             store = bag.store
-            t = store._table(table)
-            store._ids(t, plan.ids)  # the ids' range, before anything is read
-            plan.checked = t  # (so the lookup does not check them again)
+            store.check_bags(table, plan)  # the ids' range, before anything is read
             planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
         out = {}
         for bag, plan, weights_t, feats, sizes in planned:

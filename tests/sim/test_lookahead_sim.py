@@ -22,7 +22,7 @@ def drive_store(tmp_path, trace, batch, hbm, ddr, policy, window, load):
     for t in range(-window, len(batches)):
         if window and t + window < len(batches):
             tickets[t + window] = store.prefetch({"t": batches[t + window]}, bring_up=False)
-            tickets[t + window]._entered.wait()  # as lookahead() does without load-ahead
+            tickets[t + window].wait_entered()  # as lookahead() does without load-ahead
         if load and 0 <= t + load < len(batches):
             store.bring_up(tickets[t + load])
             tickets[t + load].wait()

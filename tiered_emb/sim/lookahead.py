@@ -37,10 +37,11 @@ import numpy as np
 
 from tiered_emb.errors import ConfigError
 from tiered_emb.cache.index import _index_del, _index_find, _index_put, new_index
-from tiered_emb.kernels import _dedupe
-from tiered_emb.cache.policies import LRU, POLICIES
+from tiered_emb.step.plan import _dedupe
+from tiered_emb.cache.policies import POLICIES
 from tiered_emb.cache.slots import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
 from tiered_emb._args import as_ids, check_nonneg, int_arg
+from tiered_emb.prefetch.window import pin_budget, repin_due
 from tiered_emb.sim.policies import id_range, next_use_of
 
 
@@ -131,7 +132,7 @@ def _no_eviction_rows(rows: int, lookups: int) -> int:
 # --------------------------------------------------------------------------- the store's kernels
 @numba.njit(cache=True)
 def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
-    """Resolve ``ids`` in HBM as ``TieredStore._bring_up`` does; misses taken from DDR, victims
+    """Resolve ``ids`` in HBM as ``Resolver.bring_up`` does; misses taken from DDR, victims
     admitted to DDR.  ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
     (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec) = d
@@ -155,10 +156,10 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
 
 
 @numba.njit
-def _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, room, uids, boff, j, ticket_slots, in_ticket, tlen):
-    """Pin for batch ``j`` its resident rows not yet pinned for it, first ones first, while
-    fewer than ``room`` rows are pinned in all (TieredStore._pin_resident)."""
-    budget = room - hfmeta[2]  # TieredStore._pin_budget
+def _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap, uids, boff, j, ticket_slots, in_ticket, tlen):
+    """Pin for batch ``j`` its resident rows not yet pinned for it, first ones first, within
+    the window's pin budget of a tier of ``cap`` rows (Window.pin_resident)."""
+    budget = pin_budget(cap, hfmeta[2])
     n0 = tlen[j]
     n_t = n0
     ts = ticket_slots[boff[j]:boff[j + 1]]
@@ -187,7 +188,6 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
     nb = boff.shape[0] - 1
     cap = hfmeta[1]
-    reserve = max(1, cap // 8)
     scratch = np.empty((max(1, uids.shape[0]), 0), dtype=np.float32)
     # Ticket of batch j: its pinned slots ticket_slots[boff[j]:boff[j] + tlen[j]]; in_ticket
     # marks its ids already pinned.
@@ -198,20 +198,19 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     step_placed = False  # a step brought rows up since the window was last re-pinned
     for t in range(-k, nb):
         if k > 0 and early_pin and t + k < nb:
-            # As batch t + k enters the window (TieredStore._enter_ticket): first, if a step
+            # As batch t + k enters the window (Window.enter): first, if a step
             # placed rows since the last time (or the base policy is not LRU: see
-            # TieredStore._repin_window), the rows that came up since the later batches
+            # Window.repin), the rows that came up since the later batches
             # of the window entered it are pinned for them (every batch but the oldest,
-            # nearest first; TieredStore._repin_window), then the resident rows of the
+            # nearest first; Window.repin), then the resident rows of the
             # batch entering.
-            first = max(t, 0) + 1 if step_placed or code != LRU else t + k
+            first = max(t, 0) + 1 if repin_due(code, step_placed) else t + k
             step_placed = False
             for j in range(first, t + k + 1):
-                _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap - reserve, uids, boff, j, ticket_slots,
-                              in_ticket, tlen)
+                _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap, uids, boff, j, ticket_slots, in_ticket, tlen)
         j = t + load  # batch brought up before step t
         if load > 0 and 0 <= j < nb:
-            budget = cap - hfmeta[2] - reserve
+            budget = pin_budget(cap, hfmeta[2])
             idx = np.flatnonzero(~in_ticket[boff[j]:boff[j + 1]])[:max(budget, 0)] + boff[j]
             take = uids[idx]
             in_ticket[idx] = True
@@ -225,7 +224,7 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
                 counts[j, 2] += cnt[1]
         if t < 0:
             continue
-        # Step t: TieredStore._chunks over the batch, by unpinned capacity.
+        # Step t: Resolver.chunks over the batch, by unpinned capacity.
         u = uids[boff[t]:boff[t + 1]]
         counts[t, 0] = u.shape[0]
         free_cap = cap - hfmeta[2]

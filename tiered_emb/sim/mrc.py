@@ -26,7 +26,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from tiered_emb.errors import ConfigError
-from tiered_emb.kernels import _prefetch
+from tiered_emb._jit import _prefetch
 from tiered_emb._args import as_ids, check_nonneg
 from tiered_emb.sim.policies import PREFETCH_AHEAD, belady_hits, dense_ok, id_range, next_use_of
 

@@ -36,7 +36,7 @@ from numba.extending import overload
 
 from tiered_emb.errors import ConfigError
 from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_put, new_index
-from tiered_emb.kernels import _prefetch
+from tiered_emb._jit import _prefetch
 from tiered_emb._args import as_ids, finite_arg
 
 NIL = -1

@@ -5,6 +5,7 @@ store's bytes and the Numba policies' decisions with these.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from tiered_emb.config import TableConfig
@@ -144,3 +145,44 @@ def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
         r[dim:2 * dim] = m
         r[2 * dim:3 * dim] = v
         w[:] = w - p[0] * ((m / c1) / (np.sqrt(v / c2) + p[3]))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def pool_bags(rows, offsets, weights, use_weights, mean, out):
+    """Pool ``rows`` (n, dim) into bags: ``out[b] = sum rows[offsets[b]:offsets[b+1]]``.
+
+    In position order within each bag; ``weights`` (n,) scale rows when ``use_weights``;
+    ``mean`` divides by the bag length (empty bags give zeros).  float32 (B, dim).
+    """
+    dim = rows.shape[1]
+    for b in numba.prange(out.shape[0]):
+        for j in range(dim):
+            out[b, j] = 0.0
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        for i in range(lo, hi):
+            w = weights[i] if use_weights else np.float32(1.0)
+            for j in range(dim):
+                out[b, j] += w * rows[i, j]
+        if mean and hi > lo:
+            inv = np.float32(1.0) / np.float32(hi - lo)
+            for j in range(dim):
+                out[b, j] *= inv
+
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def unpool_grads(grad_out, offsets, weights, use_weights, mean, out):
+    """Backward of :func:`pool_bags`: each position's gradient row (n, dim) from its bag's."""
+    dim = grad_out.shape[1]
+    for b in numba.prange(grad_out.shape[0]):
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        scale = np.float32(1.0)
+        if mean and hi > lo:
+            scale = np.float32(1.0) / np.float32(hi - lo)
+        for i in range(lo, hi):
+            w = scale * (weights[i] if use_weights else np.float32(1.0))
+            for j in range(dim):
+                out[i, j] = w * grad_out[b, j]
+

@@ -1,0 +1,63 @@
+"""Ticket: one batch handed to the prefetch window ahead of its step, and what was pinned for it."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from tiered_emb.errors import PrefetchError
+
+
+class Ticket:
+    """One prefetched batch: ``{table: unique ids}`` and, once brought up, their pinned slots."""
+
+    def __init__(self, seq: int, ids: dict[str, np.ndarray]):
+        self.seq = seq
+        self.owner = None  # the Prefetcher that made it
+        # Per table: the ids as handed over.  The thread sets the rest when the batch
+        # enters the window: the batch (ids, unique ids, inverse), the unique ids still to
+        # bring up, the slots pinned for the batch so far, the pinned slot of each unique
+        # id (-1: not pinned) and where ``uids`` sit among the unique ids.
+        self.ids = ids
+        self.batch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.uids: dict[str, np.ndarray] = {}
+        self.slots: dict[str, np.ndarray] = {}
+        self.aligned: dict[str, np.ndarray] = {}
+        self.todo_at: dict[str, np.ndarray] = {}
+        self.error: BaseException | None = None
+        self.released = False
+        self.queued = False  # its bring-up handed to the thread
+        self.staged = False  # its LMDB reads handed to the thread
+        self.entered_event = threading.Event()
+        self.up_event = threading.Event()
+        self.read_event = threading.Event()
+        self.unpinned_event = threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return self.up_event.is_set()
+
+    def wait(self) -> None:
+        """Block until the batch's rows are up; raise :class:`PrefetchError` if bringing them failed.
+
+        A ticket whose bring-up was never queued (``prefetch(..., bring_up=False)`` and no
+        :meth:`TieredStore.bring_up`) returns once the batch is in the window: the step brings
+        up what is missing itself.
+        """
+        self.settle()
+        if self.error is not None:
+            raise PrefetchError(f"prefetch of batch {self.seq} failed: {type(self.error).__name__}: {self.error}",
+                                "the rows were not brought up; fix the cause (see __cause__) and retry the step") \
+                from self.error
+
+    def wait_entered(self) -> None:
+        """Block until the batch is in the window (its resident rows pinned, under a ``lookahead+`` policy)."""
+        self.entered_event.wait()
+
+    def settle(self) -> None:
+        """Wait for whatever the thread was given of this ticket."""
+        self.entered_event.wait()
+        if self.staged:
+            self.read_event.wait()
+        if self.queued:
+            self.up_event.wait()

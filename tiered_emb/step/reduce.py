@@ -1,0 +1,226 @@
+"""Reduce: the gradients of a batch summed per unique id, in batch order (the backward's first stage).
+
+Two entries: :func:`reduce_grads` for one gradient row per position (``apply_gradients``),
+:func:`reduce_bag_grads` for one gradient row per bag (the pooled backward, which never
+forms the per-position rows).  Both sum each id's terms in batch-position order, so the
+result is bitwise the same for any thread count; :func:`screen_nonfinite` applies the
+caller's rule to ids whose sum is not finite.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tiered_emb._jit import PREFETCH_DISTANCE, _local_f32, _prefetch, _threads_for
+from tiered_emb.errors import NonFiniteGradientError
+
+
+@numba.njit(inline="always")
+def _group_starts(inverse, k, starts):
+    """The counting sort's first half: ``starts`` (int64 (k+1,)) = where each unique index's
+    positions begin; returns a copy of ``starts[:k]`` to fill from."""
+    starts[:] = 0
+    for i in range(inverse.shape[0]):
+        starts[inverse[i] + 1] += 1
+    for u in range(k):
+        starts[u + 1] += starts[u]
+    return starts[:k].copy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_positions(inverse, k, starts, order):
+    """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
+    are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
+    fill = _group_starts(inverse, k, starts)
+    for i in range(inverse.shape[0]):
+        u = inverse[i]
+        order[fill[u]] = i
+        fill[u] += 1
+
+
+# Blocks of unique ids each thread's share of the reduce is cut into.  A Zipf batch's
+# first ids (first-occurrence order) hold most positions: split evenly by id, one thread
+# got 85 % of the work for 8,192 bags x 20 ids at Zipf 1.05.
+_REDUCE_BLOCKS = 64
+
+
+@numba.njit(cache=True, nogil=True)
+def _blocks_by_work(starts, blocks, bounds):
+    """Cut unique ids ``0..k`` into ``blocks`` runs of about equal work (positions + ids).
+
+    ``starts`` int64 (k+1,) as :func:`_group_positions`; writes ``bounds`` int64
+    (blocks+1,), nondecreasing from 0 to k.  Only who computes what depends on it, never
+    a result.
+    """
+    k = starts.shape[0] - 1
+    total = starts[k] + k
+    bounds[0] = 0
+    lo = 0
+    for b in range(1, blocks):
+        target = total * b // blocks
+        hi = k
+        while lo < hi:  # first u with starts[u] + u >= target
+            mid = (lo + hi) // 2
+            if starts[mid] + mid < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds[b] = lo
+    bounds[blocks] = k
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _reduce_grads(grads, starts, order, bounds, out):
+    """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32).
+
+    ``bounds`` from :func:`_blocks_by_work`: each thread's share by positions, not ids.
+    """
+    dim = grads.shape[1]
+    for blk in numba.prange(bounds.shape[0] - 1):
+        for u in range(bounds[blk], bounds[blk + 1]):
+            for j in range(dim):
+                out[u, j] = 0.0
+            for q in range(starts[u], starts[u + 1]):
+                g = grads[order[q]]
+                for j in range(dim):
+                    out[u, j] += g[j]
+
+
+def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
+    """Sum gradient rows of duplicate ids: float32 (n, dim) -> (k, dim), in batch order per id."""
+    starts = np.empty(k + 1, dtype=np.int64)
+    order = np.empty(inverse.shape[0], dtype=np.int64)
+    _group_positions(inverse, k, starts, order)
+    bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
+    _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
+    out = np.empty((k, grads.shape[1]), dtype=np.float32)
+    _reduce_grads(grads, starts, order, bounds, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def all_finite(a):
+    flat = a.reshape(-1)
+    for i in range(flat.shape[0]):
+        if not np.isfinite(flat[i]):
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts, bag, scale):
+    """Counting sort of the batch's positions by unique id, stable (batch order within an id).
+
+    For ``q`` in ``starts[u]:starts[u+1]`` (int64 (k+1,)): ``bag[q]`` (int32, int64 past 2**31 bags) is the bag
+    of u's q-th position ``i`` and ``scale[q]`` (float32) its factor ``w_i`` (times 1/len
+    with ``mean``), as :func:`tiered_emb.testing.reference.unpool_grads` forms it.  The reduce then reads both in
+    order instead of through a permutation (measured 2.8 -> 1.7 ms with 2 threads).
+    """
+    fill = _group_starts(inverse, k, starts)
+    for b in range(offsets.shape[0] - 1):
+        lo = offsets[b]
+        hi = offsets[b + 1]
+        s = np.float32(1.0)
+        if mean and hi > lo:
+            s = np.float32(1.0) / np.float32(hi - lo)
+        for i in range(lo, hi):
+            u = inverse[i]
+            q = fill[u]
+            fill[u] = q + 1
+            bag[q] = b
+            scale[q] = s * (weights[i] if use_weights else np.float32(1.0))
+
+
+def _reduce_kernel(dim: int):
+    """The backward's reduce for rows of ``dim`` floats, compiled once per dim (cached on disk).
+
+    Each id's sum is a stack array in registers (:func:`tiered_emb.kernels._local_f32`),
+    written to ``out`` once, and the work is cut by positions (:func:`_blocks_by_work`):
+    measured 4.8 -> 2.8 ms for 8,192 bags x 20 ids of dim 128 on 2 threads.
+    """
+    kernel = _REDUCE_KERNELS.get(dim)
+    if kernel is not None:
+        return kernel
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _reduce_bag_grads(grad_out, starts, bag, scale, bounds, out, bad):
+        """Per unique id u: ``sum scale[q] * grad_out[bag[q]]`` over q in ``starts[u]:starts[u+1]``.
+
+        With ``bag`` and ``scale`` from :func:`_group_bag_positions` (each id's positions in
+        batch order), bitwise :func:`tiered_emb.testing.reference.unpool_grads` followed by :func:`_reduce_grads`.
+        ``grad_out`` float32 (B, dim); ``out`` float32 (k, dim); ``bad[u]`` (uint8 (k,)) = 1
+        where a sum is not finite; ``bounds`` from :func:`_blocks_by_work`.
+        """
+        n = bag.shape[0]
+        for blk in numba.prange(bounds.shape[0] - 1):
+            for u in range(bounds[blk], bounds[blk + 1]):
+                acc = _local_f32(dim)
+                for j in range(dim):
+                    acc[j] = 0.0
+                for q in range(starts[u], starts[u + 1]):
+                    if q + PREFETCH_DISTANCE < n:  # the bag row a few positions on
+                        ahead = np.int64(bag[q + PREFETCH_DISTANCE])
+                        for c in range(0, dim, 16):
+                            _prefetch(grad_out, (ahead, c))
+                    w = scale[q]
+                    g = grad_out[np.int64(bag[q])]
+                    for j in range(dim):
+                        acc[j] += w * g[j]
+                finite = True
+                for j in range(dim):
+                    finite &= np.isfinite(acc[j])
+                    out[u, j] = acc[j]
+                bad[u] = 0 if finite else 1
+
+    _REDUCE_KERNELS[dim] = _reduce_bag_grads
+    return _reduce_bag_grads
+
+
+_REDUCE_KERNELS: dict = {}
+
+
+def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient of every unique id of ``plan`` from the bags' gradient ``grad_out`` (B, dim).
+
+    Returns ``(summed, bad)``: float32 (k, dim) summed in batch order per id, and uint8
+    (k,) flags of the ids whose sum holds NaN or infinity.
+    """
+    k = plan.uids.shape[0]
+    n = plan.ids.shape[0]
+    starts = np.empty(k + 1, dtype=np.int64)
+    bag = np.empty(n, dtype=np.int32 if plan.num_bags < 2**31 else np.int64)
+    scale = np.empty(n, dtype=np.float32)
+    use_w = plan.weights is not None
+    _group_bag_positions(plan.inverse, plan.offsets, plan.weights if use_w else np.empty(0, dtype=np.float32), use_w,
+                         plan.mean, k, starts, bag, scale)
+    bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
+    _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
+    out = np.empty((k, grad_out.shape[1]), dtype=np.float32)
+    bad = np.empty(k, dtype=np.uint8)
+    with _threads_for(n * grad_out.shape[1]):
+        _reduce_kernel(grad_out.shape[1])(np.ascontiguousarray(grad_out, dtype=np.float32), starts, bag, scale,
+                                          bounds, out, bad)
+    return out, bad
+
+
+def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.ndarray | None, nonfinite: str):
+    """Apply the ``nonfinite`` rule to gradients summed per unique id.
+
+    ``uids`` int64 (k,), ``summed`` float32 (k, dim), ``bad`` bool (k,) or None (all
+    finite).  Returns ``(uids, summed)`` to update: all of them (``"zero"``: non-finite
+    entries set to 0), those with a finite sum (``"skip"``), or raises
+    :class:`NonFiniteGradientError` having changed nothing (``"raise"``).
+    """
+    if bad is None or not bad.any():
+        return uids, summed
+    if nonfinite == "raise":
+        raise NonFiniteGradientError(
+            f"gradients of table {table!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
+            "lower the learning rate or clip gradients; apply_gradients(..., nonfinite='skip'|'zero') tolerates them")
+    if nonfinite == "skip":
+        return uids[~bad], summed[~bad]
+    summed[~np.isfinite(summed)] = 0.0
+    return uids, summed
+
+
+__all__ = ["reduce_grads", "reduce_bag_grads", "screen_nonfinite", "all_finite"]

@@ -1,0 +1,207 @@
+"""Resolve: a batch's unique ids made resident in HBM, walking the tiers (the step's second stage).
+
+For each chunk of at most the unpinned HBM capacity: probe HBM (pinning the hits when
+some ids miss, so no miss of the chunk evicts a row the chunk needs), take the misses
+out of DDR (exclusive caching), read the rest from LMDB in one transaction, initialise
+the never-written rest lazily; HBM's victims go down into DDR and DDR's dirty victims to
+LMDB.  A batch with more unique ids than HBM holds is answered chunk by chunk (the spill
+path): slower, never different.
+
+What must come from LMDB or the initialiser is read *before* any tier changes, so a
+failed read (a corrupt store) leaves the tiers as they were and the call can be retried.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.errors import UnknownTableError
+from tiered_emb.init import init_rows
+from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
+
+TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
+
+
+class Table:
+    """One table's HBM and DDR tiers and its counters (the step's and the prefetch thread's)."""
+
+    def __init__(self, cfg: TableConfig, tiers: TierConfig, xp):
+        self.cfg = cfg
+        if cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
+            self.hbm = DirectHbmTier(cfg.num_rows, cfg.record_width, xp)
+        else:
+            self.hbm = HbmTier(tiers.hbm_rows, cfg.record_width, tiers.policy, xp)
+        self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
+        self.counters = {tier: dict.fromkeys(TIER_COUNTERS, 0) for tier in ("hbm", "ddr", "ssd")}
+        self.counters["ssd"]["lazy_inits"] = 0
+        # what the prefetch thread brought up, apart from the step's own traffic
+        self.prefetch_counters = {tier: dict(c) for tier, c in self.counters.items()}
+        # A step placed rows in HBM for its own batch since the window was last re-pinned
+        # (under LRU the prefetch window re-pins only the tables where one did).
+        self.step_placed = False
+
+    def pin_budget(self) -> int:
+        """Rows a prefetched batch may still pin: prefetch leaves 1/8 of HBM (>= 1 row) to the step's own misses."""
+        return self.hbm.unpinned_capacity - max(1, self.hbm.capacity_rows // 8)
+
+    def count_hits(self, n: int) -> None:
+        """Count ``n`` HBM lookups that hit without a resolve (rows pinned for the batch, a direct tier)."""
+        c = self.counters["hbm"]
+        c["lookups"] += n
+        c["hits"] += n
+
+
+class Resolver:
+    """The store's tables over its SSD tier: what the step and the prefetch window resolve ids with.
+
+    ``lock`` (re-entrant) guards every change to the tiers; the store and the prefetch
+    thread share it.  ``seed`` fixes the initial value of every row never written.
+    """
+
+    def __init__(self, tables: dict[str, Table], ssd, seed: int, xp, where: str = ""):
+        self.where = where  # the store's path, for messages
+        self.tables = tables
+        self.ssd = ssd
+        self.seed = seed
+        self.xp = xp
+        self.lock = threading.RLock()
+        self.closed = False
+
+    def table(self, name) -> Table:
+        """The table called ``name``, or UnknownTableError with the names there are."""
+        t = self.tables.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise UnknownTableError(f"table {name!r} is not in store {self.where!r}", f"use one of {sorted(self.tables)}")
+        return t
+
+    def chunks(self, t: Table, uids: np.ndarray, checked: bool = False):
+        """Yield ``(start, slots)`` for consecutive chunks of ``uids``, each held in HBM while the caller uses it.
+
+        ``checked``: the caller raised an earlier failed write-back itself.
+        """
+        with self.lock:
+            # An earlier write-back that failed (a full disk) is raised now, before this
+            # operation changes anything; a failure during it waits for the next one, so an
+            # update spread over chunks is applied whole or not at all.
+            if not checked:
+                self.ssd.raise_failed_write()
+            cap = t.hbm.unpinned_capacity
+            if cap < 1:
+                raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
+            for start in range(0, uids.shape[0], cap):
+                chunk = uids[start:start + cap]
+                slots, pinned = self.bring_up(t, chunk, defer_errors=True)
+                try:
+                    yield start, slots
+                finally:
+                    if pinned:
+                        t.hbm.release(slots)
+
+    def read_below(self, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Records of ``ids`` (none in HBM or DDR) from LMDB, or initialised where never written.
+
+        Returns ``(records float32 (n, record_width), on_ssd bool (n,), fresh int64 indices)``.
+        """
+        sub = np.empty((ids.shape[0], t.cfg.record_width), dtype=np.float32)
+        on_ssd = self.ssd.read(t.cfg.name, ids, sub)
+        fresh = np.flatnonzero(~on_ssd)
+        if fresh.shape[0]:
+            sub[fresh] = init_rows(t.cfg, ids[fresh], self.seed)
+        return sub, on_ssd, fresh
+
+    def bring_up(self, t: Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False,
+                 defer_errors: bool = False):
+        """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down.
+
+        ``c``: the counters to charge (the step's by default; the prefetcher has its own).
+        ``defer_errors``: a failed write-back is kept for the next operation (see :meth:`chunks`)
+        instead of raised here.
+        Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
+        """
+        by_step = c is None
+        c = t.counters if c is None else c
+        missing = chunk[t.hbm.find(chunk) < 0]
+        below = missing[t.ddr.find(missing) < 0] if missing.shape[0] else missing
+        if below.shape[0]:  # first: a failed read changes nothing
+            sub, on_ssd, fresh = self.read_below(t, below)
+        slots, miss_idx, vids, vrows, vdirty, pinned = t.hbm.resolve(chunk, force_pin)
+        k, m = chunk.shape[0], miss_idx.shape[0]
+        c["hbm"]["lookups"] += k
+        c["hbm"]["hits"] += k - m
+        c["hbm"]["misses"] += m
+        c["hbm"]["evictions"] += vids.shape[0]
+        if m:
+            t.step_placed |= by_step
+            miss_ids = chunk[miss_idx]  # == missing: the misses are the ids not resident, in chunk order
+            rows = np.empty((m, t.cfg.record_width), dtype=np.float32)
+            dirty = np.zeros(m, dtype=np.uint8)
+            found = t.ddr.take(miss_ids, rows, dirty)
+            n_ddr = int(found.sum())
+            c["ddr"]["lookups"] += m
+            c["ddr"]["hits"] += n_ddr
+            c["ddr"]["misses"] += m - n_ddr
+            if n_ddr < m:
+                rest = np.flatnonzero(found == 0)  # == below, in the same order
+                n_ssd = int(on_ssd.sum())
+                c["ssd"]["lookups"] += rest.shape[0]
+                c["ssd"]["hits"] += n_ssd
+                c["ssd"]["misses"] += rest.shape[0] - n_ssd
+                c["ssd"]["lazy_inits"] += fresh.shape[0]
+                rows[rest] = sub
+            t.hbm.fill(slots[miss_idx], rows, dirty)
+        if vids.shape[0]:
+            c["hbm"]["writebacks"] += int(vdirty.sum())
+            ev_ids, ev_rows, n_ev = t.ddr.admit(vids, vrows, vdirty)
+            c["ddr"]["evictions"] += n_ev
+            c["ddr"]["writebacks"] += ev_ids.shape[0]
+            if ev_ids.shape[0]:
+                c["ssd"]["writebacks"] += ev_ids.shape[0]
+                try:  # raises a failed background write (its rows, and these, wait in memory)
+                    self.ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False, defer_errors=defer_errors)
+                except BaseException:
+                    if pinned:
+                        t.hbm.release(slots)
+                    raise
+        return slots, pinned
+
+    def peek(self, t: Table, uids: np.ndarray) -> np.ndarray:
+        """Newest records (float32 (k, record_width)) of distinct ``uids``, touching no cache state."""
+        out = np.empty((uids.shape[0], t.cfg.record_width), dtype=np.float32)
+        hs = t.hbm.find(uids)
+        at_h = np.flatnonzero(hs >= 0)
+        if at_h.shape[0]:
+            out[at_h] = t.hbm.rows_at(hs[at_h])
+        rest = np.flatnonzero(hs < 0)
+        ds = t.ddr.find(uids[rest])
+        at_d = ds >= 0
+        out[rest[at_d]] = t.ddr.records[ds[at_d]]
+        rest = rest[~at_d]
+        out[rest] = self.read_below(t, uids[rest])[0]
+        return out
+
+    def dirty_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (ids, records)}`` of every dirty row in HBM and DDR, tables in name order."""
+        out = {}
+        for name, t in sorted(self.tables.items()):
+            parts_ids, parts_rows = [], []
+            for tier in (t.hbm, t.ddr):
+                slots = np.flatnonzero((tier.dirty != 0) & (tier.slot_ids >= 0))
+                if slots.shape[0]:
+                    parts_ids.append(tier.slot_ids[slots])
+                    parts_rows.append(t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
+            if parts_ids:
+                out[name] = (np.concatenate(parts_ids), np.concatenate(parts_rows))
+        return out
+
+    def written(self, batches: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """``batches`` (from :meth:`dirty_rows`) reached LMDB: every row is clean now."""
+        for t in self.tables.values():
+            t.hbm.dirty[:] = 0
+            t.ddr.dirty[:] = 0
+        for name, (ids, _) in batches.items():
+            self.tables[name].counters["ssd"]["writebacks"] += ids.shape[0]
+
+
+__all__ = ["Table", "Resolver", "TIER_COUNTERS"]

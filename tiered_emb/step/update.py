@@ -1,0 +1,228 @@
+"""Update: the table's optimizer applied once per unique id, in place on its HBM slots (the
+backward's last stage).
+
+Each optimizer has one body, a Numba kernel over ``records[slots[k]]`` (CPU); the CuPy
+backend runs the same arithmetic in array form (:func:`apply_update` with ``xp=cupy``).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tiered_emb._jit import PREFETCH_DISTANCE, _prefetch_row, _threads_for
+
+# Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
+# parallel over distinct rows (slots are distinct by construction: one per unique id).
+# All arithmetic is float32 except the row-wise mean, accumulated in float64 in a fixed
+# order, so results do not depend on the thread count.
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _sgd_update(records, slots, grads, params):
+    lr = params[0]
+    dim = grads.shape[1]
+    for k in numba.prange(slots.shape[0]):
+        r = records[slots[k]]
+        for j in range(dim):
+            r[j] = r[j] - lr * grads[k, j]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _adagrad_update(records, slots, grads, params):
+    lr = params[0]
+    eps = params[1]
+    dim = grads.shape[1]
+    for k in numba.prange(slots.shape[0]):
+        r = records[slots[k]]
+        for j in range(dim):
+            g = grads[k, j]
+            s = r[dim + j] + g * g
+            r[dim + j] = s
+            r[j] = r[j] - lr * (g / (np.sqrt(s) + eps))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _rowwise_adagrad_update(records, slots, grads, params):
+    """Row-wise Adagrad: one float32 state per row, the mean of the squared gradient
+    accumulated in float64 in column order.
+
+    Each row's float64 sum of squares still runs in column order; four independent rows
+    interleaved hide the latency of that serial chain.
+    """
+    lr = params[0]
+    eps = params[1]
+    k = slots.shape[0]
+    dim = grads.shape[1]
+    for q in numba.prange((k + 3) // 4):
+        u0 = 4 * q
+        for d in range(2 * PREFETCH_DISTANCE, 2 * PREFETCH_DISTANCE + 4):  # the rows four quads ahead
+            if u0 + d < k:
+                _prefetch_row(records, slots[u0 + d])
+        if u0 + 4 <= k:
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            for j in range(dim):
+                g0 = np.float64(grads[u0, j])
+                g1 = np.float64(grads[u0 + 1, j])
+                g2 = np.float64(grads[u0 + 2, j])
+                g3 = np.float64(grads[u0 + 3, j])
+                a0 += g0 * g0
+                a1 += g1 * g1
+                a2 += g2 * g2
+                a3 += g3 * g3
+            accs = (a0, a1, a2, a3)
+            for d in range(4):
+                r = records[slots[u0 + d]]
+                s = r[dim] + np.float32(accs[d] / dim)
+                r[dim] = s
+                step = lr / (np.sqrt(s) + eps)
+                for j in range(dim):
+                    r[j] = r[j] - step * grads[u0 + d, j]
+        else:
+            for u in range(u0, k):
+                r = records[slots[u]]
+                acc = 0.0
+                for j in range(dim):
+                    g = np.float64(grads[u, j])
+                    acc += g * g
+                s = r[dim] + np.float32(acc / dim)
+                r[dim] = s
+                step = lr / (np.sqrt(s) + eps)
+                for j in range(dim):
+                    r[j] = r[j] - step * grads[u, j]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _adam_update(records, slots, grads, params):
+    lr = params[0]
+    b1 = params[1]
+    b2 = params[2]
+    eps = params[3]
+    one = np.float32(1.0)
+    dim = grads.shape[1]
+    for k in numba.prange(slots.shape[0]):
+        r = records[slots[k]]
+        t = r[3 * dim] + one
+        r[3 * dim] = t
+        c1 = one - np.float32(np.float64(b1) ** np.float64(t))
+        c2 = one - np.float32(np.float64(b2) ** np.float64(t))
+        for j in range(dim):
+            g = grads[k, j]
+            m = b1 * r[dim + j] + (one - b1) * g
+            v = b2 * r[2 * dim + j] + (one - b2) * g * g
+            r[dim + j] = m
+            r[2 * dim + j] = v
+            r[j] = r[j] - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
+
+
+CPU_KERNELS = {"sgd": _sgd_update, "adagrad": _adagrad_update,
+                "rowwise_adagrad": _rowwise_adagrad_update, "adam": _adam_update}
+
+
+def no_update() -> None:
+    """The update of an empty batch (what a prepared update is when there is nothing to do)."""
+
+
+def apply_update(opt, records, slots, grads, xp=np) -> None:
+    """Update ``records[slots]`` in place with ``grads`` (one row per distinct slot).
+
+    Parameters
+    ----------
+    opt : SGD | Adagrad | RowWiseAdagrad | Adam
+    records : float32 array (capacity, dim + state_width) on the ``xp`` device
+    slots : int64 array (k,), distinct
+    grads : float32 array (k, dim), host (numpy) for the CPU path
+    """
+    if xp is np:
+        CPU_KERNELS[opt.name](records, slots, grads, opt.params())
+        return
+    _apply_update_xp(opt, records, slots, grads, xp)
+
+
+def _apply_update_xp(opt, records, slots, grads, xp) -> None:
+    """The same arithmetic in array form, for the CuPy backend (float32 throughout)."""
+    p = [xp.float32(x) for x in opt.params()]
+    dim = grads.shape[1]
+    g = xp.asarray(grads, dtype=xp.float32)
+    s = xp.asarray(slots)
+    r = records[s]
+    w = r[:, :dim]
+    if opt.name == "sgd":
+        w = w - p[0] * g
+    elif opt.name == "adagrad":
+        st = r[:, dim:2 * dim] + g * g
+        r[:, dim:2 * dim] = st
+        w = w - p[0] * (g / (xp.sqrt(st) + p[1]))
+    elif opt.name == "rowwise_adagrad":
+        acc = (g.astype(xp.float64) ** 2).sum(axis=1) / dim
+        st = r[:, dim] + acc.astype(xp.float32)
+        r[:, dim] = st
+        w = w - (p[0] / (xp.sqrt(st) + p[1]))[:, None] * g
+    else:
+        one = xp.float32(1.0)
+        t = r[:, 3 * dim] + one
+        r[:, 3 * dim] = t
+        c1 = (one - (xp.float64(p[1]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
+        c2 = (one - (xp.float64(p[2]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
+        m = p[1] * r[:, dim:2 * dim] + (one - p[1]) * g
+        v = p[2] * r[:, 2 * dim:3 * dim] + (one - p[2]) * g * g
+        r[:, dim:2 * dim] = m
+        r[:, 2 * dim:3 * dim] = v
+        w = w - p[0] * ((m / c1) / (xp.sqrt(v / c2) + p[3]))
+    r[:, :dim] = w
+    records[s] = r
+
+
+@numba.njit(cache=True, nogil=True)
+def _still_resident(slot_ids, slots, uids):
+    """True when every ``slots[u]`` still holds ``uids[u]`` (its record is then the row's newest)."""
+    for u in range(uids.shape[0]):
+        if slot_ids[slots[u]] != uids[u]:
+            return False
+    return True
+
+
+def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = False) -> None:
+    """One optimizer update per unique id of table ``t``, chunk by chunk in HBM (``summed``
+    float32 (k, dim), screened); ``checked`` as :meth:`~tiered_emb.step.resolve.Resolver.chunks`."""
+    opt = t.cfg.optimizer
+    for start, slots in res.chunks(t, uids, checked):
+        chunk = summed[start:start + slots.shape[0]]
+        apply_update(opt, t.hbm.records, slots if res.xp is np else res.xp.asarray(slots), chunk, res.xp)
+        t.hbm.dirty[slots] = 1
+
+
+def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, work: int) -> None:
+    """The pooled backward's update: on the slots the forward found (``plan.slots``) when they
+    still hold these ids, else resolved again as ``apply_gradients`` does.
+
+    While the batch's rows are pinned for it by the prefetch window no lock is taken
+    (pinned slots are never victims); a backward run after its batch's step has moved on
+    (gradients accumulated over batches, say) finds its slots perhaps given to other
+    rows, and takes the locked path at once.
+    """
+    if plan.pinned is not None and plan.checked is t and window.still_pinned(plan.pinned):
+        with _threads_for(work):
+            if _update_in_place(res, t, plan, uids, summed, pinned=True):
+                return
+    with res.lock, _threads_for(work):
+        if not _update_in_place(res, t, plan, uids, summed):
+            update_rows(res, t, uids, summed, checked=True)
+
+
+def _update_in_place(res, t, plan, uids, summed, pinned: bool = False) -> bool:
+    """Update the forward's slots in place when they still hold ``uids`` (always, when
+    ``pinned``); False, with nothing changed, where the rows must be resolved again."""
+    slots = plan.slots if plan.checked is t else None  # slots of this table's forward only
+    if res.xp is not np or slots is None or uids is not plan.uids:
+        return False
+    if not pinned and not _still_resident(t.hbm.slot_ids, slots, uids):
+        return False
+    opt = t.cfg.optimizer
+    CPU_KERNELS[opt.name](t.hbm.records, slots, summed, opt.params())
+    t.hbm.dirty[slots] = 1
+    return True
+
+
+__all__ = ["apply_update", "update_rows", "update_pooled", "no_update", "CPU_KERNELS"]
