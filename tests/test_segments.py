@@ -11,8 +11,8 @@ from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError
 from tiered_emb.testing import crash, random_updates
 from tiered_emb.testing.reference import ReferenceStore
-from tiered_emb.tiers import _lmdb_writer
-from tiered_emb.tiers.segindex import POS_BITS, SegmentIndex
+from tiered_emb.tiers.ssd import writer_main as _lmdb_writer
+from tiered_emb.tiers.ssd.index import POS_BITS, SegmentIndex
 from tiered_emb.tiers.ssd import SsdTier
 
 TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
@@ -177,7 +177,7 @@ def test_a_store_of_the_format_before_segments_opens_at_its_checkpoint(tmp_path)
 def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, monkeypatch):
     """The writer process commits, then dies before its reply: the rows still wait in memory
     and their next write must append above the segments it left (not fail on their numbers)."""
-    from tiered_emb.tiers import ssd as ssdmod
+    from tiered_emb.tiers.ssd import tier as ssdmod
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
     s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)

@@ -809,7 +809,7 @@ _KILLED_CREATE = r"""
 import os, signal, sys
 from tiered_emb import TableConfig, TierConfig, TieredStore
 from tiered_emb import store as storemod
-from tiered_emb.tiers import ssd as ssdmod
+from tiered_emb.tiers.ssd import tier as ssdmod
 die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 if sys.argv[2] == "manifest":  # the LMDB meta committed, the manifest not yet written
     storemod.TieredStore._write_manifest = die

@@ -13,7 +13,8 @@ from tiered_emb import RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
-from tiered_emb.tiers import _lmdb_writer, ssd
+from tiered_emb.tiers.ssd import tier as ssd
+from tiered_emb.tiers.ssd import writer_main as _lmdb_writer
 
 pytestmark = pytest.mark.skipif(not ssd.WRITER_PROCESS, reason="background writes use a thread on this OS")
 

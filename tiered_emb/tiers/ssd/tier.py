@@ -5,8 +5,8 @@ Two named databases per table:
 - ``t:<table>``: rows as of the last checkpoint, one record per id;
 - ``p:<table>``: rows written back since (dirty evictions and :meth:`flush`), as
   *segments*: each write transaction appends one value per table holding all its rows
-  (format: :func:`tiered_emb.tiers._lmdb_writer.encode_segment`), under a sequence
-  number that only grows.  An index in memory (:class:`~.segindex.SegmentIndex`, built
+  (format: :func:`tiered_emb.tiers.ssd.writer_main.encode_segment`), under a sequence
+  number that only grows.  An index in memory (:class:`~.index.SegmentIndex`, built
   from the segments' ids when the store opens) says which segment holds each id's newest
   copy.  Why: a B-tree insert per row cost ~1.2 us in the DLRM job (each 65,536-row
   transaction rewrote most leaf pages of ``p:``); an append costs ~0.05 us a row.
@@ -50,11 +50,11 @@ import numpy as np
 import zstandard
 
 from tiered_emb.errors import ConfigError, CorruptStoreError, StoreFullError, StoreLockedError
-from tiered_emb.tiers import _lmdb_writer
-from tiered_emb.tiers._lmdb_writer import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
-from tiered_emb.tiers._lmdb_writer import SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION, last_rows, put_segment, segment_key
-from tiered_emb.tiers.rowbuf import ABSENT, FOUND, RowBuffer
-from tiered_emb.tiers.segindex import MAX_SEGMENT_ROWS, MAX_SEGMENTS, POS_BITS, POS_MASK, SegmentIndex
+from tiered_emb.tiers.ssd import writer_main
+from tiered_emb.tiers.ssd.writer_main import RAW as _RAW, ZSTD as _ZSTD, disk_full, frame_bytes, lmdb_keys, put_rows, read_frame
+from tiered_emb.tiers.ssd.writer_main import SEGMENT_HEADER, SEGMENT_MAGIC, SEGMENT_VERSION, last_rows, put_segment, segment_key
+from tiered_emb.tiers.ssd.rowbuf import ABSENT, FOUND, RowBuffer
+from tiered_emb.tiers.ssd.index import MAX_SEGMENT_ROWS, MAX_SEGMENTS, POS_BITS, POS_MASK, SegmentIndex
 _META_DB = b"meta"
 
 
@@ -150,7 +150,7 @@ class SsdTier:
         self.writeback_rows = int(writeback_rows)
         self.background_writes = bool(background_writes)
         # The writer thread hands each transaction to a writer process (its own GIL; see
-        # tiers/_lmdb_writer.py).
+        # tiers/ssd/writer_main.py).
         self.writer_process = self.background_writes and WRITER_PROCESS
         self._proc: _WriterProcess | None = None
         self._mu = threading.Lock()  # guards _wb, _flushing, _staged, _gen (short sections only)
@@ -923,7 +923,7 @@ class _WriterStartError(Exception):
 
 
 class _WriterProcess:
-    """The trainer's side of one writer process (protocol: tiers/_lmdb_writer.py).  Used by
+    """The trainer's side of one writer process (protocol: tiers/ssd/writer_main.py).  Used by
     the writer thread only, one write at a time.
 
     The process runs in a session of its own (a Ctrl-C or a signal to the trainer's process
@@ -944,7 +944,7 @@ class _WriterProcess:
         paths = [p for p in sys.path if isinstance(p, str) and p and os.pathsep not in p]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         try:
-            self.proc = subprocess.Popen([sys.executable, _lmdb_writer.__file__, str(os.getpid())],
+            self.proc = subprocess.Popen([sys.executable, writer_main.__file__, str(os.getpid())],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
                                          start_new_session=True, env=env)
         except (OSError, TypeError, ValueError) as err:

@@ -9,9 +9,9 @@ released.  LMDB is built for several processes on one environment (its lock file
 serialises the writers and tracks every process's readers), so the trainer's own reads
 and its checkpoints go on through its own environment.
 
-This file runs as a plain script (``python _lmdb_writer.py <parent pid>``: no package
+This file runs as a plain script (``python writer_main.py <parent pid>``: no package
 import, so it starts in a fraction of a second) and is imported by
-:mod:`tiered_emb.tiers.ssd` for the record encoding and the full-disk test, which both
+:mod:`tiered_emb.tiers.ssd.tier` for the record encoding and the full-disk test, which both
 processes must share.
 
 Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
