@@ -1,17 +1,16 @@
 """The LMDB writer process: commits the SSD tier's background write-backs outside the trainer's process.
 
 Why a process: py-lmdb releases the GIL around every key it puts (``Cursor.putmulti``
-included), so a writer *thread* hands the GIL back and forth ~10,000 times a step with
-the step and the prefetch thread; in the DLRM job its 65,536-row transactions took 2-3x
-their own CPU in wall time and slowed both other threads.  A process has its own GIL: the
-trainer's side only sends the rows down a pipe and waits for the reply with the GIL
-released.  LMDB is built for several processes on one environment (its lock file
+included), so a writer *thread* hands the GIL back and forth with the step and the
+prefetch thread for every key, and slows both of them and itself.  A process has its own
+GIL: the trainer's side only sends the rows down a pipe and waits for the reply with the
+GIL released.  LMDB is built for several processes on one environment (its lock file
 serialises the writers and tracks every process's readers), so the trainer's own reads
 and its checkpoints go on through its own environment.
 
-This file runs as a plain script (``python writer_main.py <parent pid>``: no package
-import, so it starts in a fraction of a second) and is imported by
-:mod:`tiered_emb.tiers.ssd.tier` for the record encoding and the full-disk test, which both
+This module runs as a plain script (``python writer_main.py <parent pid>``: no package
+import, so it starts in a fraction of a second) and loads :mod:`.codec` from beside it
+by its path; the package imports it for :func:`disk_full`, the full-disk test that both
 processes must share.
 
 Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
@@ -19,7 +18,7 @@ Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / 
 - first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs"}``; reply ``{"ok": true}``;
 - then per write ``{"map_size", "parts": [[db name, segment number, rows, width], ...]}``
   followed, per part, by its ids (int64) and rows (float32, rows x width) as raw bytes;
-  each part is put as one segment (see :func:`encode_segment`); reply ``{"ok": true}``,
+  each part is put as one segment (see :func:`.codec.encode_segment`); reply ``{"ok": true}``,
   or ``{"error": "map_full"}`` (nothing written: the trainer's side grows the map and sends the write again), or
   ``{"error": "full" | "failed", "message": ...}`` (rolled back).
 
@@ -43,87 +42,31 @@ import os
 import sys
 
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]  # run as a script: this package's modules (cache.py, ...) must not shadow others
+    del sys.path[0]  # run as a script: this package's modules (index.py, ...) must not shadow others
 
-import errno  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import struct  # noqa: E402
+import errno
+import shutil
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-RAW = 0
-ZSTD = 1
+
+def _codec_beside():
+    """:mod:`.codec`, loaded from this file's directory without importing the package."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "tiered_emb_writer_codec", os.path.join(os.path.dirname(os.path.abspath(__file__)), "codec.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":
+    codec = _codec_beside()
+else:
+    from tiered_emb.tiers.ssd import codec
+
 #: Free bytes under which an I/O error of a write is taken for a full disk.
 FULL_BELOW_BYTES = 64 << 20
-
-
-def encode_rows(rows: np.ndarray, compressor) -> list[bytes]:
-    """The LMDB values of ``rows`` (k, W) float32: a tag byte, then the record's bytes
-    (zstd-compressed with ``compressor``, or raw: built as one array)."""
-    if compressor is not None:
-        return [bytes((ZSTD,)) + compressor.compress(r.tobytes()) for r in rows]
-    k = rows.shape[0]
-    size = 1 + rows.shape[1] * 4
-    payload = np.empty((k, size), dtype=np.uint8)
-    payload[:, 0] = RAW
-    payload[:, 1:] = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint8).reshape(k, size - 1)
-    return payload.view(f"V{size}").reshape(k).tolist()  # one bytes object per row, built in C
-
-
-def lmdb_keys(ids: np.ndarray) -> list[bytes]:
-    """LMDB keys of ``ids`` (int64 (k,)): 8 big-endian bytes each (byte order = id order)."""
-    return ids.astype(">i8").view("V8").tolist()
-
-
-# A segment: rows written back together, one LMDB value in ``p:<table>`` under its
-# sequence number (8 big-endian bytes: keys only ever grow, so each put appends).
-#   header, 16 bytes little-endian: b"TSEG", version (u8), tag (u8: RAW or ZSTD), 2 zero
-#   bytes, rows n (u32), width W (u32);
-#   ids: n int64 little-endian, increasing;
-#   rows: n * W float32 little-endian, raw, or with ZSTD one zstd frame of them.
-SEGMENT_MAGIC = b"TSEG"
-SEGMENT_VERSION = 1
-SEGMENT_HEADER = struct.Struct("<4sBBxxII")
-
-
-def segment_key(seq: int) -> bytes:
-    return int(seq).to_bytes(8, "big")
-
-
-def last_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, rows)`` in id order with each id once: a repeated id's last row kept."""
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    if ids.shape[0] > 1 and not (ids[1:] > ids[:-1]).all():
-        last = ids.shape[0] - 1 - np.unique(ids[::-1], return_index=True)[1]  # each id's last position, id order
-        ids, rows = ids[last], rows[last]
-    return ids, np.ascontiguousarray(rows, dtype=np.float32)
-
-
-def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor) -> bytes:
-    """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
-    id's last row kept."""
-    ids, rows = last_rows(ids, rows)
-    body = rows.astype("<f4", copy=False).tobytes()
-    tag = RAW
-    if compressor is not None:
-        body, tag = compressor.compress(body), ZSTD
-    head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, tag, ids.shape[0], rows.shape[1])
-    return head + ids.astype("<i8", copy=False).tobytes() + body
-
-
-def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
-    """Append the segment of ``rows`` under ``ids`` as number ``seq`` (above every one in ``db``)."""
-    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=True):
-        import lmdb
-        raise lmdb.KeyExistsError(f"segment {seq} is not above the last one")
-
-
-def put_rows(txn, db, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
-    """Put ``rows`` under ``ids`` in ``db``, in key order (a repeated id's last row wins)."""
-    order = np.argsort(ids, kind="stable")
-    with txn.cursor(db=db) as cur:
-        cur.putmulti(zip(lmdb_keys(ids[order]), encode_rows(rows[order], compressor)))
 
 
 def disk_full(err: BaseException, path) -> bool:
@@ -141,48 +84,12 @@ def disk_full(err: BaseException, path) -> bool:
         return False
 
 
-def read_frame(stream, max_len: int | None = None) -> dict | None:
-    """The next JSON frame, or None at the end of the stream; ``ValueError`` when it is
-    longer than ``max_len`` bytes or not JSON."""
-    head = read_exact(stream, 4)
-    if head is None:
-        return None
-    (n,) = struct.unpack("<I", head)
-    if max_len is not None and n > max_len:
-        raise ValueError(f"a frame of {n} bytes, more than {max_len}")
-    body = read_exact(stream, n)
-    return None if body is None else json.loads(body)
-
-
-def read_exact(stream, n: int) -> bytes | None:
-    """``n`` bytes of ``stream`` (buffered or raw: a raw read may return fewer), or None at its end."""
-    parts, got = [], 0
-    while got < n:
-        b = stream.read(n - got)
-        if not b:
-            return None
-        parts.append(b)
-        got += len(b)
-    return b"".join(parts)
-
-
-def frame_bytes(obj: dict) -> bytes:
-    """One frame: the length of ``obj``'s JSON, 4 bytes little-endian, then the JSON."""
-    body = json.dumps(obj).encode()
-    return struct.pack("<I", len(body)) + body
-
-
-def write_frame(stream, obj: dict) -> None:
-    stream.write(frame_bytes(obj))
-    stream.flush()
-
-
 class _Orphaned(Exception):
     """The parent ended during a write: the transaction is rolled back."""
 
 
 def _read_exact(stream, n: int) -> bytes:
-    data = read_exact(stream, n)
+    data = codec.read_exact(stream, n)
     if data is None:
         sys.exit(0)  # the trainer's side is gone mid-write: nothing is committed
     return data
@@ -208,10 +115,10 @@ def _wait_for_input(stream, parent: int) -> bool:
 
 
 def main() -> None:
+    import signal
+
     import lmdb
     import zstandard
-
-    import signal
 
     parent = int(sys.argv[1])
     if os.getppid() != parent:
@@ -220,7 +127,7 @@ def main() -> None:
     # Unbuffered input: between writes nothing waits in a buffer, so select() on the pipe
     # tells whether the next frame has come.
     inp, out = getattr(sys.stdin.buffer, "raw", sys.stdin.buffer), sys.stdout.buffer
-    hello = read_frame(inp)
+    hello = codec.read_frame(inp)
     if hello is None:
         return
     env = lmdb.open(hello["path"], map_size=hello["map_size"], max_dbs=hello["max_dbs"], subdir=True,
@@ -228,11 +135,11 @@ def main() -> None:
     level = hello["compression"]
     compressor = zstandard.ZstdCompressor(level=level) if level else None
     dbs = {name: env.open_db(name.encode()) for name in hello["dbs"]}
-    write_frame(out, {"ok": True})
+    codec.write_frame(out, {"ok": True})
     while True:
         if not _wait_for_input(inp, parent):
             return
-        req = read_frame(inp)
+        req = codec.read_frame(inp)
         if req is None:
             return
         parts = []
@@ -245,19 +152,19 @@ def main() -> None:
                 env.set_mapsize(req["map_size"])  # the trainer's size (it grows the map)
             with env.begin(write=True) as txn:
                 for name, seq, ids, rows in parts:
-                    put_segment(txn, dbs[name], seq, ids, rows, compressor)
+                    codec.put_segment(txn, dbs[name], seq, ids, rows, compressor)
                 if os.getppid() != parent:  # under LMDB's writer lock: see the module's docstring
                     raise _Orphaned
         except _Orphaned:
             return
         except lmdb.MapFullError:
-            write_frame(out, {"error": "map_full"})
+            codec.write_frame(out, {"error": "map_full"})
             continue
         except lmdb.Error as err:
-            write_frame(out, {"error": "full" if disk_full(err, hello["path"]) else "failed",
+            codec.write_frame(out, {"error": "full" if disk_full(err, hello["path"]) else "failed",
                               "message": f"{type(err).__name__}: {err}"})
             continue
-        write_frame(out, {"ok": True})
+        codec.write_frame(out, {"ok": True})
 
 
 if __name__ == "__main__":
