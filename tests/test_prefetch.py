@@ -199,7 +199,7 @@ def test_read_ahead_serves_the_step_from_memory(tmp_path):
                                           ref.peek_records(name, np.arange(n)))
     assert staging["reads"] == 10 and staging["discarded"] == 0 and staging["used"] > 0
     assert after["hits"] > before["hits"]  # the step's counters are its own, staged or not
-    assert s.ssd._staged == {}  # every staged batch dropped at its release
+    assert s.ssd.held.staged == {}  # every staged batch dropped at its release
 
 
 def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
@@ -218,7 +218,7 @@ def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
         s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))  # 5 newer than its staged copy
         s.lookup("u", np.array([6]))  # 5 evicted and written again
         s.ssd.wait_writes()
-        assert len(s.ssd._staged[ticket.seq]["u"]) == 0
+        assert len(s.ssd.held.staged[ticket.seq]["u"]) == 0
         got = s.lookup("u", np.array([5]))
         s.release(ticket)
     ref = ReferenceStore(tables, seed=4)

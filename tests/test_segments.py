@@ -11,9 +11,11 @@ from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError
 from tiered_emb.testing import crash, random_updates
 from tiered_emb.testing.reference import ReferenceStore
-from tiered_emb.tiers import _lmdb_writer
-from tiered_emb.tiers.segindex import POS_BITS, SegmentIndex
-from tiered_emb.tiers.ssd import SsdTier
+from tiered_emb.tiers.ssd import codec
+from tiered_emb.tiers.ssd.compaction import Compactor
+from tiered_emb.tiers.ssd.index import POS_BITS, SegmentIndex
+from tiered_emb.tiers.ssd.segments import SegmentLog
+from tiered_emb.tiers.ssd.writer_client import WriterProcess
 
 TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
           TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5))]
@@ -51,20 +53,21 @@ def _same_rows(s, ref):
 def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, background, compression):
     """Rows evicted again and again leave stale copies in ``p:``; compaction rewrites the live
     ones, and reads, reopening at the latest write and checkpoints find the same rows."""
-    monkeypatch.setattr(SsdTier, "COMPACT_MIN_ROWS", 200)
+    monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 200)
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
                                                               background_writes=background,
                                                               ssd_compression=compression), seed=4)
     s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     compactions = []
-    real = s.ssd._compact
-    monkeypatch.setattr(s.ssd, "_compact", lambda tables: (compactions.append(tables), real(tables)))
+    real = s.ssd.compactor.compact
+    monkeypatch.setattr(s.ssd.compactor, "compact", lambda tables: (compactions.append(tables), real(tables)))
     _train(s, ref, 60)
     s.ssd.wait_writes()
-    assert compactions and s.ssd._writer_error is None
+    assert compactions and s.ssd.failed_write is None
     for t in TABLES:  # bounded: at most the ratio times the live rows, and one write-back's worth past it
-        assert s.ssd._seg_rows[t.name] <= SsdTier.COMPACT_RATIO * len(s.ssd._seg[t.name]) + 2 * 32 + 200
+        rows = s.ssd.pending_rows(t.name)
+        assert rows["stored"] <= Compactor.COMPACT_RATIO * rows["live"] + 2 * 32 + 200
     _same_rows(s, ref)
     s.flush()
     crash(s)
@@ -83,17 +86,17 @@ def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
     s.flush()
     ssd = s.ssd
     ids = np.arange(300)
-    real = ssd._read_lmdb
+    real = ssd.reader.read_lmdb
 
     def read_after_compaction(*args):
         with s.lock:
-            ssd._compact(["a"])
+            ssd.compact(["a"])
         return real(*args)
 
-    monkeypatch.setattr(ssd, "_read_lmdb", read_after_compaction)
+    monkeypatch.setattr(ssd.reader, "read_lmdb", read_after_compaction)
     before = dict(ssd.staging)
     assert ssd.stage(7, {"a": ids}) is False
-    assert ssd.staging["discarded"] == before["discarded"] + 1 and 7 not in ssd._staged
+    assert ssd.staging["discarded"] == before["discarded"] + 1 and 7 not in ssd.held.staged
     monkeypatch.undo()
     _same_rows(s, ref)
     s.close()
@@ -114,7 +117,7 @@ def test_a_damaged_segment_is_a_corrupt_store(tmp_path, damage):
     crash(s)
     env, got = _segments_of(tmp_path / "s", "b")
     key, value = got[0]
-    head = _lmdb_writer.SEGMENT_HEADER
+    head = codec.SEGMENT_HEADER
     n = head.unpack_from(value)[3]
     if damage == "magic":
         value = b"XSEG" + value[4:]
@@ -147,7 +150,7 @@ def _legacy(path, ids):
     ``ids`` in ``p:a`` after its checkpoint."""
     env = lmdb.open(str(path / "lmdb"), max_dbs=16)
     with env.begin(write=True) as txn:
-        _lmdb_writer.put_rows(txn, env.open_db(b"p:a", txn=txn), ids, np.ones((ids.shape[0], 5), np.float32), None)
+        codec.put_rows(txn, env.open_db(b"p:a", txn=txn), ids, np.ones((ids.shape[0], 5), np.float32), None)
     env.close()
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["format"] = "tiered_emb/1"
@@ -177,11 +180,10 @@ def test_a_store_of_the_format_before_segments_opens_at_its_checkpoint(tmp_path)
 def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, monkeypatch):
     """The writer process commits, then dies before its reply: the rows still wait in memory
     and their next write must append above the segments it left (not fail on their numbers)."""
-    from tiered_emb.tiers import ssd as ssdmod
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
     s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
-    real, lost = ssdmod._WriterProcess.write, []
+    real, lost = WriterProcess.write, []
 
     def write(self, segments, map_size):
         reply = real(self, segments, map_size)
@@ -190,14 +192,14 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
             raise CorruptStoreError("the LMDB writer process ended before its reply", "try again")
         return reply
 
-    monkeypatch.setattr(ssdmod._WriterProcess, "write", write)
+    monkeypatch.setattr(WriterProcess, "write", write)
     with pytest.raises(CorruptStoreError):
         _train(s, ref, 30)
         s.ssd.wait_writes()
         s.ssd.raise_failed_write()
     _train(s, ref, 30, seed=1)  # (the failed step above was not applied: the reference has it too)
     s.ssd.wait_writes()
-    assert lost == [{"ok": True}] and s.ssd._writer_error is None
+    assert lost == [{"ok": True}] and s.ssd.failed_write is None
     _same_rows(s, ref)
     s.flush()
     crash(s)
@@ -215,8 +217,8 @@ def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path,
             s.apply_gradients(t.name, ids, rng.standard_normal((64, t.dim)).astype(np.float32))
     s.flush()  # p:a now holds segments whose positions go up to ~300
     ssd = s.ssd
-    assert len(ssd._seg["a"]) > 50
-    real = ssd._read_lmdb
+    assert ssd.pending_rows("a")["live"] > 50
+    real = ssd.reader.read_lmdb
     width = ssd.widths["a"]
 
     def checkpoint_and_write_between(*args):
@@ -226,7 +228,7 @@ def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path,
                 ssd.write_pending({"a": (np.array([1000 + i]), np.ones((1, width), np.float32))})
         return real(*args)
 
-    monkeypatch.setattr(ssd, "_read_lmdb", checkpoint_and_write_between)
+    monkeypatch.setattr(ssd.reader, "read_lmdb", checkpoint_and_write_between)
     assert ssd.stage(7, {"a": np.arange(300)}) is False  # (raised CorruptStoreError while the numbers restarted)
     monkeypatch.undo()
     s.close()
@@ -235,8 +237,8 @@ def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path,
 def test_rows_cut_into_segments_of_the_cap(tmp_path, monkeypatch):
     """A write or a compaction of more rows than a segment holds makes several segments (LMDB
     refuses a value of 4 GiB or more); reads, compaction and reopening follow them."""
-    monkeypatch.setattr(SsdTier, "_rows_per_segment", lambda self, table: 7)
-    monkeypatch.setattr(SsdTier, "COMPACT_MIN_ROWS", 100)
+    monkeypatch.setattr(SegmentLog, "rows_per_segment", lambda self, table: 7)
+    monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 100)
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
     s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
@@ -246,7 +248,7 @@ def test_rows_cut_into_segments_of_the_cap(tmp_path, monkeypatch):
     crash(s)
     env, got = _segments_of(tmp_path / "s", "a")
     env.close()
-    sizes = [_lmdb_writer.SEGMENT_HEADER.unpack_from(v)[3] for _, v in got]
+    sizes = [codec.SEGMENT_HEADER.unpack_from(v)[3] for _, v in got]
     assert max(sizes) == 7 and len(sizes) > 10
     with TieredStore.open(tmp_path / "s", restore="latest") as r:
         _same_rows(r, ref)

@@ -358,12 +358,12 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
 def _lmdb_asks(s):
     """Record every id the store's SSD tier looks up in LMDB (wraps its batched read)."""
     asked = []
-    inner = s.ssd._read_lmdb
+    inner = s.ssd.reader.read_lmdb
 
     def spy(table, ids, *rest):
         asked.extend((table, int(i)) for i in ids)
         return inner(table, ids, *rest)
-    s.ssd._read_lmdb = spy
+    s.ssd.reader.read_lmdb = spy
     return asked
 
 
@@ -453,7 +453,7 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
     s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
     g = np.full((2, 8), 0.5, np.float32)
     s.apply_gradients("a", np.array([3, 9]), g)  # dirty in HBM only
-    real, calls = s.ssd._write, []
+    real, calls = s.ssd.lmdb.write, []
 
     def full_once(fn):
         calls.append(1)
@@ -461,7 +461,7 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
             raise StoreFullError("no space left on device", "free disk space")
         real(fn)
 
-    monkeypatch.setattr(s.ssd, "_write", full_once)
+    monkeypatch.setattr(s.ssd.lmdb, "write", full_once)
     with pytest.raises(StoreFullError):
         s.close()
     assert not s.closed
@@ -723,14 +723,14 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
     tables = [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))]
     s = TieredStore.create(tmp_path / "s", tables, cpu(1, 0, background_writes=False), seed=5)
     s.ssd.writeback_rows = 1
-    real, full = s.ssd._put_segments, [True]
+    real, full = s.ssd.segments.put, [True]
 
     def put(txn, segments):
         if full[0]:
             raise StoreFullError("no space left on device", "free some")
         real(txn, segments)
 
-    monkeypatch.setattr(s.ssd, "_put_segments", put)
+    monkeypatch.setattr(s.ssd.segments, "put", put)
     ref = ReferenceStore(tables, seed=5)
     for step, other in ((1.0, 1), (2.0, 2)):
         g = np.full((1, 2), step, np.float32)
@@ -743,7 +743,7 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
         ref.apply_gradients("t", np.array([0]), g)
         s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written (kept for the next call)
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
-    assert len(s.ssd._flushing) == 2  # both write-backs of row 0 wait in memory
+    assert len(s.ssd.held.flushing) == 2  # both write-backs of row 0 wait in memory
     with pytest.raises(StoreFullError):
         s.lookup("t", np.array([3]))
     full[0] = False
@@ -801,7 +801,7 @@ def test_a_short_write_on_a_full_disk_is_store_full(tmp_path, monkeypatch, messa
         raise lmdb.Error(message)
 
     with pytest.raises(StoreFullError if full else CorruptStoreError):
-        s.ssd._write(fail)
+        s.ssd.lmdb.write(fail)
     s.close()
 
 
@@ -809,12 +809,12 @@ _KILLED_CREATE = r"""
 import os, signal, sys
 from tiered_emb import TableConfig, TierConfig, TieredStore
 from tiered_emb import store as storemod
-from tiered_emb.tiers import ssd as ssdmod
+from tiered_emb.tiers.ssd.checkpoint import Checkpointer
 die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 if sys.argv[2] == "manifest":  # the LMDB meta committed, the manifest not yet written
     storemod.TieredStore._write_manifest = die
 else:                          # inside the first LMDB transaction
-    ssdmod.SsdTier._put_waiting = die
+    Checkpointer.put_waiting = die
 TieredStore.create(sys.argv[1], [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu"))
 """
 

@@ -1,4 +1,4 @@
-"""The LMDB writer process of background write-backs (tiers/_lmdb_writer.py)."""
+"""The LMDB writer process of background write-backs (tiers/ssd/writer_main.py, writer_client.py)."""
 import io
 import os
 import signal
@@ -13,9 +13,10 @@ from tiered_emb import RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
-from tiered_emb.tiers import _lmdb_writer, ssd
+from tiered_emb.tiers.ssd import WRITER_PROCESS, codec, writer_main
+from tiered_emb.tiers.ssd.writer_client import WriterProcess
 
-pytestmark = pytest.mark.skipif(not ssd.WRITER_PROCESS, reason="background writes use a thread on this OS")
+pytestmark = pytest.mark.skipif(not WRITER_PROCESS, reason="background writes use a thread on this OS")
 
 TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
           TableConfig("b", dim=3, num_rows=500, optimizer=SGD(lr=0.5))]
@@ -28,8 +29,8 @@ def _steps(s, ref, steps, seed=0, n=40):
 def _pending(s) -> dict:
     """Every key and value of every ``p:`` database (after the writes in flight)."""
     s.ssd.wait_writes()
-    with s.ssd.env.begin() as txn:
-        return {t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s.ssd._pending[t])] for t in sorted(s.tables)}
+    with s.ssd.lmdb.env.begin() as txn:
+        return {t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s.ssd.lmdb.pending[t])] for t in sorted(s.tables)}
 
 
 def _store(path, background, **kw):
@@ -55,17 +56,17 @@ def test_the_writer_process_writes_what_this_process_writes(tmp_path, compressio
     ref = ReferenceStore(TABLES, seed=2)
     _steps(a, ref, 12)
     _steps(b, None, 12)
-    assert a.ssd._proc is not None and a.ssd._proc.proc.poll() is None  # the process wrote them
-    assert b.ssd._proc is None
+    assert a.ssd.writer_handle() is not None and a.ssd.writer_handle().poll() is None  # the process wrote them
+    assert b.ssd.writer_handle() is None
     pa, pb = _pending(a), _pending(b)
-    assert pa == pb and sum(len(a.ssd._seg[t]) for t in pa) > 100
+    assert pa == pb and sum(a.ssd.pending_rows(t)["live"] for t in pa) > 100
     for t, segments in pa.items():  # the index holds every id of the segments
         held = set()
         for _, v in segments:
-            n = _lmdb_writer.SEGMENT_HEADER.unpack_from(v)[3]
-            held |= set(np.frombuffer(v, "<i8", n, _lmdb_writer.SEGMENT_HEADER.size).tolist())
-        assert len(a.ssd._seg[t]) == len(held) and (a.ssd._seg[t].find(np.array(sorted(held))) >= 0).all()
-    proc = a.ssd._proc.proc
+            n = codec.SEGMENT_HEADER.unpack_from(v)[3]
+            held |= set(np.frombuffer(v, "<i8", n, codec.SEGMENT_HEADER.size).tolist())
+        assert a.ssd.pending_ids(t).tolist() == sorted(held)
+    proc = a.ssd.writer_handle()
     a.close()
     b.close()
     assert proc.returncode == 0  # close() ended it
@@ -79,7 +80,7 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
     ref = ReferenceStore(TABLES, seed=2)
     _steps(s, ref, 6)
     s.ssd.wait_writes()
-    first = s.ssd._proc.proc
+    first = s.ssd.writer_handle()
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     raised, rng = [], np.random.default_rng(5)
@@ -97,7 +98,7 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
                 s.apply_gradients(t.name, ids, g)
             ref.apply_gradients(t.name, ids, g)
     assert len(raised) == 1
-    assert s.ssd._proc is not None and s.ssd._proc.proc is not first and s.ssd._proc.proc.poll() is None
+    assert s.ssd.writer_handle() is not None and s.ssd.writer_handle() is not first and s.ssd.writer_handle().poll() is None
     s.close()
     _equals_reference(tmp_path / "s", ref)
 
@@ -116,8 +117,8 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
         s.apply_gradients("w", ids, g)
         ref.apply_gradients("w", ids, g)
     s.ssd.wait_writes()
-    assert s.ssd._writer_error is None and s.ssd._proc is not None
-    assert s.ssd.env.info()["map_size"] > 1 << 20 and len(s.ssd._seg["w"]) > 4096
+    assert s.ssd.failed_write is None and s.ssd.writer_handle() is not None
+    assert s.ssd.lmdb.map_size() > 1 << 20 and s.ssd.pending_rows("w")["live"] > 4096
     s.close()
     with TieredStore.open(tmp_path / "s") as s:
         some = np.unique(np.random.default_rng(1).integers(0, 1 << 30, 512))
@@ -127,12 +128,12 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
 def _serve(monkeypatch, frames: bytes, parent: int, ppids):
     """Run the writer's main() here on ``frames``; os.getppid() answers from ``ppids``."""
     calls = iter(ppids)
-    monkeypatch.setattr(_lmdb_writer.os, "getppid", lambda: next(calls, -1))
-    monkeypatch.setattr(sys, "argv", ["_lmdb_writer.py", str(parent)])
+    monkeypatch.setattr(writer_main.os, "getppid", lambda: next(calls, -1))
+    monkeypatch.setattr(sys, "argv", ["writer_main.py", str(parent)])
     out = io.BytesIO()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(frames)))
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out))
-    _lmdb_writer.main()
+    writer_main.main()
     return out.getvalue()
 
 
@@ -142,13 +143,13 @@ def _env_for_writer(tmp_path):
     env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
     env.open_db(b"p:a")
     env.close()
-    return path, _lmdb_writer.frame_bytes({"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64,
+    return path, codec.frame_bytes({"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64,
                                            "compression": None, "dbs": ["p:a"]})
 
 
 def _write_request(ids, rows, map_size, seq=0):
     head = {"map_size": map_size, "parts": [["p:a", seq, int(ids.shape[0]), int(rows.shape[1])]]}
-    return _lmdb_writer.frame_bytes(head) + ids.tobytes() + rows.tobytes()
+    return codec.frame_bytes(head) + ids.tobytes() + rows.tobytes()
 
 
 def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
@@ -161,14 +162,14 @@ def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
     out = _serve(monkeypatch, frames, parent=777, ppids=[777, 777, 1])
     replies = []
     stream = io.BytesIO(out)
-    while (r := _lmdb_writer.read_frame(stream)) is not None:
+    while (r := codec.read_frame(stream)) is not None:
         replies.append(r)
     assert replies == [{"ok": True}, {"ok": True}]  # no reply to the second: it ended
     env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
     with env.begin() as txn:
         got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=env.open_db(b"p:a", txn=txn))]
     env.close()
-    assert got == [(_lmdb_writer.segment_key(0), _lmdb_writer.encode_segment(ids, rows, None))]
+    assert got == [(codec.segment_key(0), codec.encode_segment(ids, rows, None))]
     # started by a parent already gone: it writes nothing at all
     assert _serve(monkeypatch, frames, parent=777, ppids=[1]) == b""
 
@@ -198,7 +199,7 @@ rng = np.random.default_rng(0)
 for _ in range(20):
     s.apply_gradients("a", rng.integers(0, 1000, 16), np.ones((16, 4), np.float32))
 s.ssd.wait_writes()
-print(s.ssd._proc.proc.pid, flush=True)
+print(s.ssd.writer_pid(), flush=True)
 sys.stdin.read()
 """
     with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as trainer:
@@ -229,14 +230,14 @@ def _alive(pid: int) -> bool:
 def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, monkeypatch):
     """No python that runs the writer (a frozen or embedded app): a warning, then the writer
     thread writes itself, as before the writer process; nothing lost, nothing left open."""
-    monkeypatch.setattr(ssd.sys, "executable", "/bin/false")
+    monkeypatch.setattr(sys, "executable", "/bin/false")
     s = _store(tmp_path / "s", True)
     ref = ReferenceStore(TABLES, seed=2)
     with pytest.warns(RuntimeWarning, match="writer process .* could not start .* thread from now on"):
         _steps(s, ref, 12)
         s.ssd.wait_writes()
-    assert s.ssd.writer_process is False and s.ssd._proc is None and s.ssd._writer_error is None
-    assert sum(len(ix) for ix in s.ssd._seg.values()) > 0  # written by the thread
+    assert s.ssd.writer_process is False and s.ssd.writer_handle() is None and s.ssd.failed_write is None
+    assert sum(s.ssd.pending_rows(t)["live"] for t in s.tables) > 0  # written by the thread
     s.close()
     _equals_reference(tmp_path / "s", ref)
 
@@ -249,30 +250,30 @@ def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path
     -W error the warning does not fail the write."""
     import warnings
     if case in ("no interpreter", "warnings are errors"):
-        monkeypatch.setattr(ssd.sys, "executable", None)
+        monkeypatch.setattr(sys, "executable", None)
     elif case == "another program":
-        monkeypatch.setattr(ssd.sys, "executable", "/bin/echo")  # prints its arguments: not a frame
+        monkeypatch.setattr(sys, "executable", "/bin/echo")  # prints its arguments: not a frame
     elif case == "a silent program":
         silent = tmp_path / "app.sh"
         silent.write_text("#!/bin/sh\nsleep 30\n")
         silent.chmod(0o755)
-        monkeypatch.setattr(ssd.sys, "executable", str(silent))
-        monkeypatch.setattr(ssd._WriterProcess, "START_TIMEOUT_S", 1)
+        monkeypatch.setattr(sys, "executable", str(silent))
+        monkeypatch.setattr(WriterProcess, "START_TIMEOUT_S", 1)
     elif case == "frozen":
-        monkeypatch.setattr(ssd.sys, "frozen", True, raising=False)
+        monkeypatch.setattr(sys, "frozen", True, raising=False)
     elif case == "a Path in sys.path":
-        monkeypatch.setattr(ssd.sys, "path", [*sys.path, tmp_path, "a" + os.pathsep + "b"])
+        monkeypatch.setattr(sys, "path", [*sys.path, tmp_path, "a" + os.pathsep + "b"])
     s = _store(tmp_path / "s", True)
     ref = ReferenceStore(TABLES, seed=2)
     with warnings.catch_warnings(record=case != "warnings are errors") as seen:
         warnings.simplefilter("error" if case == "warnings are errors" else "always")
         _steps(s, ref, 12)
         s.ssd.wait_writes()
-    assert s.ssd._writer_error is None
+    assert s.ssd.failed_write is None
     if case == "a Path in sys.path":  # those entries are left out; the writer runs
-        assert s.ssd._proc is not None and s.ssd.writer_process
+        assert s.ssd.writer_handle() is not None and s.ssd.writer_process
     else:
-        assert s.ssd.writer_process is False and s.ssd._proc is None
+        assert s.ssd.writer_process is False and s.ssd.writer_handle() is None
         if case != "warnings are errors":
             assert any("thread from now on" in str(w.message) for w in seen)
     s.close()
@@ -284,7 +285,7 @@ def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
     s.ssd.wait_writes()
-    proc = s.ssd._proc.proc
+    proc = s.ssd.writer_handle()
     del s
     gc.collect()
     assert proc.returncode is not None  # reaped, its pipes closed (no ResourceWarning: they are errors here)
@@ -296,7 +297,7 @@ def test_a_fork_does_not_keep_the_writer_alive(tmp_path):
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
     s.ssd.wait_writes()
-    proc = s.ssd._proc.proc
+    proc = s.ssd.writer_handle()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the fork: wait until told to go
@@ -319,14 +320,14 @@ def test_ctrl_c_is_the_trainers_not_the_writers(tmp_path):
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
     s.ssd.wait_writes()
-    proc = s.ssd._proc.proc
+    proc = s.ssd.writer_handle()
     assert os.getpgid(proc.pid) != os.getpgid(0)
     os.kill(proc.pid, signal.SIGINT)
     time.sleep(0.3)
     assert proc.poll() is None
     _steps(s, None, 12, seed=1)
     s.ssd.wait_writes()
-    assert s.ssd._writer_error is None and s.ssd._proc.proc is proc
+    assert s.ssd.failed_write is None and s.ssd.writer_handle() is proc
     s.close()
 
 
@@ -354,7 +355,7 @@ def steps(n):
     return raised
 def kill_writer():
     s.ssd.wait_writes()
-    p = s.ssd._proc.proc
+    p = s.ssd.writer_handle()
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
 steps(10)

@@ -20,7 +20,7 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
     Returns the list the attempts append their thread's name to."""
     from tiered_emb.errors import StoreFullError
     ssd, attempts = store.ssd, []
-    real_put, real_segments, real_by_process = ssd._put_waiting, ssd._put_segments, ssd._write_by_process
+    real_put, real_segments, real_by_process = ssd.checkpoints.put_waiting, ssd.segments.put, ssd.writer.write_by_process
 
     def attempt():
         attempts.append(threading.current_thread().name)
@@ -39,7 +39,7 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
         attempt()
         return real_by_process(segments)
 
-    ssd._put_waiting, ssd._put_segments, ssd._write_by_process = put, put_segments, by_process
+    ssd.checkpoints.put_waiting, ssd.segments.put, ssd.writer.write_by_process = put, put_segments, by_process
     return attempts
 
 

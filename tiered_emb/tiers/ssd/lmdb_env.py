@@ -1,0 +1,177 @@
+"""The SSD tier's LMDB environment: opening it, its databases, map growth, typed errors.
+
+One environment per store, with a ``meta`` database (the checkpoint's meta record and a
+trainer's extra bytes) and two per table: ``t:<table>`` (rows as of the last checkpoint)
+and ``p:<table>`` (segments written since).  The map doubles by itself when full: LMDB
+allows a resize only with no transaction open in this process, so every read transaction
+goes through :attr:`LmdbEnv.gate`.  Every LMDB error is raised as one of the typed errors
+of :mod:`tiered_emb.errors`, with the lmdb error as its cause.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import lmdb
+
+from tiered_emb.errors import (
+    ConfigError,
+    CorruptStoreError,
+    StoreFullError,
+    StoreLockedError,
+)
+from tiered_emb.tiers.ssd.writer_main import disk_full
+
+META_DB = b"meta"
+
+
+class TxnGate:
+    """Read transactions of any thread against a map resize (LMDB allows one only with no transaction open)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._resizing = False
+
+    @contextmanager
+    def reading(self):
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def resizing(self):
+        with self._cond:
+            while self._resizing or self._readers:
+                self._cond.wait()
+            self._resizing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class LmdbEnv:
+    """The environment at ``path`` for ``tables`` (names), opened with ``map_size_bytes``.
+
+    ``existing``: the store exists, and LMDB must hold a ``t:`` database for exactly
+    ``tables``.  Attributes: :attr:`env` (the ``lmdb.Environment``), :attr:`gate`,
+    :attr:`meta`, and :attr:`main` / :attr:`pending` (table -> its ``t:`` / ``p:`` database).
+    """
+
+    def __init__(self, path: Path, tables: list[str], map_size_bytes: int, existing: bool = False):
+        self.path = Path(path)
+        self.max_dbs, self.max_readers = 2 * len(tables) + 2, 64
+        self.gate = TxnGate()
+        try:
+            self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=self.max_dbs,
+                                 subdir=True, readahead=False, meminit=False, max_readers=self.max_readers)
+            self._check_length()
+            if existing:
+                try:
+                    self._check_tables(tables)
+                except BaseException:
+                    self.env.close()
+                    raise
+            self.meta = self.env.open_db(META_DB)
+            self.main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(tables)}
+            self.pending = {n: self.env.open_db(b"p:" + n.encode()) for n in sorted(tables)}
+        except lmdb.LockError as err:
+            raise StoreLockedError(f"LMDB environment {self.path} is locked", "close the other writer first") from err
+        except OverflowError as err:
+            raise ConfigError(f"map_size_bytes={map_size_bytes} is more than LMDB can map ({err})",
+                              "use a smaller TierConfig.map_size_bytes (the map grows by itself when full)") from err
+        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.BadValsizeError,
+                lmdb.PageNotFoundError) as err:
+            raise CorruptStoreError(f"LMDB environment {self.path} is corrupt or not an LMDB file ({err})",
+                                    "restore the store directory from a backup") from err
+        except lmdb.Error as err:
+            raise CorruptStoreError(f"LMDB environment {self.path} cannot be opened ({err})",
+                                    "check the store directory and its permissions") from err
+
+    def _check_tables(self, tables: list[str]) -> None:
+        """Raise CorruptStoreError unless LMDB holds a ``t:`` database for exactly the tables
+        given (an existing store's manifest), before any is opened (opening one creates it):
+        a table renamed in the manifest would otherwise answer with fresh rows while its own
+        stayed out of reach."""
+        with self.corrupt_on_error("listing the tables of"), self.env.begin() as txn:
+            held = sorted(bytes(k)[2:].decode("utf-8", "replace") for k, _ in txn.cursor() if bytes(k)[:2] == b"t:")
+        listed = sorted(tables)
+        if held != listed:
+            raise CorruptStoreError(f"the manifest lists tables {listed} but LMDB in {self.path} holds {held}",
+                                    "restore manifest.json (or the store directory) from a backup")
+
+    def _check_length(self) -> None:
+        """Raise CorruptStoreError when ``data.mdb`` is shorter than its last committed page:
+        LMDB maps the file, and a page past its end would kill the process (SIGBUS) on first read."""
+        need = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        have = (self.path / "data.mdb").stat().st_size
+        if have < need:
+            self.env.close()
+            raise CorruptStoreError(f"LMDB file {self.path / 'data.mdb'} is truncated ({have} bytes, its pages "
+                                    f"reach {need})", "restore the store directory from a backup")
+
+    @contextmanager
+    def corrupt_on_error(self, doing: str):
+        """An LMDB error (a damaged page: wrong type, bad transaction) as :class:`CorruptStoreError`."""
+        try:
+            yield
+        except lmdb.Error as err:
+            raise CorruptStoreError(f"{doing} {self.path} failed ({type(err).__name__}: {err})",
+                                    "restore the store directory from a backup") from err
+
+    @contextmanager
+    def reading(self, buffers: bool = False):
+        """A read transaction, held against a map resize (``buffers``: values read in place)."""
+        with self.gate.reading(), self.env.begin(buffers=buffers) as txn:
+            yield txn
+
+    def write(self, fn) -> None:
+        """Run ``fn(txn)`` in one write transaction; grow the map and retry when full."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    fn(txn)
+                return
+            except lmdb.MapFullError:
+                self.grow_map()
+            except lmdb.Error as err:
+                if disk_full(err, self.path):
+                    raise StoreFullError(f"the disk under {self.path} is full ({err}); the write was rolled back",
+                                         "free disk space or move the store, then call flush()/checkpoint() again") from err
+                raise CorruptStoreError(f"writing to {self.path} failed ({err}); the write was rolled back",
+                                        "check the disk and the store directory") from err
+
+    def grow_map(self) -> None:
+        """Double the map, once no read transaction is open."""
+        with self.gate.resizing():
+            self.env.set_mapsize(self.env.info()["map_size"] * 2)
+
+    def map_size(self) -> int:
+        return int(self.env.info()["map_size"])
+
+    def entries(self, db) -> int:
+        """Records (or segments) in ``db``."""
+        with self.reading() as txn:
+            return int(txn.stat(db)["entries"])
+
+    def db_stats(self, table: str) -> dict:
+        """``rows`` / ``bytes`` of ``t:<table>`` and ``pending_rows`` / ``pending_bytes`` of
+        its ``p:`` (its entries, and the bytes of its pages)."""
+        with self.reading() as txn:
+            out = {}
+            for label, db in (("rows", self.main[table]), ("pending_rows", self.pending[table])):
+                st = txn.stat(db)
+                out[label] = int(st["entries"])
+                out[label.replace("rows", "bytes")] = int(st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]))
+        return out

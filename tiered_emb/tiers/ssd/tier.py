@@ -1,0 +1,238 @@
+"""The SSD tier: every row ever written, in one LMDB environment per store.
+
+Two named databases per table:
+
+- ``t:<table>``: rows as of the last checkpoint, one record per id
+  (format: :mod:`.codec`);
+- ``p:<table>``: rows written back since (dirty evictions and the store's flushes), as
+  *segments* (:mod:`.segments`): each write transaction appends one value per
+  table holding all its rows, found through an index in memory.
+
+A read looks in memory, then ``p:``, then ``t:``.  A checkpoint folds ``p:`` into ``t:``
+and writes the store's meta record in one write transaction (:mod:`.checkpoint`):
+reopening drops ``p:`` and finds exactly the last checkpoint (or keeps it, with
+``restore="latest"``).  The map doubles by itself when full; a full disk raises
+:class:`~tiered_emb.errors.StoreFullError` after the transaction is rolled back
+(:mod:`.lmdb_env`).
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from tiered_emb.tiers.ssd.checkpoint import Checkpointer
+from tiered_emb.tiers.ssd.compaction import Compactor
+from tiered_emb.tiers.ssd.held import HeldRows
+from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.reads import Reader
+from tiered_emb.tiers.ssd.segments import SegmentLog
+from tiered_emb.tiers.ssd.writer import Writer
+from tiered_emb.tiers.ssd.written import WrittenIds
+
+
+class SsdTier:
+    """Every row ever written to a store, in LMDB at ``path``, for tables of
+    ``table_widths`` (name -> record width: weights, then optimizer state, float32).
+
+    What it holds, each part a module of this package:
+
+    - :attr:`lmdb` (:class:`.LmdbEnv`): the environment, its databases, map growth;
+    - :attr:`written` (:class:`.WrittenIds`): a bitmap of the ids ever written, per table
+      with ``num_rows`` (``table_rows``): the others are never looked up;
+    - :attr:`held` (:class:`.HeldRows`): write-backs waiting in memory (the buffer, then
+      snapshots being written) and rows staged ahead of the step;
+    - :attr:`segments` (:class:`.SegmentLog`): the segments of ``p:`` and their index;
+    - :attr:`reader`, :attr:`writer`, :attr:`compactor`, :attr:`checkpoints`: the read
+      path, the write path (writer thread and writer process), compaction of ``p:``, and
+      checkpoints with the meta record.
+
+    A read (:meth:`read`) skips ids whose written bit is clear, takes the newest copy of
+    the others from memory (under the tier's lock), then reads the rest from LMDB in
+    transactions begun after that look: the segments of ``p:`` the index names (one get
+    per segment), then ``t:`` in key order.  A write-back (:meth:`write_pending` with
+    ``durable=False``) sets the rows' bits and puts them in the buffer; once
+    ``writeback_rows`` wait, the buffer becomes a snapshot, cut into segments and appended
+    to ``p:`` in one transaction on the writer thread (through the writer process on
+    POSIX), and the snapshot leaves the read path once its segments are indexed.  A
+    durable write and a checkpoint do the same in this thread, with every waiting row.
+    """
+
+    def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
+                 map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True,
+                 table_rows: dict[str, int | None] | None = None, legacy_pending: bool = False,
+                 existing: bool = False):
+        self.path = Path(path)
+        self.widths = dict(table_widths)
+        self.compression = compression
+        tables = sorted(self.widths)
+        # Guards the held rows, the segment index and the written bits (short sections only):
+        # moving rows from a snapshot to p: must look atomic to a reader.
+        self._lock = threading.Lock()
+        self.held = HeldRows(self.widths, self._lock)
+        self.staging = self.held.staging  # staged reads: counts of reads, rows, rows used, reads discarded
+        zc = zstandard.ZstdCompressor(level=compression) if compression else None
+        zd = zstandard.ZstdDecompressor()
+        self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
+        table_rows = {n: (table_rows or {}).get(n) for n in tables}
+        self.written = WrittenIds(self.lmdb)
+        self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd)
+        self.reader = Reader(self.lmdb, self.widths, self.held, self.segments, self.written, self._lock, zd)
+        self.compactor = Compactor(self.lmdb, self.widths, self.held, self.segments, self._lock, zc)
+        self.writer = Writer(self.lmdb, self.widths, compression, self.held, self.segments, self.written,
+                             self.compactor, self._lock, writeback_rows, background_writes)
+        self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.written,
+                                        self.writer, self._lock, zc)
+        # ``p:`` is read (SegmentLog.load) only by promote_pending: every store opens with
+        # discard_pending or promote_pending, and a damaged ``p:`` then stops only the latter.
+        try:
+            with self.lmdb.corrupt_on_error("reading"):
+                for n in tables:
+                    self.written.load(n, table_rows[n])
+                    if legacy_pending:
+                        self.checkpoints.legacy_pending |= self.lmdb.entries(self.lmdb.pending[n]) > 0
+        except BaseException:
+            self.lmdb.env.close()
+            raise
+
+    # ----------------------------------------------------------------- settings
+    @property
+    def writeback_rows(self) -> int:
+        """Write-backs waiting in memory, all tables, that start a write into ``p:``."""
+        return self.writer.writeback_rows
+
+    @writeback_rows.setter
+    def writeback_rows(self, rows: int) -> None:
+        self.writer.writeback_rows = int(rows)
+
+    @property
+    def background_writes(self) -> bool:
+        """Whether write-backs are written by the writer thread (the step goes on meanwhile)."""
+        return self.writer.background_writes
+
+    @property
+    def writer_process(self) -> bool:
+        """Whether the writer thread hands its writes to a writer process (False once one could not start)."""
+        return self.writer.writer_process
+
+    # ----------------------------------------------------------------- reads
+    def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
+        """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W); returns the found mask (bool (k,)).
+
+        Newest copy first: the write-back buffer, the snapshots being written, then
+        rows staged for this batch (equal to LMDB's), then ``p:``, then ``t:``.  Ids
+        whose written bit is clear are nowhere here and are not looked up at all.
+        """
+        return self.reader.read(table, ids, out_rows)
+
+    def stage(self, key: int, batch: dict[str, np.ndarray]) -> bool:
+        """Read the LMDB records of ``batch`` ({table: distinct ids}) ahead of the step that needs them.
+
+        Runs on any thread and takes none of the store's locks.  The rows are held under
+        ``key`` until :meth:`unstage`; :meth:`read` then answers them from memory.  A
+        read that overlapped an LMDB write is dropped (returns False): its rows may be
+        older than the write.
+        """
+        return self.reader.stage(key, batch)
+
+    def unstage(self, key: int) -> None:
+        """Drop the rows staged under ``key``."""
+        self.held.unstage(key)
+
+    # ----------------------------------------------------------------- writes
+    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
+                      defer_errors: bool = False) -> int:
+        """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
+
+        ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
+        others until ``writeback_rows`` are waiting, then all go out in one transaction
+        (on the writer thread with ``background_writes``); reads see them at once; a failed
+        write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
+        ``durable=True`` writes them, and every waiting row, now.
+        """
+        return self.writer.write_pending(batches, durable, defer_errors)
+
+    def raise_failed_write(self) -> None:
+        """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
+        self.writer.raise_failed_write()
+
+    @property
+    def failed_write(self) -> BaseException | None:
+        """The failure of an earlier write-back not yet raised (None if there is none)."""
+        return self.writer.failed
+
+    def wait_writes(self) -> None:
+        """Wait for the writer thread; its error, if any, is raised by the next durable write."""
+        self.writer.wait_writes()
+
+    def compact(self, tables: list[str] | None = None) -> None:
+        """Rewrite ``p:`` of ``tables`` (None: those past the bound of :class:`.Compactor`) as
+        segments of their live rows.  Under the store's lock, with no write in flight."""
+        self.writer.wait_writes()
+        due = self.compactor.due() if tables is None else sorted(tables)
+        if due:
+            self.compactor.compact(due)
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoint(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict, extra: bytes | None) -> int:
+        """Make ``batches`` and everything pending the new checkpoint, with ``meta``, atomically."""
+        return self.checkpoints.checkpoint(batches, meta, extra)
+
+    def discard_pending(self) -> None:
+        """Drop what was written since the last checkpoint (reopen at the checkpoint)."""
+        self.checkpoints.discard_pending()
+
+    def promote_pending(self) -> None:
+        """Keep what was written since the last checkpoint (reopen at the latest flush)."""
+        self.checkpoints.promote_pending()
+
+    def read_meta(self) -> dict:
+        """The meta record of the last checkpoint."""
+        return self.checkpoints.read_meta()
+
+    def read_extra(self) -> bytes | None:
+        """The trainer's bytes saved with a checkpoint (None if none)."""
+        return self.checkpoints.read_extra()
+
+    # ----------------------------------------------------------------- introspection
+    def table_stats(self, table: str) -> dict:
+        """``rows`` / ``bytes`` of ``t:``, ``pending_rows`` / ``pending_bytes`` of ``p:`` (its
+        live rows), and ``writeback_rows`` waiting in memory for the next write."""
+        out = self.lmdb.db_stats(table)
+        with self._lock:  # rows (not segments) of p:, and those waiting in memory for the next write
+            out["pending_rows"] = len(self.segments.index[table])
+            out["writeback_rows"] = self.held.waiting_rows(table)
+        return out
+
+    def pending_rows(self, table: str) -> dict:
+        """Rows of ``p:<table>``: ``live`` (ids with a copy there) and ``stored`` (every copy its
+        segments hold, stale ones too; compaction keeps it within a bound of ``live``)."""
+        with self._lock:
+            return {"live": len(self.segments.index[table]), "stored": self.segments.stored_rows[table]}
+
+    def pending_ids(self, table: str) -> np.ndarray:
+        """The ids (int64, increasing) with a copy in ``p:<table>``, written since the checkpoint."""
+        with self._lock:
+            return self.segments.index[table].items()[0]
+
+    def file_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+
+    def writer_pid(self) -> int | None:
+        """The writer process's pid while it runs (None before the first background write)."""
+        proc = self.writer.process
+        return proc.proc.pid if proc is not None else None
+
+    def writer_handle(self):
+        """The writer process's :class:`subprocess.Popen` while it runs (None before the first
+        background write, after :meth:`close`, or where writes stay in this process)."""
+        proc = self.writer.process
+        return proc.proc if proc is not None else None
+
+    def close(self) -> None:
+        """Wait for the writer thread, end the writer process and close the environment
+        (waiting write-backs are not written)."""
+        self.writer.close()
+        self.lmdb.env.close()

@@ -1,0 +1,205 @@
+"""The SSD tier's writes into ``p:``: write-backs through the buffer and the writer thread, and flushes.
+
+Evicted rows (``durable=False``) wait in memory (:mod:`.held`) until ``writeback_rows``
+are waiting; then every waiting row becomes a snapshot, cut into segments and appended
+to ``p:`` in one transaction: on a writer thread with ``background_writes`` (the step
+goes on at once), which hands it to the writer process where one can start
+(:mod:`.writer_client`).  A durable write (a flush) writes its rows and every waiting
+row now, in this thread.  A failed write's rows stay waiting in memory and are written
+again by the next write; its error is raised once, before the next change of rows.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+
+import numpy as np
+
+from tiered_emb.errors import CorruptStoreError, StoreFullError
+from tiered_emb.tiers.ssd.compaction import Compactor
+from tiered_emb.tiers.ssd.held import HeldRows
+from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.segments import SegmentLog
+from tiered_emb.tiers.ssd.writer_client import (
+    WRITER_PROCESS,
+    WriterProcess,
+    WriterStartError,
+)
+from tiered_emb.tiers.ssd.written import WrittenIds
+
+
+class Writer:
+    """Writes into ``p:`` of one tier; one write at a time (a write waits for the thread's)."""
+
+    def __init__(self, lmdb_env: LmdbEnv, widths: dict[str, int], compression: int | None, held: HeldRows,
+                 segments: SegmentLog, written: WrittenIds, compactor: Compactor, lock: threading.Lock,
+                 writeback_rows: int, background_writes: bool):
+        self._lmdb = lmdb_env
+        self._tables = sorted(widths)
+        self._compression = compression
+        self._held = held
+        self._segments = segments
+        self._written = written
+        self._compactor = compactor
+        self._lock = lock
+        self.writeback_rows = int(writeback_rows)
+        self.background_writes = bool(background_writes)
+        # The writer thread hands each transaction to a writer process (its own GIL; see
+        # :mod:`.writer_main`); False from the first time one cannot start.
+        self.writer_process = self.background_writes and WRITER_PROCESS
+        self.process: WriterProcess | None = None
+        self._thread: threading.Thread | None = None
+        self.failed: BaseException | None = None  # a write-back's failure, not yet raised
+
+    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
+                      defer_errors: bool = False) -> int:
+        """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
+
+        ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
+        others until ``writeback_rows`` are waiting, then all go out in one transaction
+        (on the writer thread with ``background_writes``); reads see them at once; a failed
+        write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
+        ``durable=True`` writes them, and every waiting row, now.
+        """
+        batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
+        n = sum(b[0].shape[0] for b in batches.values())
+        if not durable:
+            with self._lock:
+                for t, (ids, rows) in batches.items():
+                    self._written.set(t, ids)  # first: a read that finds the bit clear will not look
+                    self._held.put(t, ids, rows)
+                waiting = self._held.buffered_rows()
+            if waiting >= self.writeback_rows:
+                self._write_behind(defer_errors)
+            return n
+        self.wait_writes()
+        with self._lock:
+            snaps = self._held.waiting()
+        if not batches and not any(len(b) for s in snaps for b in s.values()):
+            return 0
+        segments = self._segments.cut(snaps, batches)  # the snapshots are older than ``batches``
+        self._lmdb.write(lambda txn: self._segments.put(txn, segments))
+        with self._lock:
+            self._segments.indexed(segments)
+            self._held.committed()
+            self.failed = None
+            self._held.written(None)
+        return n
+
+    def raise_failed_write(self) -> None:
+        """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
+        if self.failed is not None:
+            err, self.failed = self.failed, None
+            raise err
+
+    def forget_failure(self) -> None:
+        """Every waiting row was written since (by a durable write): drop the failure."""
+        self.failed = None
+
+    def wait_writes(self) -> None:
+        """Wait for the writer thread; its error, if any, is raised by the next durable write."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _write_behind(self, defer_errors: bool = False) -> None:
+        """Hand every waiting write-back to the writer thread (after the previous one is done).
+
+        A failed write's rows stay waiting in memory, retried by the next write.  The failure
+        is raised here, or with ``defer_errors`` kept for :meth:`raise_failed_write`: an
+        operation that is changing rows goes on to its end, and the next one raises it
+        before it changes anything (all or nothing).
+        """
+        self.wait_writes()
+        if self.failed is not None:
+            if defer_errors:
+                return
+            self.raise_failed_write()
+        due = self._compactor.due()
+        if due:
+            try:
+                self._compactor.compact(due)
+            except Exception as err:  # (the rows wait in memory, the next write tries again)
+                if not defer_errors:
+                    raise
+                self.failed = err
+                return
+        with self._lock:
+            snaps = self._held.waiting()
+        if not self.background_writes:
+            try:
+                self._commit_waiting(snaps)
+            except Exception as err:
+                if not defer_errors:
+                    raise
+                self.failed = err
+            return
+        self._thread = threading.Thread(target=self._commit_waiting, args=(snaps, True), name="tiered_emb-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
+        try:
+            segments = self._segments.cut(snaps)
+            if not (on_thread and self.writer_process and self.write_by_process(segments)):
+                # (also where the writer process cannot start)
+                self._lmdb.write(lambda txn: self._segments.put(txn, segments))
+        except BaseException as err:
+            if not on_thread:
+                raise
+            self.failed = err
+            return
+        with self._lock:
+            self._segments.indexed(segments)  # before the snapshots leave the read path: reads then look in p:
+            self._held.committed(snaps)
+            self._held.written(self._held.ids_of(snaps))
+
+    def write_by_process(self, segments: list) -> bool:
+        """Append ``segments`` (:meth:`.SegmentLog.cut`) to ``p:`` in one transaction of the writer
+        process; False (nothing written) when the process cannot start: this store's writes
+        stay in this process from then on.  Grows the map and sends the write again when
+        the map is full; a failure is rolled back (the rows stay waiting in memory) and
+        raised as :class:`StoreFullError` or :class:`CorruptStoreError`."""
+        if not segments:
+            return True
+        if hasattr(signal, "pthread_sigmask"):
+            # A write into a dead process's pipe raises here (EPIPE), instead of a SIGPIPE
+            # that kills the trainer when it runs with SIGPIPE's default action.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+        while True:
+            if self.process is None:
+                try:
+                    self.process = WriterProcess(self._lmdb, self._compression, self._tables)
+                except WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
+                    self.writer_process = False
+                    try:  # told once; under -W error it must not fail the write
+                        warnings.warn(f"{err}; this store's write-backs are written by its writer thread from now on",
+                                      RuntimeWarning, stacklevel=2)
+                    except Warning:
+                        pass
+                    return False
+            try:
+                reply = self.process.write(segments, self._lmdb.map_size())
+            except CorruptStoreError:
+                self.process.close()
+                self.process = None  # the next write starts another one
+                raise
+            if reply.get("error") == "map_full":
+                self._lmdb.grow_map()
+                continue
+            path = self._lmdb.path
+            if reply.get("error") == "full":
+                raise StoreFullError(f"the disk under {path} is full ({reply['message']}); the write was "
+                                     "rolled back", "free disk space or move the store, then call flush()/checkpoint() again")
+            if "error" in reply:
+                raise CorruptStoreError(f"writing to {path} failed ({reply['message']}); the write was rolled back",
+                                        "check the disk and the store directory")
+            return True
+
+    def close(self) -> None:
+        """Wait for the writer thread and end the writer process (waiting write-backs are not written)."""
+        self.wait_writes()
+        if self.process is not None:
+            self.process.close()
+            self.process = None

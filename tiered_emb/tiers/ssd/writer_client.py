@@ -1,0 +1,163 @@
+"""The client side of the LMDB writer process (its own side: :mod:`.writer_main`).
+
+The writer thread hands each background write-back to a process of its own, which has
+its own GIL (why: :mod:`.writer_main`).  This module starts it, sends it writes and ends
+it, and makes sure it never outlives its trainer's interest: ended by
+:meth:`WriterProcess.close`, when the object is collected, at exit, and a process forked
+from the trainer does not keep its pipe.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import weakref
+
+from tiered_emb.errors import CorruptStoreError
+from tiered_emb.tiers.ssd import writer_main
+from tiered_emb.tiers.ssd.codec import frame_bytes, read_frame
+from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+
+#: Whether background write-backs go through a writer process (POSIX: it relies on the
+#: parent's pipes closing and on re-parenting at the parent's death; elsewhere the writer
+#: thread writes itself).
+WRITER_PROCESS = os.name == "posix"
+
+
+class WriterStartError(Exception):
+    """The writer process could not start or open the environment."""
+
+
+class WriterProcess:
+    """The trainer's side of one writer process (protocol: :mod:`.writer_main`).  Used by
+    the writer thread only, one write at a time.
+
+    The process runs in a session of its own (a Ctrl-C or a signal to the trainer's process
+    group does not reach it) with this interpreter's ``sys.path``.  It is ended by
+    :meth:`close`, or when this object is collected (a store dropped without ``close()``),
+    or at exit; a process forked from this one does not keep its pipe (each pipe end is
+    pointed at /dev/null in the fork), so the process still sees its input close.
+    """
+
+    #: Seconds the process has to start and open the environment.
+    START_TIMEOUT_S = 60
+
+    def __init__(self, lmdb_env: LmdbEnv, compression: int | None, tables: list[str]):
+        self.path = lmdb_env.path
+        if getattr(sys, "frozen", False) or not sys.executable:  # sys.executable is the app, or none
+            raise WriterStartError(f"the LMDB writer process for {self.path} cannot start (no Python interpreter "
+                                    "to run it: a frozen or embedded app)")
+        paths = [p for p in sys.path if isinstance(p, str) and p and os.pathsep not in p]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        try:
+            self.proc = subprocess.Popen([sys.executable, writer_main.__file__, str(os.getpid())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+                                         start_new_session=True, env=env)
+        except (OSError, TypeError, ValueError) as err:
+            raise WriterStartError(f"the LMDB writer process for {self.path} cannot start ({err})") from err
+        self._end = weakref.finalize(self, _end_process, self.proc)
+        _RUNNING.add(self)
+        hello = {"path": str(lmdb_env.path), "map_size": lmdb_env.map_size(), "max_dbs": lmdb_env.max_dbs,
+                 "max_readers": lmdb_env.max_readers, "compression": compression,
+                 "dbs": ["p:" + t for t in sorted(tables)]}
+        try:
+            reply = self._call(hello, [], timeout=self.START_TIMEOUT_S, max_reply=1 << 12)
+        except CorruptStoreError as err:
+            self.close()
+            raise WriterStartError(f"the LMDB writer process for {self.path} could not start ({err.args[0]}; "
+                                    "its error, if any, is on stderr)") from err
+        if reply.get("ok") is not True:
+            self.close()
+            raise WriterStartError(f"the LMDB writer process for {self.path} could not open it ({reply})")
+
+    def write(self, segments, map_size: int) -> dict:
+        """Send one write (``[(table, number, ids int64, rows float32)]``) and return the process's reply."""
+        head = {"map_size": map_size, "parts": [["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])]
+                                                 for t, seq, ids, rows in segments]}
+        return self._call(head, [a for _, _, ids, rows in segments for a in (ids, rows)])
+
+    def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
+        """Send a frame (and ``arrays``' bytes) and return the reply; ``timeout`` seconds for
+        it to begin and ``max_reply`` bytes at most (for the start: a program that is not
+        the writer may answer anything, or nothing)."""
+        try:
+            self.proc.stdin.write(frame_bytes(head))
+            for a in arrays:
+                self.proc.stdin.write(memoryview(a).cast("B"))
+            self.proc.stdin.flush()
+            if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
+                self.proc.kill()
+                reply = None
+            else:
+                reply = read_frame(self.proc.stdout, max_reply)
+        except (OSError, ValueError):  # a broken pipe: the process is gone; or not a frame
+            reply = None
+        if reply is None:
+            try:
+                status = self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                status = None
+            raise CorruptStoreError(f"the LMDB writer process of {self.path} ended (exit status {status}) before its "
+                                    "reply; its write was rolled back, or committed and is written again",
+                                    "the rows wait in memory: the next write starts a new writer process")
+        return reply
+
+    def close(self) -> None:
+        """End the process and reap it (between writes: it holds no transaction)."""
+        _RUNNING.discard(self)
+        self._end()
+
+
+def _end_process(proc: subprocess.Popen) -> None:
+    """Close the writer process's input (it exits at its end: a frame cut short is never
+    committed, so this may run while the writer thread is sending one, as at interpreter
+    exit) and its output, and reap it (killed if it lingers)."""
+    if hasattr(signal, "sigtimedwait"):
+        # Closing flushes what a failed write left in the buffer: a SIGPIPE that raises is taken back.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+        try:
+            proc.stdin.close()
+        except (OSError, ValueError):
+            pass  # already gone
+        finally:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    for f in (proc.stdin, proc.stdout):
+        try:
+            f.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+_RUNNING: weakref.WeakSet[WriterProcess] = weakref.WeakSet()
+
+
+def _forget_pipes_in_fork() -> None:
+    """In a process forked from this one: point every writer pipe end it inherited at
+    /dev/null, so that a writer still sees its input close when its trainer closes it or
+    dies (the fork itself never talks to the writers; its copies of these objects just
+    close /dev/null)."""
+    if not _RUNNING:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for w in list(_RUNNING):
+            for f in (w.proc.stdin, w.proc.stdout):
+                try:
+                    os.dup2(null, f.fileno())
+                except (OSError, ValueError):
+                    pass
+        _RUNNING.clear()
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pipes_in_fork)
