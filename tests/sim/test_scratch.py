@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tiered_emb.sim import policies as P
+from tiered_emb.sim.policies import buffers
 from tiered_emb.sim import release_scratch, simulate, zipf_ids
 from tiered_emb.testing import sim_reference as ref
 
@@ -45,20 +46,20 @@ def test_an_error_in_a_run_gives_the_array_back_and_the_next_run_is_right():
         with P.scratch("index", 300, np.int32) as ix:
             ix[:] = 7  # left dirty, as a run that failed half way would
             raise RuntimeError("boom")
-    assert "index" in P._KEPT.arrays
+    assert "index" in P.scratch_roles()
     assert simulate(trace, 20, "lru") == _expected(trace, 20, "lru")
 
 
 def test_large_arrays_are_not_kept(monkeypatch):
     release_scratch()
-    monkeypatch.setattr(P, "SCRATCH_KEEP_BYTES", 1000)
+    monkeypatch.setattr(buffers, "SCRATCH_KEEP_BYTES", 1000)  # read where scratch() lives
     with P.scratch("big", 1000, np.int32):
         pass
     with P.scratch("small", 100, np.int32):
         pass
-    assert sorted(P._KEPT.arrays) == ["small"]
+    assert P.scratch_roles() == ["small"]
     release_scratch()
-    assert P._KEPT.arrays == {}
+    assert P.scratch_roles() == []
 
 
 def test_threads_keep_their_own():

@@ -1,5 +1,7 @@
-"""Every simulator policy against its plain-Python reference, hand-traced sequences, Belady's bound,
-and the fast LRU/LFU kernels against the store's own, request by request."""
+"""Every simulator policy against its plain-Python reference, hand-traced sequences, Belady's bound.
+
+The twins of the store's LRU and LFU against the store's own kernel, request by request, are
+in the policy contract, tests/cache/test_policy_contract.py."""
 import numpy as np
 import pytest
 from hypothesis import given
@@ -8,7 +10,6 @@ from hypothesis import strategies as st
 from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
 from tiered_emb.sim import SIM_POLICIES, simulate, zipf_ids
 from tiered_emb.testing import sim_reference as ref
-from tiered_emb.cache.slots import CacheTier, _simulate_requests
 
 POLICIES = sorted(ref.REFERENCES)
 traces = st.lists(st.integers(0, 12), min_size=0, max_size=120)
@@ -58,29 +59,6 @@ def test_index_choice():
     assert not dense_ok(2**26, 10) and not dense_ok(2**40, 2**30)
     with pytest.raises(ConfigError, match="index"):
         simulate(np.array([1]), 1, "lru", index="tree")
-
-
-def _store_flags(trace, capacity, policy):
-    """The store's kernel, one request at a time, so each request's hit is visible."""
-    t = CacheTier(capacity, policy)
-    out = []
-    for x in trace:
-        one = np.array([x], dtype=np.int64)
-        out.append(bool(_simulate_requests(t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta, one)))
-    return out
-
-
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
-@given(trace=traces, capacity=capacities)
-def test_fast_kernels_make_the_store_decisions(policy, trace, capacity):
-    assert flags(trace, capacity, policy) == _store_flags(trace, capacity, policy)
-
-
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
-def test_fast_kernels_equal_store_on_zipf(policy):
-    tr = zipf_ids(5000, 1.0, 50_000, seed=3)
-    for capacity in (1, 7, 100, 1000):
-        assert simulate(tr, capacity, policy) == simulate(tr, capacity, policy + "-store")
 
 
 @pytest.mark.parametrize("index", INDEXES)

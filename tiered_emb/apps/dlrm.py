@@ -24,12 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tiered_emb._progress import progress
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.store import TieredStore
-from tiered_emb.apps.stream import format_tier_table, progress
+from tiered_emb.apps.stream import format_tier_table
 
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.

@@ -7,26 +7,16 @@ move down the tiers and land in LMDB.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tiered_emb._progress import progress
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.optimizers import RowWiseAdagrad
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.store import TieredStore
-
-
-def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream=sys.stderr) -> None:
-    """One-line progress bar (rewritten in place)."""
-    done = int(width * i / max(n, 1))
-    rate = i / max(time.perf_counter() - t0, 1e-9)
-    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {rate:,.1f}/s {extra}")
-    if i >= n:
-        stream.write("\n")
-    stream.flush()
 
 
 def format_tier_table(stats: dict) -> str:

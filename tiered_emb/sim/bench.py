@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tiered_emb._progress import progress
 from tiered_emb.errors import ConfigError, MissingExtraError, TraceFileError
-from tiered_emb.apps.stream import progress
 from tiered_emb.sim import traces
 from tiered_emb._args import as_ids, int_arg
 from tiered_emb.sim.compare import libcachesim_hashpower

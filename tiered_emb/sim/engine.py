@@ -1,10 +1,12 @@
 """Run one policy over one trace: the simulator's policy registry.
 
 A policy is data, as in :mod:`tiered_emb.cache.policies`: :data:`SIM_POLICIES` maps a name to
-its kernel driver and to libCacheSim's name for the same algorithm.  ``lru`` and ``lfu``
-are the store's policies: their simulator kernels make the store's decisions (the tests
-compare them with :func:`tiered_emb.cache.slots._simulate_requests` request by request)
-and ``lru-store`` / ``lfu-store`` run the store's own kernel, for cross-checks.
+its kernel driver and to libCacheSim's name for the same algorithm.  The names are the
+CLI's.  ``lru`` and ``lfu`` name the simulator's *twins* of the store's LRU and LFU
+(:mod:`tiered_emb.sim.policies.lru`, :mod:`~tiered_emb.sim.policies.lfu`): other kernels
+that make the same decisions as the store's, which ``SimPolicy.twin`` names and
+``tests/cache/test_policy_contract.py`` checks request by request; ``lru-store`` /
+``lfu-store`` run the store's own kernel (:func:`tiered_emb.cache.slots.simulate`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class SimPolicy:
     run: Callable            # (trace, capacity, hit_flags, index=, max_id=) -> hits
     libcachesim: str | None  # class name in the libcachesim package, or None
     offline: bool = False    # needs the future (next-use array)
+    twin: str | None = None  # the store policy (a key of cache.policies.POLICIES) it decides as
 
 
 def _store(name):
@@ -36,8 +39,9 @@ def _store(name):
 
 
 SIM_POLICIES: dict[str, SimPolicy] = {
-    "lru": SimPolicy("least recently used (the store's LRU)", _p.lru_hits, "LRU"),
-    "lfu": SimPolicy("fewest uses since admission, then least recent (the store's LFU)", _p.lfu_hits, "LFU"),
+    "lru": SimPolicy("least recently used (twin of the store's LRU)", _p.lru_hits, "LRU", twin="lru"),
+    "lfu": SimPolicy("fewest uses since admission, then least recent (twin of the store's LFU)", _p.lfu_hits, "LFU",
+                     twin="lfu"),
     "fifo": SimPolicy("first in, first out", _p.fifo_hits, "FIFO"),
     "clock": SimPolicy("FIFO with a reference bit (second chance)", _p.clock_hits, "Clock"),
     "sieve": SimPolicy("SIEVE: visited bit, hand from old to new, no reordering", _p.sieve_hits, "Sieve"),
@@ -45,8 +49,8 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     "arc": SimPolicy("ARC: adaptive split of recency and frequency lists with ghosts", _p.arc_hits, "ARC"),
     "belady": SimPolicy("Belady's MIN (offline optimum): evict the farthest next use", _p.belady_hits,
                         "Belady", offline=True),
-    "lru-store": SimPolicy("the store's LRU kernel itself (slower; a cross-check)", _store("lru"), "LRU"),
-    "lfu-store": SimPolicy("the store's LFU kernel itself (slower; a cross-check)", _store("lfu"), "LFU"),
+    "lru-store": SimPolicy("the store's LRU kernel itself (slower; a cross-check)", _store("lru"), "LRU", twin="lru"),
+    "lfu-store": SimPolicy("the store's LFU kernel itself (slower; a cross-check)", _store("lfu"), "LFU", twin="lfu"),
 }
 
 

@@ -3,39 +3,30 @@
 Each function takes a trace (a sequence of ints) and a capacity in objects and returns
 the list of hit flags (bools), one per request.  They follow the same definitions as the
 Numba kernels of :mod:`tiered_emb.sim.policies` (libCacheSim's), written the way a
-textbook would: lists ordered oldest first, linear scans, no cleverness.
+textbook would: lists ordered oldest first, linear scans, no cleverness.  LRU and LFU
+are the store's: one oracle, :class:`tiered_emb.testing.reference.ReferencePolicy`, run
+one request a batch, so the simulator's twins and the store's kernels answer to the same.
 """
 from __future__ import annotations
 
+from tiered_emb.testing.reference import ReferencePolicy
+
+
+def _one_request_at_a_time(policy, trace, capacity):
+    """Hit flags of the store's reference policy with each request a batch of its own."""
+    ref = ReferencePolicy(capacity, policy)
+    return [ref.access([x])[0][0] for x in trace]
+
 
 def lru(trace, capacity):
-    order, out = [], []          # oldest first
-    for x in trace:
-        hit = x in order
-        out.append(hit)
-        if hit:
-            order.remove(x)
-        elif len(order) == capacity:
-            order.pop(0)
-        order.append(x)
-    return out
+    """The store's LRU (:class:`~tiered_emb.testing.reference.ReferencePolicy`), one request a batch."""
+    return _one_request_at_a_time("lru", trace, capacity)
 
 
 def lfu(trace, capacity):
-    """Fewest uses since admission, then least recent use; counts die with eviction."""
-    count, last, out = {}, {}, []
-    for t, x in enumerate(trace):
-        hit = x in count
-        out.append(hit)
-        if hit:
-            count[x] += 1
-        else:
-            if len(count) == capacity:
-                victim = min(count, key=lambda k: (count[k], last[k]))
-                del count[victim], last[victim]
-            count[x] = 1
-        last[x] = t
-    return out
+    """The store's LFU: fewest uses since admission, then least recent use, then lowest slot;
+    counts die with eviction (:class:`~tiered_emb.testing.reference.ReferencePolicy`)."""
+    return _one_request_at_a_time("lfu", trace, capacity)
 
 
 def fifo(trace, capacity):

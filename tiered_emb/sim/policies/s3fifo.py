@@ -1,0 +1,196 @@
+"""S3-FIFO: small FIFO (10 %), main FIFO (90 %) with a 2-bit clock, ghost FIFO of ids (90 %).
+
+The variant of libCacheSim 0.3.x (``S3FIFO.c``), including its warm-up rule: objects
+admitted before the first eviction go to main once small is full.  No store policy:
+simulator only.
+
+>>> s3fifo_sizes(100)
+(10, 90, 90)
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tiered_emb._args import finite_arg
+from tiered_emb.errors import ConfigError
+from tiered_emb.sim.policies.base import NIL, PREFETCH_AHEAD, ix_del, ix_find, ix_prefetch, ix_put, list_unlink
+from tiered_emb.sim.policies.buffers import kernel_state
+
+
+@numba.njit(inline="always")
+def _ring_push(ring, meta, q, slot):
+    """Append ``slot`` to queue ``q`` (meta[q] = [head, size]); ring rows are queues."""
+    cap = ring.shape[1]
+    pos = meta[q, 0] + meta[q, 1]
+    if pos >= cap:
+        pos -= cap
+    ring[q, pos] = slot
+    meta[q, 1] += 1
+
+
+@numba.njit(inline="always")
+def _ring_pop(ring, meta, q):
+    """Remove and return the oldest slot of queue ``q``."""
+    cap = ring.shape[1]
+    slot = ring[q, meta[q, 0]]
+    meta[q, 0] += 1
+    if meta[q, 0] == cap:
+        meta[q, 0] = 0
+    meta[q, 1] -= 1
+    return slot
+
+
+@numba.njit(cache=True)
+def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_ids,
+                     queue_of, freq, ring, qmeta, gids, gnewer, golder, gfree,
+                     hit_flags):
+    """S3-FIFO.
+
+    Resident slots (``small_cap + main_cap`` of them) hold ``slot_ids``, ``queue_of``
+    (0 small, 1 main) and ``freq``; ``ring`` int32 (2, capacity) with ``qmeta`` int64
+    (2, 2) are the two FIFO queues.  The ghost is a FIFO list of ids over ``ghost_cap``
+    nodes (``gids``, ``gnewer``, ``golder``, free stack ``gfree``), since a ghost hit
+    removes an id from its middle.
+
+    One index holds both: a resident id maps to its slot (>= 0), a ghost id to
+    ``-2 - node`` (an id is never both: a ghost hit leaves the ghost before it is
+    admitted).  Why: a miss must ask whether the id is a ghost, and a second index would
+    be a second random access per miss, one the request prefetch does not cover.
+    """
+    record = hit_flags.shape[0] > 0
+    capacity = small_cap + main_cap
+    hits = 0
+    used = 0
+    has_evicted = False
+    g_newest = NIL
+    g_oldest = NIL
+    g_size = 0
+    g_free_n = ghost_cap
+    n = trace.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
+        key = trace[i]
+        s = ix_find(ix, key)
+        if s >= 0:
+            hits += 1
+            freq[s] += 1
+            if record:
+                hit_flags[i] = 1
+            continue
+        hit_on_ghost = s <= -2
+        if hit_on_ghost:
+            g = -2 - s
+            ix_del(ix, key)
+            g_newest, g_oldest = list_unlink(gnewer, golder, g_newest, g_oldest, g)
+            gfree[g_free_n] = g
+            g_free_n += 1
+            g_size -= 1
+        if qmeta[0, 1] + qmeta[1, 1] >= capacity:
+            has_evicted = True
+            if qmeta[1, 1] > main_cap or qmeta[0, 1] == 0:
+                # main: a 2-bit clock in FIFO order
+                while True:
+                    v = _ring_pop(ring, qmeta, 1)
+                    if freq[v] >= 1:
+                        freq[v] = min(freq[v], 3) - 1
+                        _ring_push(ring, qmeta, 1, v)
+                    else:
+                        ix_del(ix, slot_ids[v])
+                        s = v
+                        break
+            else:
+                while True:
+                    v = _ring_pop(ring, qmeta, 0)
+                    if freq[v] >= threshold:
+                        freq[v] = 0
+                        queue_of[v] = 1
+                        _ring_push(ring, qmeta, 1, v)
+                        if qmeta[0, 1] == 0:
+                            # small drained into main: the main clock frees a slot
+                            while True:
+                                w = _ring_pop(ring, qmeta, 1)
+                                if freq[w] >= 1:
+                                    freq[w] = min(freq[w], 3) - 1
+                                    _ring_push(ring, qmeta, 1, w)
+                                else:
+                                    ix_del(ix, slot_ids[w])
+                                    s = w
+                                    break
+                            break
+                    else:
+                        vid = slot_ids[v]
+                        ix_del(ix, vid)
+                        s = v
+                        if ghost_cap > 0:
+                            if g_size == ghost_cap:
+                                g = g_oldest
+                                g_oldest = gnewer[g]
+                                if g_oldest == NIL:
+                                    g_newest = NIL
+                                else:
+                                    golder[g_oldest] = NIL
+                                ix_del(ix, gids[g])
+                                g_size -= 1
+                            else:
+                                g_free_n -= 1
+                                g = gfree[g_free_n]
+                            gids[g] = vid
+                            golder[g] = g_newest
+                            gnewer[g] = NIL
+                            if g_newest == NIL:
+                                g_oldest = g
+                            else:
+                                gnewer[g_newest] = g
+                            g_newest = g
+                            g_size += 1
+                            ix_put(ix, vid, -2 - g)
+                        break
+        else:
+            s = used
+            used += 1
+        if hit_on_ghost:
+            q = 1
+        elif not has_evicted and qmeta[0, 1] >= small_cap:
+            q = 1
+        else:
+            q = 0
+        slot_ids[s] = key
+        queue_of[s] = q
+        freq[s] = 0
+        _ring_push(ring, qmeta, q, s)
+        ix_put(ix, key, s)
+    return hits
+
+def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9) -> tuple[int, int, int]:
+    """``(small, main, ghost)`` object counts, computed as libCacheSim does (C doubles cast
+    to int64), except that the small queue holds at least one object.  ``small_ratio`` is
+    in [0, 1] and ``ghost_ratio`` finite and >= 0 (a :class:`ConfigError` otherwise)."""
+    small_ratio = finite_arg("small_ratio", small_ratio, 0.0, "give small_ratio in [0, 1]")
+    ghost_ratio = finite_arg("ghost_ratio", ghost_ratio, 0.0, "give a finite ghost_ratio >= 0")
+    if small_ratio > 1:
+        raise ConfigError(f"small_ratio={small_ratio!r} is invalid", "give small_ratio in [0, 1]")
+    small = max(int(capacity * small_ratio), 1) if capacity > 1 else 0
+    return small, capacity - small, int(capacity * ghost_ratio)
+
+
+def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_ratio=0.1, ghost_ratio=0.9, threshold=2):
+    """Hits of S3-FIFO with queues of :func:`s3fifo_sizes`; ``threshold``: uses in small
+    that promote an object to main.
+
+    ``trace``: int64 (n,), ids >= 0; ``capacity``: objects, >= 1; ``hit_flags``: uint8,
+    empty or (n,) zeros, receives 1 at each hit; ``index``: "auto", "dense" or "hash"
+    (:func:`~tiered_emb.sim.policies.buffers.kernel_state`); ``max_id``: the trace's
+    largest id when the caller knows it.  :func:`tiered_emb.sim.simulate` checks all of
+    these; this is its fast path.
+    """
+    small, main, ghost = s3fifo_sizes(capacity, small_ratio, ghost_ratio)
+    gcap = max(ghost, 1)
+    with kernel_state(trace, capacity, index, max_id, capacity + ghost) as (ix, idt):
+        return _s3fifo_simulate(trace, small, main, ghost, threshold, ix,
+                                np.empty(capacity, idt), np.zeros(capacity, np.uint8),
+                                np.zeros(capacity, np.int64), np.empty((2, capacity), np.int32),
+                                np.zeros((2, 2), np.int64), np.empty(gcap, idt),
+                                np.full(gcap, NIL, np.int32), np.full(gcap, NIL, np.int32),
+                                np.arange(gcap - 1, -1, -1, dtype=np.int32), hit_flags)
