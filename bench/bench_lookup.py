@@ -32,12 +32,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, timed, write_json  # noqa: E402
+from _common import machine, median, timed, write_json
 
-from tiered_emb import TableConfig, TieredStore, TierConfig  # noqa: E402
-from tiered_emb.sim.compare import libcachesim_hashpower  # noqa: E402
-from tiered_emb.sim.traces import zipf_ids  # noqa: E402
-from tiered_emb.cache.slots import simulate  # noqa: E402
+from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb.cache.slots import simulate
+from tiered_emb.sim.compare import libcachesim_hashpower
+from tiered_emb.sim.traces import zipf_ids
 
 
 def bench_dim(dim: int, n_ids: int, batch: int, n_batches: int, repeats: int, seed: int) -> dict:
@@ -59,16 +59,17 @@ def bench_dim(dim: int, n_ids: int, batch: int, n_batches: int, repeats: int, se
 
             def peer():
                 for b in batches:
-                    np.take(plain, b, axis=0)
+                    np.take(plain, b, axis=0)  # noqa: F821 (deleted below, once the timings are done)
 
             compact = np.ascontiguousarray(plain[touched])
             row_of = np.full(n_ids, -1, dtype=np.int64)
             row_of[touched] = np.arange(touched.shape[0])
-            assert np.array_equal(np.take(compact, np.take(row_of, batches[0]), axis=0), np.take(plain, batches[0], axis=0))
+            assert np.array_equal(np.take(compact, np.take(row_of, batches[0]), axis=0),
+                                  np.take(plain, batches[0], axis=0))
 
             def peer_compact():
                 for b in batches:
-                    np.take(compact, np.take(row_of, b), axis=0)
+                    np.take(compact, np.take(row_of, b), axis=0)  # noqa: F821 (deleted below, as above)
 
             rows = batch * n_batches
             pairs = _paired(ours, (peer, peer_compact), repeats)
@@ -176,7 +177,8 @@ def main(argv=None) -> int:
     pol = bench_policies(a.ids, a.requests, 0.01, max(1, a.repeats // 2), a.seed)
     result["policies"] = pol
     for name in ("lru", "lfu"):
-        print(f"policy {name}: {pol[name]['decisions_per_s'] / 1e6:6.1f} M decisions/s, hit ratio {pol[name]['hit_ratio']:.4f}")
+        print(f"policy {name}: {pol[name]['decisions_per_s'] / 1e6:6.1f} M decisions/s, "
+              f"hit ratio {pol[name]['hit_ratio']:.4f}")
     if "libcachesim" in pol:
         print(f"libCacheSim LRU: {pol['libcachesim']['requests_per_s'] / 1e6:6.1f} M requests/s, hit ratio "
               f"{pol['libcachesim']['hit_ratio']:.4f}; ours/libCacheSim {pol['lru_vs_libcachesim']:.1f}x")

@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, write_json  # noqa: E402
+from _common import machine, median, write_json
 
-from tiered_emb.sim.engine import simulate  # noqa: E402
-from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits  # noqa: E402
-from tiered_emb.sim.traces import drift_ids, zipf_ids  # noqa: E402
+from tiered_emb.sim.engine import simulate
+from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits
+from tiered_emb.sim.traces import drift_ids, zipf_ids
 
 AMAZON = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "amazon_video_user_item.txt"
 
@@ -74,7 +74,7 @@ def traces(args) -> dict[str, tuple[np.ndarray, int, str]]:
 def hit_rates(trace: np.ndarray, batch: int, frac: float, window: int, load_ahead: int) -> dict:
     uids, boff = batch_uniques(trace, batch)
     distinct = int(np.unique(trace).shape[0])
-    hbm = max(2, int(round(frac * distinct)))
+    hbm = max(2, round(frac * distinct))
     ddr = 4 * hbm
     n = uids.shape[0]
     row = {"hbm_rows": hbm, "ddr_rows": ddr, "distinct_ids": distinct, "unique_ids_per_batch": n / (boff.shape[0] - 1),
@@ -90,7 +90,8 @@ def hit_rates(trace: np.ndarray, batch: int, frac: float, window: int, load_ahea
         policies[name] = {"hbm_hit_rate": h.hbm_hit_rate, "ddr_hit_rate": h.ddr_hit_rate,
                           "hbm_plus_ddr_hit_rate": (h.hbm_hits + h.ddr_hits) / n, "seconds": time.perf_counter() - t0}
     for ties in ("lru", "lfu"):
-        policies[f"window belady ({ties} ties)"] = {"hbm_hit_rate": window_belady_hits(uids, boff, hbm, window, ties) / n}
+        hits = window_belady_hits(uids, boff, hbm, window, ties)
+        policies[f"window belady ({ties} ties)"] = {"hbm_hit_rate": hits / n}
     policies["belady (full)"] = {"hbm_hit_rate": simulate(uids, hbm, "belady") / n}
     row["policies"] = policies
     rate = {k: v["hbm_hit_rate"] for k, v in policies.items()}
@@ -99,9 +100,10 @@ def hit_rates(trace: np.ndarray, batch: int, frac: float, window: int, load_ahea
     row["checks"] = {}
     for label in ("load 0", f"load {load_ahead}"):
         best_la = max(rate[f"lookahead+lru {label}"], rate[f"lookahead+lfu {label}"])
-        row["checks"][label] = {"minus_best_plain": best_la - best_plain, "minus_best_window_belady": best_la - best_wb,
-                                "lru_minus_window_belady_lru": rate[f"lookahead+lru {label}"] - rate["window belady (lru ties)"],
-                                "lfu_minus_window_belady_lfu": rate[f"lookahead+lfu {label}"] - rate["window belady (lfu ties)"]}
+        row["checks"][label] = {
+            "minus_best_plain": best_la - best_plain, "minus_best_window_belady": best_la - best_wb,
+            "lru_minus_window_belady_lru": rate[f"lookahead+lru {label}"] - rate["window belady (lru ties)"],
+            "lfu_minus_window_belady_lfu": rate[f"lookahead+lfu {label}"] - rate["window belady (lfu ties)"]}
         row["checks"][label]["meets_targets"] = bool(best_la >= best_plain and best_la - best_wb >= -0.01)
     return row
 
@@ -121,22 +123,22 @@ def end_to_end(args) -> dict:
     configs = {
         "no prefetch, writes on the step": ["--lookahead", "0", "--sync-writes"],
         "no prefetch": ["--lookahead", "0"],
-        "no prefetch, step on every core": ["--lookahead", "0"] + every_core,
+        "no prefetch, step on every core": ["--lookahead", "0", *every_core],
         f"pipeline k={k} load 0": ["--lookahead", k, "--load-ahead", "0"],
         f"pipeline k={k} load {la}": ["--lookahead", k, "--load-ahead", la],
         f"pipeline k={k} load {la} read-ahead {la}": ["--lookahead", k, "--load-ahead", la, "--read-ahead", la],
-        f"pipeline k={k} load {la}, step on every core": ["--lookahead", k, "--load-ahead", la] + every_core,
+        f"pipeline k={k} load {la}, step on every core": ["--lookahead", k, "--load-ahead", la, *every_core],
         "every row resident": ["--hbm-rows", "100000", "--ddr-rows", "0"],
         "every row resident, no prefetch": ["--hbm-rows", "100000", "--ddr-rows", "0", "--lookahead", "0"],
         "every row resident, no prefetch, step on every core": ["--hbm-rows", "100000", "--ddr-rows", "0",
-                                                                 "--lookahead", "0"] + every_core,
+                                                                 "--lookahead", "0", *every_core],
     }
     out = {}
     with tempfile.TemporaryDirectory(prefix="bench_prefetch_") as tmp:
         for rep in range(args.e2e_repeats):
             for name, extra in configs.items():
-                argv = base + ["--run-dir", f"{tmp}/{rep}_{len(out)}", "--hbm-rows", str(hbm), "--ddr-rows", str(ddr)] \
-                    + extra
+                argv = [*base, "--run-dir", f"{tmp}/{rep}_{len(out)}", "--hbm-rows", str(hbm), "--ddr-rows", str(ddr),
+                        *extra]
                 r = dlrm.train(parser.parse_args(argv))
                 out.setdefault(name, {"flags": extra, "samples_per_s": [],
                                       "step_hbm_hit_rate": r["tiers"]["hbm"]["hit_rate"],
@@ -191,9 +193,9 @@ def main(argv=None) -> dict:
             r = {k: v["hbm_hit_rate"] for k, v in row["policies"].items()}
             ok = ["met" if row["checks"][x]["meets_targets"] else "MISSED" for x in ("load 0", la)]
             print(f"{name:<9} {frac:>4.0%} {r['lru']:>6.3f} {r['lfu']:>6.3f} {r['lookahead+lru load 0']:>6.3f} "
-                  f"{r['lookahead+lfu load 0']:>6.3f} {r[f'lookahead+lru {la}']:>6.3f} {r[f'lookahead+lfu {la}']:>6.3f} "
-                  f"{r['window belady (lru ties)']:>6.3f} {r['window belady (lfu ties)']:>6.3f} {r['belady (full)']:>6.3f}"
-                  f"  {ok[0]} / {ok[1]}")
+                  f"{r['lookahead+lfu load 0']:>6.3f} {r[f'lookahead+lru {la}']:>6.3f} "
+                  f"{r[f'lookahead+lfu {la}']:>6.3f} {r['window belady (lru ties)']:>6.3f} "
+                  f"{r['window belady (lfu ties)']:>6.3f} {r['belady (full)']:>6.3f}  {ok[0]} / {ok[1]}")
     out = {"benchmark": "prefetch", "command": "python bench/bench_prefetch.py " + " ".join(argv or sys.argv[1:]),
            "config": vars(args), "machine": machine(), "hit_rates": results}
     if args.e2e_steps > 0:

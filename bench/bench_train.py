@@ -51,7 +51,8 @@ def _batches(args, first_seed: int, count: int):
     for k in range(count):
         ids = torch.from_numpy(zipf_ids(args.rows, args.alpha, args.bags * args.bag_size, seed=first_seed + k))
         offsets = torch.arange(args.bags + 1, dtype=torch.int64) * args.bag_size
-        g = torch.from_numpy(np.random.default_rng(first_seed + k).normal(0, 1e-2, (args.bags, args.dim)).astype(np.float32))
+        g = np.random.default_rng(first_seed + k).normal(0, 1e-2, (args.bags, args.dim))
+        g = torch.from_numpy(g.astype(np.float32))
         out.append((ids, offsets, g))
     return out
 
@@ -115,8 +116,10 @@ def _fbgemm(args):
             warnings.simplefilter("ignore")
             from fbgemm_gpu.split_embedding_configs import EmbOptimType
             from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
-                                                                                SplitTableBatchedEmbeddingBagsCodegen)
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice,
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
     except Exception as err:  # not installed, or a build that does not load here
         print(f"fbgemm_gpu not usable ({type(err).__name__}: {err}); skipping it", file=sys.stderr)
         return None
@@ -155,12 +158,12 @@ def main(argv=None) -> dict:
             bag(ids, offsets).backward(g)
 
         def fb_train(ids, offsets, g):
-            tbe(ids, offsets).backward(g)
+            tbe(ids, offsets).backward(g)  # noqa: F821 (deleted below, once the timings are done)
 
         def torch_train(ids, offsets, g):
-            emb(ids, offsets).backward(g)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            emb(ids, offsets).backward(g)  # noqa: F821 (as above)
+            opt.step()  # noqa: F821
+            opt.zero_grad(set_to_none=True)  # noqa: F821
 
         def forward_of(module):
             def fwd(ids, offsets, g):

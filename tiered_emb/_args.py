@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError
 
 _INT64_MAX = 2**63 - 1
 
 
-def int_arg(name: str, value, lo: int | None = None, hi: int | None = None, hint: str | None = None) -> int:
+def int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None, hint: str | None = None) -> int:
     """``value`` as an int (a Python or NumPy integer; not a bool, not a float), within ``[lo, hi]``."""
     if isinstance(value, (bool, np.bool_)):
         ok = False
@@ -32,7 +34,7 @@ def int_arg(name: str, value, lo: int | None = None, hi: int | None = None, hint
     return v
 
 
-def finite_arg(name: str, value, lo: float | None = None, hint: str | None = None) -> float:
+def finite_arg(name: str, value: Any, lo: float | None = None, hint: str | None = None) -> float:
     """``value`` as a finite float, ``>= lo``."""
     try:
         v = float(value)
@@ -44,7 +46,7 @@ def finite_arg(name: str, value, lo: float | None = None, hint: str | None = Non
     return v
 
 
-def _all_ints(ids) -> bool:
+def _all_ints(ids: Any) -> bool:
     try:
         flat = np.asarray(ids, dtype=object).ravel()
     except (ValueError, TypeError):
@@ -52,7 +54,7 @@ def _all_ints(ids) -> bool:
     return flat.size > 0 and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in flat)
 
 
-def as_ids(ids, what: str = "trace") -> np.ndarray:
+def as_ids(ids: Any, what: str = "trace") -> npt.NDArray[np.int64]:
     """``ids`` as a contiguous int64 (n,) array, or an :class:`IdTypeError` (not integers,
     not 1-D) / :class:`IdRangeError` (beyond int64).  Float ids are never truncated; an
     empty array of any numeric dtype is an empty trace.  Negative ids pass (the caller

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_emb.errors import ConfigError
 from tiered_emb._args import finite_arg, int_arg
+from tiered_emb.errors import ConfigError
 from tiered_emb.sim.traces import zipf_ids
 
 NUM_DENSE = 13
@@ -122,7 +122,8 @@ class CriteoTSV:
     def __init__(self, path, num_rows: int, batch_size: int, test_fraction: float = 0.1):
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"data path {str(path)!r} is not a file", "give a Criteo-format TSV (label, 13 ints, 26 hex)")
+            raise ConfigError(f"data path {str(path)!r} is not a file",
+                              "give a Criteo-format TSV (label, 13 ints, 26 hex)")
         num_rows = int_arg("num_rows", num_rows, 1, hint="use an int >= 1")
         batch_size = int_arg("batch_size", batch_size, 1, hint="use an int >= 1")
         test_fraction = finite_arg("test_fraction", test_fraction, 0.0, hint="use a fraction in [0, 1)")
@@ -147,7 +148,7 @@ class CriteoTSV:
             except ValueError as err:  # a label or count that is no number, a hash that is not hex
                 raise ConfigError(f"{str(path)!r} line {lineno}: {err}", _CRITEO_HINT) from None
         n = len(labels)
-        n_test = max(1, int(round(n * test_fraction))) if n > 1 else 0
+        n_test = max(1, round(n * test_fraction)) if n > 1 else 0
         if n - n_test < 1:
             raise ConfigError(f"{str(path)!r} has {n} lines", "give at least 2 lines")
         d = np.log1p(np.maximum(np.asarray(dense, dtype=np.float64), 0.0)).astype(np.float32)
@@ -172,4 +173,4 @@ class CriteoTSV:
         return d[idx], c[idx], y[idx]
 
 
-__all__ = ["SyntheticClicks", "CriteoTSV", "NUM_DENSE", "NUM_CATS"]
+__all__ = ["NUM_CATS", "NUM_DENSE", "CriteoTSV", "SyntheticClicks"]

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
+from tiered_emb.apps.stream import format_tier_table, progress
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
-from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.store import TieredStore
-from tiered_emb.apps.stream import format_tier_table, progress
 
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
@@ -448,7 +448,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
     torch.manual_seed(cfg["seed"])
     model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
-    dense_params = [p for p in model.parameters()]
+    dense_params = list(model.parameters())
     opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
     start = 0
     saved = store.extra if args.resume else None
@@ -519,16 +519,16 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
 def format_report(r: dict) -> str:
     lines = [
-        f"trained {r['steps_this_run']} steps x {r['batch']} samples in {r['train_seconds']:.1f} s: "
-        f"{r['samples_per_s']:,.0f} samples/s (step {r['steps']} of the run)",
+        (f"trained {r['steps_this_run']} steps x {r['batch']} samples in {r['train_seconds']:.1f} s: "
+         f"{r['samples_per_s']:,.0f} samples/s (step {r['steps']} of the run)"),
         f"train    log loss {r['train_logloss']:.4f}  AUC {r['train_auc']:.4f}  (CTR {r['train_ctr']:.3f})",
         f"held-out log loss {r['test_logloss']:.4f}  AUC {r['test_auc']:.4f}  (CTR {r['test_ctr']:.3f})",
-        f"tables {r['table_rows']:,} rows = {r['tables_over_capacity']:.1f}x HBM+DDR capacity "
-        f"({r['capacity_rows']:,} rows); LMDB files {r['lmdb_file_bytes'] / 2**20:.1f} MiB",
+        (f"tables {r['table_rows']:,} rows = {r['tables_over_capacity']:.1f}x HBM+DDR capacity "
+         f"({r['capacity_rows']:,} rows); LMDB files {r['lmdb_file_bytes'] / 2**20:.1f} MiB"),
         "",
         format_tier_table({"steps": r["tiers"], "prefetch": r["prefetch"]}),
-        "(steps: what the training steps asked of each tier; prefetch: what the lookahead thread brought up "
-        "before them; rows/MiB: held at the end)",
+        ("(steps: what the training steps asked of each tier; prefetch: what the lookahead thread brought up "
+         "before them; rows/MiB: held at the end)"),
     ]
     return "\n".join(lines)
 
@@ -542,4 +542,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["build_model", "train", "auc", "log_loss", "aggregate_stats", "format_report"]
+__all__ = ["aggregate_stats", "auc", "build_model", "format_report", "log_loss", "train"]

@@ -31,7 +31,8 @@ def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream
 
 def format_tier_table(stats: dict) -> str:
     """A table of per-tier statistics for every table of ``store.stats()``."""
-    head = f"{'table':<10} {'tier':<4} {'lookups':>11} {'hit rate':>8} {'evictions':>10} {'writebacks':>10} {'rows':>10} {'MiB':>8}"
+    head = (f"{'table':<10} {'tier':<4} {'lookups':>11} {'hit rate':>8} {'evictions':>10} {'writebacks':>10} "
+            f"{'rows':>10} {'MiB':>8}")
     lines = [head, "-" * len(head)]
     for name, s in stats.items():
         for tier in ("hbm", "ddr", "ssd"):
@@ -82,5 +83,6 @@ def run(args) -> int:
         cap = args.tables * (args.hbm_rows + args.ddr_rows)
         print(f"\n{args.steps} steps x {args.tables} tables x {args.batch} ids in {elapsed:.1f} s "
               f"({args.steps * args.tables * args.batch / elapsed:,.0f} lookups/s); "
-              f"rows stored {touched:,} = {touched / cap:.1f}x HBM+DDR capacity; LMDB files {store.disk_bytes() / 2**20:.1f} MiB")
+              f"rows stored {touched:,} = {touched / cap:.1f}x HBM+DDR capacity; "
+              f"LMDB files {store.disk_bytes() / 2**20:.1f} MiB")
     return 0

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.errors import ConfigError
 from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_find_many, _index_put, new_index
-from tiered_emb.kernels import PREFETCH_DISTANCE, _prefetch
 from tiered_emb.cache.policies import POLICIES, _attach, _detach, _fresh, _hit, _touch, _victim, new_policy_state
+from tiered_emb.errors import ConfigError
+from tiered_emb.kernels import PREFETCH_DISTANCE, _prefetch
 
 
 class CacheTier:

@@ -101,13 +101,13 @@ class ReferenceStore:
 
     def write(self, table: str, ids, rows) -> None:
         dim = self.tables[table].dim
-        for i, r in zip(ids, rows):
+        for i, r in zip(ids, rows, strict=True):
             self._record(table, int(i))[:dim] = r
 
     def apply_gradients(self, table: str, ids, grads) -> None:
         cfg = self.tables[table]
         summed: dict[int, np.ndarray] = {}
-        for i, g in zip(ids, grads):  # batch order per id, from +0.0 (so -0.0 alone sums to +0.0)
+        for i, g in zip(ids, grads, strict=True):  # batch order per id, from +0.0 (so -0.0 alone sums to +0.0)
             i = int(i)
             summed[i] = summed.get(i, np.zeros(g.shape, np.float32)) + g.astype(np.float32)
         for i, g in summed.items():

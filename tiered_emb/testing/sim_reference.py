@@ -193,7 +193,7 @@ def belady(trace, capacity):
         if hit:
             continue
         if len(cache) == capacity:
-            def next_use(y):
+            def next_use(y, i=i):
                 for j in range(i + 1, len(trace)):
                     if trace[j] == y:
                         return j
