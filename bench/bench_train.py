@@ -183,7 +183,7 @@ def main(argv=None) -> dict:
         mixed = _time_interleaved({name: fwd for name, (_, fwd) in peers.items()}, batches, args.forward_repeats)
         for name, times in mixed.items():
             results[f"{name}_forward_interleaved"] = _summary(times, lookups)
-        if not args.skip_torch_train:  # alone: at ~80 ms a step it would set the pace of the others
+        if not args.skip_torch_train:  # timed alone: its step is much the slowest and would set the others' pace
             results["torch_train"] = _summary(_time_steps(torch_train, batches, max(1, args.repeats // 2)), lookups)
         store.close()
         shutil.rmtree(tmp / "resident")

@@ -77,11 +77,10 @@ def host_zeros(shape: tuple[int, int]) -> npt.NDArray[np.float32]:
     """Zeroed float32 host array for a tier's records, on transparent huge pages where Linux offers them.
 
     A step reads rows at random across the whole array; with 4 KiB pages nearly every
-    row read also misses the TLB.  Asking for 2 MiB pages (``MADV_HUGEPAGE``, honoured
-    when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``)
-    took the pooled forward of 8,192 bags x 20 rows of dim 128 over a 1M-row table from
-    about 2.1 to 1.7 ms.  The price: memory is committed 2 MiB at a time, so a tier's
-    resident size approaches its capacity sooner.  Small arrays, and systems without
+    row read also misses the TLB.  2 MiB pages (``MADV_HUGEPAGE``, honoured when
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``) take that
+    miss out of the pooled forward (docs/training.md).  The price: memory is committed
+    2 MiB at a time, so a tier's resident size approaches its capacity sooner.  Small arrays, and systems without
     ``madvise``, get ``np.zeros``.
     """
     nbytes = int(shape[0]) * int(shape[1]) * 4

@@ -16,8 +16,8 @@ from tiered_emb.cache.slots import CacheTier, _cache_pin, _cache_release, _cache
 def _records(xp, rows: int, width: int):
     """Zeroed records, each row padded to a whole number of 64-byte lines when that costs
     at most 1/8 more memory (dim 128 + a row-wise state: 129 -> 144 floats).  A row then
-    starts on a line: the forward reads its 128 weights from 8 lines, not 9, measured
-    1.7 -> 1.6 ms for 8,192 bags x 20 rows.  Everything outside the tier sees ``width``."""
+    starts on a line: the forward reads its 128 weights from 8 lines, not 9.  Everything
+    outside the tier sees ``width``."""
     pad = -width % 16
     stride = width + pad if pad <= width // 8 else width
     return host_zeros((rows, stride)) if xp is np else xp.zeros((rows, stride), dtype=xp.float32)
@@ -95,8 +95,8 @@ class DirectHbmTier(HbmTier):
         self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
         if xp is np:
             # Rows not brought up yet read as NaN (stored rows are finite), so a pooled
-            # forward finds them from its own sums instead of checking every id first
-            # (0.12 of 1.6 ms for 8,192 bags x 20 ids).  Filling commits the pages now.
+            # forward finds them from its own sums instead of a pass over every id first.
+            # Filling commits the pages now.
             self.records.fill(np.nan)
 
     @property
