@@ -1,6 +1,8 @@
 """Shared helpers of the benchmark scripts: machine description, timing, JSON output."""
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -14,13 +16,16 @@ from pathlib import Path
 def machine() -> dict:
     versions = {}
     for pkg in ("numpy", "numba", "lmdb", "zstandard", "torch", "fbgemm-gpu-cpu", "libcachesim", "cupy-cuda12x"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(), "versions": versions,
-            "numba_threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1))}
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "versions": versions,
+        "numba_threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
+    }
 
 
 def timed(fn, repeats: int) -> list[float]:

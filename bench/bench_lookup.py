@@ -21,6 +21,7 @@ Workload: batches of 65,536 Zipf(1.05) ids over 10M ids, dim 64 and 128.
 
 Medians of ``--repeats`` runs; ratios are ours / peer (higher is better for us).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,12 +33,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, timed, write_json  # noqa: E402
+from _common import machine, median, timed, write_json
 
-from tiered_emb import TableConfig, TieredStore, TierConfig  # noqa: E402
-from tiered_emb.sim.compare import libcachesim_hashpower  # noqa: E402
-from tiered_emb.sim.traces import zipf_ids  # noqa: E402
-from tiered_emb.cache.slots import simulate  # noqa: E402
+from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb.cache.slots import simulate
+from tiered_emb.sim.compare import libcachesim_hashpower
+from tiered_emb.sim.traces import zipf_ids
 
 
 def bench_dim(dim: int, n_ids: int, batch: int, n_batches: int, repeats: int, seed: int) -> dict:
@@ -59,16 +60,18 @@ def bench_dim(dim: int, n_ids: int, batch: int, n_batches: int, repeats: int, se
 
             def peer():
                 for b in batches:
-                    np.take(plain, b, axis=0)
+                    np.take(plain, b, axis=0)  # noqa: F821 (deleted below, once the timings are done)
 
             compact = np.ascontiguousarray(plain[touched])
             row_of = np.full(n_ids, -1, dtype=np.int64)
             row_of[touched] = np.arange(touched.shape[0])
-            assert np.array_equal(np.take(compact, np.take(row_of, batches[0]), axis=0), np.take(plain, batches[0], axis=0))
+            assert np.array_equal(
+                np.take(compact, np.take(row_of, batches[0]), axis=0), np.take(plain, batches[0], axis=0)
+            )
 
             def peer_compact():
                 for b in batches:
-                    np.take(compact, np.take(row_of, b), axis=0)
+                    np.take(compact, np.take(row_of, b), axis=0)  # noqa: F821 (deleted below, as above)
 
             rows = batch * n_batches
             pairs = _paired(ours, (peer, peer_compact), repeats)
@@ -85,9 +88,11 @@ def bench_dim(dim: int, n_ids: int, batch: int, n_batches: int, repeats: int, se
             hbm = max(1, int(frac * touched.shape[0]))
             tiers = TierConfig(hbm_rows=hbm, ddr_rows=int(touched.shape[0]), device="cpu")
             with TieredStore.create(Path(d) / f"h{frac}", tcfg, tiers) as s:
+
                 def ours_small():
                     for b in batches:
                         s.lookup("t", b)
+
                 t = [rows / x for x in timed(ours_small, repeats)]
                 st = s.stats()["t"]
                 res[f"hbm{int(frac * 100)}pct_rows_per_s"] = median(t)
@@ -167,19 +172,26 @@ def main(argv=None) -> int:
     for dim in [int(x) for x in a.dims.split(",")]:
         r = bench_dim(dim, a.ids, a.batch, a.batches, a.repeats, a.seed)
         result["lookup"].append(r)
-        print(f"dim {dim:>4}: resident {r['resident_rows_per_s'] / 1e6:7.1f} M rows/s  numpy.take "
-              f"{r['numpy_take_rows_per_s'] / 1e6:7.1f} M rows/s  ratio {r['resident_vs_take']:.2f}x, "
-              f"compact {r['numpy_take_compact_rows_per_s'] / 1e6:7.1f} M rows/s ratio "
-              f"{r['resident_vs_take_compact']:.2f}x | "
-              f"HBM 10%: {r['hbm10pct_vs_resident']:.2f}x of resident (hit {r['hbm10pct_hbm_hit_rate']:.2f}), "
-              f"HBM 1%: {r['hbm1pct_vs_resident']:.2f}x (hit {r['hbm1pct_hbm_hit_rate']:.2f})")
+        print(
+            f"dim {dim:>4}: resident {r['resident_rows_per_s'] / 1e6:7.1f} M rows/s  numpy.take "
+            f"{r['numpy_take_rows_per_s'] / 1e6:7.1f} M rows/s  ratio {r['resident_vs_take']:.2f}x, "
+            f"compact {r['numpy_take_compact_rows_per_s'] / 1e6:7.1f} M rows/s ratio "
+            f"{r['resident_vs_take_compact']:.2f}x | "
+            f"HBM 10%: {r['hbm10pct_vs_resident']:.2f}x of resident (hit {r['hbm10pct_hbm_hit_rate']:.2f}), "
+            f"HBM 1%: {r['hbm1pct_vs_resident']:.2f}x (hit {r['hbm1pct_hbm_hit_rate']:.2f})"
+        )
     pol = bench_policies(a.ids, a.requests, 0.01, max(1, a.repeats // 2), a.seed)
     result["policies"] = pol
     for name in ("lru", "lfu"):
-        print(f"policy {name}: {pol[name]['decisions_per_s'] / 1e6:6.1f} M decisions/s, hit ratio {pol[name]['hit_ratio']:.4f}")
+        print(
+            f"policy {name}: {pol[name]['decisions_per_s'] / 1e6:6.1f} M decisions/s, "
+            f"hit ratio {pol[name]['hit_ratio']:.4f}"
+        )
     if "libcachesim" in pol:
-        print(f"libCacheSim LRU: {pol['libcachesim']['requests_per_s'] / 1e6:6.1f} M requests/s, hit ratio "
-              f"{pol['libcachesim']['hit_ratio']:.4f}; ours/libCacheSim {pol['lru_vs_libcachesim']:.1f}x")
+        print(
+            f"libCacheSim LRU: {pol['libcachesim']['requests_per_s'] / 1e6:6.1f} M requests/s, hit ratio "
+            f"{pol['libcachesim']['hit_ratio']:.4f}; ours/libCacheSim {pol['lru_vs_libcachesim']:.1f}x"
+        )
     write_json(a.json, result)
     return 0
 

@@ -14,6 +14,7 @@ then the one-pass LRU curve timed against one LRU run (interleaved, ``--mrc-repe
 pairs, median of ratios).
 Writes JSON (machine, versions, seed, every timing) and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,20 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default="0.1%,1%,10%")
     ap.add_argument("--policies", default="lru,lfu,fifo,clock,sieve,s3fifo,arc,belady")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--mrc-repeats", type=int, default=7,
-                    help="curve / LRU-run pairs (the curve runs on both cores: a busy neighbour shows as outliers)")
+    ap.add_argument(
+        "--mrc-repeats",
+        type=int,
+        default=7,
+        help="curve / LRU-run pairs (the curve runs on both cores: a busy neighbour shows as outliers)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-libcachesim", action="store_true")
-    ap.add_argument("--libcachesim-table", choices=["sized", "default"], default="sized",
-                    help="libCacheSim's hash tables: sized to each cache, or its binding's default (16M buckets)")
+    ap.add_argument(
+        "--libcachesim-table",
+        choices=["sized", "default"],
+        default="sized",
+        help="libCacheSim's hash tables: sized to each cache, or its binding's default (16M buckets)",
+    )
     ap.add_argument("--no-mrc", action="store_true")
     ap.add_argument("--json", default="bench/results/policies.json")
     ap.add_argument("--plot", default=None)
@@ -50,19 +59,29 @@ def main(argv=None) -> int:
         rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet)
     else:
         from tiered_emb.sim.compare import libcachesim_peer
+
         with libcachesim_peer(trace, table=args.libcachesim_table) as peer:  # each run right after ours: paired
-            rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet,
-                                      peer=peer)
+            rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=not args.quiet, peer=peer)
     print(bench.format_table(rows))
-    payload = {"trace": f"zipf:{args.alpha}", "description": desc, "requests": requests, "universe_ids": universe,
-               "seed": args.seed, "repeats": args.repeats, "machine": bench.machine_info(),
-               "libcachesim_table": None if args.no_libcachesim else args.libcachesim_table, "results": rows}
+    payload = {
+        "trace": f"zipf:{args.alpha}",
+        "description": desc,
+        "requests": requests,
+        "universe_ids": universe,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "machine": bench.machine_info(),
+        "libcachesim_table": None if args.no_libcachesim else args.libcachesim_table,
+        "results": rows,
+    }
     if not args.no_mrc:
         mrc = bench.run_mrc(trace, sizes, args.mrc_repeats, opt=False, show_progress=not args.quiet)
         payload["mrc"] = mrc
-        print(f"LRU curve (every size): {mrc['lru_curve_median_s']:.2f} s; one LRU run at "
-              f"{mrc['one_lru_run']['cache']}: {mrc['one_lru_run']['median_s']:.2f} s; "
-              f"ratio (median of pairs) {mrc['curve_over_one_lru_median']:.2f}")
+        print(
+            f"LRU curve (every size): {mrc['lru_curve_median_s']:.2f} s; one LRU run at "
+            f"{mrc['one_lru_run']['cache']}: {mrc['one_lru_run']['median_s']:.2f} s; "
+            f"ratio (median of pairs) {mrc['curve_over_one_lru_median']:.2f}"
+        )
         if args.mrc_plot:
             bench.plot_mrc(mrc, args.mrc_plot, f"{desc}, {requests:,} requests")
     bench.write_json(args.json, payload)

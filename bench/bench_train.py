@@ -21,6 +21,7 @@ lazy initialisation of the rows).  Run from the repository root::
 
 (defaults: 1M rows, dim 128, 8,192 bags x 20 ids, Zipf 1.05).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,8 @@ def _batches(args, first_seed: int, count: int):
     for k in range(count):
         ids = torch.from_numpy(zipf_ids(args.rows, args.alpha, args.bags * args.bag_size, seed=first_seed + k))
         offsets = torch.arange(args.bags + 1, dtype=torch.int64) * args.bag_size
-        g = torch.from_numpy(np.random.default_rng(first_seed + k).normal(0, 1e-2, (args.bags, args.dim)).astype(np.float32))
+        g = np.random.default_rng(first_seed + k).normal(0, 1e-2, (args.bags, args.dim))
+        g = torch.from_numpy(g.astype(np.float32))
         out.append((ids, offsets, g))
     return out
 
@@ -98,8 +100,12 @@ def _time_stream(step, warm, timed) -> list[float]:
 
 def _summary(times: list[float], lookups: int) -> dict:
     med = float(np.median(times))
-    return {"median_s": med, "p90_s": float(np.percentile(times, 90)), "steps": len(times),
-            "lookups_per_s": lookups / med}
+    return {
+        "median_s": med,
+        "p90_s": float(np.percentile(times, 90)),
+        "steps": len(times),
+        "lookups_per_s": lookups / med,
+    }
 
 
 def _ours(path, args, hbm_rows: int, ddr_rows: int):
@@ -115,14 +121,19 @@ def _fbgemm(args):
             warnings.simplefilter("ignore")
             from fbgemm_gpu.split_embedding_configs import EmbOptimType
             from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
-                                                                                SplitTableBatchedEmbeddingBagsCodegen)
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice,
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
     except Exception as err:  # not installed, or a build that does not load here
         print(f"fbgemm_gpu not usable ({type(err).__name__}: {err}); skipping it", file=sys.stderr)
         return None
-    return SplitTableBatchedEmbeddingBagsCodegen([(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-                                                 optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                                 learning_rate=LR, eps=EPS)
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        [(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR,
+        eps=EPS,
+    )
 
 
 def main(argv=None) -> dict:
@@ -155,24 +166,26 @@ def main(argv=None) -> dict:
             bag(ids, offsets).backward(g)
 
         def fb_train(ids, offsets, g):
-            tbe(ids, offsets).backward(g)
+            tbe(ids, offsets).backward(g)  # noqa: F821 (deleted below, once the timings are done)
 
         def torch_train(ids, offsets, g):
-            emb(ids, offsets).backward(g)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            emb(ids, offsets).backward(g)  # noqa: F821 (as above)
+            opt.step()  # noqa: F821
+            opt.zero_grad(set_to_none=True)  # noqa: F821
 
         def forward_of(module):
             def fwd(ids, offsets, g):
                 with torch.no_grad():
                     module(ids, offsets)
+
             return fwd
 
         # Each peer alone over the same few batches (its hot rows stay in cache), then the
         # forwards again alternating batch by batch (each evicts the others' rows, as the
         # rest of a training step would).
-        peers = {"ours": (ours_train, forward_of(bag)), "torch": (None, forward_of(emb))} \
-            | ({"fbgemm": (fb_train, forward_of(tbe))} if tbe is not None else {})
+        peers = {"ours": (ours_train, forward_of(bag)), "torch": (None, forward_of(emb))} | (
+            {"fbgemm": (fb_train, forward_of(tbe))} if tbe is not None else {}
+        )
         for name, (train, fwd) in peers.items():
             if train is not None:
                 results[f"{name}_train"] = _summary(_time_steps(train, batches, args.repeats), lookups)
@@ -180,7 +193,7 @@ def main(argv=None) -> dict:
         mixed = _time_interleaved({name: fwd for name, (_, fwd) in peers.items()}, batches, args.forward_repeats)
         for name, times in mixed.items():
             results[f"{name}_forward_interleaved"] = _summary(times, lookups)
-        if not args.skip_torch_train:  # alone: at ~80 ms a step it would set the pace of the others
+        if not args.skip_torch_train:  # timed alone: its step is much the slowest and would set the others' pace
             results["torch_train"] = _summary(_time_steps(torch_train, batches, max(1, args.repeats // 2)), lookups)
         store.close()
         shutil.rmtree(tmp / "resident")
@@ -214,20 +227,36 @@ def main(argv=None) -> dict:
     def ratio(a, b):
         return results[a]["lookups_per_s"] / results[b]["lookups_per_s"] if a in results and b in results else None
 
-    ratios = {"train_vs_fbgemm": ratio("ours_train", "fbgemm_train"),
-              "train_vs_torch_sparse_adagrad": ratio("ours_train", "torch_train"),
-              "forward_vs_torch": ratio("ours_forward", "torch_forward"),
-              "forward_interleaved_vs_torch": ratio("ours_forward_interleaved", "torch_forward_interleaved"),
-              "forward_vs_fbgemm": ratio("ours_forward", "fbgemm_forward"),
-              "lmdb_vs_resident_train": ratio("stream_lmdb_train", "stream_resident_train")}
-    out = {"benchmark": "train", "command": "python bench/bench_train.py " + " ".join(argv or sys.argv[1:]),
-           "config": vars(args), "seed_first_batch": 1,
-           "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                       "torch_threads": torch.get_num_threads(),
-                       "numba_threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1))},
-           "versions": {"tiered_emb": tiered_emb.__version__, "torch": torch.__version__, "numpy": np.__version__,
-                        "fbgemm_gpu": _version("fbgemm_gpu"), "numba": _version("numba")},
-           "results": results, "ratios": ratios}
+    ratios = {
+        "train_vs_fbgemm": ratio("ours_train", "fbgemm_train"),
+        "train_vs_torch_sparse_adagrad": ratio("ours_train", "torch_train"),
+        "forward_vs_torch": ratio("ours_forward", "torch_forward"),
+        "forward_interleaved_vs_torch": ratio("ours_forward_interleaved", "torch_forward_interleaved"),
+        "forward_vs_fbgemm": ratio("ours_forward", "fbgemm_forward"),
+        "lmdb_vs_resident_train": ratio("stream_lmdb_train", "stream_resident_train"),
+    }
+    out = {
+        "benchmark": "train",
+        "command": "python bench/bench_train.py " + " ".join(argv or sys.argv[1:]),
+        "config": vars(args),
+        "seed_first_batch": 1,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "numba_threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
+        },
+        "versions": {
+            "tiered_emb": tiered_emb.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "fbgemm_gpu": _version("fbgemm_gpu"),
+            "numba": _version("numba"),
+        },
+        "results": results,
+        "ratios": ratios,
+    }
     print(f"{'peer':<24} {'median ms':>10} {'p90 ms':>8} {'M lookups/s':>12}")
     for name, r in results.items():
         print(f"{name:<24} {1e3 * r['median_s']:>10.1f} {1e3 * r['p90_s']:>8.1f} {r['lookups_per_s'] / 1e6:>12.2f}")
@@ -242,6 +271,7 @@ def main(argv=None) -> dict:
 def _version(mod: str) -> str | None:
     try:
         from importlib.metadata import version
+
         return version({"fbgemm_gpu": "fbgemm-gpu-cpu"}.get(mod, mod))
     except Exception:
         return None

@@ -3,20 +3,23 @@
 Each case here once gave a raw exception, a silent wrong result or lost pins (found by a
 review); the error it gets now, and what stays as it was.
 """
+
 import json
 import shutil
 
 import numpy as np
 import pytest
 
-from tiered_emb import SGD, TableConfig, TieredStore, TierConfig
-from tiered_emb.errors import (ConfigError, CorruptStoreError, IdTypeError, TieredEmbError,
-                               UnknownTableError)
+from tiered_emb import SGD, TableConfig, TierConfig, TieredStore
+from tiered_emb.errors import ConfigError, CorruptStoreError, IdTypeError, TieredEmbError, UnknownTableError
 
 
 def _store(tmp_path, name="s", hbm_rows=8):
-    return TieredStore.create(tmp_path / name, [TableConfig("t", dim=4, num_rows=100, optimizer=SGD(0.1))],
-                              TierConfig(hbm_rows=hbm_rows, ddr_rows=4, device="cpu"))
+    return TieredStore.create(
+        tmp_path / name,
+        [TableConfig("t", dim=4, num_rows=100, optimizer=SGD(0.1))],
+        TierConfig(hbm_rows=hbm_rows, ddr_rows=4, device="cpu"),
+    )
 
 
 # --------------------------------------------------------------------------- ids
@@ -117,6 +120,7 @@ def test_create_under_a_file(tmp_path):
 def test_collection_checks_each_feature_of_a_shared_table(tmp_path):
     torch = pytest.importorskip("torch")
     from tiered_emb.torch import TieredEmbeddingBagCollection
+
     with _store(tmp_path) as s:
         before = s.peek("t", np.arange(5), with_state=True)
         ebc = TieredEmbeddingBagCollection(s, {"f1": "t", "f2": "t"})
@@ -140,17 +144,33 @@ def test_collection_checks_each_feature_of_a_shared_table(tmp_path):
 def test_collection_feature_names_are_str(tmp_path):
     pytest.importorskip("torch")
     from tiered_emb.torch import TieredEmbeddingBagCollection
-    with _store(tmp_path) as s:
-        with pytest.raises(ConfigError, match="feature name 1 is a int"):
-            TieredEmbeddingBagCollection(s, {1: "t"})
+
+    with _store(tmp_path) as s, pytest.raises(ConfigError, match="feature name 1 is a int"):
+        TieredEmbeddingBagCollection(s, {1: "t"})
 
 
 # --------------------------------------------------------------------------- simulator
 def test_zipf_over_more_ids_than_numpy_can_hold():
     from tiered_emb.cli import main
     from tiered_emb.sim import zipf_ids
+
     with pytest.raises(ConfigError, match="does not fit in memory"):  # numpy's raw "array is too big"
         zipf_ids(2**62, 1.0, 3, 0)
     with pytest.raises(TieredEmbError):
-        main(["bench", "policies", "--ids", "5000000000000000000", "--requests", "10", "--cache", "2",
-              "--repeats", "1", "--no-progress", "--policies", "lru"])
+        main(
+            [
+                "bench",
+                "policies",
+                "--ids",
+                "5000000000000000000",
+                "--requests",
+                "10",
+                "--cache",
+                "2",
+                "--repeats",
+                "1",
+                "--no-progress",
+                "--policies",
+                "lru",
+            ]
+        )

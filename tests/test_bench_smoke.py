@@ -1,4 +1,5 @@
 """bench/bench_train.py and bench/bench_prefetch.py at tiny size, so they never rot."""
+
 import importlib.util
 import json
 import warnings
@@ -18,8 +19,28 @@ def test_bench_train_smoke(tmp_path):
     out = tmp_path / "train.json"
     with warnings.catch_warnings():  # fbgemm_gpu, when present, warns about its optional ops
         warnings.simplefilter("ignore")
-        mod.main(["--rows", "2000", "--dim", "8", "--bags", "16", "--bag-size", "4", "--batches", "2",
-                  "--repeats", "1", "--stream-steps", "3", "--lmdb-factor", "50", "--json", str(out)])
+        mod.main(
+            [
+                "--rows",
+                "2000",
+                "--dim",
+                "8",
+                "--bags",
+                "16",
+                "--bag-size",
+                "4",
+                "--batches",
+                "2",
+                "--repeats",
+                "1",
+                "--stream-steps",
+                "3",
+                "--lmdb-factor",
+                "50",
+                "--json",
+                str(out),
+            ]
+        )
     data = json.loads(out.read_text())
     for key in ("ours_train", "ours_forward", "torch_forward", "stream_lmdb_train", "stream_resident_train"):
         assert data["results"][key]["lookups_per_s"] > 0
@@ -33,8 +54,24 @@ def test_bench_prefetch_smoke(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "prefetch.json"
-    res = mod.main(["--ids", "3000", "--requests", "30000", "--batch", "256", "--sizes", "0.1", "--e2e-steps", "2",
-                    "--e2e-repeats", "1", "--json", str(out)])
+    res = mod.main(
+        [
+            "--ids",
+            "3000",
+            "--requests",
+            "30000",
+            "--batch",
+            "256",
+            "--sizes",
+            "0.1",
+            "--e2e-steps",
+            "2",
+            "--e2e-repeats",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     data = json.loads(out.read_text())
     assert set(data["end_to_end"]["ratios"]) == set(res["end_to_end"]["ratios"])
     modes = [k for k in data["end_to_end"] if k != "ratios"]
@@ -55,10 +92,31 @@ def test_stream_counts_each_row_stored_once(tmp_path, capsys):
 
     from tiered_emb.cli import main
     from tiered_emb.sim.traces import zipf_ids
+
     steps, tables, ids, batch = 3, 4, 20_000, 512
-    assert main(["stream", "--run-dir", str(tmp_path / "s"), "--steps", str(steps), "--ids", str(ids),
-                 "--batch", str(batch), "--hbm-rows", "256", "--ddr-rows", "512"]) == 0
+    assert (
+        main(
+            [
+                "stream",
+                "--run-dir",
+                str(tmp_path / "s"),
+                "--steps",
+                str(steps),
+                "--ids",
+                str(ids),
+                "--batch",
+                str(batch),
+                "--hbm-rows",
+                "256",
+                "--ddr-rows",
+                "512",
+            ]
+        )
+        == 0
+    )
     printed = int(re.search(r"rows stored ([\d,]+)", capsys.readouterr().out).group(1).replace(",", ""))
-    distinct = sum(np.unique(np.concatenate([zipf_ids(ids, 1.05, batch, seed=step * 131 + i)
-                                             for step in range(steps)])).size for i in range(tables))
+    distinct = sum(
+        np.unique(np.concatenate([zipf_ids(ids, 1.05, batch, seed=step * 131 + i) for step in range(steps)])).size
+        for i in range(tables)
+    )
     assert printed == distinct

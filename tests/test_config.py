@@ -2,38 +2,65 @@
 
 Every invalid value is a ConfigError with a hint, raised when the config is built.
 """
+
 import numpy as np
 import pytest
 
-from tiered_emb import SGD, Adam, Adagrad, Normal, TableConfig, TieredStore, TierConfig, Uniform
+from tiered_emb import SGD, Adagrad, Adam, Normal, TableConfig, TierConfig, TieredStore, Uniform
 from tiered_emb.config import FLOAT32_MAX, MAX_MAP_SIZE_BYTES
 from tiered_emb.errors import ConfigError
 
 
-@pytest.mark.parametrize("make", [lambda: Uniform("a", 1.0), lambda: Uniform(None, 1.0), lambda: Uniform(0.0, 1j),
-                                  lambda: Uniform(False, True), lambda: Normal("x"), lambda: Normal(1j),
-                                  lambda: Normal(0.1, mean=None)],
-                         ids=["uniform-str", "uniform-none", "uniform-complex", "uniform-bool", "normal-str",
-                              "normal-complex", "normal-mean-none"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Uniform("a", 1.0),
+        lambda: Uniform(None, 1.0),
+        lambda: Uniform(0.0, 1j),
+        lambda: Uniform(False, True),
+        lambda: Normal("x"),
+        lambda: Normal(1j),
+        lambda: Normal(0.1, mean=None),
+    ],
+    ids=[
+        "uniform-str",
+        "uniform-none",
+        "uniform-complex",
+        "uniform-bool",
+        "normal-str",
+        "normal-complex",
+        "normal-mean-none",
+    ],
+)
 def test_init_non_number_is_a_config_error(make):
-    with pytest.raises(ConfigError, match="Uniform|Normal") as e:
+    with pytest.raises(ConfigError, match=r"Uniform|Normal") as e:
         make()
     assert e.value.hint
 
 
-@pytest.mark.parametrize("make", [lambda: Uniform(-1e308, 1e308), lambda: Uniform(0.0, 1e39),
-                                  lambda: Uniform(-3.5e38, 0.0), lambda: Normal(std=1e300), lambda: Normal(std=1e38),
-                                  lambda: Normal(std=1e37, mean=-3.4e38)],
-                         ids=["uniform-f64-huge", "uniform-high", "uniform-low", "normal-huge", "normal-std",
-                              "normal-mean"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Uniform(-1e308, 1e308),
+        lambda: Uniform(0.0, 1e39),
+        lambda: Uniform(-3.5e38, 0.0),
+        lambda: Normal(std=1e300),
+        lambda: Normal(std=1e38),
+        lambda: Normal(std=1e37, mean=-3.4e38),
+    ],
+    ids=["uniform-f64-huge", "uniform-high", "uniform-low", "normal-huge", "normal-std", "normal-mean"],
+)
 def test_init_that_overflows_float32_is_refused(make):
     with pytest.raises(ConfigError, match="float32"):
         make()
 
 
 def test_init_at_the_float32_limits_is_accepted(tmp_path):
-    cfgs = [TableConfig("u", 4, init=Uniform(-FLOAT32_MAX, FLOAT32_MAX)),
-            TableConfig("n", 4, init=Normal(std=1e37)), TableConfig("i", 4, init=Uniform(np.float32(-1), 1))]
+    cfgs = [
+        TableConfig("u", 4, init=Uniform(-FLOAT32_MAX, FLOAT32_MAX)),
+        TableConfig("n", 4, init=Normal(std=1e37)),
+        TableConfig("i", 4, init=Uniform(np.float32(-1), 1)),
+    ]
     with TieredStore.create(tmp_path / "s", cfgs, TierConfig(hbm_rows=8, device="cpu")) as s:
         for name in ("u", "n", "i"):
             assert np.isfinite(s.lookup(name, np.arange(64))).all()
@@ -43,8 +70,11 @@ def test_init_at_the_float32_limits_is_accepted(tmp_path):
         assert s.tables["i"].init == Uniform(-1.0, 1)
 
 
-@pytest.mark.parametrize("opt", [SGD(lr=1e39), Adagrad(lr=1e39), Adagrad(lr=0.1, eps=1e40), Adam(lr=4e38)],
-                         ids=["sgd-lr", "adagrad-lr", "adagrad-eps", "adam-lr"])
+@pytest.mark.parametrize(
+    "opt",
+    [SGD(lr=1e39), Adagrad(lr=1e39), Adagrad(lr=0.1, eps=1e40), Adam(lr=4e38)],
+    ids=["sgd-lr", "adagrad-lr", "adagrad-eps", "adam-lr"],
+)
 def test_optimizer_hyperparameter_that_overflows_float32_is_refused(opt):
     # finite in float64, inf in the float32 kernel: one update would turn rows into NaN
     with pytest.raises(ConfigError, match="overflows float32"):

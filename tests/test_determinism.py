@@ -1,4 +1,5 @@
 """Bitwise determinism across Numba thread counts (the other axes: state machine and test_prefetch)."""
+
 import os
 import subprocess
 import sys
@@ -39,9 +40,11 @@ def test_signed_zero_matches_the_reference_byte_for_byte(tmp_path):
     and in the reference alike: a -0.0 gradient element is +0.0 once summed, and a -0.0
     weight keeps its sign under it (assert_array_equal would not see the sign; bytes do)."""
     import numpy as np
-    from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
+
+    from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
     from tiered_emb.step.plan import plan_bags
     from tiered_emb.testing.reference import ReferenceStore
+
     ids = np.array([5, 6])
     rows = np.array([[-0.0, 1.0, -0.0, 2.0], [-0.0, -0.0, 3.0, 4.0]], np.float32)
     g = np.array([[-0.0, 0.5, -0.0, 0.25], [-0.0, -0.0, 0.5, 0.5]], np.float32)

@@ -1,8 +1,9 @@
 """The DLRM main job at tiny size: the smoke run, resume bitwise, a real Criteo sample."""
+
 import io
-import types
 import json
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,28 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiered_emb import TieredStore  # noqa: E402
-from tiered_emb.cli import main  # noqa: E402
 from tiered_emb.apps.dlrm import auc, log_loss  # noqa: E402
+from tiered_emb.cli import main  # noqa: E402
 
-TINY = ["--batch", "64", "--rows", "3000", "--dim", "4", "--hbm-rows", "64", "--ddr-rows", "128",
-        "--bottom", "8", "--top", "8", "--eval-batches", "2", "--quiet"]
+TINY = [
+    "--batch",
+    "64",
+    "--rows",
+    "3000",
+    "--dim",
+    "4",
+    "--hbm-rows",
+    "64",
+    "--ddr-rows",
+    "128",
+    "--bottom",
+    "8",
+    "--top",
+    "8",
+    "--eval-batches",
+    "2",
+    "--quiet",
+]
 CRITEO_SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "criteo_sample_900.tsv"
 
 
@@ -81,8 +99,29 @@ def test_metrics():
 # --------------------------------------------------------------------------- flags and run directories
 from tiered_emb.errors import ConfigError, CorruptStoreError  # noqa: E402
 
-SMALL = ["--batch", "16", "--rows", "200", "--dim", "2", "--hbm-rows", "16", "--ddr-rows", "0", "--bottom", "4",
-         "--top", "4", "--eval-batches", "1", "--quiet", "--step-threads", "1", "--lookahead", "0"]
+SMALL = [
+    "--batch",
+    "16",
+    "--rows",
+    "200",
+    "--dim",
+    "2",
+    "--hbm-rows",
+    "16",
+    "--ddr-rows",
+    "0",
+    "--bottom",
+    "4",
+    "--top",
+    "4",
+    "--eval-batches",
+    "1",
+    "--quiet",
+    "--step-threads",
+    "1",
+    "--lookahead",
+    "0",
+]
 
 
 def _small(run_dir, *extra):
@@ -90,8 +129,10 @@ def _small(run_dir, *extra):
 
 
 def _listing(run_dir):
-    return {str(p.relative_to(run_dir)): p.read_bytes() if p.is_file() and p.parent == run_dir else None
-            for p in sorted(run_dir.rglob("*"))}
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes() if p.is_file() and p.parent == run_dir else None
+        for p in sorted(run_dir.rglob("*"))
+    }
 
 
 def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
@@ -100,14 +141,26 @@ def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
     before = _listing(run)
     bad_tsv = tmp_path / "bad.tsv"
     bad_tsv.write_text("\t".join(["x"] * 40) + "\n" + "\t".join(["1"] * 40) + "\n")
-    cases = [(["--dim", "0"], "dim=0"), (["--bottom", "x"], "MLP sizes 'x'"), (["--top", "4,0"], "MLP sizes"),
-             (["--data", str(tmp_path / "none.tsv")], "not a file"), (["--data", str(bad_tsv)], "bad.tsv"),
-             (["--steps", "-5"], "--steps -5"), (["--eval-batches", "0"], "--eval-batches 0"),
-             (["--checkpoint-every", "-1"], "--checkpoint-every"), (["--lookahead", "-1"], "--lookahead"),
-             (["--step-threads", "0"], "--step-threads"), (["--seed", "-1"], "--seed -1"),
-             (["--alpha", "nan"], "--alpha"), (["--dense-lr", "-1"], "--dense-lr"), (["--lr", "0"], "lr=0"),
-             (["--rows", "0"], "--rows 0"), (["--batch", "0"], "--batch 0"), (["--policy", "mru"], "policy"),
-             (["--hbm-rows", "0"], "hbm_rows")]
+    cases = [
+        (["--dim", "0"], "dim=0"),
+        (["--bottom", "x"], "MLP sizes 'x'"),
+        (["--top", "4,0"], "MLP sizes"),
+        (["--data", str(tmp_path / "none.tsv")], "not a file"),
+        (["--data", str(bad_tsv)], "bad.tsv"),
+        (["--steps", "-5"], "--steps -5"),
+        (["--eval-batches", "0"], "--eval-batches 0"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+        (["--lookahead", "-1"], "--lookahead"),
+        (["--step-threads", "0"], "--step-threads"),
+        (["--seed", "-1"], "--seed -1"),
+        (["--alpha", "nan"], "--alpha"),
+        (["--dense-lr", "-1"], "--dense-lr"),
+        (["--lr", "0"], "lr=0"),
+        (["--rows", "0"], "--rows 0"),
+        (["--batch", "0"], "--batch 0"),
+        (["--policy", "mru"], "policy"),
+        (["--hbm-rows", "0"], "hbm_rows"),
+    ]
     for flags, match in cases:
         with pytest.raises(ConfigError, match=match):
             _small(run, "--steps", "1", *flags)
@@ -123,7 +176,7 @@ def test_a_run_dir_that_is_not_a_run_is_not_replaced(tmp_path):
     d = tmp_path / "other"
     d.mkdir()
     (d / "keep.txt").write_text("not a run")
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         _small(d, "--steps", "1")
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
     with pytest.raises(ConfigError, match="cannot be made"):
@@ -137,16 +190,52 @@ def test_resume_refuses_flags_that_differ_from_the_run(tmp_path):
     run = tmp_path / "run"
     assert _small(run, "--steps", "1") == 0
     before = _listing(run)
-    with pytest.raises(ConfigError, match="--dim 32 .*--optimizer 'sgd' .*--lr 0.5 .*--seed 9") as e:
-        main(["train", "--run-dir", str(run), "--steps", "2", "--resume", "--quiet", "--dim", "32",
-              "--optimizer", "sgd", "--lr", "0.5", "--seed", "9", "--top", "4"])
+    with pytest.raises(ConfigError, match=r"--dim 32 .*--optimizer 'sgd' .*--lr 0\.5 .*--seed 9") as e:
+        main(
+            [
+                "train",
+                "--run-dir",
+                str(run),
+                "--steps",
+                "2",
+                "--resume",
+                "--quiet",
+                "--dim",
+                "32",
+                "--optimizer",
+                "sgd",
+                "--lr",
+                "0.5",
+                "--seed",
+                "9",
+                "--top",
+                "4",
+            ]
+        )
     assert "--top" not in str(e.value)  # given, but the run's value
     with pytest.raises(ConfigError, match="--data"):
         main(["train", "--run-dir", str(run), "--steps", "2", "--resume", "--data", str(tmp_path / "a.tsv")])
     assert _listing(run) == before
     # the run's own values, and flags that are not the run's identity, may be given
-    r = main(["train", "--run-dir", str(run), *SMALL, "--steps", "2", "--resume", "--hbm-rows", "32",
-              "--lookahead", "2", "--bottom", "4,", "--checkpoint-every", "0"])
+    r = main(
+        [
+            "train",
+            "--run-dir",
+            str(run),
+            *SMALL,
+            "--steps",
+            "2",
+            "--resume",
+            "--hbm-rows",
+            "32",
+            "--lookahead",
+            "2",
+            "--bottom",
+            "4,",
+            "--checkpoint-every",
+            "0",
+        ]
+    )
     assert r == 0 and json.loads((run / "report.json").read_text())["steps"] == 2
 
 
@@ -155,13 +244,14 @@ def test_the_step_thread_count_is_kept_with_the_run(tmp_path, monkeypatch):
     resume without --step-threads (on a machine whose default differs) goes on with it,
     and a different one is refused before anything is touched."""
     import tiered_emb.apps.dlrm as dlrm
+
     run = tmp_path / "run"
     _train(run, "--steps", "2", "--step-threads", "1")
     assert json.loads((run / "config.json").read_text())["step_threads"] == 1
     monkeypatch.setattr(dlrm.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert dlrm._step_threads(types.SimpleNamespace(step_threads=None)) == 7  # this "machine"'s default
     before = _listing(run)
-    with pytest.raises(ConfigError, match="--step-threads 2 .*the run's: 1"):
+    with pytest.raises(ConfigError, match=r"--step-threads 2 .*the run's: 1"):
         _train(run, "--steps", "3", "--resume", "--step-threads", "2")
     assert _listing(run) == before
     r = _train(run, "--steps", "3", "--resume")
@@ -189,7 +279,7 @@ def test_resume_with_a_corrupt_config_json(tmp_path, text):
     run = tmp_path / "run"
     assert _small(run, "--steps", "1") == 0
     (run / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
-    with pytest.raises(CorruptStoreError, match="config.json"):
+    with pytest.raises(CorruptStoreError, match=r"config\.json"):
         _small(run, "--steps", "2", "--resume")
 
 
@@ -201,10 +291,13 @@ def uninterrupted(tmp_path_factory):
     return _state(run)
 
 
-@pytest.mark.parametrize("lookahead, exc, at_forward", [("0", KeyboardInterrupt, 4), ("4", RuntimeError, 4),
-                                                         ("4", KeyboardInterrupt, 6), ("0", RuntimeError, 2)])
-def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(tmp_path, monkeypatch, uninterrupted,
-                                                                          lookahead, exc, at_forward):
+@pytest.mark.parametrize(
+    "lookahead, exc, at_forward",
+    [("0", KeyboardInterrupt, 4), ("4", RuntimeError, 4), ("4", KeyboardInterrupt, 6), ("0", RuntimeError, 2)],
+)
+def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(
+    tmp_path, monkeypatch, uninterrupted, lookahead, exc, at_forward
+):
     """A step that raises (or Ctrl-C) closes the store without a checkpoint: the rows stay
     those saved with the last step and dense weights, so --resume applies no update twice
     (was: close() checkpointed the rows as of the interruption)."""
@@ -223,6 +316,7 @@ def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(tmp_pa
                 forward(dense, feats)
                 raise exc("interrupted")
             return forward(dense, feats)
+
         model.forward = interrupting
         return model
 

@@ -1,13 +1,12 @@
 """The backward's reduce kernels: work split by positions, sums bitwise in batch order."""
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_emb.step.plan import dedupe
-from tiered_emb.step.reduce import _blocks_by_work, _group_positions, reduce_grads
+from tiered_emb.step.plan import dedupe, plan_bags
+from tiered_emb.step.reduce import _blocks_by_work, _group_positions, reduce_bag_grads, reduce_grads
 from tiered_emb.testing.reference import unpool_grads as _unpool_grads
-from tiered_emb.step.plan import plan_bags
-from tiered_emb.step.reduce import reduce_bag_grads
 
 ids_st = st.lists(st.integers(0, 40), min_size=1, max_size=300)
 
@@ -47,8 +46,13 @@ def test_reduce_grads_bitwise_batch_order(ids, dim, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(ids=ids_st, cuts=st.lists(st.integers(0, 300), max_size=12), weighted=st.booleans(), mean=st.booleans(),
-       seed=st.integers(0, 2**16))
+@given(
+    ids=ids_st,
+    cuts=st.lists(st.integers(0, 300), max_size=12),
+    weighted=st.booleans(),
+    mean=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_reduce_bag_grads_equals_unpool_then_reduce(ids, cuts, weighted, mean, seed):
     n = len(ids)
     offsets = np.array(sorted([0, n] + [c % (n + 1) for c in cuts]), dtype=np.int64)  # empty bags too

@@ -5,6 +5,7 @@
 - dense parameters touched every step: equal to torch.optim.SGD / torch.optim.Adagrad;
 - RowWiseAdagrad against FBGEMM's CPU EXACT_ROWWISE_ADAGRAD kernel (when importable).
 """
+
 import warnings
 
 import numpy as np
@@ -14,8 +15,12 @@ from tiered_emb import SGD, Adagrad, Adam, ConfigError, RowWiseAdagrad, TableCon
 from tiered_emb.testing.reference import ReferenceStore
 
 ROWS, DIM = 40, 6
-OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.1, eps=1e-10), RowWiseAdagrad(lr=0.1, eps=1e-8),
-              Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-8)]
+OPTIMIZERS = [
+    SGD(lr=0.1),
+    Adagrad(lr=0.1, eps=1e-10),
+    RowWiseAdagrad(lr=0.1, eps=1e-8),
+    Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-8),
+]
 
 
 def _sparse_batches(seed, steps=5, n=30):
@@ -28,7 +33,7 @@ def _sparse_batches(seed, steps=5, n=30):
 def _textbook(opt, records: dict, ids, grads) -> None:
     """Float64 textbook update of ``records`` {id: (w, state...)} for one batch."""
     summed = {}
-    for i, g in zip(ids.tolist(), grads.astype(np.float64)):
+    for i, g in zip(ids.tolist(), grads.astype(np.float64), strict=False):
         summed[i] = summed.get(i, 0.0) + g
     for i, g in summed.items():
         r = records[i]
@@ -67,7 +72,7 @@ def test_sparse_batches_with_duplicates(tmp_path, opt):
     if opt.name == "rowwise_adagrad":
         np.testing.assert_allclose(got[:, DIM], [book[i].get("s", 0.0) for i in range(ROWS)], rtol=1e-5)
     if opt.name == "adam":  # per-row step counts: rows without gradients did not advance
-        counts = {i: 0 for i in range(ROWS)}
+        counts = dict.fromkeys(range(ROWS), 0)
         for ids, _ in _sparse_batches(1):
             for i in set(ids.tolist()):
                 counts[i] += 1
@@ -100,17 +105,22 @@ def test_rowwise_adagrad_equals_fbgemm_cpu(tmp_path):
         pytest.importorskip("fbgemm_gpu")
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
-                                                                            SplitTableBatchedEmbeddingBagsCodegen)
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
 
     from tiered_emb.torch import TieredEmbeddingBag
 
     lr, eps = 0.1, 1e-8
     cfg = TableConfig("t", dim=8, num_rows=ROWS, optimizer=RowWiseAdagrad(lr=lr, eps=eps))
     store = TieredStore.create(tmp_path / "s", [cfg], TierConfig(hbm_rows=8, ddr_rows=4, device="cpu"), seed=5)
-    tbe = SplitTableBatchedEmbeddingBagsCodegen([(ROWS, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-                                                optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                                learning_rate=lr, eps=eps)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(ROWS, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=lr,
+        eps=eps,
+    )
     all_ids = np.arange(ROWS)
     with torch.no_grad():
         tbe.split_embedding_weights()[0].copy_(torch.from_numpy(store.peek("t", all_ids)))
@@ -132,10 +142,16 @@ def test_rowwise_adagrad_equals_fbgemm_cpu(tmp_path):
     store.close()
 
 
-@pytest.mark.parametrize("bad", [
-    lambda: SGD(lr=0.0), lambda: Adagrad(lr=float("nan")), lambda: RowWiseAdagrad(eps=-1.0),
-    lambda: Adam(betas=(0.9, 1.0)), lambda: Adam(betas=(0.9,)),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: SGD(lr=0.0),
+        lambda: Adagrad(lr=float("nan")),
+        lambda: RowWiseAdagrad(eps=-1.0),
+        lambda: Adam(betas=(0.9, 1.0)),
+        lambda: Adam(betas=(0.9,)),
+    ],
+)
 def test_invalid_hyperparameters_raise_config_error(bad):
     with pytest.raises(ConfigError):
         bad()

@@ -1,13 +1,14 @@
 """LRU and LFU: hand-traced sequences, and the Numba kernels against the plain-Python reference."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_emb.step.plan import dedupe
 from tiered_emb.cache.policies import POLICIES
+from tiered_emb.cache.slots import CacheTier, cache_release, cache_resolve, simulate
+from tiered_emb.step.plan import dedupe
 from tiered_emb.testing.reference import ReferencePolicy
-from tiered_emb.cache.slots import CacheTier, _cache_release, _cache_resolve, simulate
 
 
 class KernelPolicy:
@@ -22,20 +23,36 @@ class KernelPolicy:
         uids, _ = dedupe(np.asarray(ids, dtype=np.int64))
         hits, evicted = [], []
         for s in range(0, uids.shape[0], t.capacity_rows):
-            chunk = uids[s:s + t.capacity_rows]
+            chunk = uids[s : s + t.capacity_rows]
             k = chunk.shape[0]
             slots = np.empty(k, np.int64)
             miss = np.empty(k, np.int64)
             vs, vi = np.empty(k, np.int64), np.empty(k, np.int64)
             vd = np.empty(k, np.uint8)
-            nm, nv, pinned = _cache_resolve(t.code, t.P, t.keys, t.vals, t.slot_ids, t.dirty, t.pins, t.free,
-                                            t.fmeta, chunk, self.force_pin, slots, miss, vs, vi, vd)
+            nm, nv, pinned = cache_resolve(
+                t.code,
+                t.P,
+                t.keys,
+                t.vals,
+                t.slot_ids,
+                t.dirty,
+                t.pins,
+                t.free,
+                t.fmeta,
+                chunk,
+                self.force_pin,
+                slots,
+                miss,
+                vs,
+                vi,
+                vd,
+            )
             missed = set(miss[:nm].tolist())
             hits += [i not in missed for i in range(k)]
             evicted += vi[:nv].tolist()
             assert pinned == (self.force_pin or nm > 0)
             if pinned:
-                _cache_release(t.code, t.P, t.pins, t.fmeta, slots)
+                cache_release(t.code, t.P, t.pins, t.fmeta, slots)
             assert t.fmeta[2] == np.count_nonzero(t.pins) == 0
         return hits, evicted
 
@@ -58,8 +75,8 @@ def test_registry_names():
 def test_lru_hand_traced():
     p = ReferencePolicy(3, "lru")
     assert p.access_batch([1, 2, 3]) == ([False] * 3, [])
-    assert p.access_batch([1]) == ([True], [])          # order now 2, 3, 1
-    assert p.access_batch([4]) == ([False], [2])        # least recent: 2
+    assert p.access_batch([1]) == ([True], [])  # order now 2, 3, 1
+    assert p.access_batch([4]) == ([False], [2])  # least recent: 2
     assert p.access_batch([3, 5]) == ([True, False], [1])  # 3 pinned; victim among {1, 4}: 1
     run_both("lru", 3, [[1, 2, 3], [1], [4], [3, 5]])
 
@@ -67,11 +84,11 @@ def test_lru_hand_traced():
 def test_lfu_hand_traced():
     p = ReferencePolicy(3, "lfu")
     p.access_batch([1, 2, 3])
-    p.access_batch([1, 1, 2])        # counts 1:2, 2:2, 3:1 (a batch counts an id once)
-    assert p.access_batch([4]) == ([False], [3])   # lowest count
-    assert p.access_batch([5]) == ([False], [4])   # 4 has count 1, newest, but lowest count wins
-    p.access_batch([5, 5])                        # counts 1:2, 2:2, 5:2; last uses 1<2<5
-    assert p.access_batch([6]) == ([False], [1])   # tie on count: least recently used
+    p.access_batch([1, 1, 2])  # counts 1:2, 2:2, 3:1 (a batch counts an id once)
+    assert p.access_batch([4]) == ([False], [3])  # lowest count
+    assert p.access_batch([5]) == ([False], [4])  # 4 has count 1, newest, but lowest count wins
+    p.access_batch([5, 5])  # counts 1:2, 2:2, 5:2; last uses 1<2<5
+    assert p.access_batch([6]) == ([False], [1])  # tie on count: least recently used
     run_both("lfu", 3, [[1, 2, 3], [1, 1, 2], [4], [5], [5, 5], [6]])
 
 
@@ -83,18 +100,20 @@ def test_batch_larger_than_capacity_is_chunked_and_pinned():
 
 @pytest.mark.parametrize("force_pin", [False, True])
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
-@given(capacity=st.integers(1, 6),
-       batches=st.lists(st.lists(st.integers(0, 12), min_size=0, max_size=10), max_size=25))
+@given(capacity=st.integers(1, 6), batches=st.lists(st.lists(st.integers(0, 12), min_size=0, max_size=10), max_size=25))
 def test_kernel_decisions_equal_reference(policy, force_pin, capacity, batches):
     """Both resolve paths (all-hit without pins, and pinned) make the reference's decisions."""
     run_both(policy, capacity, batches, force_pin)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
-@pytest.mark.parametrize("capacity, trace", [
-    (2, [1, 2] * 31 + [3, 1, 2, 3]),  # more hits in a row than LRU's ring holds (2 * cap + 16): compaction
-    (16, [i % 23 for i in range(0, 400, 3)] + [5, 5, 5, 7, 7, 30, 31, 32, 5, 7, 33] * 4),  # LFU detach mid-heap
-])
+@pytest.mark.parametrize(
+    "capacity, trace",
+    [
+        (2, [1, 2] * 31 + [3, 1, 2, 3]),  # more hits in a row than LRU's ring holds (2 * cap + 16): compaction
+        (16, [i % 23 for i in range(0, 400, 3)] + [5, 5, 5, 7, 7, 30, 31, 32, 5, 7, 33] * 4),  # LFU detach mid-heap
+    ],
+)
 def test_simulate_equals_reference_hand_traced_long_runs(policy, capacity, trace):
     ref = ReferencePolicy(capacity, policy)
     hits = sum(ref.access_batch([i])[0][0] for i in trace)
@@ -103,8 +122,10 @@ def test_simulate_equals_reference_hand_traced_long_runs(policy, capacity, trace
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 @settings(max_examples=150, deadline=None)
-@given(capacity=st.integers(4, 16), batches=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=12),
-                                                      min_size=1, max_size=40))
+@given(
+    capacity=st.integers(4, 16),
+    batches=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=12), min_size=1, max_size=40),
+)
 def test_kernel_decisions_equal_reference_deeper_heaps(policy, capacity, batches):
     """Larger capacities than the test above: a pin detaches slots from the middle of LFU's heap."""
     run_both(policy, capacity, batches, True)

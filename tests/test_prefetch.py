@@ -1,19 +1,22 @@
 """Lookahead prefetch: results unchanged for every depth, the thread is safe and leaves nothing behind."""
+
 import threading
 
 import numpy as np
 import pytest
 
-from tiered_emb import RowWiseAdagrad, Adam, TableConfig, TieredStore, TierConfig
+from tiered_emb import Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.errors import ConfigError, IdRangeError, PrefetchError
-from tiered_emb.step.plan import plan_bags
 from tiered_emb.prefetch import Window, lookahead
 from tiered_emb.sim.traces import zipf_ids
+from tiered_emb.step.plan import plan_bags
 from tiered_emb.testing import full_disk_for
 from tiered_emb.testing.reference import ReferenceStore
 
-TABLES = [TableConfig("u", dim=4, optimizer=RowWiseAdagrad(lr=0.2)),
-          TableConfig("v", dim=3, num_rows=400, optimizer=Adam(lr=0.05))]
+TABLES = [
+    TableConfig("u", dim=4, optimizer=RowWiseAdagrad(lr=0.2)),
+    TableConfig("v", dim=3, num_rows=400, optimizer=Adam(lr=0.05)),
+]
 
 
 def batches(n, seed, max_size=40):
@@ -21,8 +24,12 @@ def batches(n, seed, max_size=40):
     out = []
     for b in range(n):
         size = int(rng.integers(1, max_size))
-        out.append({"u": zipf_ids(300, 1.1, size, seed=seed * 1000 + b),
-                    "v": zipf_ids(400, 0.9, size, seed=seed * 1000 + b + 500)})
+        out.append(
+            {
+                "u": zipf_ids(300, 1.1, size, seed=seed * 1000 + b),
+                "v": zipf_ids(400, 0.9, size, seed=seed * 1000 + b + 500),
+            }
+        )
     return out
 
 
@@ -76,15 +83,26 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
     data = batches(25, seed=1)
     ref = reference(data)
     # window, how far ahead rows come up, how far ahead LMDB is read; evicted rows written every 3 or 65,536
-    for depth, load, read, wb in ((0, 0, 0, 3), (1, 1, 0, 3), (4, 0, 0, 65536), (4, 1, 0, 3), (4, 4, 0, 65536),
-                                  (1, 0, 1, 3), (4, 0, 1, 3), (4, 0, 4, 65536), (4, 1, 2, 3)):
-        with TieredStore.create(tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"),
-                                seed=4) as s:
+    for depth, load, read, wb in (
+        (0, 0, 0, 3),
+        (1, 1, 0, 3),
+        (4, 0, 0, 65536),
+        (4, 1, 0, 3),
+        (4, 4, 0, 65536),
+        (1, 0, 1, 3),
+        (4, 0, 1, 3),
+        (4, 0, 4, 65536),
+        (4, 1, 2, 3),
+    ):
+        with TieredStore.create(
+            tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4
+        ) as s:
             s.ssd.writeback_rows = wb
             train(s, data, depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
-                np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
-                                              ref.peek_records(name, np.arange(n)))
+                np.testing.assert_array_equal(
+                    s.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
+                )
             assert int(s.tiers_of("u").hbm.pins.sum()) == 0
 
 
@@ -106,8 +124,12 @@ def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, 
     rng = np.random.default_rng(7)
     data = []
     for b in batches(20, seed=3):
-        data.append({k: (v, np.sort(np.concatenate([[0, v.shape[0]], rng.integers(0, v.shape[0] + 1, 3)])))
-                     for k, v in b.items()})
+        data.append(
+            {
+                k: (v, np.sort(np.concatenate([[0, v.shape[0]], rng.integers(0, v.shape[0] + 1, 3)])))
+                for k, v in b.items()
+            }
+        )
     taken = []
     real = Window.pinned_batch
 
@@ -115,19 +137,21 @@ def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, 
         got = real(self, table, ids)
         taken.append(got is not None)
         return got
+
     monkeypatch.setattr(Window, "pinned_batch", spy)
     want = None
     for depth, load in ((0, 0), (1, 1), (4, 1), (4, 4), (4, 0)):
         taken.clear()
-        with TieredStore.create(tmp_path / f"{depth}_{load}", TABLES, TierConfig(hbm, ddr, "lookahead+lru", "cpu"),
-                                seed=4) as s:
+        with TieredStore.create(
+            tmp_path / f"{depth}_{load}", TABLES, TierConfig(hbm, ddr, "lookahead+lru", "cpu"), seed=4
+        ) as s:
             train_bags(s, data, depth, load)
             got = [s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))]
             assert int(s.tiers_of("u").hbm.pins.sum()) == 0
         if want is None:
             want = got
         else:
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=False):
                 np.testing.assert_array_equal(g, w)
         if load > 0 and hbm >= 60:
             assert sum(taken) > len(taken) // 2  # most steps found their rows pinned for them
@@ -159,8 +183,12 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         data = batches(int(rng.integers(5, 25)), seed=100 + trial, max_size=int(rng.integers(2, 60)))
         ref = reference(data)
         path = tmp_path / f"s{trial}"
-        tiers = TierConfig(int(rng.integers(2, 40)), int(rng.integers(0, 20)),
-                           str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu"])), "cpu")
+        tiers = TierConfig(
+            int(rng.integers(2, 40)),
+            int(rng.integers(0, 20)),
+            str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu"])),
+            "cpu",
+        )
         depth = int(rng.integers(1, 6))
         load = int(rng.integers(0, depth + 1))
         read = int(rng.integers(0, depth + 1))
@@ -169,15 +197,23 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         pooled = trial % 2 == 1
         s = TieredStore.create(path, TABLES, tiers, seed=4)
         s.ssd.writeback_rows = wb
-        train(s, data[:stop], depth, checkpoint_every=int(rng.integers(1, 5)), load_ahead=load, read_ahead=read,
-              pooled=pooled)
+        train(
+            s,
+            data[:stop],
+            depth,
+            checkpoint_every=int(rng.integers(1, 5)),
+            load_ahead=load,
+            read_ahead=read,
+            pooled=pooled,
+        )
         s.close()  # mid-way: close drains and joins
         with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
             s.ssd.writeback_rows = wb
             train(s, data[stop:], depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
-                np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
-                                              ref.peek_records(name, np.arange(n)))
+                np.testing.assert_array_equal(
+                    s.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
+                )
     assert not [t for t in threading.enumerate() if t.name in ("tiered_emb-prefetch", "tiered_emb-writer")]
 
 
@@ -195,8 +231,9 @@ def test_read_ahead_serves_the_step_from_memory(tmp_path):
         after = s.stats()["u"]["ssd"]
         staging = dict(s.ssd.staging)
         for name, n in (("u", 300), ("v", 400)):
-            np.testing.assert_array_equal(s.peek(name, np.arange(n), with_state=True),
-                                          ref.peek_records(name, np.arange(n)))
+            np.testing.assert_array_equal(
+                s.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
+            )
     assert staging["reads"] == 10 and staging["discarded"] == 0 and staging["used"] > 0
     assert after["hits"] > before["hits"]  # the step's counters are its own, staged or not
     assert s.ssd.held.staged == {}  # every staged batch dropped at its release
@@ -229,6 +266,7 @@ def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
 
 def test_failed_background_write_loses_nothing(tmp_path):
     from tiered_emb.errors import StoreFullError
+
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     ref = ReferenceStore(tables, seed=4)
     path = tmp_path / "f"
@@ -250,8 +288,7 @@ def test_failed_background_write_loses_nothing(tmp_path):
         np.testing.assert_array_equal(s.peek("u", np.arange(12), with_state=True), ref.peek_records("u", np.arange(12)))
 
 
-@pytest.mark.parametrize("job, load, read", [("bring_up", 1, 0), ("stage", 0, 1),
-                                             ("enter", 0, 0), ("enter", 1, 1)])
+@pytest.mark.parametrize("job, load, read", [("bring_up", 1, 0), ("stage", 0, 1), ("enter", 0, 0), ("enter", 1, 1)])
 def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch, job, load, read):
     data = batches(6, seed=3)
     with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lookahead+lru", "cpu"), seed=4) as s:
@@ -265,7 +302,7 @@ def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, mo
         monkeypatch.setattr(s.window, job, failing)
         ran = []
         with pytest.raises(PrefetchError, match="batch 3") as e:
-            for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load, read)):
+            for i, _ in enumerate(lookahead(s, data, lambda x: x, 2, load, read)):
                 ran.append(i)
         assert ran == [0, 1, 2] and isinstance(e.value.__cause__, OSError)
         assert int(s.tiers_of("u").hbm.pins.sum()) == 0 and int(s.tiers_of("v").hbm.pins.sum()) == 0
@@ -299,8 +336,9 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     ref = reference([data[i] for i in ran])
     with TieredStore.open(path) as s2:
         for name, n in (("u", 300), ("v", 400)):
-            np.testing.assert_array_equal(s2.peek(name, np.arange(n), with_state=True),
-                                          ref.peek_records(name, np.arange(n)))
+            np.testing.assert_array_equal(
+                s2.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
+            )
 
 
 def test_failed_unpinning_at_close_is_raised_after_the_checkpoint(tmp_path, monkeypatch):
@@ -327,8 +365,9 @@ def test_failed_unpinning_at_close_is_raised_after_the_checkpoint(tmp_path, monk
     ref = ReferenceStore(TABLES, seed=4)
     ref.apply_gradients("u", np.array([3]), g)
     with TieredStore.open(path) as s2:
-        np.testing.assert_array_equal(s2.peek("u", np.array([3]), with_state=True),
-                                      ref.peek_records("u", np.array([3])))
+        np.testing.assert_array_equal(
+            s2.peek("u", np.array([3]), with_state=True), ref.peek_records("u", np.array([3]))
+        )
 
 
 def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
@@ -403,6 +442,7 @@ def test_a_plan_forwarded_on_two_tables_updates_each_tables_own_rows(tmp_path, d
     """One BagPlan (the same ids) looked up on tables a and b inside a step whose rows are
     pinned: each backward updates its own table's rows, never the other's slots."""
     from tiered_emb import SGD
+
     tables = [TableConfig("a", dim=2, optimizer=SGD(lr=1.0)), TableConfig("b", dim=2, optimizer=SGD(lr=1.0))]
     ref = ReferenceStore(tables, seed=0)
     with TieredStore.create(tmp_path / "p", tables, TierConfig(16, 0, "lookahead+lru", "cpu")) as s:

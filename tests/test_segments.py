@@ -1,13 +1,15 @@
 """The rows written since the last checkpoint, as segments in ``p:``: the index, compaction,
 damaged segments and stores written in the format before segments."""
+
 import json
 
 import lmdb
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
+from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.errors import ConfigError, CorruptStoreError
 from tiered_emb.testing import crash, random_updates
 from tiered_emb.testing.reference import ReferenceStore
@@ -17,13 +19,17 @@ from tiered_emb.tiers.ssd.index import POS_BITS, SegmentIndex
 from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.writer_client import WriterProcess
 
-TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
-          TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5))]
+TABLES = [
+    TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
+    TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5)),
+]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 2**62), max_size=40, unique=True), max_size=12),
-       st.lists(st.integers(0, 2**62), max_size=20))
+@given(
+    st.lists(st.lists(st.integers(0, 2**62), max_size=40, unique=True), max_size=12),
+    st.lists(st.integers(0, 2**62), max_size=20),
+)
 def test_the_index_answers_as_a_dict(segments, probes):
     ix, model = SegmentIndex(), {}
     for seq, ids in enumerate(segments):
@@ -54,9 +60,12 @@ def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, backgrou
     """Rows evicted again and again leave stale copies in ``p:``; compaction rewrites the live
     ones, and reads, reopening at the latest write and checkpoints find the same rows."""
     monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 200)
-    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
-                                                              background_writes=background,
-                                                              ssd_compression=compression), seed=4)
+    s = TieredStore.create(
+        tmp_path / "s",
+        TABLES,
+        TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=background, ssd_compression=compression),
+        seed=4,
+    )
     s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     compactions = []
@@ -79,8 +88,9 @@ def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, backgrou
 
 
 def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
-    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu",
-                                                              background_writes=False), seed=4)
+    s = TieredStore.create(
+        tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False), seed=4
+    )
     ref = ReferenceStore(TABLES, seed=4)
     _train(s, ref, 5)
     s.flush()
@@ -122,12 +132,12 @@ def test_a_damaged_segment_is_a_corrupt_store(tmp_path, damage):
     if damage == "magic":
         value = b"XSEG" + value[4:]
     elif damage == "width":
-        value = head.pack(b"TSEG", 1, 0, n, 5) + value[head.size:]
+        value = head.pack(b"TSEG", 1, 0, n, 5) + value[head.size :]
     elif damage == "short":
         value = value[:-4]
     elif damage == "order":
         ids = np.frombuffer(value, "<i8", n, head.size)[::-1].copy()
-        value = value[:head.size] + ids.tobytes() + value[head.size + 8 * n:]
+        value = value[: head.size] + ids.tobytes() + value[head.size + 8 * n :]
     with env.begin(write=True) as txn:
         db = env.open_db(b"p:b", txn=txn)
         if damage == "key":
@@ -208,8 +218,9 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
 
 
 def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path, monkeypatch):
-    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False),
-                           seed=4)
+    s = TieredStore.create(
+        tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False), seed=4
+    )
     rng = np.random.default_rng(0)
     for _ in range(5):
         for t in TABLES:

@@ -1,4 +1,5 @@
 """A Hypothesis state machine: tiny tiers against a dict model, every row checked after each step."""
+
 import copy
 import os
 import shutil
@@ -9,21 +10,29 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tiered_emb import Adagrad, RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
+from tiered_emb import SGD, Adagrad, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.testing import crash
 from tiered_emb.testing.reference import ReferenceStore
 
-TABLES = [TableConfig("r", dim=3, optimizer=RowWiseAdagrad(lr=0.3)),
-          TableConfig("s", dim=2, num_rows=12, optimizer=Adagrad(lr=0.2)),
-          TableConfig("g", dim=4, optimizer=SGD(lr=0.1))]
+TABLES = [
+    TableConfig("r", dim=3, optimizer=RowWiseAdagrad(lr=0.3)),
+    TableConfig("s", dim=2, num_rows=12, optimizer=Adagrad(lr=0.2)),
+    TableConfig("g", dim=4, optimizer=SGD(lr=0.1)),
+]
 NAMES = [t.name for t in TABLES]
 ID_SPACE = 12
 
 ids_st = st.lists(st.integers(0, ID_SPACE - 1), min_size=0, max_size=9)
 # hbm_rows 12 holds table "s" whole (num_rows=12): its HBM is then direct, row id in slot id
-tiers_st = st.builds(TierConfig, hbm_rows=st.integers(1, 5) | st.just(12), ddr_rows=st.integers(0, 4),
-                     policy=st.sampled_from(["lru", "lfu"]), device=st.just("cpu"),
-                     ssd_compression=st.sampled_from([None, 1]), background_writes=st.booleans())
+tiers_st = st.builds(
+    TierConfig,
+    hbm_rows=st.integers(1, 5) | st.just(12),
+    ddr_rows=st.integers(0, 4),
+    policy=st.sampled_from(["lru", "lfu"]),
+    device=st.just("cpu"),
+    ssd_compression=st.sampled_from([None, 1]),
+    background_writes=st.booleans(),
+)
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -49,7 +58,7 @@ class StoreMachine(RuleBasedStateMachine):
     def write(self, table, ids, scale):
         ids = np.array(ids, dtype=np.int64)
         dim = self.model.tables[table].dim
-        rows = (np.arange(ids.shape[0] * dim, dtype=np.float32).reshape(-1, dim) * np.float32(scale))
+        rows = np.arange(ids.shape[0] * dim, dtype=np.float32).reshape(-1, dim) * np.float32(scale)
         self.store.write(table, ids, rows)
         self.model.write(table, ids, rows)
 
@@ -89,8 +98,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         ids = np.arange(ID_SPACE)
         for t in NAMES:
-            np.testing.assert_array_equal(self.store.peek(t, ids, with_state=True),
-                                          self.model.peek_records(t, ids))
+            np.testing.assert_array_equal(self.store.peek(t, ids, with_state=True), self.model.peek_records(t, ids))
 
     def teardown(self):
         if hasattr(self, "store"):
@@ -99,5 +107,6 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(settings.default, max_examples=max(200, settings.default.max_examples),
-                                     stateful_step_count=30)
+TestStoreMachine.settings = settings(
+    settings.default, max_examples=max(200, settings.default.max_examples), stateful_step_count=30
+)

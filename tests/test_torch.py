@@ -1,13 +1,25 @@
 """The torch front end against torch.nn.EmbeddingBag / torch.nn.Embedding on the same weights,
 and the fused path bitwise against the store's plain lookup + apply_gradients."""
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiered_emb import SGD, Adagrad, BackwardError, IdRangeError, NonFiniteGradientError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore  # noqa: E402
-from tiered_emb.testing.reference import pool_bags as _pool_bags, unpool_grads as _unpool_grads  # noqa: E402
+from tiered_emb import (  # noqa: E402
+    SGD,
+    Adagrad,
+    BackwardError,
+    IdRangeError,
+    NonFiniteGradientError,
+    RowWiseAdagrad,
+    TableConfig,
+    TierConfig,
+    TieredStore,
+)
 from tiered_emb.step.plan import plan_bags  # noqa: E402
+from tiered_emb.testing.reference import pool_bags as _pool_bags  # noqa: E402
+from tiered_emb.testing.reference import unpool_grads as _unpool_grads  # noqa: E402
 from tiered_emb.torch import TieredEmbedding, TieredEmbeddingBag, TieredEmbeddingBagCollection  # noqa: E402
 
 ROWS, DIM, LR = 50, 8, 0.5
@@ -85,8 +97,9 @@ def test_embedding_matches_torch(tmp_path):
     out.backward(g)
     out_ref.backward(g)
     opt.step()
-    torch.testing.assert_close(torch.from_numpy(store.peek("t", np.arange(ROWS))), ref.weight.detach(),
-                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        torch.from_numpy(store.peek("t", np.arange(ROWS))), ref.weight.detach(), rtol=1e-6, atol=1e-7
+    )
     store.close()
 
 
@@ -183,7 +196,10 @@ def test_direct_hbm_reads_rows_written_under_a_smaller_hbm(tmp_path):
 def test_collection_dict_input(tmp_path):
     store = _store(tmp_path, tables=("a", "b"))
     ebc = TieredEmbeddingBagCollection(store, {"fa": "a", "fb": "b"})
-    feats = {"fa": (torch.tensor([1, 2, 3]), torch.tensor([2, 0, 1])), "fb": (torch.tensor([4, 4]), torch.tensor([1, 0, 1]))}
+    feats = {
+        "fa": (torch.tensor([1, 2, 3]), torch.tensor([2, 0, 1])),
+        "fb": (torch.tensor([4, 4]), torch.tensor([1, 0, 1])),
+    }
     out = ebc(feats)
     assert list(out) == ["fa", "fb"] and out["fa"].shape == (3, DIM) and out["fb"].shape == (3, DIM)
     rows_a = store.peek("a", np.array([1, 2, 3]))
@@ -201,8 +217,9 @@ def test_collection_keyed_jagged_tensor(tmp_path):
     kjt_mod = pytest.importorskip("torchrec.sparse.jagged_tensor")
     store = _store(tmp_path, tables=("a", "b"))
     ebc = TieredEmbeddingBagCollection(store, ["a", "b"])
-    kjt = kjt_mod.KeyedJaggedTensor.from_lengths_sync(keys=["a", "b"], values=torch.tensor([1, 2, 3, 4]),
-                                                       lengths=torch.tensor([2, 0, 1, 1]))
+    kjt = kjt_mod.KeyedJaggedTensor.from_lengths_sync(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3, 4]), lengths=torch.tensor([2, 0, 1, 1])
+    )
     out = ebc(kjt)
     assert out["a"].shape == (2, DIM) and out["b"].shape == (2, DIM)
     store.close()
@@ -259,6 +276,7 @@ def _all_rows(store):
 @pytest.mark.parametrize("which", ["ids", "offsets", "weights"])
 def test_meta_device_inputs_are_a_device_error(tmp_path, which):
     from tiered_emb.errors import DeviceError
+
     store = _store(tmp_path)
     ids, off, w = torch.tensor([1, 2, 3]), torch.tensor([0, 2]), torch.ones(3)
     if which == "ids":
@@ -279,20 +297,27 @@ def test_meta_device_inputs_are_a_device_error(tmp_path, which):
 @pytest.mark.parametrize("w", [np.array([1.0, 2.0, 3.0], np.float32), [1.0, 2.0, 3.0]], ids=["numpy", "list"])
 def test_per_sample_weights_must_be_a_tensor(tmp_path, w):
     from tiered_emb.errors import ConfigError
+
     store = _store(tmp_path)
     with pytest.raises(ConfigError, match="per_sample_weights of type"):
         TieredEmbeddingBag(store, "t")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]), w)
     store.close()
 
 
-@pytest.mark.parametrize("x, w", [(torch.tensor([1, 2, 3]), torch.ones(3, 1)),
-                                  (torch.tensor([[1, 2], [3, 4]]), torch.ones(4)),
-                                  (torch.tensor([1, 2, 3]), torch.ones(2)),
-                                  (torch.tensor([1, 2, 3]), torch.ones(3, dtype=torch.complex64))],
-                         ids=["3x1-for-3", "flat-for-2d", "too-few", "complex"])
+@pytest.mark.parametrize(
+    "x, w",
+    [
+        (torch.tensor([1, 2, 3]), torch.ones(3, 1)),
+        (torch.tensor([[1, 2], [3, 4]]), torch.ones(4)),
+        (torch.tensor([1, 2, 3]), torch.ones(2)),
+        (torch.tensor([1, 2, 3]), torch.ones(3, dtype=torch.complex64)),
+    ],
+    ids=["3x1-for-3", "flat-for-2d", "too-few", "complex"],
+)
 def test_per_sample_weights_of_another_shape_or_dtype_are_refused(tmp_path, x, w):
     # torch.nn.EmbeddingBag wants per_sample_weights of exactly the input's shape
     from tiered_emb.errors import ConfigError
+
     store = _store(tmp_path)
     off = torch.tensor([0, 2]) if x.ndim == 1 else None
     with pytest.raises(ConfigError, match="per_sample_weights have"):
@@ -302,6 +327,7 @@ def test_per_sample_weights_of_another_shape_or_dtype_are_refused(tmp_path, x, w
 
 def test_collection_2d_lengths_or_values_are_an_id_type_error_and_read_nothing(tmp_path):
     from tiered_emb.errors import IdTypeError
+
     store = _store(tmp_path, tables=("a", "b"))
     ebc = TieredEmbeddingBagCollection(store, ["a", "b"])
     good = (torch.tensor([1, 2]), torch.tensor([1, 1]))
@@ -331,8 +357,13 @@ def test_uint64_ids_beyond_int64_are_reported_as_such(tmp_path, as_tensor):
 
 def test_second_backward_through_one_output_is_a_typed_error(tmp_path):
     from tiered_emb.errors import BackwardError
-    with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=4, num_rows=20, optimizer=SGD(0.5))],
-                            TierConfig(hbm_rows=32, device="cpu"), seed=1) as s:
+
+    with TieredStore.create(
+        tmp_path / "s",
+        [TableConfig("t", dim=4, num_rows=20, optimizer=SGD(0.5))],
+        TierConfig(hbm_rows=32, device="cpu"),
+        seed=1,
+    ) as s:
         out = TieredEmbeddingBag(s, "t")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
         out.sum().backward(retain_graph=True)
         once = s.peek("t", np.arange(20))
@@ -343,14 +374,21 @@ def test_second_backward_through_one_output_is_a_typed_error(tmp_path):
 
 @pytest.mark.parametrize("what", ["per_sample_weights", "offsets", "ids"])
 def test_inputs_changed_in_place_after_forward_do_not_change_the_update(tmp_path, what):
-    with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=4, num_rows=20, optimizer=SGD(0.5))],
-                            TierConfig(hbm_rows=32, device="cpu"), seed=1) as s:
+    with TieredStore.create(
+        tmp_path / "s",
+        [TableConfig("t", dim=4, num_rows=20, optimizer=SGD(0.5))],
+        TierConfig(hbm_rows=32, device="cpu"),
+        seed=1,
+    ) as s:
         w0 = s.peek("t", np.arange(20)).copy()
         bag = TieredEmbeddingBag(s, "t", include_last_offset=True)
         ids, off, psw = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2, 4]), torch.ones(4)
         out = bag(ids, off, per_sample_weights=psw)
-        {"per_sample_weights": lambda: psw.mul_(100.0), "offsets": lambda: off.copy_(torch.tensor([0, 0, 4])),
-         "ids": lambda: ids.copy_(torch.tensor([9, 9, 9, 9]))}[what]()
+        {
+            "per_sample_weights": lambda: psw.mul_(100.0),
+            "offsets": lambda: off.copy_(torch.tensor([0, 0, 4])),
+            "ids": lambda: ids.copy_(torch.tensor([9, 9, 9, 9])),
+        }[what]()
         out.backward(torch.stack([torch.ones(4), 3 * torch.ones(4)]))
         delta = s.peek("t", np.arange(20)) - w0
     np.testing.assert_allclose(delta[[1, 2, 3, 4], 0], [-0.5, -0.5, -1.5, -1.5], rtol=1e-6)
@@ -371,8 +409,10 @@ def test_features_sharing_a_table_get_one_update_on_their_summed_gradient(tmp_pa
     v1, l1, v2, l2 = torch.tensor([1, 2, 3]), torch.tensor([2, 1]), torch.tensor([3, 1]), torch.tensor([1, 1])
     g1 = torch.linspace(-1, 1, 8).reshape(2, 4)
     g2 = torch.linspace(0.5, 2, 8).reshape(2, 4)
-    with TieredStore.create(tmp_path / "a", tables, TierConfig(32, device="cpu"), seed=1) as s, \
-            TieredStore.create(tmp_path / "b", tables, TierConfig(32, device="cpu"), seed=1) as ref:
+    with (
+        TieredStore.create(tmp_path / "a", tables, TierConfig(32, device="cpu"), seed=1) as s,
+        TieredStore.create(tmp_path / "b", tables, TierConfig(32, device="cpu"), seed=1) as ref,
+    ):
         out = TieredEmbeddingBagCollection(s, {"f1": "t", "f2": "t"})({"f1": (v1, l1), "f2": (v2, l2)})
         assert out["f1"].shape == (2, 4) and out["f2"].shape == (2, 4)
         ((out["f1"] * g1).sum() + (out["f2"] * g2).sum()).backward()
@@ -380,16 +420,27 @@ def test_features_sharing_a_table_get_one_update_on_their_summed_gradient(tmp_pa
         ids = np.array([1, 2, 3, 3, 1])
         grads = np.stack([g1[0], g1[0], g1[1], g2[0], g2[1]]).astype(np.float32)
         ref.apply_gradients("t", ids, grads)
-        assert s.peek("t", np.arange(20), with_state=True).tobytes() == \
-            ref.peek("t", np.arange(20), with_state=True).tobytes()
+        assert (
+            s.peek("t", np.arange(20), with_state=True).tobytes()
+            == ref.peek("t", np.arange(20), with_state=True).tobytes()
+        )
 
 
-@pytest.mark.parametrize("bad_b, err", [((torch.tensor([1, 2, 3]), torch.tensor([1, 1])), "IdTypeError"),
-                                        ((torch.tensor([1, 99]), torch.tensor([1, 1])), "IdRangeError")])
+@pytest.mark.parametrize(
+    "bad_b, err",
+    [
+        ((torch.tensor([1, 2, 3]), torch.tensor([1, 1])), "IdTypeError"),
+        ((torch.tensor([1, 99]), torch.tensor([1, 1])), "IdRangeError"),
+    ],
+)
 def test_collection_checks_every_feature_before_reading_any(tmp_path, bad_b, err):
     import tiered_emb.errors as errors
-    with TieredStore.create(tmp_path / "s", [TableConfig("a", dim=4, num_rows=50), TableConfig("b", dim=4, num_rows=50)],
-                            TierConfig(hbm_rows=8, ddr_rows=8, device="cpu")) as s:
+
+    with TieredStore.create(
+        tmp_path / "s",
+        [TableConfig("a", dim=4, num_rows=50), TableConfig("b", dim=4, num_rows=50)],
+        TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"),
+    ) as s:
         ebc = TieredEmbeddingBagCollection(s, ["a", "b"])
         before = s.stats()
         with pytest.raises(getattr(errors, err)):
@@ -437,15 +488,17 @@ def test_a_failed_write_back_pending_before_a_backward_stops_it_before_any_table
     updates both once (before, the first queued update was applied, then the second raised)."""
     from tiered_emb.errors import StoreFullError
     from tiered_emb.testing import full_disk_for
+
     tables = [TableConfig(t, dim=2, num_rows=100, optimizer=SGD(0.5)) for t in ("a", "b")]
-    s = TieredStore.create(tmp_path / "s", tables,
-                           TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=False), seed=1)
+    s = TieredStore.create(
+        tmp_path / "s", tables, TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=False), seed=1
+    )
     s.ssd.writeback_rows = 1
     emb_a, emb_b = TieredEmbedding(s, "a"), TieredEmbedding(s, "b")
     emb_b(torch.arange(4)).sum().backward()  # b's rows 0..3 dirty in HBM
     full_disk_for(s, writes=1)
-    out_a = emb_a(torch.arange(6))           # more ids than HBM: the spill path
-    out_b = emb_b(torch.tensor([4, 5]))      # evicts dirty rows of b: their write-back fails, kept
+    out_a = emb_a(torch.arange(6))  # more ids than HBM: the spill path
+    out_b = emb_b(torch.tensor([4, 5]))  # evicts dirty rows of b: their write-back fails, kept
     before = {t: s.peek(t, np.arange(10), with_state=True).tobytes() for t in ("a", "b")}
     with pytest.raises(StoreFullError):
         (out_a.sum() + out_b.sum()).backward(retain_graph=True)
@@ -479,7 +532,10 @@ def test_a_weighted_bag_can_be_backpropagated_again_after_a_pass_that_raised(tmp
     psw_ref = psw.detach().clone().requires_grad_()
     run(ref, psw_ref)(1.0)
     for t in ("a", "b"):
-        assert s.peek(t, np.arange(ROWS), with_state=True).tobytes() == ref.peek(t, np.arange(ROWS), with_state=True).tobytes()
+        assert (
+            s.peek(t, np.arange(ROWS), with_state=True).tobytes()
+            == ref.peek(t, np.arange(ROWS), with_state=True).tobytes()
+        )
     torch.testing.assert_close(psw.grad, psw_ref.grad)
     s.close()
     ref.close()

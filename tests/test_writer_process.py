@@ -1,4 +1,5 @@
 """The LMDB writer process of background write-backs (tiers/ssd/writer_main.py, writer_client.py)."""
+
 import io
 import os
 import signal
@@ -9,7 +10,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from tiered_emb import RowWiseAdagrad, SGD, TableConfig, TieredStore, TierConfig
+from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
@@ -18,8 +19,10 @@ from tiered_emb.tiers.ssd.writer_client import WriterProcess
 
 pytestmark = pytest.mark.skipif(not WRITER_PROCESS, reason="background writes use a thread on this OS")
 
-TABLES = [TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
-          TableConfig("b", dim=3, num_rows=500, optimizer=SGD(lr=0.5))]
+TABLES = [
+    TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
+    TableConfig("b", dim=3, num_rows=500, optimizer=SGD(lr=0.5)),
+]
 
 
 def _steps(s, ref, steps, seed=0, n=40):
@@ -34,8 +37,9 @@ def _pending(s) -> dict:
 
 
 def _store(path, background, **kw):
-    s = TieredStore.create(path, TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu",
-                                                    background_writes=background, **kw), seed=2)
+    s = TieredStore.create(
+        path, TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=background, **kw), seed=2
+    )
     s.ssd.writeback_rows = 16  # a write-back transaction every few steps
     return s
 
@@ -98,7 +102,11 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
                 s.apply_gradients(t.name, ids, g)
             ref.apply_gradients(t.name, ids, g)
     assert len(raised) == 1
-    assert s.ssd.writer_handle() is not None and s.ssd.writer_handle() is not first and s.ssd.writer_handle().poll() is None
+    assert (
+        s.ssd.writer_handle() is not None
+        and s.ssd.writer_handle() is not first
+        and s.ssd.writer_handle().poll() is None
+    )
     s.close()
     _equals_reference(tmp_path / "s", ref)
 
@@ -106,8 +114,12 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
 def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
     """The process reports a full map without writing; this side grows its map and sends the
     write again, and the process takes the new size."""
-    s = TieredStore.create(tmp_path / "s", [TableConfig("w", dim=64, optimizer=SGD(lr=0.5))],
-                           TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", map_size_bytes=1 << 20), seed=2)
+    s = TieredStore.create(
+        tmp_path / "s",
+        [TableConfig("w", dim=64, optimizer=SGD(lr=0.5))],
+        TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", map_size_bytes=1 << 20),
+        seed=2,
+    )
     s.ssd.writeback_rows = 4096
     ref = ReferenceStore([TableConfig("w", dim=64, optimizer=SGD(lr=0.5))], seed=2)
     rng = np.random.default_rng(1)
@@ -143,8 +155,9 @@ def _env_for_writer(tmp_path):
     env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
     env.open_db(b"p:a")
     env.close()
-    return path, codec.frame_bytes({"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64,
-                                           "compression": None, "dbs": ["p:a"]})
+    return path, codec.frame_bytes(
+        {"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64, "compression": None, "dbs": ["p:a"]}
+    )
 
 
 def _write_request(ids, rows, map_size, seq=0):
@@ -189,10 +202,11 @@ def test_the_writer_process_ends_with_a_killed_trainer(tmp_path):
     """A trainer killed outright leaves no writer behind (its input closes), and the store
     opens again at its checkpoint."""
     import subprocess
+
     script = f"""
 import sys, numpy as np
 from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
-s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
+s = TieredStore.create({str(tmp_path / "s")!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
                        TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
 s.ssd.writeback_rows = 8
 rng = np.random.default_rng(0)
@@ -242,13 +256,16 @@ def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_
     _equals_reference(tmp_path / "s", ref)
 
 
-@pytest.mark.parametrize("case", ["no interpreter", "another program", "a silent program", "frozen",
-                                  "a Path in sys.path", "warnings are errors"])
+@pytest.mark.parametrize(
+    "case",
+    ["no interpreter", "another program", "a silent program", "frozen", "a Path in sys.path", "warnings are errors"],
+)
 def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path, monkeypatch, case):
     """An embedded or frozen app (sys.executable none, or the app itself, which answers
     anything or nothing), and odd sys.path entries, fall back to the writer thread; under
     -W error the warning does not fail the write."""
     import warnings
+
     if case in ("no interpreter", "warnings are errors"):
         monkeypatch.setattr(sys, "executable", None)
     elif case == "another program":
@@ -282,6 +299,7 @@ def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path
 
 def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
     import gc
+
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
     s.ssd.wait_writes()
@@ -336,12 +354,13 @@ def test_a_dead_writer_does_not_kill_a_trainer_with_default_sigpipe(tmp_path):
     error when its writer has died, not a SIGPIPE that kills it; nor does close() after
     its writer died (its quit frame goes into a dead pipe)."""
     import subprocess
+
     script = f"""
 import os, signal, numpy as np
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
 from tiered_emb.errors import CorruptStoreError
-s = TieredStore.create({str(tmp_path / 's')!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
+s = TieredStore.create({str(tmp_path / "s")!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
                        TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
 s.ssd.writeback_rows = 8
 rng = np.random.default_rng(0)

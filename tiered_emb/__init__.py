@@ -2,13 +2,24 @@
 
 Importing this package never imports torch or cupy.
 """
+
 from tiered_emb._version import __version__
+from tiered_emb.cache.policies import POLICIES
+from tiered_emb.config import Normal, TableConfig, TierConfig, Uniform
+from tiered_emb.errors import *  # noqa: F403
+from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from tiered_emb.store import TieredStore
 
-from tiered_emb.config import Normal, TableConfig, TierConfig, Uniform  # noqa: E402
-from tiered_emb.errors import *  # noqa: E402,F401,F403
-from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad  # noqa: E402
-from tiered_emb.cache.policies import POLICIES  # noqa: E402
-from tiered_emb.store import TieredStore  # noqa: E402
-
-__all__ = ["TieredStore", "TableConfig", "TierConfig", "Uniform", "Normal", "SGD", "Adagrad", "RowWiseAdagrad",
-           "Adam", "POLICIES", "__version__"]
+__all__ = [
+    "POLICIES",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Normal",
+    "RowWiseAdagrad",
+    "TableConfig",
+    "TierConfig",
+    "TieredStore",
+    "Uniform",
+    "__version__",
+]

@@ -4,12 +4,15 @@ Every check raises a typed error from :mod:`tiered_emb.errors` naming the value 
 
 Each check is O(1) or one vectorised O(n) pass, done once per call, never inside a kernel.
 """
+
 from __future__ import annotations
 
 import math
 import operator
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tiered_emb._backend import to_host
 from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError, RowDtypeError, RowShapeError
@@ -17,7 +20,7 @@ from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError, RowDtypeEr
 _INT64_MAX = 2**63 - 1
 
 
-def int_arg(name: str, value, lo: int | None = None, hi: int | None = None, hint: str | None = None) -> int:
+def int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None, hint: str | None = None) -> int:
     """``value`` as an int (a Python or NumPy integer; not a bool, not a float), within ``[lo, hi]``."""
     if isinstance(value, (bool, np.bool_)):
         ok = False
@@ -35,19 +38,20 @@ def int_arg(name: str, value, lo: int | None = None, hi: int | None = None, hint
     return v
 
 
-def finite_arg(name: str, value, lo: float | None = None, hint: str | None = None) -> float:
+def finite_arg(name: str, value: Any, lo: float | None = None, hint: str | None = None) -> float:
     """``value`` as a finite float, ``>= lo``."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name}={value!r} is not a number", hint or f"give {name} as a number") from None
     if not math.isfinite(v) or (lo is not None and v < lo):
-        raise ConfigError(f"{name}={value!r} is invalid",
-                          hint or f"give a finite {name}" + ("" if lo is None else f" >= {lo}"))
+        raise ConfigError(
+            f"{name}={value!r} is invalid", hint or f"give a finite {name}" + ("" if lo is None else f" >= {lo}")
+        )
     return v
 
 
-def _all_ints(ids) -> bool:
+def _all_ints(ids: Any) -> bool:
     try:
         flat = np.asarray(ids, dtype=object).ravel()
     except (ValueError, TypeError):
@@ -55,7 +59,7 @@ def _all_ints(ids) -> bool:
     return flat.size > 0 and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in flat)
 
 
-def as_ids(ids, what: str = "trace") -> np.ndarray:
+def as_ids(ids: Any, what: str = "trace") -> npt.NDArray[np.int64]:
     """``ids`` as a contiguous int64 (n,) array, or an :class:`IdTypeError` (not integers,
     not 1-D) / :class:`IdRangeError` (beyond int64).  Float ids are never truncated; an
     empty array of any numeric dtype is an empty trace.  Negative ids pass (the caller
@@ -75,11 +79,15 @@ def as_ids(ids, what: str = "trace") -> np.ndarray:
         if kind in "fO" and not isinstance(ids, np.ndarray) and _all_ints(ids):
             # Python ints that NumPy could not hold as int64 (it made floats or objects of them)
             raise IdRangeError(f"{what} holds an id beyond int64", "ids are int64 (>= 0 for the simulator)")
-        raise IdTypeError(f"{what} has dtype {a.dtype}",
-                          "pass integer ids, e.g. np.asarray(ids, dtype=np.int64); float ids are not rounded")
+        raise IdTypeError(
+            f"{what} has dtype {a.dtype}",
+            "pass integer ids, e.g. np.asarray(ids, dtype=np.int64); float ids are not rounded",
+        )
     if kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > _INT64_MAX:
-        raise IdRangeError(f"id {int(a.max())} of {what} is beyond int64",
-                           "relabel the ids, e.g. np.unique(ids, return_inverse=True)[1]")
+        raise IdRangeError(
+            f"id {int(a.max())} of {what} is beyond int64",
+            "relabel the ids, e.g. np.unique(ids, return_inverse=True)[1]",
+        )
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
@@ -99,18 +107,20 @@ def int64_of(a, what: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-
 def table_ids(table: str, ids, num_rows: int | None) -> np.ndarray:
     """``ids`` of ``table`` as a contiguous int64 (n,) array, checked: integers, 1-D, ``>= 0``
     and below ``num_rows`` when it is set (IdTypeError / IdRangeError otherwise)."""
     try:
         a = np.asarray(ids)
     except (ValueError, TypeError) as err:  # ragged lists, say
-        raise IdTypeError(f"ids for table {table!r} do not make an array ({err})",
-                          "pass a 1-D integer array, e.g. np.asarray(ids, dtype=np.int64)") from err
+        raise IdTypeError(
+            f"ids for table {table!r} do not make an array ({err})",
+            "pass a 1-D integer array, e.g. np.asarray(ids, dtype=np.int64)",
+        ) from err
     if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):  # ([] is float64)
-        raise IdTypeError(f"ids for table {table!r} have dtype {a.dtype}",
-                          "pass integer ids, e.g. np.asarray(ids, dtype=np.int64)")
+        raise IdTypeError(
+            f"ids for table {table!r} have dtype {a.dtype}", "pass integer ids, e.g. np.asarray(ids, dtype=np.int64)"
+        )
     if a.ndim != 1:
         raise IdTypeError(f"ids for table {table!r} have shape {a.shape}", "pass a 1-D array (ravel it)")
     if a.shape[0] == 0:
@@ -122,8 +132,10 @@ def table_ids(table: str, ids, num_rows: int | None) -> np.ndarray:
     if lo < 0:
         raise IdRangeError(f"id {lo} of table {table!r} is negative", "ids are >= 0")
     if num_rows is not None and hi >= num_rows:
-        raise IdRangeError(f"id {hi} of table {table!r} is not below num_rows={num_rows}",
-                           "check the id mapping, or create the table with a larger num_rows (or None)")
+        raise IdRangeError(
+            f"id {hi} of table {table!r} is not below num_rows={num_rows}",
+            "check the id mapping, or create the table with a larger num_rows (or None)",
+        )
     return a
 
 
@@ -132,11 +144,14 @@ def table_rows(table: str, rows, n: int, dim: int, what: str) -> np.ndarray:
     RowDtypeError / RowShapeError naming ``what`` (gradients, rows...)."""
     r = to_host(rows) if not isinstance(rows, np.ndarray) and hasattr(rows, "get") else np.asarray(rows)
     if r.dtype != np.float32:
-        raise RowDtypeError(f"{what} for table {table!r} have dtype {r.dtype}",
-                            "pass float32, e.g. np.asarray(x, dtype=np.float32)")
+        raise RowDtypeError(
+            f"{what} for table {table!r} have dtype {r.dtype}", "pass float32, e.g. np.asarray(x, dtype=np.float32)"
+        )
     if r.shape != (n, dim):
-        raise RowShapeError(f"{what} for table {table!r} have shape {r.shape}, expected {(n, dim)}",
-                            "pass one row of the table's dim per id")
+        raise RowShapeError(
+            f"{what} for table {table!r} have shape {r.shape}, expected {(n, dim)}",
+            "pass one row of the table's dim per id",
+        )
     return np.ascontiguousarray(r)
 
 

@@ -4,13 +4,18 @@
 ``device="cuda"`` without a usable GPU raises :class:`DeviceError`; ``"auto"`` falls
 back to NumPy with one :class:`DeviceFallbackWarning` per process.
 """
+
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import warnings
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tiered_emb.errors import DeviceError
 
@@ -22,7 +27,7 @@ class DeviceFallbackWarning(UserWarning):
 _warned = False
 
 
-def _cupy_or_reason():
+def _cupy_or_reason() -> tuple[ModuleType | None, str | None]:
     try:
         import cupy
     except Exception as err:  # ImportError, or a broken CUDA install raising anything
@@ -35,7 +40,7 @@ def _cupy_or_reason():
     return cupy, None
 
 
-def resolve_xp(device: str):
+def resolve_xp(device: str) -> ModuleType:
     """Array module for ``device`` ("auto", "cpu" or "cuda")."""
     global _warned
     if device == "cpu" or os.environ.get("TIERED_EMB_DEVICE", "").lower() == "cpu":
@@ -44,36 +49,42 @@ def resolve_xp(device: str):
     if cupy is not None:
         return cupy
     if device == "cuda":
-        raise DeviceError(f"device='cuda' was asked for but {reason}",
-                          "install the 'gpu' extra on a machine with an NVIDIA GPU, or use device='cpu'")
+        raise DeviceError(
+            f"device='cuda' was asked for but {reason}",
+            "install the 'gpu' extra on a machine with an NVIDIA GPU, or use device='cpu'",
+        )
     if not _warned:
         _warned = True
-        warnings.warn(f"device='auto': {reason}; the HBM tier uses NumPy in host memory",
-                      DeviceFallbackWarning, stacklevel=3)
+        warnings.warn(
+            f"device='auto': {reason}; the HBM tier uses NumPy in host memory", DeviceFallbackWarning, stacklevel=3
+        )
     return np
 
 
-def to_host(a) -> np.ndarray:
+def to_host(a: Any) -> npt.NDArray[Any]:
     """A NumPy array of ``a`` (a copy when ``a`` lives on a GPU)."""
-    return a if isinstance(a, np.ndarray) else a.get()
+    if isinstance(a, np.ndarray):
+        return a
+    host: npt.NDArray[Any] = a.get()
+    return host
 
 
-def to_xp(xp, a: np.ndarray):
+def to_xp(xp: ModuleType, a: npt.NDArray[Any]) -> Any:
+    """``a`` as an array of ``xp`` (itself when ``xp`` is NumPy, a device copy otherwise)."""
     return a if xp is np else xp.asarray(a)
 
 
 _HUGE_PAGE_BYTES = 2 << 20
 
 
-def host_zeros(shape: tuple[int, int]) -> np.ndarray:
+def host_zeros(shape: tuple[int, int]) -> npt.NDArray[np.float32]:
     """Zeroed float32 host array for a tier's records, on transparent huge pages where Linux offers them.
 
     A step reads rows at random across the whole array; with 4 KiB pages nearly every
-    row read also misses the TLB.  Asking for 2 MiB pages (``MADV_HUGEPAGE``, honoured
-    when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``)
-    took the pooled forward of 8,192 bags x 20 rows of dim 128 over a 1M-row table from
-    about 2.1 to 1.7 ms.  The price: memory is committed 2 MiB at a time, so a tier's
-    resident size approaches its capacity sooner.  Small arrays, and systems without
+    row read also misses the TLB.  2 MiB pages (``MADV_HUGEPAGE``, honoured when
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``) take that
+    miss out of the pooled forward (docs/training.md).  The price: memory is committed
+    2 MiB at a time, so a tier's resident size approaches its capacity sooner.  Small arrays, and systems without
     ``madvise``, get ``np.zeros``.
     """
     nbytes = int(shape[0]) * int(shape[1]) * 4
@@ -81,8 +92,6 @@ def host_zeros(shape: tuple[int, int]) -> np.ndarray:
     if nbytes < _HUGE_PAGE_BYTES or advice is None:
         return np.zeros(shape, dtype=np.float32)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
+    with contextlib.suppress(OSError):  # a kernel without THP: the mapping is still good, with small pages
         buf.madvise(advice)
-    except OSError:  # a kernel without THP: the mapping is still good, with small pages
-        pass
     return np.frombuffer(buf, dtype=np.float32).reshape(shape)

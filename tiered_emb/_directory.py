@@ -5,6 +5,7 @@ and ``manifest.json`` (format, seed, tables, tiers), written last by ``create()`
 directory with the lock file and LMDB files but no manifest is what a ``create()`` killed
 midway leaves (*half-made*), which the next ``create()`` starts over and ``open()`` names.
 """
+
 from __future__ import annotations
 
 import errno
@@ -15,8 +16,14 @@ import shutil
 from pathlib import Path
 
 from tiered_emb.config import TableConfig, TierConfig
-from tiered_emb.errors import (ConfigError, CorruptStoreError, StoreExistsError, StoreFullError, StoreLockedError,
-                               StoreNotFoundError)
+from tiered_emb.errors import (
+    ConfigError,
+    CorruptStoreError,
+    StoreExistsError,
+    StoreFullError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
 
 FORMAT = "tiered_emb/2"
 #: An older format :meth:`TieredStore.open` still takes: the same but for the rows written
@@ -28,8 +35,9 @@ FORMAT_1 = "tiered_emb/1"
 def refuse_existing(path: Path) -> None:
     """StoreExistsError unless ``path`` is free for a new store (absent, or half-made)."""
     if path.exists() and not half_made(path, look_inside=False):
-        raise StoreExistsError(f"store path {str(path)!r} already exists",
-                               "open it with TieredStore.open, or choose a new path")
+        raise StoreExistsError(
+            f"store path {str(path)!r} already exists", "open it with TieredStore.open, or choose a new path"
+        )
 
 
 def make(path: Path) -> int:
@@ -44,13 +52,17 @@ def make(path: Path) -> int:
         try:
             path.mkdir(parents=True)
         except (NotADirectoryError, FileExistsError) as err:  # a file where a parent directory should be
-            raise ConfigError(f"store path {str(path)!r} cannot be made ({err})",
-                              "choose a path whose parents are directories (or do not exist yet)") from err
+            raise ConfigError(
+                f"store path {str(path)!r} cannot be made ({err})",
+                "choose a path whose parents are directories (or do not exist yet)",
+            ) from err
     lock_fd = lock(path)  # a create still running there holds it: StoreLockedError
     if was_half_made and not half_made(path):  # looked at again, inside, under the lock
         os.close(lock_fd)
-        raise StoreExistsError(f"store path {str(path)!r} holds an LMDB store without its manifest.json",
-                               "restore manifest.json from a backup, or choose a new path")
+        raise StoreExistsError(
+            f"store path {str(path)!r} holds an LMDB store without its manifest.json",
+            "restore manifest.json from a backup, or choose a new path",
+        )
     try:
         for d in reversed(new_dirs):  # each new directory's entry in its parent
             fsync_dir(d.parent)
@@ -78,11 +90,14 @@ def read_manifest(path: Path) -> tuple[dict, list[TableConfig], TierConfig, int]
     """
     manifest_path = path / "manifest.json"
     if half_made(path):
-        raise StoreNotFoundError(f"{str(path)!r} holds a store whose create() did not finish (no manifest.json, "
-                                 "no rows)", "call TieredStore.create on it again: it starts a half-made store over")
+        raise StoreNotFoundError(
+            f"{str(path)!r} holds a store whose create() did not finish (no manifest.json, no rows)",
+            "call TieredStore.create on it again: it starts a half-made store over",
+        )
     if not manifest_path.is_file():
-        raise StoreNotFoundError(f"no store at {str(path)!r} (no manifest.json)",
-                                 "check the path, or make one with TieredStore.create")
+        raise StoreNotFoundError(
+            f"no store at {str(path)!r} (no manifest.json)", "check the path, or make one with TieredStore.create"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
         if not isinstance(manifest, dict):
@@ -95,11 +110,14 @@ def read_manifest(path: Path) -> tuple[dict, list[TableConfig], TierConfig, int]
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
             raise ValueError(f"seed {seed!r}")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
-        raise CorruptStoreError(f"manifest {str(manifest_path)!r} is corrupt ({type(err).__name__}: {err})",
-                                "restore the store directory from a backup") from err
+        raise CorruptStoreError(
+            f"manifest {str(manifest_path)!r} is corrupt ({type(err).__name__}: {err})",
+            "restore the store directory from a backup",
+        ) from err
     if not (path / "lmdb" / "data.mdb").is_file():
-        raise CorruptStoreError(f"store {str(path)!r} has no LMDB data file (lmdb/data.mdb)",
-                                "restore the store directory from a backup")
+        raise CorruptStoreError(
+            f"store {str(path)!r} has no LMDB data file (lmdb/data.mdb)", "restore the store directory from a backup"
+        )
     return manifest, tables, stored_tiers, seed
 
 
@@ -116,10 +134,13 @@ def write_manifest(path: Path, manifest: dict) -> None:
         fsync_dir(path)  # the rename itself: without this a power loss may undo it
     except OSError as err:  # the rows are committed in LMDB by then; only the manifest is behind
         if err.errno == errno.ENOSPC:
-            raise StoreFullError(f"the disk under {str(path)!r} is full writing manifest.json ({err})",
-                                 "free disk space; the next checkpoint() or close() writes it again") from err
-        raise CorruptStoreError(f"writing {str(tmp)!r} failed ({err})",
-                                "check the disk and the store directory's permissions") from err
+            raise StoreFullError(
+                f"the disk under {str(path)!r} is full writing manifest.json ({err})",
+                "free disk space; the next checkpoint() or close() writes it again",
+            ) from err
+        raise CorruptStoreError(
+            f"writing {str(tmp)!r} failed ({err})", "check the disk and the store directory's permissions"
+        ) from err
 
 
 def half_made(path: Path, look_inside: bool = True) -> bool:
@@ -141,6 +162,7 @@ def _holds_nothing(lmdb_dir: Path) -> bool:
     """True when the LMDB environment at ``lmdb_dir`` has no row in any table and no meta
     record past epoch 0; False when it has, or cannot be read (then nothing is replaced)."""
     import lmdb
+
     try:
         env = lmdb.open(str(lmdb_dir), readonly=True, lock=False, max_dbs=4096, subdir=True)
     except lmdb.Error:
@@ -177,8 +199,9 @@ def fsync_dir(path: Path) -> None:
     except OSError as err:
         if err.errno in (errno.EACCES, errno.EPERM):
             return
-        raise CorruptStoreError(f"directory {str(path)!r} cannot be opened to fsync it ({err})",
-                                "check the disk and the directory") from err
+        raise CorruptStoreError(
+            f"directory {str(path)!r} cannot be opened to fsync it ({err})", "check the disk and the directory"
+        ) from err
     try:
         os.fsync(fd)
     except OSError as err:
@@ -195,6 +218,7 @@ def lock(path: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as err:
         os.close(fd)
-        raise StoreLockedError(f"store {str(path)!r} is held by another writer",
-                               "close the other TieredStore (or process) using it first") from err
+        raise StoreLockedError(
+            f"store {str(path)!r} is held by another writer", "close the other TieredStore (or process) using it first"
+        ) from err
     return fd

@@ -4,6 +4,7 @@ stack arrays, and the thread count a batch's kernels run on.
 Nothing here changes a result: prefetches are hints, and every parallel kernel sums in a
 fixed order whatever the thread count.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -14,7 +15,6 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-
 # Rows this many positions ahead are prefetched by the pooling loops: a row read at
 # random from a large table misses the caches, and the loop's own loads cannot run far
 # enough ahead to hide it (measured: 2.6 -> 1.9 ms for 8,192 bags x 20 rows of dim 128).
@@ -22,9 +22,10 @@ PREFETCH_DISTANCE = 8
 
 
 @intrinsic
-def _prefetch(typingctx, arr, idx):
+def prefetch_hint(typingctx, arr, idx):
     """LLVM's prefetch of ``arr[idx]`` (read, keep in all cache levels; ``idx`` an integer or
     a tuple of them, in bounds): a hint to the CPU, no effect on results."""
+
     def codegen(context, builder, signature, args):
         aty, ity = signature.args
         ary = context.make_array(aty)(context, builder, args[0])
@@ -32,15 +33,17 @@ def _prefetch(typingctx, arr, idx):
         ptr = cgutils.get_item_pointer(context, builder, aty, ary, idxs, wraparound=False)
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+        )
         builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
+
     return types.void(arr, idx), codegen
 
 
 @intrinsic
-def _local_f32(typingctx, n):
+def local_f32(typingctx, n):
     """A float32 array of ``n`` (a compile-time integer) on the calling function's stack.
 
     Uninitialised, and valid only within the function (a prange body's array lives as
@@ -60,14 +63,15 @@ def _local_f32(typingctx, n):
         intp = context.get_value_type(types.intp)
         context.populate_array(ary, data=ptr, shape=[intp(size)], strides=[intp(4)], itemsize=intp(4), meminfo=None)
         return ary._getvalue()
+
     return arrty(n), codegen
 
 
 @numba.njit(inline="always")
-def _prefetch_row(records, row):
+def prefetch_row_hint(records, row):
     """Prefetch every 64-byte line of ``records[row]`` (float32)."""
     for c in range(0, records.shape[1], 16):
-        _prefetch(records, (row, c))
+        prefetch_hint(records, (row, c))
 
 
 # Below this many float32 elements of work a batch runs its kernels on one thread: waking
@@ -77,7 +81,7 @@ _SERIAL_BELOW = 1 << 16
 
 
 @contextmanager
-def _threads_for(work: int):
+def threads_for(work: int):
     if work >= _SERIAL_BELOW or numba.get_num_threads() == 1:
         yield
         return

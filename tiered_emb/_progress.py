@@ -3,6 +3,7 @@
 It lives apart from both so that :mod:`tiered_emb.sim` can draw it without importing the
 apps, which import the store (the simulator stands alone: DESIGN.md, "Layout").
 """
+
 from __future__ import annotations
 
 import sys

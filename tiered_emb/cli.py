@@ -1,4 +1,5 @@
 """``tiered-emb`` command: one argparse subcommand per job; each module adds its own parser."""
+
 from __future__ import annotations
 
 import argparse

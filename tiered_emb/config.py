@@ -3,17 +3,19 @@
 Every invalid field raises :class:`~tiered_emb.errors.ConfigError` naming the field and
 the value given, with a hint.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
 from tiered_emb.errors import ConfigError
-from tiered_emb.optimizers import OPTIMIZERS, SGD, optimizer_from_dict, optimizer_to_dict
+from tiered_emb.optimizers import OPTIMIZERS, SGD, Adagrad, Adam, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # used with fullmatch: '$' would let "a\n" pass
 MAX_ID = 2**63 - 1
@@ -28,16 +30,16 @@ _NORMAL_Z_MAX = math.sqrt(-2.0 * math.log(2.0**-53))
 MAX_MAP_SIZE_BYTES = 1 << 48
 
 
-def _is_int(x) -> bool:
+def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_real(x) -> bool:
+def _is_real(x: object) -> bool:
     """An int or float (numpy scalars included), not a bool, a complex or a string."""
     return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
 
 
-def _plain_number(obj, field_name: str) -> None:
+def _plain_number(obj: object, field_name: str) -> None:
     """Store a numpy scalar (or other Real) field of a frozen config as a Python float, so it
     serialises to JSON; ints and floats are kept as given."""
     v = getattr(obj, field_name)
@@ -57,14 +59,16 @@ class Uniform:
     high: float = 0.05
     name = "uniform"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (_is_real(self.low) and _is_real(self.high)):
             raise ConfigError(f"Uniform(low={self.low!r}, high={self.high!r}) is invalid", "use numbers low < high")
         _plain_number(self, "low")
         _plain_number(self, "high")
         if not (_fits_float32(self.low) and _fits_float32(self.high) and self.low < self.high):
-            raise ConfigError(f"Uniform(low={self.low!r}, high={self.high!r}) is invalid",
-                              f"use finite low < high, each at most {FLOAT32_MAX:.7g} in magnitude (rows are float32)")
+            raise ConfigError(
+                f"Uniform(low={self.low!r}, high={self.high!r}) is invalid",
+                f"use finite low < high, each at most {FLOAT32_MAX:.7g} in magnitude (rows are float32)",
+            )
 
 
 @dataclass(frozen=True)
@@ -75,20 +79,24 @@ class Normal:
     mean: float = 0.0
     name = "normal"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (_is_real(self.std) and _is_real(self.mean)):
-            raise ConfigError(f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid", "use numbers: a std > 0, a mean")
+            raise ConfigError(
+                f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid", "use numbers: a std > 0, a mean"
+            )
         _plain_number(self, "std")
         _plain_number(self, "mean")
         if not (math.isfinite(self.std) and self.std > 0 and math.isfinite(self.mean)):
             raise ConfigError(f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid", "use a finite std > 0")
         if abs(self.mean) + _NORMAL_Z_MAX * self.std > FLOAT32_MAX:
-            raise ConfigError(f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid",
-                              f"|mean| + {_NORMAL_Z_MAX:.3f} * std (the largest draw) must be at most "
-                              f"{FLOAT32_MAX:.7g}: rows are float32")
+            raise ConfigError(
+                f"Normal(std={self.std!r}, mean={self.mean!r}) is invalid",
+                f"|mean| + {_NORMAL_Z_MAX:.3f} * std (the largest draw) must be at most "
+                f"{FLOAT32_MAX:.7g}: rows are float32",
+            )
 
 
-INITS = {"uniform": Uniform, "normal": Normal}
+INITS: dict[str, type[Uniform] | type[Normal]] = {"uniform": Uniform, "normal": Normal}
 
 
 @dataclass(frozen=True)
@@ -123,29 +131,40 @@ class TableConfig:
     num_rows: int | None = None
     dtype: str = "float32"
     init: Uniform | Normal = field(default_factory=Uniform)
-    optimizer: object = field(default_factory=SGD)
+    optimizer: SGD | Adagrad | RowWiseAdagrad | Adam = field(default_factory=SGD)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
-            raise ConfigError(f"TableConfig.name={self.name!r} is invalid", "use 1-200 letters, digits, '_', '.' or '-'")
+            raise ConfigError(
+                f"TableConfig.name={self.name!r} is invalid", "use 1-200 letters, digits, '_', '.' or '-'"
+            )
         if not _is_int(self.dim) or not 1 <= self.dim <= 65536:
             raise ConfigError(f"TableConfig.dim={self.dim!r} is invalid", "use an int in 1..65536")
         if self.num_rows is not None and (not _is_int(self.num_rows) or not 1 <= self.num_rows <= MAX_ID):
-            raise ConfigError(f"TableConfig.num_rows={self.num_rows!r} is invalid", "use None (unbounded ids) or an int >= 1")
+            raise ConfigError(
+                f"TableConfig.num_rows={self.num_rows!r} is invalid", "use None (unbounded ids) or an int >= 1"
+            )
         if self.dtype != "float32":
             raise ConfigError(f"TableConfig.dtype={self.dtype!r} is not supported", "use 'float32'")
         if not isinstance(self.init, (Uniform, Normal)):
-            raise ConfigError(f"TableConfig.init={self.init!r} is invalid", "use tiered_emb.Uniform(...) or tiered_emb.Normal(...)")
+            raise ConfigError(
+                f"TableConfig.init={self.init!r} is invalid", "use tiered_emb.Uniform(...) or tiered_emb.Normal(...)"
+            )
         if type(self.optimizer) not in OPTIMIZERS.values():
-            raise ConfigError(f"TableConfig.optimizer={self.optimizer!r} is invalid",
-                              "use SGD, Adagrad, RowWiseAdagrad or Adam from tiered_emb")
+            raise ConfigError(
+                f"TableConfig.optimizer={self.optimizer!r} is invalid",
+                "use SGD, Adagrad, RowWiseAdagrad or Adam from tiered_emb",
+            )
         # The optimizer's kernels take its hyperparameters as float32: 1e39 would be inf there.
-        for k in self.optimizer.__dataclass_fields__:
+        for f in fields(self.optimizer):
+            k = f.name
             v = getattr(self.optimizer, k)
-            for x in (v if isinstance(v, tuple) else (v,)):
+            for x in v if isinstance(v, tuple) else (v,):
                 if _is_real(x) and not _fits_float32(x):
-                    raise ConfigError(f"TableConfig.optimizer={self.optimizer!r} is invalid: {k}={v!r} overflows float32",
-                                      f"use a {k} of at most {FLOAT32_MAX:.7g} in magnitude")
+                    raise ConfigError(
+                        f"TableConfig.optimizer={self.optimizer!r} is invalid: {k}={v!r} overflows float32",
+                        f"use a {k} of at most {FLOAT32_MAX:.7g} in magnitude",
+                    )
 
     @property
     def state_width(self) -> int:
@@ -156,17 +175,29 @@ class TableConfig:
         """Floats per record: weights then optimizer state."""
         return self.dim + self.state_width
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         init = {"name": self.init.name, **{k: getattr(self.init, k) for k in self.init.__dataclass_fields__}}
-        return {"name": self.name, "dim": self.dim, "num_rows": self.num_rows, "dtype": self.dtype,
-                "init": init, "optimizer": optimizer_to_dict(self.optimizer)}
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "num_rows": self.num_rows,
+            "dtype": self.dtype,
+            "init": init,
+            "optimizer": optimizer_to_dict(self.optimizer),
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TableConfig":
+    def from_dict(cls, d: dict[str, Any]) -> TableConfig:
         init = dict(d["init"])
         init_cls = INITS[init.pop("name")]
-        return cls(name=d["name"], dim=d["dim"], num_rows=d["num_rows"], dtype=d["dtype"],
-                   init=init_cls(**init), optimizer=optimizer_from_dict(d["optimizer"]))
+        return cls(
+            name=d["name"],
+            dim=d["dim"],
+            num_rows=d["num_rows"],
+            dtype=d["dtype"],
+            init=init_cls(**init),
+            optimizer=optimizer_from_dict(d["optimizer"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -201,7 +232,7 @@ class TierConfig:
     map_size_bytes: int = 1 << 28
     background_writes: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         from tiered_emb.cache.policies import POLICIES
 
         if not _is_int(self.hbm_rows) or self.hbm_rows < 1 or self.hbm_rows > 2**31 - 1:
@@ -212,15 +243,22 @@ class TierConfig:
             raise ConfigError(f"TierConfig.policy={self.policy!r} is unknown", f"use one of {sorted(POLICIES)}")
         if not isinstance(self.device, str) or self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"TierConfig.device={self.device!r} is invalid", "use 'auto', 'cpu' or 'cuda'")
-        if self.ssd_compression is not None and (not _is_int(self.ssd_compression) or not 1 <= self.ssd_compression <= 22):
-            raise ConfigError(f"TierConfig.ssd_compression={self.ssd_compression!r} is invalid",
-                              "use None (no compression) or a zstd level in 1..22")
+        level = self.ssd_compression
+        if level is not None and (not _is_int(level) or not 1 <= level <= 22):
+            raise ConfigError(
+                f"TierConfig.ssd_compression={self.ssd_compression!r} is invalid",
+                "use None (no compression) or a zstd level in 1..22",
+            )
         if not _is_int(self.map_size_bytes) or not (1 << 20) <= self.map_size_bytes <= MAX_MAP_SIZE_BYTES:
-            raise ConfigError(f"TierConfig.map_size_bytes={self.map_size_bytes!r} is invalid",
-                              "use an int from 1 MiB (2**20) to 256 TiB (2**48, what a 64-bit address space "
-                              "can map); the map grows by itself when full")
+            raise ConfigError(
+                f"TierConfig.map_size_bytes={self.map_size_bytes!r} is invalid",
+                "use an int from 1 MiB (2**20) to 256 TiB (2**48, what a 64-bit address space "
+                "can map); the map grows by itself when full",
+            )
         if not isinstance(self.background_writes, bool):
-            raise ConfigError(f"TierConfig.background_writes={self.background_writes!r} is invalid", "use True or False")
+            raise ConfigError(
+                f"TierConfig.background_writes={self.background_writes!r} is invalid", "use True or False"
+            )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

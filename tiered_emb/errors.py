@@ -5,13 +5,14 @@ naturally catch (``ValueError``, ``KeyError``, ``OSError`` ...), and each messag
 the field and the value given plus a hint of what to change.  A call that raises one of
 these has changed nothing.
 """
+
 from __future__ import annotations
 
 
 class TieredEmbError(Exception):
     """Base of every tiered_emb error."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None) -> None:
         self.hint = hint
         super().__init__(f"{message}. Hint: {hint}" if hint else message)
 
@@ -28,7 +29,7 @@ class UnknownTableError(TieredEmbError, KeyError):
     """A table name that the store does not hold."""
 
     def __str__(self) -> str:  # KeyError would repr() the message otherwise
-        return self.args[0]
+        return str(self.args[0])
 
 
 class IdTypeError(TieredEmbError, TypeError):

@@ -6,10 +6,14 @@ element index gives each element's random bits, so the value does not depend on 
 order in which ids are first touched, on tier sizes, or on the thread count.
 Optimizer state of a fresh row is zero.
 """
+
 from __future__ import annotations
+
+from typing import Any
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from tiered_emb.config import Normal, TableConfig
 
@@ -26,7 +30,7 @@ def table_hash(name: str) -> int:
 
 
 @numba.njit(inline="always")
-def _splitmix64(x):
+def _splitmix64(x: np.uint64) -> np.uint64:
     """One splitmix64 output for state ``x`` (uint64 -> uint64)."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -35,7 +39,15 @@ def _splitmix64(x):
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _init_rows(out, ids, seed, thash, kind, a, b):
+def _init_rows(
+    out: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.int64],
+    seed: np.uint64,
+    thash: np.uint64,
+    kind: int,
+    a: float,
+    b: float,
+) -> None:
     """Fill ``out`` (n, dim) float32, the weight columns of the records, from the hash.
 
     ``kind`` 0: Uniform(a, b); 1: Normal(mean=a, std=b).
@@ -60,7 +72,7 @@ def _init_rows(out, ids, seed, thash, kind, a, b):
                 out[r, j] = np.float32(a + b * z)
 
 
-def init_rows(table: TableConfig, ids: np.ndarray, seed: int) -> np.ndarray:
+def init_rows(table: TableConfig, ids: npt.NDArray[np.integer[Any]], seed: int) -> npt.NDArray[np.float32]:
     """Initial records of ``ids`` in ``table``.
 
     Parameters
@@ -87,6 +99,13 @@ def init_rows(table: TableConfig, ids: np.ndarray, seed: int) -> np.ndarray:
         else:
             kind, a, b = _KIND_UNIFORM, float(init.low), float(init.high)
         weights = out[:, : table.dim]
-        _init_rows(weights, np.ascontiguousarray(ids, dtype=np.int64), np.uint64(seed & (2**64 - 1)),
-                   np.uint64(table_hash(table.name)), kind, a, b)
+        _init_rows(
+            weights,
+            np.ascontiguousarray(ids, dtype=np.int64),
+            np.uint64(seed & (2**64 - 1)),
+            np.uint64(table_hash(table.name)),
+            kind,
+            a,
+            b,
+        )
     return out

@@ -23,6 +23,7 @@ steps where the row receives a gradient, and bias correction uses the row's own 
 as FBGEMM's row-sparse Adam does.  The count is held as float32, exact up to 2**24
 (16.7 M) updates of one row.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,9 @@ from tiered_emb.errors import ConfigError
 def _check_positive(cls: str, field: str, value: float, allow_zero: bool = False) -> None:
     ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
     if not ok:
-        raise ConfigError(f"{cls}.{field}={value!r} is invalid", f"use a finite number {'>= 0' if allow_zero else '> 0'}")
+        raise ConfigError(
+            f"{cls}.{field}={value!r} is invalid", f"use a finite number {'>= 0' if allow_zero else '> 0'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,11 @@ class Adam:
         _check_positive("Adam", "lr", self.lr)
         _check_positive("Adam", "eps", self.eps, allow_zero=True)
         b = self.betas
-        if not (isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0.0 <= x < 1.0 for x in b)):
+        if not (
+            isinstance(b, (tuple, list))
+            and len(b) == 2
+            and all(isinstance(x, (int, float)) and 0.0 <= x < 1.0 for x in b)
+        ):
             raise ConfigError(f"Adam.betas={b!r} is invalid", "give two numbers in [0, 1), e.g. (0.9, 0.999)")
         object.__setattr__(self, "betas", (float(b[0]), float(b[1])))
 

@@ -15,6 +15,7 @@ Ahead of the step, :mod:`tiered_emb.prefetch` keeps the window of the next batch
 on disk, :mod:`tiered_emb._directory` keeps the manifest and the lock, and the SSD tier
 (:mod:`tiered_emb.tiers`) the rows and the checkpoints.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,16 @@ class TieredStore:
     """
 
     # ------------------------------------------------------------------ lifecycle
-    def __init__(self, path: Path, tables: list[TableConfig], tiers: TierConfig, seed: int, lock_fd: int,
-                 ssd: SsdTier, meta: dict):
+    def __init__(
+        self,
+        path: Path,
+        tables: list[TableConfig],
+        tiers: TierConfig,
+        seed: int,
+        lock_fd: int,
+        ssd: SsdTier,
+        meta: dict,
+    ):
         self.path = path
         self.tiers = tiers
         self.seed = seed
@@ -69,7 +78,7 @@ class TieredStore:
         self.prefetcher = Prefetcher(self.window)
 
     @classmethod
-    def create(cls, path, tables, tiers: TierConfig, seed: int = 0) -> "TieredStore":
+    def create(cls, path, tables, tiers: TierConfig, seed: int = 0) -> TieredStore:
         """Create a new store directory at ``path`` (which must not exist).
 
         Parameters
@@ -94,9 +103,14 @@ class TieredStore:
         resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
         lock_fd = _directory.make(path)
         try:
-            ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
-                          tiers.map_size_bytes, background_writes=tiers.background_writes,
-                          table_rows={t.name: t.num_rows for t in tables})
+            ssd = SsdTier(
+                path / "lmdb",
+                {t.name: t.record_width for t in tables},
+                tiers.ssd_compression,
+                tiers.map_size_bytes,
+                background_writes=tiers.background_writes,
+                table_rows={t.name: t.num_rows for t in tables},
+            )
             meta = {"format": _directory.FORMAT, "epoch": 0}
             ssd.checkpoint({}, meta, None)
             _directory.fsync_dir(path / "lmdb")  # data.mdb's entry (LMDB syncs the file, not its directory)
@@ -108,7 +122,7 @@ class TieredStore:
         return store
 
     @classmethod
-    def open(cls, path, tiers: TierConfig | None = None, restore: str = "checkpoint") -> "TieredStore":
+    def open(cls, path, tiers: TierConfig | None = None, restore: str = "checkpoint") -> TieredStore:
         """Open an existing store.
 
         Parameters
@@ -131,10 +145,16 @@ class TieredStore:
         ssd = None
         try:
             resolve_xp(tiers.device)
-            ssd = SsdTier(path / "lmdb", {t.name: t.record_width for t in tables}, tiers.ssd_compression,
-                          max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
-                          background_writes=tiers.background_writes, table_rows={t.name: t.num_rows for t in tables},
-                          legacy_pending=manifest["format"] == _directory.FORMAT_1, existing=True)
+            ssd = SsdTier(
+                path / "lmdb",
+                {t.name: t.record_width for t in tables},
+                tiers.ssd_compression,
+                max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
+                background_writes=tiers.background_writes,
+                table_rows={t.name: t.num_rows for t in tables},
+                legacy_pending=manifest["format"] == _directory.FORMAT_1,
+                existing=True,
+            )
             meta = ssd.read_meta()
             if restore == "latest":
                 ssd.promote_pending()
@@ -151,9 +171,17 @@ class TieredStore:
         return store
 
     def _write_manifest(self) -> None:
-        _directory.write_manifest(self.path, {
-            "format": _directory.FORMAT, "version": __version__, "seed": self.seed, "epoch": self._meta["epoch"],
-            "tables": [t.cfg.to_dict() for t in self._res.tables.values()], "tiers": self.tiers.to_dict()})
+        _directory.write_manifest(
+            self.path,
+            {
+                "format": _directory.FORMAT,
+                "version": __version__,
+                "seed": self.seed,
+                "epoch": self._meta["epoch"],
+                "tables": [t.cfg.to_dict() for t in self._res.tables.values()],
+                "tiers": self.tiers.to_dict(),
+            },
+        )
 
     def close(self, checkpoint: bool = True, extra: bytes | None = None) -> None:
         """Checkpoint, then release the LMDB environment and the writer lock (idempotent).
@@ -171,8 +199,10 @@ class TieredStore:
             return
         extra_bytes(extra)
         if extra is not None and not checkpoint:
-            raise ConfigError("close(checkpoint=False, extra=...) would not save extra",
-                              "pass extra with checkpoint=True, or leave it out")
+            raise ConfigError(
+                "close(checkpoint=False, extra=...) would not save extra",
+                "pass extra with checkpoint=True, or leave it out",
+            )
         self.prefetcher.close()
         if checkpoint:
             self.checkpoint(extra)
@@ -301,6 +331,7 @@ class TieredStore:
         def run() -> None:
             with self._res.lock:
                 update.update_rows(self._res, self._table(table), uids, summed, checked=True)
+
         return run
 
     def raise_failed_write(self) -> None:
@@ -326,7 +357,9 @@ class TieredStore:
             uids, inverse = plan.dedupe(ids)
             rows_u = r[plan.last_occurrence(inverse, uids.shape[0])]
             for start, slots in self._res.chunks(t, uids):
-                t.hbm.records[to_xp(self.xp, slots), :t.cfg.dim] = to_xp(self.xp, rows_u[start:start + slots.shape[0]])
+                t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(
+                    self.xp, rows_u[start : start + slots.shape[0]]
+                )
                 t.hbm.dirty[slots] = 1
 
     def peek(self, table: str, ids, with_state: bool = False) -> np.ndarray:
@@ -488,11 +521,15 @@ class TieredStore:
                 row_bytes = 4 * t.cfg.record_width
                 s = {tier: dict(c) for tier, c in t.counters.items()}
                 for tier, held in (("hbm", t.hbm), ("ddr", t.ddr)):
-                    s[tier].update(rows=held.resident_rows, capacity_rows=held.capacity_rows,
-                                   bytes=held.resident_rows * row_bytes)
+                    s[tier].update(
+                        rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
+                    )
                 ssd = self.ssd.table_stats(name)
-                s["ssd"].update(rows=ssd["rows"] + ssd["pending_rows"], bytes=ssd["bytes"] + ssd["pending_bytes"],
-                                writeback_rows=ssd["writeback_rows"])
+                s["ssd"].update(
+                    rows=ssd["rows"] + ssd["pending_rows"],
+                    bytes=ssd["bytes"] + ssd["pending_bytes"],
+                    writeback_rows=ssd["writeback_rows"],
+                )
                 s["prefetch"] = {tier: dict(c) for tier, c in t.prefetch_counters.items()}
                 for tier in ("hbm", "ddr", "ssd"):
                     for d in (s, s["prefetch"]):

@@ -20,6 +20,7 @@ A forward with gradients enabled plans one backward (kept in the autograd graph,
 with it); under ``torch.no_grad()`` it is a plain read.  As with any in-place update,
 run a batch's backward before the rows it read are updated by another batch.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -30,8 +31,8 @@ import torch.nn.functional as F
 
 from tiered_emb._args import nonfinite_rule
 from tiered_emb.errors import BackwardError, ConfigError, DeviceError, IdRangeError, IdTypeError
-from tiered_emb.step.plan import BagPlan, plan_bags
 from tiered_emb.prefetch import lookahead
+from tiered_emb.step.plan import BagPlan, plan_bags
 
 _MODES = ("sum", "mean")
 _MAX_INT64 = 2**63 - 1
@@ -40,8 +41,9 @@ _MAX_INT64 = 2**63 - 1
 def _no_data(x, what: str) -> None:
     """A tensor on the ``meta`` device has a shape but no values to read."""
     if isinstance(x, torch.Tensor) and x.device.type == "meta":
-        raise DeviceError(f"{what} are on the 'meta' device, which holds no data",
-                          "pass tensors with values (on the CPU or the GPU)")
+        raise DeviceError(
+            f"{what} are on the 'meta' device, which holds no data", "pass tensors with values (on the CPU or the GPU)"
+        )
 
 
 def _as_numpy_ids(x, what: str) -> np.ndarray:
@@ -93,14 +95,18 @@ def _weights_of(per_sample_weights, shape: tuple, mode: str):
         raise ConfigError(f"per_sample_weights with mode={mode!r}", "per_sample_weights need mode='sum' (as in torch)")
     w = per_sample_weights
     if not isinstance(w, torch.Tensor):
-        raise ConfigError(f"per_sample_weights of type {type(w).__name__} are invalid",
-                          "pass a float tensor (torch.as_tensor(w, dtype=torch.float32)), as torch.nn.EmbeddingBag")
+        raise ConfigError(
+            f"per_sample_weights of type {type(w).__name__} are invalid",
+            "pass a float tensor (torch.as_tensor(w, dtype=torch.float32)), as torch.nn.EmbeddingBag",
+        )
     _no_data(w, "per_sample_weights")
     if w.is_complex():  # its imaginary part would be dropped
         raise ConfigError(f"per_sample_weights have dtype {w.dtype}", "pass real weights (torch.float32)")
     if tuple(w.shape) != tuple(shape):
-        raise ConfigError(f"per_sample_weights have shape {tuple(w.shape)} for input ids of shape {tuple(shape)}",
-                          "give one weight per id, in the input's shape (as torch.nn.EmbeddingBag)")
+        raise ConfigError(
+            f"per_sample_weights have shape {tuple(w.shape)} for input ids of shape {tuple(shape)}",
+            "give one weight per id, in the input's shape (as torch.nn.EmbeddingBag)",
+        )
     w = w.detach().reshape(-1)
     return np.array(w.cpu().numpy(), dtype=np.float32, order="C", copy=True)  # a copy: see _as_numpy_ids
 
@@ -120,10 +126,12 @@ def _after_backward(update, ctx, spent: tuple[str, ...]) -> None:
     updates leave one met among them to the next operation, so that failure too stops the
     pass before any table changes.
     """
+
     def run() -> None:
         update()
         for name in spent:
             setattr(ctx, name, None)
+
     torch.autograd.Variable._execution_engine.queue_callback(run)
 
 
@@ -153,9 +161,11 @@ class _FusedBags(torch.autograd.Function):
     def backward(ctx, grad_out):
         batch = ctx.batch
         if batch is None:
-            raise BackwardError("a second backward through an embedding output whose update the store already "
-                                "applied (backward(retain_graph=True), then another backward)",
-                                "sum the losses and call backward once; the store applies its optimizer in backward")
+            raise BackwardError(
+                "a second backward through an embedding output whose update the store already "
+                "applied (backward(retain_graph=True), then another backward)",
+                "sum the losses and call backward once; the store applies its optimizer in backward",
+            )
         g = np.ascontiguousarray(grad_out.detach().cpu().numpy(), dtype=np.float32)
         grad_w = None
         if ctx.weights_need_grad:
@@ -181,8 +191,10 @@ class _RowsFromStore(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_rows):
         if ctx.args is None:
-            raise BackwardError("a second backward through embedding rows whose update the store already applied",
-                                "sum the losses and call backward once; the store applies its optimizer in backward")
+            raise BackwardError(
+                "a second backward through embedding rows whose update the store already applied",
+                "sum the losses and call backward once; the store applies its optimizer in backward",
+            )
         store, table, ids, nonfinite = ctx.args
         g = grad_rows.detach().contiguous()
         g = g.cpu().numpy() if store.xp is np else store.xp.from_dlpack(g)
@@ -262,8 +274,9 @@ class TieredEmbeddingBag(_StoreModule):
     >>> s.close()
     """
 
-    def __init__(self, store, table: str, mode: str = "sum", include_last_offset: bool = False,
-                 nonfinite: str = "raise"):
+    def __init__(
+        self, store, table: str, mode: str = "sum", include_last_offset: bool = False, nonfinite: str = "raise"
+    ):
         super().__init__(store, table, nonfinite)
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r} is not supported", f"use one of {_MODES}")
@@ -326,7 +339,8 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
     >>> s = TieredStore.create(tempfile.mkdtemp() + "/s", [TableConfig("a", 4), TableConfig("b", 8)],
     ...                        TierConfig(16, device="cpu"))
     >>> ebc = TieredEmbeddingBagCollection(s, ["a", "b"])
-    >>> out = ebc({"a": (torch.tensor([1, 2, 3]), torch.tensor([2, 1])), "b": (torch.tensor([7, 7]), torch.tensor([1, 1]))})
+    >>> a = (torch.tensor([1, 2, 3]), torch.tensor([2, 1]))
+    >>> out = ebc({"a": a, "b": (torch.tensor([7, 7]), torch.tensor([1, 1]))})
     >>> {k: tuple(v.shape) for k, v in out.items()}
     {'a': (2, 4), 'b': (2, 8)}
     >>> s.close()
@@ -340,22 +354,26 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             if not isinstance(f, str):
                 raise ConfigError(f"feature name {f!r} is a {type(f).__name__}", "name features with str")
         self.feature_tables = dict(feature_tables)
-        self.bags = torch.nn.ModuleDict({f: TieredEmbeddingBag(store, t, mode=mode, nonfinite=nonfinite)
-                                         for f, t in self.feature_tables.items()})
+        self.bags = torch.nn.ModuleDict(
+            {f: TieredEmbeddingBag(store, t, mode=mode, nonfinite=nonfinite) for f, t in self.feature_tables.items()}
+        )
 
     def forward(self, features) -> dict[str, torch.Tensor]:
         """Pooled rows per feature; see the class docstring for ``features``."""
         jagged = _jagged_of(features)
         missing = [f for f in self.feature_tables if f not in jagged]
         if missing:
-            raise ConfigError(f"features {missing} are missing from the batch", f"give every feature of {list(self.feature_tables)}")
+            raise ConfigError(
+                f"features {missing} are missing from the batch", f"give every feature of {list(self.feature_tables)}"
+            )
         bags = {}
         for f in self.bags:
             values, lengths, weights = jagged[f]
             lengths = _as_numpy_ids(lengths, f"lengths of feature {f!r}")
             if lengths.ndim != 1:
-                raise IdTypeError(f"lengths of feature {f!r} have shape {tuple(lengths.shape)}",
-                                  "pass 1-D lengths, one per bag")
+                raise IdTypeError(
+                    f"lengths of feature {f!r} have shape {tuple(lengths.shape)}", "pass 1-D lengths, one per bag"
+                )
             offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
             ids = _as_numpy_ids(values, f"values of feature {f!r}")
@@ -377,9 +395,11 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
                 for f in feats:
                     ids, offsets, weights = bags[f]
                     if bool((offsets[1:] < offsets[:-1]).any()) or int(offsets[-1]) != ids.shape[0]:
-                        raise IdTypeError(f"lengths of feature {f!r} sum to {int(offsets[-1])} for {ids.shape[0]} "
-                                          "values, or hold a negative one",
-                                          "give one length >= 0 per bag, summing to the number of values")
+                        raise IdTypeError(
+                            f"lengths of feature {f!r} sum to {int(offsets[-1])} for {ids.shape[0]} "
+                            "values, or hold a negative one",
+                            "give one length >= 0 per bag, summing to the number of values",
+                        )
                     _weights_of(weights, ids.shape, bag.mode)
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
             plan = bag._plan(ids, offsets, weights_t, bag.mode)
@@ -389,7 +409,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
         out = {}
         for bag, plan, weights_t, feats, sizes in planned:
             pooled = bag._run(plan, weights_t, bag.mode)
-            out.update(zip(feats, torch.split(pooled, sizes) if len(feats) > 1 else [pooled]))
+            out.update(zip(feats, torch.split(pooled, sizes) if len(feats) > 1 else [pooled], strict=False))
         return {f: out[f] for f in self.bags}
 
 
@@ -398,7 +418,7 @@ def _joined(parts: list[tuple]) -> tuple:
     for a feature given none, when another has them)."""
     ids = np.concatenate([p[0] for p in parts])
     starts = np.cumsum([0] + [p[0].shape[0] for p in parts[:-1]])
-    offsets = np.concatenate([parts[0][1][:1]] + [p[1][1:] + s for p, s in zip(parts, starts)])
+    offsets = np.concatenate([parts[0][1][:1]] + [p[1][1:] + s for p, s in zip(parts, starts, strict=False)])
     if all(p[2] is None for p in parts):
         return ids, offsets, None
     weights = [p[2] if p[2] is not None else torch.ones(p[0].shape[0]) for p in parts]  # each checked
@@ -411,17 +431,21 @@ def _jagged_of(features) -> dict:
         out = {}
         for f, v in features.items():
             if not isinstance(v, (tuple, list)) or len(v) not in (2, 3):
-                raise ConfigError(f"feature {f!r} is given as {type(v).__name__}",
-                                  "give (values, lengths) or (values, lengths, weights)")
+                raise ConfigError(
+                    f"feature {f!r} is given as {type(v).__name__}",
+                    "give (values, lengths) or (values, lengths, weights)",
+                )
             out[f] = (v[0], v[1], v[2] if len(v) == 3 else None)
         return out
     if hasattr(features, "to_dict") and hasattr(features, "keys"):  # torchrec KeyedJaggedTensor
         return {f: (jt.values(), jt.lengths(), jt.weights_or_none()) for f, jt in features.to_dict().items()}
-    raise ConfigError(f"features of type {type(features).__name__} are not supported",
-                      "pass a dict feature -> (values, lengths) or a torchrec KeyedJaggedTensor")
+    raise ConfigError(
+        f"features of type {type(features).__name__} are not supported",
+        "pass a dict feature -> (values, lengths) or a torchrec KeyedJaggedTensor",
+    )
 
 
-__all__ = ["TieredEmbeddingBag", "TieredEmbedding", "TieredEmbeddingBagCollection", "TrainPipeline"]
+__all__ = ["TieredEmbedding", "TieredEmbeddingBag", "TieredEmbeddingBagCollection", "TrainPipeline"]
 
 
 class TrainPipeline:
@@ -468,14 +492,28 @@ class TrainPipeline:
     ...     pass
     """
 
-    def __init__(self, store, model, optimizer, ids_of, loss_of, lookahead_batches: int = 4, load_ahead: int = 1,
-                 read_ahead: int = 0, step_threads: int | None = None):
-        for name, v in (("lookahead_batches", lookahead_batches), ("load_ahead", load_ahead),
-                        ("read_ahead", read_ahead)):
+    def __init__(
+        self,
+        store,
+        model,
+        optimizer,
+        ids_of,
+        loss_of,
+        lookahead_batches: int = 4,
+        load_ahead: int = 1,
+        read_ahead: int = 0,
+        step_threads: int | None = None,
+    ):
+        for name, v in (
+            ("lookahead_batches", lookahead_batches),
+            ("load_ahead", load_ahead),
+            ("read_ahead", read_ahead),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"{name}={v!r} is invalid", "use an int >= 0 (lookahead_batches 0: no prefetch)")
-        if step_threads is not None and (not isinstance(step_threads, int) or isinstance(step_threads, bool)
-                                         or step_threads < 1):
+        if step_threads is not None and (
+            not isinstance(step_threads, int) or isinstance(step_threads, bool) or step_threads < 1
+        ):
             raise ConfigError(f"step_threads={step_threads!r} is invalid", "use an int >= 1, or None")
         self.step_threads = step_threads
         self.store = store
@@ -493,8 +531,9 @@ class TrainPipeline:
         Stopping early (``break``) releases every pin; the store's thread ends at ``close()``.
         """
         with _step_threads(self.step_threads):
-            for batch in lookahead(self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead,
-                                   self.read_ahead):
+            for batch in lookahead(
+                self.store, batches, self.ids_of, self.lookahead_batches, self.load_ahead, self.read_ahead
+            ):
                 if self.optimizer is not None:
                     self.optimizer.zero_grad(set_to_none=True)
                 loss = self.loss_of(self.model, batch)
@@ -504,7 +543,6 @@ class TrainPipeline:
                 yield float(loss.detach())
 
 
-
 @contextmanager
 def _step_threads(n: int | None):
     """torch's and (this thread's) Numba's thread counts set to ``n`` inside, restored after."""
@@ -512,6 +550,7 @@ def _step_threads(n: int | None):
         yield
         return
     import numba
+
     before = torch.get_num_threads(), numba.get_num_threads()
     torch.set_num_threads(n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))

@@ -9,10 +9,11 @@ twin of a store policy has the store policy's rule).  Then: properties every dem
 cache has, hand-traced sequences per rule, and each simulator twin against the store's
 kernel, request by request.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def _flags_by_prefix(hits_of: Callable, trace) -> list[bool]:
     the same in both runs)."""
     out, before = [], 0
     for i in range(len(trace)):
-        now = hits_of(_ids(trace[:i + 1]))
+        now = hits_of(_ids(trace[: i + 1]))
         assert now - before in (0, 1), (i, before, now)
         out.append(now > before)
         before = now
@@ -45,9 +46,9 @@ def _flags_by_prefix(hits_of: Callable, trace) -> list[bool]:
 @dataclass(frozen=True)
 class Entry:
     name: str
-    rule: str                      # the policy it decides by: lru, lfu, fifo, clock, ...
-    hits_of: Callable              # (int64 trace, capacity) -> int
-    flags_of: Callable | None      # (int64 trace, capacity) -> uint8 (n,), when it records them
+    rule: str  # the policy it decides by: lru, lfu, fifo, clock, ...
+    hits_of: Callable  # (int64 trace, capacity) -> int
+    flags_of: Callable | None  # (int64 trace, capacity) -> uint8 (n,), when it records them
 
     def hits(self, trace, capacity) -> int:
         return int(self.hits_of(_ids(trace), capacity))
@@ -106,7 +107,7 @@ def test_first_requests_miss_and_hits_are_counted(entry, trace, capacity):
     count is the number of hit flags."""
     flags = entry.flags(trace, capacity)
     assert len(flags) == len(trace)
-    assert not any(f and first for f, first in zip(flags, _first_requests(trace)))
+    assert not any(f and first for f, first in zip(flags, _first_requests(trace), strict=False))
     assert entry.hits(trace, capacity) == sum(flags) <= len(trace) - len(set(trace))
 
 
@@ -168,8 +169,9 @@ def test_no_policy_beats_belady(entry, trace, capacity):
     assert entry.hits(trace, capacity) <= BY_NAME["sim:belady"].hits(trace, capacity)
 
 
-@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.rule in ("lru", "lfu", "fifo", "clock", "sieve")],
-                         ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "entry", [e for e in ENTRIES if e.rule in ("lru", "lfu", "fifo", "clock", "sieve")], ids=lambda e: e.name
+)
 @pytest.mark.parametrize("capacity", [1, 2, 5])
 def test_a_cycle_one_longer_than_the_cache_never_hits(entry, capacity):
     """c + 1 ids in a loop: each request's id is the one these policies evicted last (no
@@ -187,7 +189,7 @@ def test_stack_policies_hit_more_with_more_room(entry, trace, capacity):
     of a smaller cache is a hit of a larger one (FIFO would fail: Belady's anomaly)."""
     smaller = entry.flags(trace, capacity)
     larger = entry.flags(trace, capacity + 1)
-    assert all(b for a, b in zip(smaller, larger) if a)
+    assert all(b for a, b in zip(smaller, larger, strict=False) if a)
 
 
 # --------------------------------------------------------------------------- hand-traced

@@ -2,6 +2,7 @@
 
 The cases that could hang or crash run in a child interpreter with a time limit, so a
 regression fails one test instead of stopping the suite."""
+
 import subprocess
 import sys
 
@@ -27,8 +28,10 @@ def _in_child(code: str, timeout: float = 60.0) -> str:
     return p.stdout.strip()
 
 
-@pytest.mark.parametrize("index,small,ghost", [("hash", 0.1, -1.0), ("dense", 0.1, float("nan")),
-                                               ("dense", 1.5, 0.9), ("hash", float("inf"), 0.9)])
+@pytest.mark.parametrize(
+    "index,small,ghost",
+    [("hash", 0.1, -1.0), ("dense", 0.1, float("nan")), ("dense", 1.5, 0.9), ("hash", float("inf"), 0.9)],
+)
 def test_s3fifo_ratios_out_of_range_are_config_errors(index, small, ghost):
     """A negative ghost ratio sized the hash index below the residents (an endless probe);
     a small queue above 1 left the main queue negative (a pop of an empty ring)."""
@@ -71,7 +74,8 @@ u, off = batch_uniques(np.array([1, 2, 1, 3, 1, 2, 4, 2, 5, 1]), 2)
 nb = off.shape[0] - 1
 print(window_belady_hits(u, off, 3, 2**63 - 1) == window_belady_hits(u, off, 3, nb),
       store_hits(u, off, 4, "lookahead+lru", 2**40) == store_hits(u, off, 4, "lookahead+lru", nb),
-      store_hits(u, off, 4, "lookahead+lfu", 2**40, load_ahead=2**39) == store_hits(u, off, 4, "lookahead+lfu", nb, load_ahead=nb))
+      store_hits(u, off, 4, "lookahead+lfu", 2**40, load_ahead=2**39)
+      == store_hits(u, off, 4, "lookahead+lfu", nb, load_ahead=nb))
 """)
     assert out == "True True True"
 

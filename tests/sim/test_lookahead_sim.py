@@ -1,13 +1,14 @@
 """The simulator's lookahead: the store's own decisions, and windowed Belady against a plain reference."""
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiered_emb import TableConfig, TieredStore, TierConfig
+from tiered_emb import TableConfig, TierConfig, TieredStore
 from tiered_emb.errors import ConfigError, IdRangeError
-from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits
 from tiered_emb.sim.engine import simulate
+from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits
 from tiered_emb.sim.traces import zipf_ids
 
 POLICIES = ["lru", "lfu", "lookahead+lru", "lookahead+lfu"]
@@ -15,9 +16,12 @@ POLICIES = ["lru", "lfu", "lookahead+lru", "lookahead+lfu"]
 
 def drive_store(tmp_path, trace, batch, hbm, ddr, policy, window, load):
     """A real store stepped as lookahead() steps it, the worker finishing each ticket before the step."""
-    store = TieredStore.create(tmp_path / f"s_{policy}_{window}_{load}", [TableConfig("t", dim=2)],
-                               TierConfig(hbm_rows=hbm, ddr_rows=ddr, policy=policy, device="cpu"))
-    batches = [trace[i:i + batch] for i in range(0, trace.shape[0], batch)]
+    store = TieredStore.create(
+        tmp_path / f"s_{policy}_{window}_{load}",
+        [TableConfig("t", dim=2)],
+        TierConfig(hbm_rows=hbm, ddr_rows=ddr, policy=policy, device="cpu"),
+    )
+    batches = [trace[i : i + batch] for i in range(0, trace.shape[0], batch)]
     tickets = {}
     for t in range(-window, len(batches)):
         if window and t + window < len(batches):
@@ -60,7 +64,7 @@ def reference_window_belady(trace, batch, capacity, window, ties="lru"):
     batches = []
     for i in range(0, len(trace), batch):
         seen = []
-        for x in trace[i:i + batch]:
+        for x in trace[i : i + batch]:
             if x not in seen:
                 seen.append(x)
         batches.append(seen)
@@ -75,11 +79,14 @@ def reference_window_belady(trace, batch, capacity, window, ties="lru"):
                 held = set(batches[b])
                 horizon = b + window
 
-                def order(y):
-                    nxt = next((q for q in range(pos, len(stream)) if stream[q][1] == y and stream[q][0] <= horizon), None)
+                def order(y, pos=pos, horizon=horizon):
+                    nxt = next(
+                        (q for q in range(pos, len(stream)) if stream[q][1] == y and stream[q][0] <= horizon), None
+                    )
                     if nxt is not None:
                         return (0, 0, nxt)
                     return (1, -count[y], -last[y]) if ties == "lfu" else (1, 0, -last[y])
+
                 victim = max((y for y in resident if y not in held), key=order)
                 resident.remove(victim)
             resident.add(x)
@@ -88,14 +95,20 @@ def reference_window_belady(trace, batch, capacity, window, ties="lru"):
     return hits
 
 
-@given(st.lists(st.integers(0, 12), min_size=1, max_size=60), st.integers(1, 4), st.integers(0, 3), st.integers(0, 4),
-       st.sampled_from(["lru", "lfu"]))
+@given(
+    st.lists(st.integers(0, 12), min_size=1, max_size=60),
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.integers(0, 4),
+    st.sampled_from(["lru", "lfu"]),
+)
 def test_window_belady_matches_reference(trace, batch, window, extra, ties):
     capacity = batch + extra  # a batch always fits
     t = np.array(trace, dtype=np.int64)
     u, off = batch_uniques(t, batch)
-    assert window_belady_hits(u, off, capacity, window, ties) == \
-        reference_window_belady(trace, batch, capacity, window, ties)
+    assert window_belady_hits(u, off, capacity, window, ties) == reference_window_belady(
+        trace, batch, capacity, window, ties
+    )
 
 
 @pytest.mark.parametrize("ties", ["lru", "lfu"])
@@ -103,8 +116,9 @@ def test_window_belady_matches_reference_on_a_longer_trace(ties):
     trace = zipf_ids(300, 0.9, 1500, seed=3)
     u, off = batch_uniques(trace, 20)
     for window in (0, 1, 4):
-        assert window_belady_hits(u, off, 60, window, ties) == \
-            reference_window_belady(trace.tolist(), 20, 60, window, ties)
+        assert window_belady_hits(u, off, 60, window, ties) == reference_window_belady(
+            trace.tolist(), 20, 60, window, ties
+        )
 
 
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=80), st.integers(1, 5), st.integers(0, 4), st.integers(0, 6))
@@ -139,8 +153,30 @@ def test_bench_lookahead_cli(tmp_path, capsys):
     from tiered_emb.cli import main
 
     out = tmp_path / "la.json"
-    assert main(["bench", "lookahead", "--trace", "zipf:0.9", "--ids", "20k", "--requests", "40k", "--cache", "5%",
-                 "--step-requests", "64", "--window", "3", "--json", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "lookahead",
+                "--trace",
+                "zipf:0.9",
+                "--ids",
+                "20k",
+                "--requests",
+                "40k",
+                "--cache",
+                "5%",
+                "--step-requests",
+                "64",
+                "--window",
+                "3",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["results"]
     rate = {r["policy"]: r["hit_ratio"] for r in rows}
     assert rate["belady (full)"] >= max(rate.values())  # nothing beats full Belady
@@ -173,8 +209,8 @@ def test_huge_tiers_run_as_tiers_that_hold_everything(tmp_path):
     """2**40 rows were a MemoryError (16 TiB); a tier that holds every id of the run makes the
     same decisions whatever its size, so the counts are those of the kernels at any large size."""
     from tiered_emb.cache.policies import POLICIES
-    from tiered_emb.sim import lookahead as la
     from tiered_emb.cache.slots import CacheTier
+    from tiered_emb.sim import lookahead as la
 
     trace = zipf_ids(300, 1.0, 1500, seed=4)
     u, off = batch_uniques(trace, 25)
@@ -182,8 +218,19 @@ def test_huge_tiers_run_as_tiers_that_hold_everything(tmp_path):
     for policy in ("lru", "lookahead+lfu"):
         big = 5 * u.shape[0] + 40  # above the size store_hits allocates
         counts = np.zeros((off.shape[0] - 1, 3), dtype=np.int64)
-        assert la._store_lookahead(la._tier_arrays(CacheTier(big, policy), False),
-                                   la._tier_arrays(CacheTier(big, policy), True), POLICIES[policy].code,
-                                   POLICIES[policy].lookahead, 3, 1, u, off, counts) == 0
+        assert (
+            la._store_lookahead(
+                la._tier_arrays(CacheTier(big, policy), False),
+                la._tier_arrays(CacheTier(big, policy), True),
+                POLICIES[policy].code,
+                POLICIES[policy].lookahead,
+                3,
+                1,
+                u,
+                off,
+                counts,
+            )
+            == 0
+        )
         got = store_hits(u, off, 2**40, policy, 3, ddr_rows=2**40, load_ahead=1)
         assert (got.lookups, got.lookups - got.hbm_hits, got.ddr_hits) == tuple(counts.sum(axis=0))

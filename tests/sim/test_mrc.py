@@ -1,4 +1,5 @@
 """The one-pass LRU curve equals per-size simulation; Belady's curve equals per-size Belady."""
+
 import numba
 import numpy as np
 import pytest
@@ -104,9 +105,9 @@ def test_lru_curve_raises_the_worker_error(monkeypatch):
 
 def test_curves_refuse_bad_traces_and_sizes():
     neg = np.array([-1, 5, 7, -1, 5, 7, -1, 9, 9, -1])
-    with pytest.raises(IdRangeError, match=">= 0"):   # -1 hit the hash index's empty buckets: 3 hits at size 1
+    with pytest.raises(IdRangeError, match=">= 0"):  # -1 hit the hash index's empty buckets: 3 hits at size 1
         opt_curve(neg, [1, 2])
-    with pytest.raises(IdTypeError, match="shape"):   # was a numba TypingError
+    with pytest.raises(IdTypeError, match="shape"):  # was a numba TypingError
         lru_curve(np.array([[1, 2], [1, 2]]))
     with pytest.raises(IdTypeError, match="float64"):
         lru_curve(np.array([1.5, 2.5]))

@@ -1,13 +1,14 @@
 """The scratch arrays the simulator keeps between runs (dense index, next uses, last positions):
 whatever ran before, in this thread or another, a run gives the hits of a fresh process."""
+
 import threading
 
 import numpy as np
 import pytest
 
 from tiered_emb.sim import policies as P
-from tiered_emb.sim.policies import buffers
 from tiered_emb.sim import release_scratch, simulate, zipf_ids
+from tiered_emb.sim.policies import buffers
 from tiered_emb.testing import sim_reference as ref
 
 POLICIES = sorted(ref.REFERENCES)
@@ -42,10 +43,9 @@ def test_one_role_taken_twice_gives_two_arrays():
 def test_an_error_in_a_run_gives_the_array_back_and_the_next_run_is_right():
     release_scratch()
     trace = zipf_ids(300, 1.0, 2000, seed=3)
-    with pytest.raises(RuntimeError):
-        with P.scratch("index", 300, np.int32) as ix:
-            ix[:] = 7  # left dirty, as a run that failed half way would
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), P.scratch("index", 300, np.int32) as ix:
+        ix[:] = 7  # left dirty, as a run that failed half way would
+        raise RuntimeError("boom")
     assert "index" in P.scratch_roles()
     assert simulate(trace, 20, "lru") == _expected(trace, 20, "lru")
 

@@ -2,6 +2,7 @@
 
 The twins of the store's LRU and LFU against the store's own kernel, request by request, are
 in the policy contract, tests/cache/test_policy_contract.py."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -55,6 +56,7 @@ def test_dense_and_hash_indexes_agree(policy):
 
 def test_index_choice():
     from tiered_emb.sim.policies import dense_ok
+
     assert dense_ok(10**7, 2 * 10**7) and dense_ok(2**26 - 1, 10)
     assert not dense_ok(2**26, 10) and not dense_ok(2**40, 2**30)
     with pytest.raises(ConfigError, match="index"):
@@ -81,9 +83,9 @@ def test_hand_traced():
     tr = [1, 2, 3, 1, 4, 1, 2, 5, 1, 2]
     #           1  2  3  1  4  1  2  5  1  2
     assert ref.lru(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]
-    assert ref.fifo(tr, 3) == [0, 0, 0, 1, 0, 0, 0, 0, 1, 1]   # 4 pushes out 1, 1 out 2, 2 out 3, 5 out 4
+    assert ref.fifo(tr, 3) == [0, 0, 0, 1, 0, 0, 0, 0, 1, 1]  # 4 pushes out 1, 1 out 2, 2 out 3, 5 out 4
     assert ref.clock(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]  # 1's bit saves it twice; 2, 3, 4 go
-    assert ref.lfu(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]    # 1 counts 2, then 3: never the victim
+    assert ref.lfu(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]  # 1 counts 2, then 3: never the victim
     assert ref.sieve(tr, 3) == [0, 0, 0, 1, 0, 1, 0, 0, 1, 1]
     assert ref.belady(tr, 3) == [0, 0, 0, 1, 0, 1, 1, 0, 1, 1]  # 4 evicts 3 (never again), 5 evicts 4
     for p in ("lru", "fifo", "clock", "lfu", "sieve", "belady"):
@@ -123,19 +125,23 @@ def test_deterministic():
 
 def test_next_use_dense_and_argsort_agree():
     from tiered_emb.sim import next_use_of
+
     tr = zipf_ids(3000, 1.0, 50_000, seed=4)
     huge = tr * (2**40 + 7)  # unbounded ids: the stable-argsort path
     assert np.array_equal(next_use_of(tr), next_use_of(huge))
     assert next_use_of(np.zeros(0, dtype=np.int64)).shape == (0,)
 
 
-@pytest.mark.parametrize("trace,error,match", [
-    (np.array([1.5, 1.9, 1.2]), IdTypeError, "dtype float64"),      # was truncated to [1, 1, 1]: 2 hits
-    (np.array([[1, 2], [1, 2]]), IdTypeError, "shape"),              # was a numba TypingError
-    ([2**64 - 1, 0], IdRangeError, "beyond int64"),                  # was OverflowError
-    (np.array([2**64 - 1, 3], dtype=np.uint64), IdRangeError, "beyond int64"),  # was wrapped to -1
-    (np.array(["a", "b"]), IdTypeError, "dtype"),
-])
+@pytest.mark.parametrize(
+    "trace,error,match",
+    [
+        (np.array([1.5, 1.9, 1.2]), IdTypeError, "dtype float64"),  # was truncated to [1, 1, 1]: 2 hits
+        (np.array([[1, 2], [1, 2]]), IdTypeError, "shape"),  # was a numba TypingError
+        ([2**64 - 1, 0], IdRangeError, "beyond int64"),  # was OverflowError
+        (np.array([2**64 - 1, 3], dtype=np.uint64), IdRangeError, "beyond int64"),  # was wrapped to -1
+        (np.array(["a", "b"]), IdTypeError, "dtype"),
+    ],
+)
 def test_bad_traces_are_typed(trace, error, match):
     with pytest.raises(error, match=match):
         simulate(trace, 1, "lru")
@@ -157,13 +163,14 @@ def test_belady_next_use_is_checked():
     """A next_use that is not next_use_of(trace) is refused before the kernel trusts it (a wrong
     one made it write past its arrays: SIGSEGV); the right one changes nothing."""
     from tiered_emb.sim import next_use_of
+
     tr = np.array([1, 2, 3, 1, 2, 3, 1, 2, 3, 4] * 3)
     n = tr.shape[0]
     assert simulate(tr, 2, "belady", next_use=next_use_of(tr)) == simulate(tr, 2, "belady")
     with pytest.raises(ConfigError, match="next_use"):
-        simulate(tr, 2, "belady", next_use=np.full(n, n))            # every id "never again"
+        simulate(tr, 2, "belady", next_use=np.full(n, n))  # every id "never again"
     with pytest.raises(ConfigError, match="shape"):
-        simulate(tr, 2, "belady", next_use=np.array([1]))            # read past its end before
+        simulate(tr, 2, "belady", next_use=np.array([1]))  # read past its end before
     # later on the same id each time, yet it skips request 1: pushed a slot twice on a 1-slot stack
     with pytest.raises(ConfigError, match=r"next_use\[0\] is 2"):
         simulate(np.array([7, 7, 7]), 1, "belady", next_use=np.array([2, 3, 3]))

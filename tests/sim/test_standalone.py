@@ -5,6 +5,7 @@ its modules read no underscored member of one another.
 Checked on the source (every import statement, at any depth of a module), since importing
 ``tiered_emb`` itself loads the store for the package's own namespace.
 """
+
 import ast
 from pathlib import Path
 
@@ -16,9 +17,16 @@ ROOT = Path(tiered_emb.__file__).resolve().parent
 SIM = ROOT / "sim"
 # The prefetch window's rules (prefetch/window.py) and the dedupe (step/plan.py) are allowed:
 # the simulator runs the store's own window code, and neither reaches the tiers.
-FORBIDDEN = ("tiered_emb.store", "tiered_emb.tiers", "tiered_emb.apps", "tiered_emb.torch",
-             "tiered_emb.step.resolve",
-             "tiered_emb.step.gather", "tiered_emb.step.update", "tiered_emb.distributed")
+FORBIDDEN = (
+    "tiered_emb.store",
+    "tiered_emb.tiers",
+    "tiered_emb.apps",
+    "tiered_emb.torch",
+    "tiered_emb.step.resolve",
+    "tiered_emb.step.gather",
+    "tiered_emb.step.update",
+    "tiered_emb.distributed",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -46,7 +54,7 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 mod = ".".join(base + ([mod] if mod else []))
             out.append((mod, [a.name for a in node.names]))
     return out
@@ -95,6 +103,11 @@ def test_the_scan_would_see_a_forbidden_import():
 
 @pytest.mark.parametrize("path", SIM_FILES, ids=lambda p: str(p.relative_to(SIM)))
 def test_sim_modules_read_no_underscored_member_of_one_another(path):
-    bad = [(mod, n) for mod, names in _imports(path) if mod.startswith("tiered_emb.sim")
-           for n in names if n.startswith("_") and n != "__version__"]
+    bad = [
+        (mod, n)
+        for mod, names in _imports(path)
+        if mod.startswith("tiered_emb.sim")
+        for n in names
+        if n.startswith("_") and n != "__version__"
+    ]
     assert not bad

@@ -1,12 +1,23 @@
 """Trace sources: seeded and deterministic, and every reader round-trips."""
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError, TraceFileError
-from tiered_emb.sim import (drift_ids, next_use_of, read_column, read_criteo, read_npy, read_oracle_general,
-                            table_batches, write_npy, write_oracle_general, zipf_ids)
+from tiered_emb.sim import (
+    drift_ids,
+    next_use_of,
+    read_column,
+    read_criteo,
+    read_npy,
+    read_oracle_general,
+    table_batches,
+    write_npy,
+    write_oracle_general,
+    zipf_ids,
+)
 from tiered_emb.sim.traces import ORACLE_GENERAL_DTYPE
 
 ids_lists = st.lists(st.integers(0, 2**62), min_size=0, max_size=200)
@@ -127,10 +138,13 @@ def _criteo_row(tmp_path, field14):
     return p
 
 
-@pytest.mark.parametrize("content,match", [
-    (b"", "not a readable"),                      # EOFError
-    (b"hello world", "not a readable"),           # ValueError (pickled data)
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (b"", "not a readable"),  # EOFError
+        (b"hello world", "not a readable"),  # ValueError (pickled data)
+    ],
+)
 def test_read_npy_bad_files(tmp_path, content, match):
     p = tmp_path / "x.npy"
     p.write_bytes(content)
@@ -142,38 +156,43 @@ def test_read_npy_bad_arrays(tmp_path):
     p = tmp_path / "t.npy"
     np.save(p, np.arange(100, dtype=np.int64))
     p.write_bytes(p.read_bytes()[:-8])
-    with pytest.raises(TraceFileError, match="not a readable"):   # ValueError: failed to read all data
+    with pytest.raises(TraceFileError, match="not a readable"):  # ValueError: failed to read all data
         read_npy(p)
     np.save(p, np.array([1, "a"], dtype=object), allow_pickle=True)
-    with pytest.raises(TraceFileError, match="not a readable"):   # ValueError: object arrays
+    with pytest.raises(TraceFileError, match="not a readable"):  # ValueError: object arrays
         read_npy(p)
     np.savez(tmp_path / "z.npz", a=np.arange(3))
-    with pytest.raises(TraceFileError, match="npz"):              # AttributeError
+    with pytest.raises(TraceFileError, match="npz"):  # AttributeError
         read_npy(tmp_path / "z.npz")
     np.save(p, np.array([2**64 - 1, 3], dtype=np.uint64))
-    with pytest.raises(IdRangeError, match="beyond int64"):       # was [-1, 3], silently
+    with pytest.raises(IdRangeError, match="beyond int64"):  # was [-1, 3], silently
         read_npy(p)
 
 
 def test_read_column_bad_input(tmp_path):
     p = tmp_path / "c.csv"
     p.write_text(f"1,2\n{2**63},4\n")
-    with pytest.raises(IdRangeError, match="id number 2"):         # OverflowError
+    with pytest.raises(IdRangeError, match="id number 2"):  # OverflowError
         read_column(p)
-    with pytest.raises(ConfigError, match="column=-5"):             # IndexError (and -1 read the last column)
+    with pytest.raises(ConfigError, match="column=-5"):  # IndexError (and -1 read the last column)
         read_column(p, column=-5)
-    with pytest.raises(ConfigError, match="delimiter"):             # ValueError: empty separator
+    with pytest.raises(ConfigError, match="delimiter"):  # ValueError: empty separator
         read_column(p, delimiter="")
     with pytest.raises(ConfigError, match="base=1"):
         read_column(p, base=1)
     p.write_bytes(b"1\n\xff\xfe\n")
-    with pytest.raises(TraceFileError, match="UTF-8"):             # UnicodeDecodeError
+    with pytest.raises(TraceFileError, match="UTF-8"):  # UnicodeDecodeError
         read_column(p)
 
 
-@pytest.mark.parametrize("field,match", [("-1", "32-bit"),          # was id -1, silently
-                                         ("100000001", "32-bit"),   # was (15 << 32) | 1: column 15's id
-                                         ("ffffffffffffffffff", "32-bit")])  # OverflowError
+@pytest.mark.parametrize(
+    "field,match",
+    [
+        ("-1", "32-bit"),  # was id -1, silently
+        ("100000001", "32-bit"),  # was (15 << 32) | 1: column 15's id
+        ("ffffffffffffffffff", "32-bit"),
+    ],
+)  # OverflowError
 def test_criteo_hashes_are_32_bits(tmp_path, field, match):
     with pytest.raises(TraceFileError, match=match):
         read_criteo(_criteo_row(tmp_path, field))
@@ -182,9 +201,9 @@ def test_criteo_hashes_are_32_bits(tmp_path, field, match):
 
 def test_criteo_columns(tmp_path):
     p = _criteo_row(tmp_path, "1f")
-    with pytest.raises(ConfigError, match="empty"):                 # ValueError: max() of nothing
+    with pytest.raises(ConfigError, match="empty"):  # ValueError: max() of nothing
         read_criteo(p, columns=[])
-    with pytest.raises(ConfigError, match="column"):                # a negative tag
+    with pytest.raises(ConfigError, match="column"):  # a negative tag
         read_criteo(p, columns=[-1])
     assert read_criteo(p, columns=[14]).tolist() == [(14 << 32) | 0x1F]
 
@@ -193,32 +212,32 @@ def test_oracle_general_bad_input(tmp_path):
     rec = np.zeros(2, ORACLE_GENERAL_DTYPE)
     rec["obj_id"] = [2**64 - 1, 5]
     rec.tofile(tmp_path / "o.bin")
-    with pytest.raises(IdRangeError, match="relabel"):              # was [-1, 5], silently
+    with pytest.raises(IdRangeError, match="relabel"):  # was [-1, 5], silently
         read_oracle_general(tmp_path / "o.bin")
     out = tmp_path / "x.bin"
-    with pytest.raises(IdTypeError, match="float64"):               # was written as [1, 2]
+    with pytest.raises(IdTypeError, match="float64"):  # was written as [1, 2]
         write_oracle_general(out, np.array([1.7, 2.2]))
     with pytest.raises(IdTypeError, match="shape"):
         write_oracle_general(out, np.array([[1, 2], [3, 4]]))
-    with pytest.raises(ConfigError, match="obj_size"):              # OverflowError
+    with pytest.raises(ConfigError, match="obj_size"):  # OverflowError
         write_oracle_general(out, np.array([1, 2]), obj_size=-1)
-    with pytest.raises(ConfigError, match="clock_time"):            # ValueError: could not broadcast
+    with pytest.raises(ConfigError, match="clock_time"):  # ValueError: could not broadcast
         write_oracle_general(out, np.array([1, 2]), clock_time=np.array([1, 2, 3]))
-    with pytest.raises(TraceFileError, match="not a directory"):    # FileNotFoundError
+    with pytest.raises(TraceFileError, match="not a directory"):  # FileNotFoundError
         write_oracle_general(tmp_path / "nodir" / "x.bin", np.array([1, 2]))
     assert not out.exists()
-    with pytest.raises(IdTypeError, match="float64"):               # was written as [1, 2]
+    with pytest.raises(IdTypeError, match="float64"):  # was written as [1, 2]
         write_npy(tmp_path / "f.npy", np.array([1.7, 2.2]))
 
 
 def test_synthetic_arguments():
-    with pytest.raises(ConfigError, match="n_ids"):                 # IndexError
+    with pytest.raises(ConfigError, match="n_ids"):  # IndexError
         zipf_ids(0, 1.0, 10, seed=0)
-    with pytest.raises(ConfigError, match="alpha"):                 # every id the same, silently
+    with pytest.raises(ConfigError, match="alpha"):  # every id the same, silently
         zipf_ids(1000, float("nan"), 100, seed=0)
-    with pytest.raises(ConfigError, match="size"):                  # ValueError: negative dimensions
+    with pytest.raises(ConfigError, match="size"):  # ValueError: negative dimensions
         zipf_ids(10, 1.0, -1, seed=0)
-    with pytest.raises(ConfigError, match="seed"):                  # ValueError from SeedSequence
+    with pytest.raises(ConfigError, match="seed"):  # ValueError from SeedSequence
         zipf_ids(10, 1.0, 5, seed=-1)
     with pytest.raises(ConfigError, match="more than 2\\*\\*table_bits"):  # tags 1..6 on table 0's ids
         table_batches([100, 100], [1.0, 1.0], 8, [1, 1], 4, 0, table_bits=4)
@@ -231,13 +250,14 @@ def test_synthetic_arguments():
 
 def test_criteo_tsv_clicks_bad_lines(tmp_path):
     from tiered_emb.apps.clicks import CriteoTSV
+
     row = ["1"] + ["3"] * 13 + ["68fd1e64"] * 26
     good = "\t".join(row) + "\n"
     p = tmp_path / "c.tsv"
     p.write_text(good * 3 + "\t".join(["x"] + row[1:]) + "\n")
-    with pytest.raises(ConfigError, match="line 4"):     # ValueError: could not convert 'x'
+    with pytest.raises(ConfigError, match="line 4"):  # ValueError: could not convert 'x'
         CriteoTSV(p, 100, 2)
     p.write_text(good * 3)
-    with pytest.raises(ConfigError, match="num_rows"):   # ZeroDivisionError (modulo 0)
+    with pytest.raises(ConfigError, match="num_rows"):  # ZeroDivisionError (modulo 0)
         CriteoTSV(p, 0, 2)
     assert len(CriteoTSV(p, 100, 2)) == 3

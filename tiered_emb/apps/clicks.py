@@ -14,14 +14,15 @@ the batches an uninterrupted run would.
 
 Dense features are returned as ``log1p(max(x, 0))``, as DLRM's reference code does.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from tiered_emb.errors import ConfigError
 from tiered_emb._args import finite_arg, int_arg
+from tiered_emb.errors import ConfigError
 from tiered_emb.sim.traces import zipf_ids
 
 NUM_DENSE = 13
@@ -65,8 +66,15 @@ class SyntheticClicks:
     ((4, 13), (4, 26), (4,), dtype('float32'), dtype('int64'))
     """
 
-    def __init__(self, num_rows: int, batch_size: int, alpha: float = 1.05, seed: int = 0,
-                 informative: int = 8, effect: float = 1.2):
+    def __init__(
+        self,
+        num_rows: int,
+        batch_size: int,
+        alpha: float = 1.05,
+        seed: int = 0,
+        informative: int = 8,
+        effect: float = 1.2,
+    ):
         if not isinstance(num_rows, int) or num_rows < 1:
             raise ConfigError(f"num_rows={num_rows!r} is invalid", "use an int >= 1")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -122,7 +130,9 @@ class CriteoTSV:
     def __init__(self, path, num_rows: int, batch_size: int, test_fraction: float = 0.1):
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"data path {str(path)!r} is not a file", "give a Criteo-format TSV (label, 13 ints, 26 hex)")
+            raise ConfigError(
+                f"data path {str(path)!r} is not a file", "give a Criteo-format TSV (label, 13 ints, 26 hex)"
+            )
         num_rows = int_arg("num_rows", num_rows, 1, hint="use an int >= 1")
         batch_size = int_arg("batch_size", batch_size, 1, hint="use an int >= 1")
         test_fraction = finite_arg("test_fraction", test_fraction, 0.0, hint="use a fraction in [0, 1)")
@@ -135,11 +145,13 @@ class CriteoTSV:
                 for lineno, line in enumerate(f, 1):
                     cols = line.rstrip("\n").split("\t")
                     if len(cols) != 1 + NUM_DENSE + NUM_CATS:
-                        raise ConfigError(f"{str(path)!r} line {lineno} has {len(cols)} columns",
-                                          f"give {1 + NUM_DENSE + NUM_CATS} tab-separated columns")
+                        raise ConfigError(
+                            f"{str(path)!r} line {lineno} has {len(cols)} columns",
+                            f"give {1 + NUM_DENSE + NUM_CATS} tab-separated columns",
+                        )
                     labels.append(float(cols[0]))
-                    dense.append([float(x) if x else 0.0 for x in cols[1:1 + NUM_DENSE]])
-                    cats.append([int(x, 16) % num_rows if x else 0 for x in cols[1 + NUM_DENSE:]])
+                    dense.append([float(x) if x else 0.0 for x in cols[1 : 1 + NUM_DENSE]])
+                    cats.append([int(x, 16) % num_rows if x else 0 for x in cols[1 + NUM_DENSE :]])
             except ConfigError:
                 raise
             except UnicodeDecodeError:
@@ -147,7 +159,7 @@ class CriteoTSV:
             except ValueError as err:  # a label or count that is no number, a hash that is not hex
                 raise ConfigError(f"{str(path)!r} line {lineno}: {err}", _CRITEO_HINT) from None
         n = len(labels)
-        n_test = max(1, int(round(n * test_fraction))) if n > 1 else 0
+        n_test = max(1, round(n * test_fraction)) if n > 1 else 0
         if n - n_test < 1:
             raise ConfigError(f"{str(path)!r} has {n} lines", "give at least 2 lines")
         d = np.log1p(np.maximum(np.asarray(dense, dtype=np.float64), 0.0)).astype(np.float32)
@@ -172,4 +184,4 @@ class CriteoTSV:
         return d[idx], c[idx], y[idx]
 
 
-__all__ = ["SyntheticClicks", "CriteoTSV", "NUM_DENSE", "NUM_CATS"]
+__all__ = ["NUM_CATS", "NUM_DENSE", "CriteoTSV", "SyntheticClicks"]

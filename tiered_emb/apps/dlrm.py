@@ -11,6 +11,7 @@ continues bitwise as if never interrupted (batches are a pure function of the st
 
 torch is imported when the job runs, not when the CLI is built.
 """
+
 from __future__ import annotations
 
 import io
@@ -25,31 +26,52 @@ from pathlib import Path
 import numpy as np
 
 from tiered_emb._progress import progress
+from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
+from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
+from tiered_emb.apps.stream import format_tier_table
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
-from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.store import TieredStore
-from tiered_emb.apps.stream import format_tier_table
 
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
 _RUN_KEYS = ("data", "rows", "dim", "batch", "alpha", "bottom", "top", "optimizer", "lr", "dense_lr", "seed")
 # Their defaults.  The parser's defaults are None, so that ``--resume`` knows which flags
 # were given (and refuses those that differ from the run's config.json).
-_RUN_DEFAULTS = {"data": None, "rows": 100_000, "dim": 16, "batch": 2048, "alpha": 1.05, "bottom": "64",
-                 "top": "64", "optimizer": "rowwise_adagrad", "lr": 0.05, "dense_lr": 0.05, "seed": 0}
+_RUN_DEFAULTS = {
+    "data": None,
+    "rows": 100_000,
+    "dim": 16,
+    "batch": 2048,
+    "alpha": 1.05,
+    "bottom": "64",
+    "top": "64",
+    "optimizer": "rowwise_adagrad",
+    "lr": 0.05,
+    "dense_lr": 0.05,
+    "seed": 0,
+}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a DLRM whose embedding tables are 12x larger than HBM+DDR",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", default="runs/dlrm",
-                   help="run directory holding the store (replaced unless --resume; only an empty one or one "
-                        "holding a run's config.json is replaced)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the store's last checkpoint in --run-dir (the model and data flags are "
-                        "the run's; giving one that differs is an error)")
+    p = sub.add_parser(
+        "train",
+        help="train a DLRM whose embedding tables are 12x larger than HBM+DDR",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--run-dir",
+        default="runs/dlrm",
+        help="run directory holding the store (replaced unless --resume; only an empty one or one "
+        "holding a run's config.json is replaced)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the store's last checkpoint in --run-dir (the model and data flags are "
+        "the run's; giving one that differs is an error)",
+    )
     p.add_argument("--steps", type=int, default=200, help="train steps in total (a resumed run stops here too)")
     p.add_argument("--batch", type=int, help="samples per step (default 2048)")
     p.add_argument("--rows", type=int, help="rows per table (26 tables; default 100000)")
@@ -57,10 +79,14 @@ def add_parser(sub) -> None:
     p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (default 1.05)")
     p.add_argument("--hbm-rows", type=int, default=4096, help="HBM-tier rows per table")
     p.add_argument("--ddr-rows", type=int, default=4096, help="DDR-tier rows per table")
-    p.add_argument("--policy", default="lookahead+lru",
-                   help="cache policy of the tiers (lru, lfu, lookahead+lru, lookahead+lfu)")
-    p.add_argument("--optimizer", choices=sorted(_EMB_OPTIMIZERS),
-                   help="the store's optimizer for the embedding rows (default rowwise_adagrad)")
+    p.add_argument(
+        "--policy", default="lookahead+lru", help="cache policy of the tiers (lru, lfu, lookahead+lru, lookahead+lfu)"
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=sorted(_EMB_OPTIMIZERS),
+        help="the store's optimizer for the embedding rows (default rowwise_adagrad)",
+    )
     p.add_argument("--lr", type=float, help="embedding learning rate (default 0.05)")
     p.add_argument("--dense-lr", type=float, help="learning rate of the MLPs (torch Adagrad; default 0.05)")
     p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default 64)")
@@ -70,23 +96,42 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
     p.add_argument("--seed", type=int, help="seed of the rows, the MLPs and the synthetic data (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--lookahead", type=int, default=4,
-                   help="batches handed to the store ahead of the step (the window; 0: no pipeline)")
-    p.add_argument("--load-ahead", type=int, default=1,
-                   help="of the window, how many batches ahead the background thread brings rows up and pins "
-                        "them (default 1: the step then finds every row pinned for it and runs without the "
-                        "store's lock; 0: the window only protects rows, the step places its own; see "
-                        "docs/training.md)")
-    p.add_argument("--read-ahead", type=int, default=0,
-                   help="of the window, how many batches ahead the background thread reads rows from LMDB into "
-                        "host memory (default 0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
-                        "cores with LMDB in the page cache, see docs/benchmarks.md)")
-    p.add_argument("--step-threads", type=int, default=None,
-                   help="torch and Numba threads of the training step (default: the cores but one, at least 1, "
-                        "with or without lookahead, so the lookahead thread has a core and every --lookahead "
-                        "gives the same model; torch's dense sums may differ from one thread count to another)")
-    p.add_argument("--sync-writes", action="store_true",
-                   help="write evicted rows to LMDB on the step's thread (default: on a writer thread)")
+    p.add_argument(
+        "--lookahead",
+        type=int,
+        default=4,
+        help="batches handed to the store ahead of the step (the window; 0: no pipeline)",
+    )
+    p.add_argument(
+        "--load-ahead",
+        type=int,
+        default=1,
+        help="of the window, how many batches ahead the background thread brings rows up and pins "
+        "them (default 1: the step then finds every row pinned for it and runs without the "
+        "store's lock; 0: the window only protects rows, the step places its own; see "
+        "docs/training.md)",
+    )
+    p.add_argument(
+        "--read-ahead",
+        type=int,
+        default=0,
+        help="of the window, how many batches ahead the background thread reads rows from LMDB into "
+        "host memory (default 0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
+        "cores with LMDB in the page cache, see docs/benchmarks.md)",
+    )
+    p.add_argument(
+        "--step-threads",
+        type=int,
+        default=None,
+        help="torch and Numba threads of the training step (default: the cores but one, at least 1, "
+        "with or without lookahead, so the lookahead thread has a core and every --lookahead "
+        "gives the same model; torch's dense sums may differ from one thread count to another)",
+    )
+    p.add_argument(
+        "--sync-writes",
+        action="store_true",
+        help="write evicted rows to LMDB on the step's thread (default: on a writer thread)",
+    )
     p.set_defaults(func=run)
 
 
@@ -126,53 +171,6 @@ def build_model(store, features: list[str], dim: int, bottom: list[int], top: li
             return self.top(torch.cat([x, z], dim=1)).squeeze(1)
 
     return DLRM()
-
-
-# --------------------------------------------------------------------------- metrics
-def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
-    """Mean binary cross-entropy of ``probs`` (clipped to [1e-7, 1 - 1e-7])."""
-    p = np.clip(probs.astype(np.float64), 1e-7, 1 - 1e-7)
-    y = labels.astype(np.float64)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve (rank statistic, ties averaged); 0.5 when one class is missing.
-
-    >>> auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
-    0.75
-    """
-    y = labels.astype(bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return 0.5
-    order = np.argsort(scores, kind="stable")
-    s = scores[order]
-    ranks = np.empty(s.shape[0], dtype=np.float64)
-    i = 0
-    while i < s.shape[0]:  # average ranks over ties
-        j = i
-        while j + 1 < s.shape[0] and s[j + 1] == s[i]:
-            j += 1
-        ranks[i:j + 1] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    r = np.empty_like(ranks)
-    r[order] = ranks
-    return float((r[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
-
-def aggregate_stats(stats: dict) -> dict:
-    """Per-tier counters summed over every table of ``store.stats()``, hit rates recomputed."""
-    total = {}
-    for s in stats.values():
-        for tier in ("hbm", "ddr", "ssd"):
-            t = total.setdefault(tier, {})
-            for k, v in s[tier].items():
-                if k != "hit_rate" and isinstance(v, (int, float)):
-                    t[k] = t.get(k, 0) + v
-    for c in total.values():
-        c["hit_rate"] = c["hits"] / c["lookups"] if c.get("lookups") else 0.0
-    return total
 
 
 # --------------------------------------------------------------------------- the job
@@ -222,6 +220,7 @@ def _step_threads(args, cfg: dict | None = None) -> int:
 
 def _check_run_flags(args) -> None:
     """The flags that are not part of the run's identity (checked before anything is touched)."""
+
     def bad(flag, value, hint):
         raise ConfigError(f"{flag} {value!r} is invalid", hint)
 
@@ -281,23 +280,31 @@ def _load_data(cfg: dict):
     except TieredEmbError:
         raise
     except (OSError, ValueError) as err:  # unreadable file, a bad label or hex id, not UTF-8
-        raise ConfigError(f"--data {cfg['data']!r} cannot be read ({err})",
-                          "give a Criteo-format TSV: label, 13 ints, 26 hex ids, tab separated") from err
+        raise ConfigError(
+            f"--data {cfg['data']!r} cannot be read ({err})",
+            "give a Criteo-format TSV: label, 13 ints, 26 hex ids, tab separated",
+        ) from err
 
 
 def _read_run_config(config_path: Path) -> dict:
     try:
         cfg = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:
-        raise CorruptStoreError(f"the run's {str(config_path)!r} cannot be read ({err})",
-                                "restore it from a backup, or start a new run without --resume") from err
+        raise CorruptStoreError(
+            f"the run's {str(config_path)!r} cannot be read ({err})",
+            "restore it from a backup, or start a new run without --resume",
+        ) from err
     if not isinstance(cfg, dict) or any(k not in cfg for k in _RUN_KEYS):
-        raise CorruptStoreError(f"the run's {str(config_path)!r} is not a run config (needs {list(_RUN_KEYS)})",
-                                "restore it from a backup, or start a new run without --resume")
+        raise CorruptStoreError(
+            f"the run's {str(config_path)!r} is not a run config (needs {list(_RUN_KEYS)})",
+            "restore it from a backup, or start a new run without --resume",
+        )
     n = cfg.get("step_threads")  # absent or None: a run kept before the count was
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        raise CorruptStoreError(f"the run's {str(config_path)!r} has step_threads={n!r}",
-                                "set it to the int >= 1 the run began with (or remove it), or start a new run")
+        raise CorruptStoreError(
+            f"the run's {str(config_path)!r} has step_threads={n!r}",
+            "set it to the int >= 1 the run began with (or remove it), or start a new run",
+        )
     return cfg
 
 
@@ -325,11 +332,15 @@ def _replaceable(run_dir: Path) -> None:
     if not (run_dir.exists() or run_dir.is_symlink()):
         return
     if run_dir.is_symlink() or not run_dir.is_dir():
-        raise ConfigError(f"--run-dir {str(run_dir)!r} exists and is not a directory",
-                          "choose another --run-dir (it is replaced by the new run)")
+        raise ConfigError(
+            f"--run-dir {str(run_dir)!r} exists and is not a directory",
+            "choose another --run-dir (it is replaced by the new run)",
+        )
     if any(run_dir.iterdir()) and not (run_dir / "config.json").is_file():
-        raise ConfigError(f"--run-dir {str(run_dir)!r} holds files but no run (no config.json); not replaced",
-                          "choose a new or empty --run-dir, or remove that one yourself")
+        raise ConfigError(
+            f"--run-dir {str(run_dir)!r} holds files but no run (no config.json); not replaced",
+            "choose a new or empty --run-dir, or remove that one yourself",
+        )
 
 
 def train(args) -> dict:
@@ -346,8 +357,13 @@ def train(args) -> dict:
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
     _check_run_flags(args)
-    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu",
-                       background_writes=not getattr(args, "sync_writes", False))
+    tiers = TierConfig(
+        hbm_rows=args.hbm_rows,
+        ddr_rows=args.ddr_rows,
+        policy=args.policy,
+        device="cpu",
+        background_writes=not getattr(args, "sync_writes", False),
+    )
     if args.resume:
         if not config_path.is_file():
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
@@ -355,15 +371,19 @@ def train(args) -> dict:
         conflicts = _conflicts(args, cfg)
         given, had = getattr(args, "step_threads", None), cfg.get("step_threads")
         if given is not None and had is not None and given != had:  # (a run from before it was kept has none)
-            conflicts.append(f"--step-threads {given!r} (the run's: {had!r}; torch sums in another order on "
-                             "another thread count, so the run would not be the one an uninterrupted run gives)")
+            conflicts.append(
+                f"--step-threads {given!r} (the run's: {had!r}; torch sums in another order on "
+                "another thread count, so the run would not be the one an uninterrupted run gives)"
+            )
         if had is None and not conflicts:  # a run kept before the count was: it keeps this resume's from now on
             cfg["step_threads"] = _step_threads(args)
             config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
         if conflicts:
-            raise ConfigError(f"--resume with flags that differ from the run's config.json: {', '.join(conflicts)}",
-                              "drop them to continue the run as it was started, or start a new run "
-                              "(without --resume, or in another --run-dir)")
+            raise ConfigError(
+                f"--resume with flags that differ from the run's config.json: {', '.join(conflicts)}",
+                "drop them to continue the run as it was started, or start a new run "
+                "(without --resume, or in another --run-dir)",
+            )
         data = _load_data(cfg)
         store = TieredStore.open(store_dir, tiers=tiers)
     else:
@@ -379,8 +399,10 @@ def train(args) -> dict:
         try:
             run_dir.mkdir(parents=True)
         except OSError as err:
-            raise ConfigError(f"--run-dir {str(run_dir)!r} cannot be made ({err})",
-                              "choose a --run-dir under a directory you can write") from err
+            raise ConfigError(
+                f"--run-dir {str(run_dir)!r} cannot be made ({err})",
+                "choose a --run-dir under a directory you can write",
+            ) from err
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
         store = TieredStore.create(store_dir, tables, tiers, seed=cfg["seed"])
     try:
@@ -394,62 +416,12 @@ def train(args) -> dict:
     return report
 
 
-def _proc_cpu_s(stat_path: str) -> float | None:
-    """CPU seconds (user + system) of a thread or process from its ``/proc/.../stat``."""
-    try:
-        with open(stat_path) as f:
-            stat = f.read()
-    except OSError:
-        return None  # ended meanwhile
-    fields = stat[stat.rindex(")") + 2:].split()  # utime and stime: fields 14 and 15 of stat
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _thread_cpu_s(store=None) -> tuple[float, dict[int, float], float] | None:
-    """``(process CPU seconds, {native thread id: CPU seconds}, CPU seconds of the store's
-    LMDB writer process)`` from ``/proc`` (Linux; None elsewhere)."""
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    threads = {}
-    for tid in tids:
-        cpu = _proc_cpu_s(f"/proc/self/task/{tid}/stat")
-        if cpu is not None:
-            threads[int(tid)] = cpu
-    t = os.times()
-    writer = store.ssd.writer_pid() if store is not None else None
-    return t.user + t.system, threads, (_proc_cpu_s(f"/proc/{writer}/stat") or 0.0) if writer else 0.0
-
-
-def _thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
-    """CPU milliseconds a step of each thread between two :func:`_thread_cpu_s`, by thread
-    name (``main``; the store's ``tiered_emb-prefetch``; ``other native threads``: torch's
-    and Numba's pools; ``ended threads``: those gone by the end, the write-back writers
-    among them; ``writer process``: the store's LMDB writer, a process of its own, started
-    at the first write-back).  Why: on a host with few cores the step, the lookahead thread
-    and the writer share them, and these shares say which one a run waits on (docs/tuning.md)."""
-    if before is None or after is None or steps <= 0:
-        return None
-    import threading
-
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    names[threading.main_thread().native_id] = "main"
-    out: dict[str, float] = {}
-    for tid, cpu in sorted(after[1].items()):
-        name = names.get(tid, "other native threads")
-        out[name] = out.get(name, 0.0) + cpu - before[1].get(tid, 0.0)
-    out["ended threads"] = max(after[0] - before[0] - sum(out.values()), 0.0)
-    out["writer process"] = max(after[2] - before[2], 0.0)  # (0 before its first write: not started)
-    return {name: round(1e3 * cpu / steps, 2) for name, cpu in sorted(out.items())}
-
-
 def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     from tiered_emb.torch import TrainPipeline
 
     torch.manual_seed(cfg["seed"])
     model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
-    dense_params = [p for p in model.parameters()]
+    dense_params = list(model.parameters())
     opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
     start = 0
     saved = store.extra if args.resume else None
@@ -460,7 +432,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         opt.load_state_dict(state["opt"])
     loss_fn = torch.nn.BCEWithLogitsLoss()
     model.train()
-    cpu0 = _thread_cpu_s(store)
+    cpu0 = thread_cpu_s(store)
     t0 = time.perf_counter()
     ema = None
     features = _features()
@@ -475,9 +447,17 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         return loss_fn(model(x, feats), torch.from_numpy(labels))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
-    pipeline = TrainPipeline(store, model, opt, ids_of, loss_of, lookahead_batches=args.lookahead,
-                             load_ahead=getattr(args, "load_ahead", 1), read_ahead=getattr(args, "read_ahead", 0),
-                             step_threads=_step_threads(args, cfg))
+    pipeline = TrainPipeline(
+        store,
+        model,
+        opt,
+        ids_of,
+        loss_of,
+        lookahead_batches=args.lookahead,
+        load_ahead=getattr(args, "load_ahead", 1),
+        read_ahead=getattr(args, "read_ahead", 0),
+        step_threads=_step_threads(args, cfg),
+    )
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
@@ -486,13 +466,19 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             progress(step + 1 - start, args.steps - start, t0, f"steps  loss {ema:.4f}")
     train_s = time.perf_counter() - t0
     done = max(args.steps - start, 0)
-    thread_cpu = _thread_cpu_per_step(cpu0, _thread_cpu_s(store), done)
+    thread_cpu = thread_cpu_per_step(cpu0, thread_cpu_s(store), done)
     if done or start < args.steps:
         _save_state(torch, store, max(args.steps, start), model, opt)
     stats = store.stats()  # training's statistics, before evaluation reads more rows
-    report = {"steps": max(args.steps, start), "steps_this_run": done, "batch": cfg["batch"],
-              "train_seconds": train_s, "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
-              "step_threads": _step_threads(args, cfg), "thread_cpu_ms_per_step": thread_cpu}
+    report = {
+        "steps": max(args.steps, start),
+        "steps_this_run": done,
+        "batch": cfg["batch"],
+        "train_seconds": train_s,
+        "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
+        "step_threads": _step_threads(args, cfg),
+        "thread_cpu_ms_per_step": thread_cpu,
+    }
     model.eval()
     with torch.no_grad():
         for split in ("train", "test"):
@@ -508,28 +494,45 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             report[f"{split}_ctr"] = float(y.mean())
     total = aggregate_stats(stats)
     # what the prefetch thread moved ahead of the steps (rows and bytes held are the same tiers)
-    prefetched = aggregate_stats({name: dict(s["prefetch"], **{tier: dict(s["prefetch"][tier], rows=0, bytes=0)
-                                                                for tier in ("hbm", "ddr", "ssd")})
-                                  for name, s in stats.items()})
+    prefetched = aggregate_stats(
+        {
+            name: dict(
+                s["prefetch"], **{tier: dict(s["prefetch"][tier], rows=0, bytes=0) for tier in ("hbm", "ddr", "ssd")}
+            )
+            for name, s in stats.items()
+        }
+    )
     capacity = len(_features()) * (store.tiers.hbm_rows + store.tiers.ddr_rows)
     table_rows = sum(data.num_rows)
-    report.update(tiers=total, prefetch=prefetched, table_rows=table_rows, capacity_rows=capacity,
-                  tables_over_capacity=table_rows / capacity, lmdb_file_bytes=store.disk_bytes())
+    report.update(
+        tiers=total,
+        prefetch=prefetched,
+        table_rows=table_rows,
+        capacity_rows=capacity,
+        tables_over_capacity=table_rows / capacity,
+        lmdb_file_bytes=store.disk_bytes(),
+    )
     return report
 
 
 def format_report(r: dict) -> str:
     lines = [
-        f"trained {r['steps_this_run']} steps x {r['batch']} samples in {r['train_seconds']:.1f} s: "
-        f"{r['samples_per_s']:,.0f} samples/s (step {r['steps']} of the run)",
+        (
+            f"trained {r['steps_this_run']} steps x {r['batch']} samples in {r['train_seconds']:.1f} s: "
+            f"{r['samples_per_s']:,.0f} samples/s (step {r['steps']} of the run)"
+        ),
         f"train    log loss {r['train_logloss']:.4f}  AUC {r['train_auc']:.4f}  (CTR {r['train_ctr']:.3f})",
         f"held-out log loss {r['test_logloss']:.4f}  AUC {r['test_auc']:.4f}  (CTR {r['test_ctr']:.3f})",
-        f"tables {r['table_rows']:,} rows = {r['tables_over_capacity']:.1f}x HBM+DDR capacity "
-        f"({r['capacity_rows']:,} rows); LMDB files {r['lmdb_file_bytes'] / 2**20:.1f} MiB",
+        (
+            f"tables {r['table_rows']:,} rows = {r['tables_over_capacity']:.1f}x HBM+DDR capacity "
+            f"({r['capacity_rows']:,} rows); LMDB files {r['lmdb_file_bytes'] / 2**20:.1f} MiB"
+        ),
         "",
         format_tier_table({"steps": r["tiers"], "prefetch": r["prefetch"]}),
-        "(steps: what the training steps asked of each tier; prefetch: what the lookahead thread brought up "
-        "before them; rows/MiB: held at the end)",
+        (
+            "(steps: what the training steps asked of each tier; prefetch: what the lookahead thread brought up "
+            "before them; rows/MiB: held at the end)"
+        ),
     ]
     return "\n".join(lines)
 
@@ -543,4 +546,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["build_model", "train", "auc", "log_loss", "aggregate_stats", "format_report"]
+__all__ = ["aggregate_stats", "auc", "build_model", "format_report", "log_loss", "train"]

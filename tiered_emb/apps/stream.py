@@ -4,6 +4,7 @@
 batch is a lookup plus a row-wise update of the rows it touched, so rows become dirty,
 move down the tiers and land in LMDB.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -21,13 +22,18 @@ from tiered_emb.store import TieredStore
 
 def format_tier_table(stats: dict) -> str:
     """A table of per-tier statistics for every table of ``store.stats()``."""
-    head = f"{'table':<10} {'tier':<4} {'lookups':>11} {'hit rate':>8} {'evictions':>10} {'writebacks':>10} {'rows':>10} {'MiB':>8}"
+    head = (
+        f"{'table':<10} {'tier':<4} {'lookups':>11} {'hit rate':>8} {'evictions':>10} {'writebacks':>10} "
+        f"{'rows':>10} {'MiB':>8}"
+    )
     lines = [head, "-" * len(head)]
     for name, s in stats.items():
         for tier in ("hbm", "ddr", "ssd"):
             t = s[tier]
-            lines.append(f"{name:<10} {tier:<4} {t['lookups']:>11,} {t['hit_rate']:>8.3f} {t['evictions']:>10,} "
-                         f"{t['writebacks']:>10,} {t['rows']:>10,} {t['bytes'] / 2**20:>8.1f}")
+            lines.append(
+                f"{name:<10} {tier:<4} {t['lookups']:>11,} {t['hit_rate']:>8.3f} {t['evictions']:>10,} "
+                f"{t['writebacks']:>10,} {t['rows']:>10,} {t['bytes'] / 2**20:>8.1f}"
+            )
     return "\n".join(lines)
 
 
@@ -51,8 +57,10 @@ def run(args) -> int:
     run_dir = Path(args.run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    tables = [TableConfig(f"t{i}", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
-              for i in range(args.tables)]
+    tables = [
+        TableConfig(f"t{i}", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
+        for i in range(args.tables)
+    ]
     tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu")
     t0 = time.perf_counter()
     with TieredStore.create(run_dir, tables, tiers, seed=args.seed) as store:
@@ -70,7 +78,10 @@ def run(args) -> int:
         # rows still in HBM and DDR included: its record count is the distinct rows.
         touched = sum(s["ssd"]["rows"] for s in stats.values())
         cap = args.tables * (args.hbm_rows + args.ddr_rows)
-        print(f"\n{args.steps} steps x {args.tables} tables x {args.batch} ids in {elapsed:.1f} s "
-              f"({args.steps * args.tables * args.batch / elapsed:,.0f} lookups/s); "
-              f"rows stored {touched:,} = {touched / cap:.1f}x HBM+DDR capacity; LMDB files {store.disk_bytes() / 2**20:.1f} MiB")
+        print(
+            f"\n{args.steps} steps x {args.tables} tables x {args.batch} ids in {elapsed:.1f} s "
+            f"({args.steps * args.tables * args.batch / elapsed:,.0f} lookups/s); "
+            f"rows stored {touched:,} = {touched / cap:.1f}x HBM+DDR capacity; "
+            f"LMDB files {store.disk_bytes() / 2**20:.1f} MiB"
+        )
     return 0

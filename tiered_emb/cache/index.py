@@ -8,10 +8,16 @@ with the id space.  State is two preallocated arrays changed in place:
 - ``keys``: int64 (table_size,), ``EMPTY`` (-1) where free; ids are >= 0.
 - ``vals``: int32 (table_size,), the slot of ``keys[i]``.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
+
+# Kernel arguments: annotations for the reader and for mypy; Numba compiles from the runtime types.
+Keys = npt.NDArray[np.int64]
+Vals = npt.NDArray[np.int32]
 
 EMPTY = -1
 
@@ -21,14 +27,14 @@ def table_size_for(capacity_rows: int) -> int:
     return 1 << max(3, int(2 * max(capacity_rows, 1) - 1).bit_length())
 
 
-def new_index(capacity_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def new_index(capacity_rows: int) -> tuple[Keys, Vals]:
     """Empty ``(keys, vals)`` for a tier of ``capacity_rows``."""
     size = table_size_for(capacity_rows)
     return np.full(size, EMPTY, dtype=np.int64), np.zeros(size, dtype=np.int32)
 
 
 @numba.njit(inline="always")
-def _hash_home(key, mask):
+def hash_home(key: int | np.int64, mask: int) -> np.int64:
     """Home bucket of ``key``: the splitmix64 finaliser, masked."""
     z = np.uint64(key)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -38,10 +44,10 @@ def _hash_home(key, mask):
 
 
 @numba.njit(cache=True, nogil=True)
-def _index_find(keys, vals, key):
+def index_find(keys: Keys, vals: Vals, key: int | np.int64) -> np.int64:
     """Slot of ``key``, or -1."""
     mask = keys.shape[0] - 1
-    i = _hash_home(key, mask)
+    i = hash_home(key, mask)
     while True:
         k = keys[i]
         if k == key:
@@ -52,10 +58,10 @@ def _index_find(keys, vals, key):
 
 
 @numba.njit(cache=True, nogil=True)
-def _index_put(keys, vals, key, slot):
+def index_put(keys: Keys, vals: Vals, key: int | np.int64, slot: int | np.int32) -> None:
     """Insert ``key -> slot`` (``key`` must be absent; the table is never full)."""
     mask = keys.shape[0] - 1
-    i = _hash_home(key, mask)
+    i = hash_home(key, mask)
     while keys[i] != EMPTY:
         i = (i + 1) & mask
     keys[i] = key
@@ -63,10 +69,10 @@ def _index_put(keys, vals, key, slot):
 
 
 @numba.njit(cache=True, nogil=True)
-def _index_del(keys, vals, key):
+def index_del(keys: Keys, vals: Vals, key: int | np.int64) -> None:
     """Remove ``key`` (present) and shift later entries of its run back into the gap."""
     mask = keys.shape[0] - 1
-    i = _hash_home(key, mask)
+    i = hash_home(key, mask)
     while keys[i] != key:
         i = (i + 1) & mask
     j = i
@@ -75,7 +81,7 @@ def _index_del(keys, vals, key):
         kj = keys[j]
         if kj == EMPTY:
             break
-        home = _hash_home(kj, mask)
+        home = hash_home(kj, mask)
         # kj may move into the gap at i only if its home is not cyclically in (i, j].
         if i <= j:
             stays = i < home <= j
@@ -89,7 +95,7 @@ def _index_del(keys, vals, key):
 
 
 @numba.njit(cache=True, nogil=True)
-def _index_find_many(keys, vals, ids, out):
+def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys) -> None:
     """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,)."""
     for i in range(ids.shape[0]):
-        out[i] = _index_find(keys, vals, ids[i])
+        out[i] = index_find(keys, vals, ids[i])

@@ -14,15 +14,25 @@ Arrays (``cap`` = capacity, at least 1 so a zero-capacity DDR still has valid sh
   kept by the kernels so the step never scans ``pins``);
 - ``keys``, ``vals``: the index (:mod:`tiered_emb.cache.index`); ``P``: the policy state.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb.cache.index import hash_home, index_del, index_find, index_find_many, index_put, new_index
+from tiered_emb.cache.policies import (
+    POLICIES,
+    new_policy_state,
+    policy_attach,
+    policy_detach,
+    policy_fresh,
+    policy_hit,
+    policy_touch,
+    policy_victim,
+)
 from tiered_emb.errors import ConfigError
-from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_find_many, _index_put, new_index
-from tiered_emb._jit import PREFETCH_DISTANCE, _prefetch
-from tiered_emb.cache.policies import POLICIES, _attach, _detach, _fresh, _hit, _touch, _victim, new_policy_state
 
 
 class CacheTier:
@@ -49,7 +59,7 @@ class CacheTier:
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
         out = np.empty(ids.shape[0], dtype=np.int64)
-        _index_find_many(self.keys, self.vals, ids, out)
+        index_find_many(self.keys, self.vals, ids, out)
         return out
 
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +69,24 @@ class CacheTier:
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin,
-                   out_slots, miss_idx, victim_slots, victim_ids, victim_dirty):
+def cache_resolve(
+    code,
+    P,
+    keys,
+    vals,
+    slot_ids,
+    dirty,
+    pins,
+    free,
+    fmeta,
+    uids,
+    force_pin,
+    out_slots,
+    miss_idx,
+    victim_slots,
+    victim_ids,
+    victim_dirty,
+):
     """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot.
 
     Pass 1 probes the index.  When every id is resident and ``force_pin`` is false (the
@@ -74,17 +100,17 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
     victims' slots, ids and dirty flags (the caller copies their rows out before it writes
     the missed rows in).  Returns ``(n_miss, n_victims, pinned)``; n_victims is -1 when
     the tier ran out of unpinned slots (the caller must chunk by capacity); ``pinned``
-    says whether the caller must :func:`_cache_release` the slots.
+    says whether the caller must :func:`cache_release` the slots.
     """
     k = uids.shape[0]
     n_hit = 0
     mask = keys.shape[0] - 1
     for i in range(k):
         if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
-            ahead = _hash_home(uids[i + 2 * PREFETCH_DISTANCE], mask)
-            _prefetch(keys, ahead)
-            _prefetch(vals, ahead)
-        s = _index_find(keys, vals, uids[i])
+            ahead = hash_home(uids[i + 2 * PREFETCH_DISTANCE], mask)
+            prefetch_hint(keys, ahead)
+            prefetch_hint(vals, ahead)
+        s = index_find(keys, vals, uids[i])
         out_slots[i] = s
         if s >= 0:
             n_hit += 1
@@ -92,15 +118,15 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
         for i in range(k):
             s = out_slots[i]
             if pins[s] == 0:
-                _hit(code, P, s)
+                policy_hit(code, P, s)
             else:
-                _touch(P, s)  # pinned by a prefetched batch: placed when that batch releases it
+                policy_touch(P, s)  # pinned by a prefetched batch: placed when that batch releases it
         return 0, 0, False
     for i in range(k):
         s = out_slots[i]
         if s >= 0:
             if pins[s] == 0:
-                _detach(code, P, s)
+                policy_detach(code, P, s)
                 fmeta[2] += 1
             pins[s] += 1
     n_miss = 0
@@ -108,13 +134,13 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
     for i in range(k):
         s = out_slots[i]
         if s >= 0:
-            _touch(P, s)
+            policy_touch(P, s)
             continue
         if fmeta[0] > 0:
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            s = _victim(code, P)
+            s = policy_victim(code, P)
             if s < 0:
                 return n_miss, -1, True
             vid = slot_ids[s]
@@ -122,11 +148,11 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
             victim_ids[n_victims] = vid
             victim_dirty[n_victims] = dirty[s]
             n_victims += 1
-            _index_del(keys, vals, vid)
+            index_del(keys, vals, vid)
         slot_ids[s] = uids[i]
         dirty[s] = 0
-        _index_put(keys, vals, uids[i], s)
-        _fresh(P, s)
+        index_put(keys, vals, uids[i], s)
+        policy_fresh(P, s)
         pins[s] = 1
         fmeta[2] += 1
         out_slots[i] = s
@@ -136,8 +162,8 @@ def _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin):
-    """:func:`_cache_resolve` into fresh arrays.
+def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin):
+    """:func:`cache_resolve` into fresh arrays.
 
     Returns ``(slots, miss_idx, victim_slots, victim_ids, victim_dirty, n_victims, pinned)``,
     the index and victim arrays cut to their counts; ``n_victims`` is -1 when the tier ran
@@ -149,36 +175,36 @@ def _cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, 
     vslots = np.empty(k, dtype=np.int64)
     vids = np.empty(k, dtype=np.int64)
     vdirty = np.empty(k, dtype=np.uint8)
-    n_miss, n_v, pinned = _cache_resolve(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin,
-                                         slots, miss_idx, vslots, vids, vdirty)
-    return slots, miss_idx[:n_miss], vslots[:max(n_v, 0)], vids[:max(n_v, 0)], vdirty[:max(n_v, 0)], n_v, pinned
+    n_miss, n_v, pinned = cache_resolve(
+        code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin, slots, miss_idx, vslots, vids, vdirty
+    )
+    return slots, miss_idx[:n_miss], vslots[: max(n_v, 0)], vids[: max(n_v, 0)], vdirty[: max(n_v, 0)], n_v, pinned
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_release(code, P, pins, fmeta, slots):
+def cache_release(code, P, pins, fmeta, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
     for i in range(slots.shape[0]):
         s = slots[i]
         pins[s] -= 1
         if pins[s] == 0:
             fmeta[2] -= 1
-            _attach(code, P, s)
+            policy_attach(code, P, s)
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_pin(code, P, pins, fmeta, slots):
+def cache_pin(code, P, pins, fmeta, slots):
     """Pin resident ``slots`` (int64 (k,), distinct): a slot going from 0 pins leaves the policy."""
     for i in range(slots.shape[0]):
         s = slots[i]
         if pins[s] == 0:
-            _detach(code, P, s)
+            policy_detach(code, P, s)
             fmeta[2] += 1
         pins[s] += 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids,
-                out_rows, out_dirty, found):
+def cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids, out_rows, out_dirty, found):
     """Move the rows of ``ids`` present here out of the tier (exclusive caching).
 
     ``records`` (cap, W) float32 host; ``out_rows`` (k, W), ``out_dirty`` (k,) uint8,
@@ -186,7 +212,7 @@ def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records
     """
     n_found = 0
     for i in range(ids.shape[0]):
-        s = _index_find(keys, vals, ids[i])
+        s = index_find(keys, vals, ids[i])
         if s < 0:
             found[i] = 0
             continue
@@ -195,11 +221,11 @@ def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records
         out_rows[i, :] = records[s, :]
         out_dirty[i] = dirty[s]
         if pins[s] == 0:
-            _detach(code, P, s)
+            policy_detach(code, P, s)
         else:
             fmeta[2] -= 1
         pins[s] = 0
-        _index_del(keys, vals, ids[i])
+        index_del(keys, vals, ids[i])
         slot_ids[s] = -1
         dirty[s] = 0
         free[fmeta[0]] = s
@@ -208,8 +234,7 @@ def _cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records
 
 
 @numba.njit(cache=True, nogil=True)
-def _cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids, rows,
-                 rows_dirty, ev_ids, ev_rows):
+def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids, rows, rows_dirty, ev_ids, ev_rows):
     """Admit rows of ``ids`` (absent here), evicting by policy; dirty evictions go out.
 
     ``rows`` (k, W) float32 and ``rows_dirty`` (k,) uint8 come from the tier above.  The
@@ -232,20 +257,20 @@ def _cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            s = _victim(code, P)
+            s = policy_victim(code, P)
             vid = slot_ids[s]
             n_ev += 1
             if dirty[s]:
                 ev_ids[n_out] = vid
                 ev_rows[n_out, :] = records[s, :]
                 n_out += 1
-            _index_del(keys, vals, vid)
+            index_del(keys, vals, vid)
         slot_ids[s] = ids[i]
-        _index_put(keys, vals, ids[i], s)
+        index_put(keys, vals, ids[i], s)
         records[s, :] = rows[i, :]
         dirty[s] = rows_dirty[i]
-        _fresh(P, s)
-        _attach(code, P, s)
+        policy_fresh(P, s)
+        policy_attach(code, P, s)
     return n_out, n_ev
 
 
@@ -259,21 +284,21 @@ def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
     hits = 0
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = _index_find(keys, vals, key)
+        s = index_find(keys, vals, key)
         if s >= 0:
             hits += 1
-            _hit(code, P, s)
+            policy_hit(code, P, s)
             continue
         if fmeta[0] > 0:
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            s = _victim(code, P)
-            _index_del(keys, vals, slot_ids[s])
+            s = policy_victim(code, P)
+            index_del(keys, vals, slot_ids[s])
         slot_ids[s] = key
-        _index_put(keys, vals, key, s)
-        _fresh(P, s)
-        _attach(code, P, s)
+        index_put(keys, vals, key, s)
+        policy_fresh(P, s)
+        policy_attach(code, P, s)
     return hits
 
 
@@ -288,5 +313,8 @@ def simulate(trace: np.ndarray, capacity_rows: int, policy: str = "lru") -> int:
     if capacity_rows < 1:
         raise ConfigError(f"capacity_rows={capacity_rows!r} is invalid", "use a cache of at least 1 row")
     t = CacheTier(capacity_rows, policy)
-    return int(_simulate_requests(t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta,
-                                  np.ascontiguousarray(trace, dtype=np.int64)))
+    return int(
+        _simulate_requests(
+            t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta, np.ascontiguousarray(trace, dtype=np.int64)
+        )
+    )

@@ -14,8 +14,8 @@ window's later batches (where a step brought them up for its own batch), so vict
 rows not needed within the window, ordered by the tier's own policy.  Its missing rows
 can be *brought up* later, ``load_ahead`` batches ahead (default 0: by the step): a row
 brought up early is pinned until its batch is done, so loading the whole window at once
-would shrink the room left to the policy by k batches; measured in ``bench/bench_prefetch.py`` that costs more hits than the window
-wins.  When pins would exceed the tier (each ticket may pin at most ``capacity -
+would shrink the room left to the policy by k batches, which costs more hits than the window
+wins (docs/benchmarks.md).  When pins would exceed the tier (each ticket may pin at most ``capacity -
 reserve`` rows) the rows of the *farthest* batches are the ones left below.  The
 step's own spill path answers whatever was not brought up.  Or the thread can *read
 ahead* (``read_ahead`` batches ahead, default 0): the LMDB records of the rows the tiers
@@ -38,9 +38,10 @@ exception on the worker is kept in its ticket and raised as
 that needs those rows); ``close`` joins the thread.
 Prefetch changes where rows are, never their values.
 """
+
 from tiered_emb.prefetch.lookahead import lookahead
 from tiered_emb.prefetch.ticket import Ticket
 from tiered_emb.prefetch.window import Window
 from tiered_emb.prefetch.worker import Prefetcher
 
-__all__ = ["Ticket", "Prefetcher", "Window", "lookahead"]
+__all__ = ["Prefetcher", "Ticket", "Window", "lookahead"]

@@ -1,4 +1,5 @@
 """The loop a trainer writes: iterate its batches with the next ones handed to the store ahead."""
+
 from __future__ import annotations
 
 from tiered_emb.errors import ConfigError, PrefetchError

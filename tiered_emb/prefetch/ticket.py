@@ -1,4 +1,5 @@
 """Ticket: one batch handed to the prefetch window ahead of its step, and what was pinned for it."""
+
 from __future__ import annotations
 
 import threading
@@ -46,9 +47,10 @@ class Ticket:
         """
         self.settle()
         if self.error is not None:
-            raise PrefetchError(f"prefetch of batch {self.seq} failed: {type(self.error).__name__}: {self.error}",
-                                "the rows were not brought up; fix the cause (see __cause__) and retry the step") \
-                from self.error
+            raise PrefetchError(
+                f"prefetch of batch {self.seq} failed: {type(self.error).__name__}: {self.error}",
+                "the rows were not brought up; fix the cause (see __cause__) and retry the step",
+            ) from self.error
 
     def wait_entered(self) -> None:
         """Block until the batch is in the window (its resident rows pinned, under a ``lookahead+`` policy)."""

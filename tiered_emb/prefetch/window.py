@@ -12,6 +12,7 @@ Numba functions that the simulator's batch loop calls too (:mod:`tiered_emb.sim.
 so the simulator's hit rates are those of this code.  Prefetch changes where rows are,
 never their values.
 """
+
 from __future__ import annotations
 
 import numba
@@ -102,7 +103,7 @@ class Window:
         not yet pinned for it (the first ones, within the pin budget)."""
         t = self.res.tables[name]
         slots = t.hbm.find(ticket.uids[name])
-        got = np.flatnonzero(slots >= 0)[:max(self.budget(t), 0)]
+        got = np.flatnonzero(slots >= 0)[: max(self.budget(t), 0)]
         t.hbm.pin(slots[got])
         self.record_pins(ticket, name, got, slots[got])
 
@@ -133,7 +134,7 @@ class Window:
                 if self.res.closed:
                     return
                 t = self.res.tables[name]
-                take = ticket.uids[name][:max(self.budget(t), 0)]
+                take = ticket.uids[name][: max(self.budget(t), 0)]
                 if take.shape[0]:
                     slots, _ = self.res.bring_up(t, take, t.prefetch_counters, force_pin=True)
                     self.record_pins(ticket, name, np.arange(take.shape[0]), slots)

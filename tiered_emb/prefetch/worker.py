@@ -6,6 +6,7 @@ exception on the thread is kept in its ticket and raised as
 :class:`~tiered_emb.errors.PrefetchError` by ``Ticket.wait`` / ``release`` (the step
 that needs those rows); ``close`` joins the thread.
 """
+
 from __future__ import annotations
 
 import queue
@@ -18,7 +19,6 @@ from tiered_emb.errors import ConfigError, PrefetchError
 from tiered_emb.prefetch.ticket import Ticket
 
 _STOP = object()
-
 
 
 class Prefetcher:
@@ -74,8 +74,9 @@ class Prefetcher:
         """ConfigError, before anything changes, unless ``ticket`` came from this store's prefetch()."""
         if getattr(ticket, "owner", None) is not self:
             what = "a ticket of another store" if isinstance(ticket, Ticket) else f"a {type(ticket).__name__}"
-            raise ConfigError(f"{what} was given to this store",
-                              "pass the Ticket this store's prefetch() returned, to the same store")
+            raise ConfigError(
+                f"{what} was given to this store", "pass the Ticket this store's prefetch() returned, to the same store"
+            )
 
     def _put(self, event, job, ticket) -> None:
         if self._thread is None:
@@ -139,9 +140,11 @@ class Prefetcher:
         with self._unpin_error_lock:
             err, self._unpin_error = self._unpin_error, None
         if err is not None:
-            raise PrefetchError(f"unpinning a released batch's rows failed: {type(err).__name__}: {err}",
-                                "its rows may stay pinned, leaving HBM fewer slots; values are unaffected. "
-                                "Checkpoint, close and reopen the store") from err
+            raise PrefetchError(
+                f"unpinning a released batch's rows failed: {type(err).__name__}: {err}",
+                "its rows may stay pinned, leaving HBM fewer slots; values are unaffected. "
+                "Checkpoint, close and reopen the store",
+            ) from err
 
     def drain(self) -> None:
         """Wait until every submitted ticket has been brought up (or failed) and every released one unpinned."""

@@ -9,6 +9,7 @@ followed at once by the peer's run of the same policy and size, and the speedup 
 median of the per-pair ratios: on a shared machine the load drifts, and a pair sees the
 same load.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tiered_emb._args import as_ids, int_arg
 from tiered_emb._progress import progress
 from tiered_emb.errors import ConfigError, MissingExtraError, TraceFileError
 from tiered_emb.sim import traces
-from tiered_emb._args import as_ids, int_arg
 from tiered_emb.sim.compare import libcachesim_hashpower
 from tiered_emb.sim.engine import check_policy, simulate
 from tiered_emb.sim.mrc import lru_curve, opt_curve
@@ -38,7 +39,7 @@ def parse_count(text: str) -> int:
     t = str(text).strip().replace("_", "")
     try:
         if t and t[-1] in _SUFFIX:
-            return int(round(float(t[:-1]) * _SUFFIX[t[-1]]))
+            return round(float(t[:-1]) * _SUFFIX[t[-1]])
         return int(t)
     except (ValueError, OverflowError):  # not a number, NaN, infinity
         raise ConfigError(f"not a count: {text!r}", "write e.g. 20M, 10k or 5000") from None
@@ -62,7 +63,7 @@ def parse_sizes(text: str, universe: int) -> list[tuple[str, int]]:
                 raise ConfigError(f"bad cache size {part!r}", "write e.g. 1% or 5000") from None
             if not (math.isfinite(frac) and frac > 0):
                 raise ConfigError(f"cache size {part!r} is not a positive percentage", "write e.g. 0.1% or 10%")
-            n = max(1, int(round(universe * frac)))  # a positive percentage is at least one object
+            n = max(1, round(universe * frac))  # a positive percentage is at least one object
         else:
             n = parse_count(part)
         if n < 1:
@@ -73,8 +74,16 @@ def parse_sizes(text: str, universe: int) -> list[tuple[str, int]]:
     return out
 
 
-def load_trace(spec: str, ids: int, requests: int, seed: int, *, drift_period: int = 1_000_000,
-               batch: int = 512, pooling: str = "1") -> tuple[np.ndarray, int, str]:
+def load_trace(
+    spec: str,
+    ids: int,
+    requests: int,
+    seed: int,
+    *,
+    drift_period: int = 1_000_000,
+    batch: int = 512,
+    pooling: str = "1",
+) -> tuple[np.ndarray, int, str]:
     """Build or read the trace of ``spec``; returns ``(trace, universe, description)``.
 
     Specs: ``zipf:ALPHA``, ``drift:ALPHA`` (ranking moves every ``drift_period``),
@@ -88,35 +97,43 @@ def load_trace(spec: str, ids: int, requests: int, seed: int, *, drift_period: i
     kind, _, rest = str(spec).partition(":")
     kind = kind.lower()
     if requests < 0:
-        raise ConfigError(f"requests={requests} is negative",
-                          "give a number of requests >= 0 (for a file, 0 reads it all)")
+        raise ConfigError(
+            f"requests={requests} is negative", "give a number of requests >= 0 (for a file, 0 reads it all)"
+        )
     if kind in ("zipf", "drift", "tables"):
         try:
             alphas = [float(a) for a in (rest or "1.0").split(",")]
         except ValueError:
             raise ConfigError(f"bad skew in trace {spec!r}", "write e.g. zipf:1.0 or tables:1.2,0.9") from None
         if not all(math.isfinite(a) and a >= 0 for a in alphas):
-            raise ConfigError(f"bad skew in trace {spec!r}: skews are finite and >= 0",
-                              "write e.g. zipf:1.0 or tables:1.2,0.9")
+            raise ConfigError(
+                f"bad skew in trace {spec!r}: skews are finite and >= 0", "write e.g. zipf:1.0 or tables:1.2,0.9"
+            )
         if ids < 1:
             raise ConfigError(f"ids={ids} is invalid for trace {spec!r}", "give at least 1 id, e.g. --ids 1M")
         if requests < 1:
-            raise ConfigError(f"requests={requests} is invalid for trace {spec!r}",
-                              "give at least 1 request, e.g. --requests 2M")
+            raise ConfigError(
+                f"requests={requests} is invalid for trace {spec!r}", "give at least 1 request, e.g. --requests 2M"
+            )
         if kind == "zipf":
             return traces.zipf_ids(ids, alphas[0], requests, seed), ids, f"Zipf({alphas[0]}) over {ids:,} ids"
         if kind == "drift":
-            return (traces.drift_ids(ids, alphas[0], requests, seed, period=drift_period), ids,
-                    f"drifting Zipf({alphas[0]}) over {ids:,} ids, moving every {drift_period:,}")
+            return (
+                traces.drift_ids(ids, alphas[0], requests, seed, period=drift_period),
+                ids,
+                f"drifting Zipf({alphas[0]}) over {ids:,} ids, moving every {drift_period:,}",
+            )
         try:
             pf = [int(p) for p in str(pooling).split(",")]
         except ValueError:
-            raise ConfigError(f"bad pooling {pooling!r}",
-                              "write one count of ids per sample, or one per table: 1 or 2,1") from None
+            raise ConfigError(
+                f"bad pooling {pooling!r}", "write one count of ids per sample, or one per table: 1 or 2,1"
+            ) from None
         pf = pf * len(alphas) if len(pf) == 1 else pf
         if len(pf) != len(alphas) or min(pf) < 1:
-            raise ConfigError(f"pooling {pooling!r} is invalid for {len(alphas)} tables",
-                              "give one count >= 1, or one per table")
+            raise ConfigError(
+                f"pooling {pooling!r} is invalid for {len(alphas)} tables", "give one count >= 1, or one per table"
+            )
         if batch < 1:
             raise ConfigError(f"batch={batch} is invalid", "give at least 1 sample per batch")
         per_batch = batch * sum(pf)
@@ -144,9 +161,11 @@ def load_trace(spec: str, ids: int, requests: int, seed: int, *, drift_period: i
             raise TraceFileError(f"trace file {path!r} holds no ids", "check the file and the column")
         tr = np.ascontiguousarray(tr)
         return tr, int(np.unique(tr).shape[0]), f"{kind} file {Path(path).name}"
-    raise ConfigError(f"unknown trace {spec!r}",
-                      "use zipf:ALPHA, drift:ALPHA, tables:A1,A2, npy:PATH, csv:PATH[:COL], "
-                      "tsv:PATH[:COL], txt:PATH[:COL], criteo:PATH or oracle:PATH")
+    raise ConfigError(
+        f"unknown trace {spec!r}",
+        "use zipf:ALPHA, drift:ALPHA, tables:A1,A2, npy:PATH, csv:PATH[:COL], "
+        "tsv:PATH[:COL], txt:PATH[:COL], criteo:PATH or oracle:PATH",
+    )
 
 
 def machine_info() -> dict:
@@ -165,11 +184,13 @@ def machine_info() -> dict:
     versions = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
     try:
         from importlib.metadata import version
+
         versions["tiered_emb"] = version("tiered-emb")
     except Exception:  # not installed as a distribution
         versions["tiered_emb"] = "unknown"
     try:
         from importlib.metadata import version
+
         versions["libcachesim"] = version("libcachesim")
     except Exception:
         versions["libcachesim"] = None
@@ -177,8 +198,7 @@ def machine_info() -> dict:
         load = os.getloadavg()
     except OSError:
         load = None
-    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "loadavg": load,
-            "versions": versions}
+    return {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(), "loadavg": load, "versions": versions}
 
 
 def _warm_up(policies: list[str]) -> None:
@@ -188,8 +208,14 @@ def _warm_up(policies: list[str]) -> None:
         simulate(tiny, 2, p)
 
 
-def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list[str], repeats: int = 3,
-                 show_progress: bool = True, peer=None) -> list[dict]:
+def run_policies(
+    trace: np.ndarray,
+    sizes: list[tuple[str, int]],
+    policies: list[str],
+    repeats: int = 3,
+    show_progress: bool = True,
+    peer=None,
+) -> list[dict]:
     """Hits and medians of time for each policy and size; one dict per pair (and engine).
 
     ``peer``, optional, is a callable ``(policy, capacity) -> (seconds, hits)`` or None
@@ -227,26 +253,47 @@ def run_policies(trace: np.ndarray, sizes: list[tuple[str, int]], policies: list
                 if show_progress:
                     progress(done, total, t_start, f"runs ({p}, {label})     ")
             med = statistics.median(secs)
-            row = {"engine": "tiered_emb", "policy": p, "cache": label, "cache_objects": cap, "hits": hits,
-                   "requests": n, "hit_ratio": hits / max(n, 1), "seconds": secs, "median_s": med,
-                   "mreq_per_s": n / med / 1e6}
+            row = {
+                "engine": "tiered_emb",
+                "policy": p,
+                "cache": label,
+                "cache_objects": cap,
+                "hits": hits,
+                "requests": n,
+                "hit_ratio": hits / max(n, 1),
+                "seconds": secs,
+                "median_s": med,
+                "mreq_per_s": n / med / 1e6,
+            }
             if check_policy(p).offline:
                 row["includes_next_use"] = True
             rows.append(row)
             if peer_secs:
-                row["speedups"] = [b / a for a, b in zip(secs, peer_secs)]
+                row["speedups"] = [b / a for a, b in zip(secs, peer_secs, strict=False)]
                 row["speedup_median"] = statistics.median(row["speedups"])
                 pmed = statistics.median(peer_secs)
-                rows.append({"engine": "libcachesim", "policy": p, "cache": label, "cache_objects": cap,
-                             "hits": peer_hits, "requests": n, "hit_ratio": peer_hits / max(n, 1),
-                             "seconds": peer_secs, "median_s": pmed, "mreq_per_s": n / pmed / 1e6,
-                             "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
-                             "same_hits": peer_hits == hits})
+                rows.append(
+                    {
+                        "engine": "libcachesim",
+                        "policy": p,
+                        "cache": label,
+                        "cache_objects": cap,
+                        "hits": peer_hits,
+                        "requests": n,
+                        "hit_ratio": peer_hits / max(n, 1),
+                        "seconds": peer_secs,
+                        "median_s": pmed,
+                        "mreq_per_s": n / pmed / 1e6,
+                        "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
+                        "same_hits": peer_hits == hits,
+                    }
+                )
     return rows
 
 
-def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, opt: bool = True,
-            show_progress: bool = True) -> dict:
+def run_mrc(
+    trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, opt: bool = True, show_progress: bool = True
+) -> dict:
     """The one-pass LRU curve (timed, median of ``repeats``), Belady at ``sizes``, and one LRU
     run at the median size for the time comparison, right after each curve (the ratio is the
     median of the per-pair ratios)."""
@@ -270,19 +317,24 @@ def run_mrc(trace: np.ndarray, sizes: list[tuple[str, int]], repeats: int = 3, o
     if h != int(curve.hits[min(mid[1], curve.distinct_ids)]):
         raise RuntimeError("the LRU curve disagrees with the LRU simulation")  # tested; never expected
     caps = [c for _, c in sizes]
-    out = {"requests": int(trace.shape[0]), "distinct_ids": curve.distinct_ids,
-           "lru_curve_seconds": secs, "lru_curve_median_s": statistics.median(secs),
-           "one_lru_run": {"cache": mid[0], "cache_objects": mid[1], "seconds": one,
-                           "median_s": statistics.median(one)},
-           "curve_over_one_lru_median": statistics.median(a / b for a, b in zip(secs, one)),
-           "sizes": [{"cache": lab, "cache_objects": c,
-                      "lru_hit_ratio": float(curve.hit_ratio[min(c, curve.distinct_ids)])} for lab, c in sizes],
-           "lru_curve_sampled": _sample_curve(curve)}
+    out = {
+        "requests": int(trace.shape[0]),
+        "distinct_ids": curve.distinct_ids,
+        "lru_curve_seconds": secs,
+        "lru_curve_median_s": statistics.median(secs),
+        "one_lru_run": {"cache": mid[0], "cache_objects": mid[1], "seconds": one, "median_s": statistics.median(one)},
+        "curve_over_one_lru_median": statistics.median(a / b for a, b in zip(secs, one, strict=False)),
+        "sizes": [
+            {"cache": lab, "cache_objects": c, "lru_hit_ratio": float(curve.hit_ratio[min(c, curve.distinct_ids)])}
+            for lab, c in sizes
+        ],
+        "lru_curve_sampled": _sample_curve(curve),
+    }
     if opt:
         t0 = time.perf_counter()
         oc = opt_curve(trace, caps)
         out["opt_seconds"] = time.perf_counter() - t0
-        for row, hits in zip(out["sizes"], oc.at([c for _, c in sizes])):
+        for row, hits in zip(out["sizes"], oc.at([c for _, c in sizes]), strict=False):
             row["opt_hit_ratio"] = float(hits / max(oc.requests, 1))
     return out
 
@@ -305,13 +357,17 @@ def format_table(rows: list[dict]) -> str:
         head += f" | {'libCacheSim':>11} {'Mreq/s':>7} {'speedup':>7} {'same hits':>9}"
     lines = [head, "-" * len(head)]
     for r in ours:
-        line = (f"{r['policy']:<10} {r['cache']:>8} {r['cache_objects']:>10,} {r['hit_ratio']:>9.4f} "
-                f"{r['mreq_per_s']:>7.1f}")
+        line = (
+            f"{r['policy']:<10} {r['cache']:>8} {r['cache_objects']:>10,} {r['hit_ratio']:>9.4f} "
+            f"{r['mreq_per_s']:>7.1f}"
+        )
         t = theirs.get((r["policy"], r["cache_objects"]))
         if t is not None:
             speedup = r.get("speedup_median", r["mreq_per_s"] / t["mreq_per_s"])
-            line += (f" | {t['hit_ratio']:>11.4f} {t['mreq_per_s']:>7.1f} "
-                     f"{speedup:>6.1f}x {('yes' if t['hits'] == r['hits'] else 'no'):>9}")
+            line += (
+                f" | {t['hit_ratio']:>11.4f} {t['mreq_per_s']:>7.1f} "
+                f"{speedup:>6.1f}x {('yes' if t['hits'] == r['hits'] else 'no'):>9}"
+            )
         elif theirs:
             line += f" | {'-':>11} {'-':>7} {'-':>7} {'-':>9}"
         lines.append(line)
@@ -336,8 +392,10 @@ def check_output(path, flag: str) -> None:
     while not a.exists() and a != a.parent:
         a = a.parent
     if not a.is_dir() or not os.access(a, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {str(p)!r} cannot be written ({str(a)!r} is not a writable directory)",
-                          f"give {flag} a path in a writable directory")
+        raise ConfigError(
+            f"{flag} {str(p)!r} cannot be written ({str(a)!r} is not a writable directory)",
+            f"give {flag} a path in a writable directory",
+        )
 
 
 def _write(path: Path, write, flag: str) -> None:
@@ -345,8 +403,10 @@ def _write(path: Path, write, flag: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write(path)
     except (OSError, ValueError) as err:  # ValueError: an image format matplotlib does not know
-        raise ConfigError(f"cannot write {flag} {str(path)!r}: {getattr(err, 'strerror', None) or err}",
-                          f"give {flag} a path in a writable directory") from None
+        raise ConfigError(
+            f"cannot write {flag} {str(path)!r}: {getattr(err, 'strerror', None) or err}",
+            f"give {flag} a path in a writable directory",
+        ) from None
 
 
 def write_json(path, payload: dict) -> None:
@@ -357,11 +417,13 @@ def write_json(path, payload: dict) -> None:
 def _pyplot():
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
-        raise MissingExtraError("plotting needs matplotlib, which is not installed",
-                                "pip install 'tiered-emb[bench]' (or drop --plot)") from err
+        raise MissingExtraError(
+            "plotting needs matplotlib, which is not installed", "pip install 'tiered-emb[bench]' (or drop --plot)"
+        ) from err
     return plt
 
 
@@ -377,8 +439,14 @@ def plot_policies(rows: list[dict], path, title: str, mrc: dict | None = None) -
         for p in dict.fromkeys(r["policy"] for r in sel):
             pts = sorted((r["cache_objects"], r["hit_ratio"]) for r in sel if r["policy"] == p)
             label = p if engine == "tiered_emb" else f"{p} (libCacheSim)"
-            ax.plot([a for a, _ in pts], [b for _, b in pts], marker=marker, ms=4, label=label,
-                    ls="-" if engine == "tiered_emb" else "none")
+            ax.plot(
+                [a for a, _ in pts],
+                [b for _, b in pts],
+                marker=marker,
+                ms=4,
+                label=label,
+                ls="-" if engine == "tiered_emb" else "none",
+            )
     ax.set_xscale("log")
     ax.set_xlabel("cache size (objects)")
     ax.set_ylabel("hit ratio")

@@ -9,6 +9,7 @@ Which policy, how big a tier, on my id stream?  For example::
         --cache 0.1%,1%,10% --json mrc.json --plot mrc.png
     tiered-emb bench lookahead --trace zipf:0.9 --cache 1%,10% --step-requests 1024 --window 4
 """
+
 from __future__ import annotations
 
 import time
@@ -19,14 +20,21 @@ from tiered_emb.sim.engine import check_policy
 
 
 def _common(p) -> None:
-    p.add_argument("--trace", default="zipf:1.0",
-                   help="zipf:ALPHA | drift:ALPHA | tables:A1,A2,.. | npy:PATH | csv:PATH[:COL] | "
-                        "tsv:PATH[:COL] | txt:PATH[:COL] | criteo:PATH | oracle:PATH (default zipf:1.0)")
+    p.add_argument(
+        "--trace",
+        default="zipf:1.0",
+        help="zipf:ALPHA | drift:ALPHA | tables:A1,A2,.. | npy:PATH | csv:PATH[:COL] | "
+        "tsv:PATH[:COL] | txt:PATH[:COL] | criteo:PATH | oracle:PATH (default zipf:1.0)",
+    )
     p.add_argument("--ids", default="1M", help="distinct ids of synthetic traces, per table (default 1M)")
-    p.add_argument("--requests", default="2M",
-                   help="requests of synthetic traces; a cap for files, 0 for none (default 2M)")
-    p.add_argument("--cache", default="0.1%,1%,10%",
-                   help="cache sizes: percentages of the ids (of distinct ids for files) or object counts")
+    p.add_argument(
+        "--requests", default="2M", help="requests of synthetic traces; a cap for files, 0 for none (default 2M)"
+    )
+    p.add_argument(
+        "--cache",
+        default="0.1%,1%,10%",
+        help="cache sizes: percentages of the ids (of distinct ids for files) or object counts",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drift-period", default="1M", help="drift: requests between two moves of the ranking")
     p.add_argument("--batch", type=int, default=512, help="tables: samples per batch")
@@ -42,13 +50,20 @@ def add_parser(sub) -> None:
     bsub = b.add_subparsers(dest="bench_command", required=True)
     p = bsub.add_parser("policies", help="hit ratio and speed of each policy at each cache size")
     _common(p)
-    p.add_argument("--policies", default="lru,lfu,fifo,sieve,s3fifo,arc,belady",
-                   help="comma-separated: " + ",".join(__import__("tiered_emb.sim.engine",
-                                                                  fromlist=["SIM_POLICIES"]).SIM_POLICIES))
+    p.add_argument(
+        "--policies",
+        default="lru,lfu,fifo,sieve,s3fifo,arc,belady",
+        help="comma-separated: "
+        + ",".join(__import__("tiered_emb.sim.engine", fromlist=["SIM_POLICIES"]).SIM_POLICIES),
+    )
     p.add_argument("--compare", choices=["libcachesim"], help="run the same trace through libCacheSim too")
-    p.add_argument("--libcachesim-table", choices=["sized", "default"], default="sized",
-                   help="libCacheSim's hash tables: sized to each cache (default; its best setting) or its "
-                        "binding's default (16M buckets)")
+    p.add_argument(
+        "--libcachesim-table",
+        choices=["sized", "default"],
+        default="sized",
+        help="libCacheSim's hash tables: sized to each cache (default; its best setting) or its "
+        "binding's default (16M buckets)",
+    )
     p.set_defaults(func=run_policies_cmd)
     m = bsub.add_parser("mrc", help="exact LRU miss-ratio curve (every size, one pass) and Belady's")
     _common(m)
@@ -58,8 +73,12 @@ def add_parser(sub) -> None:
     _common(la)
     la.add_argument("--step-requests", type=int, default=1024, help="requests per training batch (default 1024)")
     la.add_argument("--window", type=int, default=4, help="lookahead window k, in batches (default 4)")
-    la.add_argument("--load-ahead", type=int, default=0,
-                    help="batches ahead whose rows are brought up (default 0: the window only protects)")
+    la.add_argument(
+        "--load-ahead",
+        type=int,
+        default=0,
+        help="batches ahead whose rows are brought up (default 0: the window only protects)",
+    )
     la.set_defaults(func=run_lookahead_cmd)
 
 
@@ -72,8 +91,10 @@ def _check_args(args) -> None:
     for flag, value in (("--ids", args.ids), ("--requests", args.requests), ("--drift-period", args.drift_period)):
         n = bench.parse_count(value)
         if n < (0 if flag == "--requests" else 1):
-            raise ConfigError(f"{flag} {value} is invalid",
-                              "give a count >= 0 (0: all of a file)" if flag == "--requests" else "give a count >= 1")
+            raise ConfigError(
+                f"{flag} {value} is invalid",
+                "give a count >= 0 (0: all of a file)" if flag == "--requests" else "give a count >= 1",
+            )
     bench.parse_sizes(args.cache, 1)  # the syntax (percentages need the trace's universe)
     for flag in ("json", "plot"):
         if getattr(args, flag):
@@ -82,16 +103,24 @@ def _check_args(args) -> None:
         if args.step_requests < 1:
             raise ConfigError(f"--step-requests {args.step_requests} is invalid", "give at least 1 request per batch")
         if args.window < 0 or not 0 <= args.load_ahead <= args.window:
-            raise ConfigError(f"--window {args.window} --load-ahead {args.load_ahead} are invalid",
-                              "give --window >= 0 and 0 <= --load-ahead <= --window")
+            raise ConfigError(
+                f"--window {args.window} --load-ahead {args.load_ahead} are invalid",
+                "give --window >= 0 and 0 <= --load-ahead <= --window",
+            )
 
 
 def _load(args):
     _check_args(args)
     t0 = time.perf_counter()
-    trace, universe, desc = bench.load_trace(args.trace, bench.parse_count(args.ids), bench.parse_count(args.requests),
-                                             args.seed, drift_period=bench.parse_count(args.drift_period),
-                                             batch=args.batch, pooling=args.pooling)
+    trace, universe, desc = bench.load_trace(
+        args.trace,
+        bench.parse_count(args.ids),
+        bench.parse_count(args.requests),
+        args.seed,
+        drift_period=bench.parse_count(args.drift_period),
+        batch=args.batch,
+        pooling=args.pooling,
+    )
     sizes = bench.parse_sizes(args.cache, universe)
     if not args.no_progress:
         bench.print_err(f"trace: {desc}, {trace.shape[0]:,} requests ({time.perf_counter() - t0:.1f} s)")
@@ -99,9 +128,16 @@ def _load(args):
 
 
 def _header(args, trace, universe, desc) -> dict:
-    return {"command": vars(args).get("bench_command"), "trace": args.trace, "description": desc,
-            "requests": int(trace.shape[0]), "universe_ids": universe, "seed": args.seed,
-            "repeats": args.repeats, "machine": bench.machine_info()}
+    return {
+        "command": vars(args).get("bench_command"),
+        "trace": args.trace,
+        "description": desc,
+        "requests": int(trace.shape[0]),
+        "universe_ids": universe,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "machine": bench.machine_info(),
+    }
 
 
 def _plot(fn, *a) -> None:
@@ -122,6 +158,7 @@ def run_policies_cmd(args) -> int:
     rows = None
     if args.compare == "libcachesim":
         from tiered_emb.sim.compare import libcachesim_peer
+
         try:
             with libcachesim_peer(trace, table=args.libcachesim_table) as peer:  # each run right after ours
                 rows = bench.run_policies(trace, sizes, policies, args.repeats, show_progress=show, peer=peer)
@@ -147,8 +184,16 @@ def run_lookahead_cmd(args) -> int:
     for r in rows:
         print(f"{r['cache']:>8} {r['cache_objects']:>10,}  {r['policy']:<36} {r['hit_ratio']:>8.4f}")
     if args.json:
-        bench.write_json(args.json, {**_header(args, trace, universe, desc), "step_requests": args.step_requests,
-                                     "window": args.window, "load_ahead": args.load_ahead, "results": rows})
+        bench.write_json(
+            args.json,
+            {
+                **_header(args, trace, universe, desc),
+                "step_requests": args.step_requests,
+                "window": args.window,
+                "load_ahead": args.load_ahead,
+                "results": rows,
+            },
+        )
     return 0
 
 
@@ -156,8 +201,10 @@ def run_mrc_cmd(args) -> int:
     trace, universe, desc, sizes = _load(args)
     mrc = bench.run_mrc(trace, sizes, args.repeats, opt=not args.no_opt, show_progress=not args.no_progress)
     one = mrc["one_lru_run"]
-    print(f"LRU curve, every size up to {mrc['distinct_ids']:,} objects: {mrc['lru_curve_median_s']:.2f} s "
-          f"(one LRU run at {one['cache']}: {one['median_s']:.2f} s)")
+    print(
+        f"LRU curve, every size up to {mrc['distinct_ids']:,} objects: {mrc['lru_curve_median_s']:.2f} s "
+        f"(one LRU run at {one['cache']}: {one['median_s']:.2f} s)"
+    )
     head = f"{'cache':>8} {'objects':>10} {'LRU hit':>8} {'OPT hit':>8}"
     print(head + "\n" + "-" * len(head))
     for r in mrc["sizes"]:

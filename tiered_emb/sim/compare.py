@@ -5,6 +5,7 @@ next-access times for Belady) and each cache runs it with ``process_trace``, lib
 own C loop: the fastest path its Python binding offers.  Cache sizes are object counts
 (``obj_size = 1``), so a size means the same thing on both sides.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,7 +20,6 @@ from tiered_emb.errors import ConfigError, MissingExtraError
 from tiered_emb.sim.engine import check_policy
 from tiered_emb.sim.traces import write_oracle_general
 
-
 _S3FIFO_MIN_OBJECTS = 20
 
 
@@ -27,8 +27,10 @@ def import_libcachesim():
     try:
         import libcachesim
     except ImportError as err:
-        raise MissingExtraError("--compare libcachesim needs the libcachesim package, which is not installed",
-                                "pip install 'tiered-emb[bench]'") from err
+        raise MissingExtraError(
+            "--compare libcachesim needs the libcachesim package, which is not installed",
+            "pip install 'tiered-emb[bench]'",
+        ) from err
     return libcachesim
 
 
@@ -60,7 +62,7 @@ def _serve(path: str, n: int, table: str) -> None:
         miss_ratio, _ = cache.process_trace(reader)
         secs = time.perf_counter() - t0
         del cache, reader
-        sys.stdout.write(f"{secs!r} {n - int(round(miss_ratio * n))}\n")
+        sys.stdout.write(f"{secs!r} {n - round(miss_ratio * n)}\n")
         sys.stdout.flush()
 
 
@@ -85,8 +87,12 @@ def libcachesim_peer(trace: np.ndarray, workdir=None, table: str = "sized"):
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / "trace.oracleGeneral"
         write_oracle_general(path, trace)
-        proc = subprocess.Popen([sys.executable, "-m", "tiered_emb.sim.compare", str(path), str(n), table],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tiered_emb.sim.compare", str(path), str(n), table],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
         def run(policy: str, cap: int):
             name = check_policy(policy).libcachesim

@@ -8,25 +8,26 @@ that make the same decisions as the store's, which ``SimPolicy.twin`` names and
 ``tests/cache/test_policy_contract.py`` checks request by request; ``lru-store`` /
 ``lfu-store`` run the store's own kernel (:func:`tiered_emb.cache.slots.simulate`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-from tiered_emb.errors import ConfigError
 from tiered_emb._args import as_ids, check_nonneg, int_arg
 from tiered_emb.cache.slots import simulate as _store_simulate
+from tiered_emb.errors import ConfigError
 from tiered_emb.sim import policies as _p
 
 
 @dataclass(frozen=True)
 class SimPolicy:
     summary: str
-    run: Callable            # (trace, capacity, hit_flags, index=, max_id=) -> hits
+    run: Callable  # (trace, capacity, hit_flags, index=, max_id=) -> hits
     libcachesim: str | None  # class name in the libcachesim package, or None
-    offline: bool = False    # needs the future (next-use array)
+    offline: bool = False  # needs the future (next-use array)
     twin: str | None = None  # the store policy (a key of cache.policies.POLICIES) it decides as
 
 
@@ -35,20 +36,23 @@ def _store(name):
         if hit_flags.shape[0]:
             raise ConfigError(f"policy {name + '-store'!r} does not record hit flags", f"use {name!r}")
         return _store_simulate(trace, capacity, name)
+
     return run
 
 
 SIM_POLICIES: dict[str, SimPolicy] = {
     "lru": SimPolicy("least recently used (twin of the store's LRU)", _p.lru_hits, "LRU", twin="lru"),
-    "lfu": SimPolicy("fewest uses since admission, then least recent (twin of the store's LFU)", _p.lfu_hits, "LFU",
-                     twin="lfu"),
+    "lfu": SimPolicy(
+        "fewest uses since admission, then least recent (twin of the store's LFU)", _p.lfu_hits, "LFU", twin="lfu"
+    ),
     "fifo": SimPolicy("first in, first out", _p.fifo_hits, "FIFO"),
     "clock": SimPolicy("FIFO with a reference bit (second chance)", _p.clock_hits, "Clock"),
     "sieve": SimPolicy("SIEVE: visited bit, hand from old to new, no reordering", _p.sieve_hits, "Sieve"),
     "s3fifo": SimPolicy("S3-FIFO: small + main FIFO + ghost ids", _p.s3fifo_hits, "S3FIFO"),
     "arc": SimPolicy("ARC: adaptive split of recency and frequency lists with ghosts", _p.arc_hits, "ARC"),
-    "belady": SimPolicy("Belady's MIN (offline optimum): evict the farthest next use", _p.belady_hits,
-                        "Belady", offline=True),
+    "belady": SimPolicy(
+        "Belady's MIN (offline optimum): evict the farthest next use", _p.belady_hits, "Belady", offline=True
+    ),
     "lru-store": SimPolicy("the store's LRU kernel itself (slower; a cross-check)", _store("lru"), "LRU", twin="lru"),
     "lfu-store": SimPolicy("the store's LFU kernel itself (slower; a cross-check)", _store("lfu"), "LFU", twin="lfu"),
 }
@@ -62,8 +66,15 @@ def check_policy(name: str) -> SimPolicy:
         raise ConfigError(f"unknown policy {name!r}", f"choose from {', '.join(SIM_POLICIES)}") from None
 
 
-def simulate(trace: np.ndarray, capacity: int, policy: str = "lru", *, hit_flags: bool = False,
-             next_use: np.ndarray | None = None, index: str = "auto"):
+def simulate(
+    trace: np.ndarray,
+    capacity: int,
+    policy: str = "lru",
+    *,
+    hit_flags: bool = False,
+    next_use: np.ndarray | None = None,
+    index: str = "auto",
+):
     """Hits of ``policy`` with a cache of ``capacity`` objects on ``trace``.
 
     Parameters
@@ -132,12 +143,16 @@ def _checked_next_use(trace: np.ndarray, next_use, max_id: int) -> np.ndarray:
     n = trace.shape[0]
     nu = np.asarray(next_use)
     if nu.ndim != 1 or nu.shape[0] != n or (n and nu.dtype.kind not in "iu"):
-        raise ConfigError(f"next_use has dtype {nu.dtype} and shape {nu.shape}, the trace {n} requests",
-                          "pass next_use_of(trace) (integers, one per request) or leave next_use out")
+        raise ConfigError(
+            f"next_use has dtype {nu.dtype} and shape {nu.shape}, the trace {n} requests",
+            "pass next_use_of(trace) (integers, one per request) or leave next_use out",
+        )
     expect = _p.next_use_of(trace, np.int32 if n < 2**31 else np.int64, max_id)
     if not np.array_equal(nu, expect):
         i = int(np.flatnonzero(nu != expect)[0])
-        raise ConfigError(f"next_use[{i}] is {int(nu[i])}, but the next request of id {int(trace[i])} after "
-                          f"position {i} is at {int(expect[i])} ({n} if none)",
-                          "pass next_use_of(trace) of this very trace, or leave next_use out")
+        raise ConfigError(
+            f"next_use[{i}] is {int(nu[i])}, but the next request of id {int(trace[i])} after "
+            f"position {i} is at {int(expect[i])} ({n} if none)",
+            "pass next_use_of(trace) of this very trace, or leave next_use out",
+        )
     return expect

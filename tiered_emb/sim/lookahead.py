@@ -28,6 +28,7 @@ A *miss* of a tier is a row brought into it on behalf of a batch, whether by the
 prefetch thread or by the step: prefetch hides the latency of a miss, it does not
 remove it.  Hit rate = 1 - misses / unique ids per batch, summed over batches.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,14 +36,14 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from tiered_emb.errors import ConfigError
-from tiered_emb.cache.index import _index_del, _index_find, _index_put, new_index
-from tiered_emb.step.plan import _dedupe
-from tiered_emb.cache.policies import POLICIES
-from tiered_emb.cache.slots import CacheTier, _cache_admit, _cache_pin, _cache_release, _cache_resolve_new, _cache_take
 from tiered_emb._args import as_ids, check_nonneg, int_arg
+from tiered_emb.cache.index import index_del, index_find, index_put, new_index
+from tiered_emb.cache.policies import POLICIES
+from tiered_emb.cache.slots import CacheTier, cache_admit, cache_pin, cache_release, cache_resolve_new, cache_take
+from tiered_emb.errors import ConfigError
 from tiered_emb.prefetch.window import pin_budget, repin_due
 from tiered_emb.sim.policies import id_range, next_use_of
+from tiered_emb.step.plan import dedupe_into
 
 
 @numba.njit(cache=True)
@@ -56,7 +57,7 @@ def _batch_uniques(trace, batch_size, uids, boff):
     for b in range(nb):
         lo = b * batch_size
         hi = min(n, lo + batch_size)
-        k = _dedupe(trace[lo:hi], uids[w:], inverse[:hi - lo])
+        k = dedupe_into(trace[lo:hi], uids[w:], inverse[: hi - lo])
         w += k
         boff[b + 1] = w
     return w
@@ -92,7 +93,7 @@ def _first_repeating_batch(uids, boff):
     inverse = np.empty(most, dtype=np.int64)
     for b in range(nb):
         lo, hi = boff[b], boff[b + 1]
-        if hi > lo and _dedupe(uids[lo:hi], uniq, inverse[:hi - lo]) != hi - lo:
+        if hi > lo and dedupe_into(uids[lo:hi], uniq, inverse[: hi - lo]) != hi - lo:
             return b
     return -1
 
@@ -106,17 +107,21 @@ def _checked_batches(uids, boff) -> tuple[np.ndarray, np.ndarray]:
         check_nonneg(id_range(uids)[0], "uids")
     b = np.asarray(boff)
     if b.ndim != 1 or b.shape[0] < 1 or b.dtype.kind not in "iu":
-        raise ConfigError(f"boff has dtype {b.dtype} and shape {b.shape}",
-                          "pass the (uids, boff) of batch_uniques(trace, batch_size)")
+        raise ConfigError(
+            f"boff has dtype {b.dtype} and shape {b.shape}", "pass the (uids, boff) of batch_uniques(trace, batch_size)"
+        )
     b = np.ascontiguousarray(b, dtype=np.int64)
     if int(b[0]) != 0 or int(b[-1]) != uids.shape[0] or bool(np.any(b[1:] < b[:-1])):
-        raise ConfigError(f"boff (from {int(b[0])} to {int(b[-1])}) does not cut {uids.shape[0]} uids into batches",
-                          "pass the (uids, boff) of batch_uniques(trace, batch_size)")
+        raise ConfigError(
+            f"boff (from {int(b[0])} to {int(b[-1])}) does not cut {uids.shape[0]} uids into batches",
+            "pass the (uids, boff) of batch_uniques(trace, batch_size)",
+        )
     if uids.shape[0]:
         rep = _first_repeating_batch(uids, b)
         if rep >= 0:
-            raise ConfigError(f"batch {rep} repeats an id",
-                              "pass each batch's distinct ids: batch_uniques(trace, batch_size)")
+            raise ConfigError(
+                f"batch {rep} repeats an id", "pass each batch's distinct ids: batch_uniques(trace, batch_size)"
+            )
     return uids, b
 
 
@@ -136,8 +141,9 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
     admitted to DDR.  ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
     (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec) = d
-    slots, miss_idx, _, vids, vdirty, n_vic, pinned = _cache_resolve_new(
-        code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin)
+    slots, miss_idx, _, vids, vdirty, n_vic, pinned = cache_resolve_new(
+        code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin
+    )
     if n_vic < 0:
         raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out
     n_miss = miss_idx.shape[0]
@@ -146,12 +152,40 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
         miss_ids = ids[miss_idx]
         found = np.empty(n_miss, dtype=np.uint8)
         out_dirty = np.empty(n_miss, dtype=np.uint8)
-        cnt[1] += _cache_take(code, dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec, miss_ids,
-                              scratch[:n_miss], out_dirty, found)
+        cnt[1] += cache_take(
+            code,
+            dP,
+            dkeys,
+            dvals,
+            dslot_ids,
+            ddirty,
+            dpins,
+            dfree,
+            dfmeta,
+            drec,
+            miss_ids,
+            scratch[:n_miss],
+            out_dirty,
+            found,
+        )
     if n_vic > 0:
         ev_ids = np.empty(n_vic, dtype=np.int64)
-        _cache_admit(code, dP, dkeys, dvals, dslot_ids, ddirty, dfree, dfmeta, drec, vids,
-                     scratch[:n_vic], vdirty, ev_ids, scratch[:n_vic])
+        cache_admit(
+            code,
+            dP,
+            dkeys,
+            dvals,
+            dslot_ids,
+            ddirty,
+            dfree,
+            dfmeta,
+            drec,
+            vids,
+            scratch[:n_vic],
+            vdirty,
+            ev_ids,
+            scratch[:n_vic],
+        )
     return slots, pinned
 
 
@@ -162,17 +196,17 @@ def _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap, uids, boff, j, tic
     budget = pin_budget(cap, hfmeta[2])
     n0 = tlen[j]
     n_t = n0
-    ts = ticket_slots[boff[j]:boff[j + 1]]
+    ts = ticket_slots[boff[j] : boff[j + 1]]
     for i in range(boff[j], boff[j + 1]):
         if n_t - n0 >= budget:
             break
         if not in_ticket[i]:
-            s = _index_find(hkeys, hvals, uids[i])
+            s = index_find(hkeys, hvals, uids[i])
             if s >= 0:
                 ts[n_t] = s
                 in_ticket[i] = True
                 n_t += 1
-    _cache_pin(code, hP, hpins, hfmeta, ts[n0:n_t])
+    cache_pin(code, hP, hpins, hfmeta, ts[n0:n_t])
     tlen[j] = n_t
 
 
@@ -185,7 +219,7 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     batch ``t + load`` is brought up (its other rows, within the pin
     budget).  ``counts`` int64 (nb, 3) receives per batch: [unique ids, HBM misses, DDR hits].
     """
-    (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
+    (hP, hkeys, hvals, _hslot_ids, _hdirty, hpins, _hfree, hfmeta) = h
     nb = boff.shape[0] - 1
     cap = hfmeta[1]
     scratch = np.empty((max(1, uids.shape[0]), 0), dtype=np.float32)
@@ -211,36 +245,36 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
         j = t + load  # batch brought up before step t
         if load > 0 and 0 <= j < nb:
             budget = pin_budget(cap, hfmeta[2])
-            idx = np.flatnonzero(~in_ticket[boff[j]:boff[j + 1]])[:max(budget, 0)] + boff[j]
+            idx = np.flatnonzero(~in_ticket[boff[j] : boff[j + 1]])[: max(budget, 0)] + boff[j]
             take = uids[idx]
             in_ticket[idx] = True
             if take.shape[0] > 0:
                 cnt[:] = 0
                 slots, _ = _resolve_counted(h, d, code, take, True, cnt, scratch)
                 n_t = tlen[j]
-                ticket_slots[boff[j] + n_t:boff[j] + n_t + slots.shape[0]] = slots
+                ticket_slots[boff[j] + n_t : boff[j] + n_t + slots.shape[0]] = slots
                 tlen[j] = n_t + slots.shape[0]
                 counts[j, 1] += cnt[0]
                 counts[j, 2] += cnt[1]
         if t < 0:
             continue
         # Step t: Resolver.chunks over the batch, by unpinned capacity.
-        u = uids[boff[t]:boff[t + 1]]
+        u = uids[boff[t] : boff[t + 1]]
         counts[t, 0] = u.shape[0]
         free_cap = cap - hfmeta[2]
         if free_cap < 1:
             return -1
         cnt[:] = 0
         for start in range(0, u.shape[0], free_cap):
-            chunk = u[start:start + free_cap]
+            chunk = u[start : start + free_cap]
             slots, pinned = _resolve_counted(h, d, code, chunk, False, cnt, scratch)
             if pinned:
-                _cache_release(code, hP, hpins, hfmeta, slots)
+                cache_release(code, hP, hpins, hfmeta, slots)
         step_placed = step_placed or cnt[0] > 0
         counts[t, 1] += cnt[0]
         counts[t, 2] += cnt[1]
         if tlen[t] > 0:
-            _cache_release(code, hP, hpins, hfmeta, ticket_slots[boff[t]:boff[t] + tlen[t]])
+            cache_release(code, hP, hpins, hfmeta, ticket_slots[boff[t] : boff[t] + tlen[t]])
     return 0
 
 
@@ -270,8 +304,15 @@ def _tier_arrays(tier: CacheTier, records: bool):
     return base
 
 
-def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = "lru", window: int = 0,
-               ddr_rows: int = 0, load_ahead: int | None = None) -> TierHits:
+def store_hits(
+    uids: np.ndarray,
+    boff: np.ndarray,
+    hbm_rows: int,
+    policy: str = "lru",
+    window: int = 0,
+    ddr_rows: int = 0,
+    load_ahead: int | None = None,
+) -> TierHits:
     """Hits of the store's HBM and DDR tiers on batches ``(uids, boff)`` (see :func:`batch_uniques`).
 
     Parameters
@@ -293,8 +334,10 @@ def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = 
     ddr_rows = int_arg("ddr_rows", ddr_rows, hint="use ddr_rows >= 0 (an int)")
     window = int_arg("window", window, hint="use window >= 0 (an int)")
     if hbm_rows < 2 or ddr_rows < 0 or window < 0:
-        raise ConfigError(f"hbm_rows={hbm_rows}, ddr_rows={ddr_rows}, window={window} are invalid",
-                          "use hbm_rows >= 2, ddr_rows >= 0, window >= 0")
+        raise ConfigError(
+            f"hbm_rows={hbm_rows}, ddr_rows={ddr_rows}, window={window} are invalid",
+            "use hbm_rows >= 2, ddr_rows >= 0, window >= 0",
+        )
     load = window if load_ahead is None else int_arg("load_ahead", load_ahead, hint="use 0 <= load_ahead <= window")
     if not 0 <= load <= window:
         raise ConfigError(f"load_ahead={load_ahead} is invalid for window={window}", "use 0 <= load_ahead <= window")
@@ -305,11 +348,22 @@ def store_hits(uids: np.ndarray, boff: np.ndarray, hbm_rows: int, policy: str = 
     hbm = CacheTier(_no_eviction_rows(hbm_rows, uids.shape[0]), policy)
     ddr = CacheTier(_no_eviction_rows(ddr_rows, uids.shape[0]), policy)
     counts = np.zeros((boff.shape[0] - 1, 3), dtype=np.int64)
-    rc = _store_lookahead(_tier_arrays(hbm, False), _tier_arrays(ddr, True), POLICIES[policy].code,
-                          POLICIES[policy].lookahead, window, load, uids, boff, counts)
+    rc = _store_lookahead(
+        _tier_arrays(hbm, False),
+        _tier_arrays(ddr, True),
+        POLICIES[policy].code,
+        POLICIES[policy].lookahead,
+        window,
+        load,
+        uids,
+        boff,
+        counts,
+    )
     if rc != 0:
-        raise ConfigError(f"every HBM row is pinned (hbm_rows={hbm_rows}, window={window})",
-                          "give HBM more rows or use a smaller window")
+        raise ConfigError(
+            f"every HBM row is pinned (hbm_rows={hbm_rows}, window={window})",
+            "give HBM more rows or use a smaller window",
+        )
     lookups, misses, ddr_hits = (int(x) for x in counts.sum(axis=0))
     return TierHits(lookups, lookups - misses, misses, ddr_hits)
 
@@ -360,13 +414,13 @@ def _window_belady(uids, boff, next_use, k, capacity, by_count, keys, vals, slot
         lo_b = 0 if t == 0 else t + k
         for j in range(lo_b, min(t + k + 1, nb)):
             for p in range(boff[j], boff[j + 1]):
-                s = _index_find(keys, vals, uids[p])
+                s = index_find(keys, vals, uids[p])
                 if s >= 0 and due[s] >= _INF and nu[s] == p:
                     due[s] = p
                     _reheap(heap, hpos, due, s, used)
         for p in range(boff[t], boff[t + 1]):
             key = uids[p]
-            s = _index_find(keys, vals, key)
+            s = index_find(keys, vals, key)
             if s >= 0:
                 hits += 1
                 count[s] += 1
@@ -376,15 +430,15 @@ def _window_belady(uids, boff, next_use, k, capacity, by_count, keys, vals, slot
                 hpos[s] = used
                 used += 1
                 slot_ids[s] = key
-                _index_put(keys, vals, key, s)
+                index_put(keys, vals, key, s)
                 count[s] = 1
             else:
                 s = heap[0]
                 if due[s] == _HELD:
                     return -1  # the batch alone exceeds the capacity
-                _index_del(keys, vals, slot_ids[s])
+                index_del(keys, vals, slot_ids[s])
                 slot_ids[s] = key
-                _index_put(keys, vals, key, s)
+                index_put(keys, vals, key, s)
                 count[s] = 1
             due[s] = _HELD
             nu[s] = next_use[p]
@@ -392,7 +446,7 @@ def _window_belady(uids, boff, next_use, k, capacity, by_count, keys, vals, slot
             _reheap(heap, hpos, due, s, used)
         end = boff[min(t + k + 2, nb)]  # the window of the next step
         for p in range(boff[t], boff[t + 1]):
-            s = _index_find(keys, vals, uids[p])
+            s = index_find(keys, vals, uids[p])
             if nu[s] < end:
                 due[s] = nu[s]
             elif by_count:  # fewest uses since admission first, then least recent (the store's LFU)
@@ -419,8 +473,10 @@ def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window
     capacity = int_arg("capacity", capacity, hint="use capacity >= 1 (an int)")
     window = int_arg("window", window, hint="use window >= 0 (an int)")
     if capacity < 1 or window < 0 or ties not in ("lru", "lfu"):
-        raise ConfigError(f"capacity={capacity}, window={window}, ties={ties!r} are invalid",
-                          "use capacity >= 1, window >= 0, ties 'lru' or 'lfu'")
+        raise ConfigError(
+            f"capacity={capacity}, window={window}, ties={ties!r} are invalid",
+            "use capacity >= 1, window >= 0, ties 'lru' or 'lfu'",
+        )
     uids, boff = _checked_batches(uids, boff)
     window = min(window, boff.shape[0] - 1)  # the same beyond the last batch (and no overflow of t + window)
     if uids.shape[0] >= 1 << 30:
@@ -429,15 +485,19 @@ def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window
     cap = min(capacity, max(uids.shape[0], 1))
     keys, vals = new_index(cap)
     z = [np.zeros(cap, dtype=np.int64) for _ in range(6)]
-    hits = _window_belady(uids, boff, next_use_of(uids), window, cap,
-                          ties == "lfu", keys, vals, np.full(cap, -1, dtype=np.int64), *z)
+    hits = _window_belady(
+        uids, boff, next_use_of(uids), window, cap, ties == "lfu", keys, vals, np.full(cap, -1, dtype=np.int64), *z
+    )
     if hits < 0:
-        raise ConfigError(f"a batch has more unique ids than capacity={capacity}", "use a larger cache or smaller batches")
+        raise ConfigError(
+            f"a batch has more unique ids than capacity={capacity}", "use a larger cache or smaller batches"
+        )
     return int(hits)
 
 
-def compare_lookahead(trace: np.ndarray, batch_size: int, sizes: list[tuple[str, int]], window: int,
-                      load_ahead: int) -> list[dict]:
+def compare_lookahead(
+    trace: np.ndarray, batch_size: int, sizes: list[tuple[str, int]], window: int, load_ahead: int
+) -> list[dict]:
     """HBM hit ratio of every lookahead run at each ``(label, hbm_rows)`` of ``sizes``.
 
     Runs, on the same batches: ``lru``, ``lfu`` (no window); ``lookahead+lru`` and
@@ -452,22 +512,37 @@ def compare_lookahead(trace: np.ndarray, batch_size: int, sizes: list[tuple[str,
         if int_arg(f"cache size {label!r}", cap, hint="give HBM rows as an int") < 2:
             raise ConfigError(f"cache size {label!r} is {cap} HBM rows", "give HBM at least 2 rows")
     uids, boff = batch_uniques(trace, batch_size)
-    runs = [("lru", lambda c: store_hits(uids, boff, c, "lru").hbm_hits),
-            ("lfu", lambda c: store_hits(uids, boff, c, "lfu").hbm_hits)]
+    runs = [
+        ("lru", lambda c: store_hits(uids, boff, c, "lru").hbm_hits),
+        ("lfu", lambda c: store_hits(uids, boff, c, "lfu").hbm_hits),
+    ]
     for base in ("lru", "lfu"):
-        runs.append((f"lookahead+{base} k={window} L={load_ahead}",
-                     lambda c, b=base: store_hits(uids, boff, c, f"lookahead+{b}", window, load_ahead=load_ahead).hbm_hits))
+        runs.append(
+            (
+                f"lookahead+{base} k={window} L={load_ahead}",
+                lambda c, b=base: store_hits(uids, boff, c, f"lookahead+{b}", window, load_ahead=load_ahead).hbm_hits,
+            )
+        )
     for ties in ("lru", "lfu"):
-        runs.append((f"window belady k={window} ({ties} ties)",
-                     lambda c, t=ties: window_belady_hits(uids, boff, c, window, t)))
+        runs.append(
+            (f"window belady k={window} ({ties} ties)", lambda c, t=ties: window_belady_hits(uids, boff, c, window, t))
+        )
     runs.append(("belady (full)", lambda c: simulate(uids, c, "belady")))
     rows = []
     for label, cap in sizes:
         for name, run in runs:
             hits = run(cap)
-            rows.append({"cache": label, "cache_objects": cap, "policy": name, "hits": int(hits),
-                         "lookups": int(uids.shape[0]), "hit_ratio": hits / uids.shape[0] if uids.shape[0] else 0.0})
+            rows.append(
+                {
+                    "cache": label,
+                    "cache_objects": cap,
+                    "policy": name,
+                    "hits": int(hits),
+                    "lookups": int(uids.shape[0]),
+                    "hit_ratio": hits / uids.shape[0] if uids.shape[0] else 0.0,
+                }
+            )
     return rows
 
 
-__all__ = ["batch_uniques", "store_hits", "window_belady_hits", "compare_lookahead", "TierHits"]
+__all__ = ["TierHits", "batch_uniques", "compare_lookahead", "store_hits", "window_belady_hits"]

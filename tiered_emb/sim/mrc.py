@@ -15,6 +15,7 @@ the second part's first request of each id to it as they come
 Belady's MIN has a stack property too, but its one-pass algorithms are far slower than
 running it once per size, so :func:`opt_curve` does that, sharing the next-use array.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,17 +26,19 @@ import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from tiered_emb.errors import ConfigError
-from tiered_emb._jit import _prefetch
 from tiered_emb._args import as_ids, check_nonneg
+from tiered_emb._jit import prefetch_hint
+from tiered_emb.errors import ConfigError
 from tiered_emb.sim.policies import PREFETCH_AHEAD, belady_hits, dense_ok, id_range, next_use_of
 
 
 @intrinsic
 def _popcount(typingctx, x):
     """Set bits of a uint64 (LLVM ctpop: one instruction)."""
+
     def codegen(context, builder, signature, args):
         return builder.ctpop(args[0])
+
     return types.uint64(types.uint64), codegen
 
 
@@ -43,6 +46,7 @@ def _popcount(typingctx, x):
 def _publish(typingctx, arr, i, v):
     """``arr[i] = v`` as a release store: a thread that reads it with :func:`_published`
     also sees every write made before it."""
+
     def codegen(context, builder, signature, args):
         aty = signature.args[0]
         ary = context.make_array(aty)(context, builder, args[0])
@@ -50,17 +54,20 @@ def _publish(typingctx, arr, i, v):
         val = context.cast(builder, args[2], signature.args[2], aty.dtype)
         builder.store_atomic(val, ptr, "release", context.get_abi_sizeof(val.type))
         return context.get_dummy_value()
+
     return types.void(arr, i, v), codegen
 
 
 @intrinsic
 def _published(typingctx, arr, i):
     """``arr[i]`` as an acquire load (pairs with :func:`_publish`)."""
+
     def codegen(context, builder, signature, args):
         aty = signature.args[0]
         ary = context.make_array(aty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]], wraparound=False)
         return builder.load_atomic(ptr, "acquire", context.get_abi_sizeof(context.get_data_type(aty.dtype)))
+
     return arr.dtype(arr, i), codegen
 
 
@@ -208,7 +215,7 @@ def _sweep_chunk(trace, start, stop, last, prev, bits, counts, shifts, offsets, 
     for i in range(start, stop):
         if dense:
             if i + PREFETCH_AHEAD < stop:
-                _prefetch(last, trace[i + PREFETCH_AHEAD])
+                prefetch_hint(last, trace[i + PREFETCH_AHEAD])
             key = trace[i]
             p = np.int64(last[key])
             last[key] = i
@@ -273,7 +280,7 @@ def _join_chunks(last, bits, counts, shifts, offsets, cold, progress, state, his
     for k in range(k0, n_cold):
         if dense:
             if k + PREFETCH_AHEAD < n_cold:
-                _prefetch(last, cold[k + PREFETCH_AHEAD])
+                prefetch_hint(last, cold[k + PREFETCH_AHEAD])
             p = np.int64(last[cold[k]])
         else:
             p = cold[k]
@@ -332,11 +339,13 @@ def _stack_distance_histogram(trace: np.ndarray, last: np.ndarray, prev: np.ndar
     else:
         second()
     try:
-        distinct = _sweep_chunk(trace, 0, mid, last[0], prev, bits[0], counts[0], shifts, offsets, hist[0],
-                                cold[:0], progress[:0])
+        distinct = _sweep_chunk(
+            trace, 0, mid, last[0], prev, bits[0], counts[0], shifts, offsets, hist[0], cold[:0], progress[:0]
+        )
         state = np.array([0, distinct, 0], dtype=np.int64)
-        while not failed and not _join_chunks(last[0], bits[0], counts[0], shifts, offsets, cold, progress, state,
-                                              hist[0]):
+        while not failed and not _join_chunks(
+            last[0], bits[0], counts[0], shifts, offsets, cold, progress, state, hist[0]
+        ):
             if worker is not None:
                 worker.join(0.0005)  # let the sweep publish more
     finally:
@@ -414,9 +423,10 @@ class MissRatioCurve:
         if not found.all():
             bad = int(q[~found].ravel()[0])
             shown = self.sizes.tolist() if m <= 8 else self.sizes[:4].tolist() + ["..."] + self.sizes[-2:].tolist()
-            raise ConfigError(f"cache size {bad} is not in this curve (sizes {shown}, "
-                              f"{self.distinct_ids} distinct ids)",
-                              "ask for one of its sizes, or compute that size: opt_curve(trace, [size])")
+            raise ConfigError(
+                f"cache size {bad} is not in this curve (sizes {shown}, {self.distinct_ids} distinct ids)",
+                "ask for one of its sizes, or compute that size: opt_curve(trace, [size])",
+            )
         return self.hits[idx].reshape(shape)
 
 
@@ -476,15 +486,18 @@ def opt_curve(trace: np.ndarray, sizes) -> MissRatioCurve:
     check_nonneg(lo)
     sizes = np.asarray(sizes)
     if sizes.ndim > 1 or (sizes.size and sizes.dtype.kind not in "iu"):
-        raise ConfigError(f"sizes have dtype {sizes.dtype} and shape {sizes.shape}",
-                          "give a list of cache sizes in objects (integers)")
+        raise ConfigError(
+            f"sizes have dtype {sizes.dtype} and shape {sizes.shape}",
+            "give a list of cache sizes in objects (integers)",
+        )
     sizes = np.unique(_as_int64_sizes(sizes))
     if sizes.size and int(sizes[0]) < 0:
         raise ConfigError(f"cache size {int(sizes[0])} is negative", "give cache sizes >= 0")
     nxt = next_use_of(trace, max_id=hi)
     empty = np.zeros(0, dtype=np.uint8)
     # a cache of n objects never evicts: larger ones run as that one (same hits, its memory)
-    hits = np.array([belady_hits(trace, min(int(c), n), empty, nxt, max_id=hi) if c > 0 and n else 0
-                     for c in sizes], dtype=np.int64)
+    hits = np.array(
+        [belady_hits(trace, min(int(c), n), empty, nxt, max_id=hi) if c > 0 and n else 0 for c in sizes], dtype=np.int64
+    )
     distinct = int(np.count_nonzero(nxt == n))  # one last request per id
     return MissRatioCurve(sizes, hits, n, distinct)

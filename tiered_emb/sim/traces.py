@@ -7,6 +7,7 @@ categorical columns of a Criteo TSV (:func:`read_criteo`) and libCacheSim's
 ``oracleGeneral`` binary format (:func:`read_oracle_general`, :func:`write_oracle_general`).
 Every source is seeded or read as is: the same arguments give the same ids.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_emb.errors import ConfigError, IdRangeError, TraceFileError
 from tiered_emb._args import as_ids, finite_arg, int_arg
+from tiered_emb.errors import ConfigError, IdRangeError, TraceFileError
 
 
 @lru_cache(maxsize=4)
@@ -24,8 +25,9 @@ def _zipf_cdf(n_ids: int, alpha: float) -> np.ndarray:
     try:
         w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
     except (MemoryError, ValueError):  # ValueError: "array is too big" (beyond what numpy can index)
-        raise ConfigError(f"n_ids={n_ids} needs a table of {8 * n_ids:,} bytes, which does not fit in memory",
-                          "use fewer ids") from None
+        raise ConfigError(
+            f"n_ids={n_ids} needs a table of {8 * n_ids:,} bytes, which does not fit in memory", "use fewer ids"
+        ) from None
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
     return cdf
@@ -79,8 +81,9 @@ def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = Tru
     return ranks
 
 
-def drift_ids(n_ids: int, alpha: float, size: int, seed: int, period: int = 1_000_000,
-              shift: int | None = None) -> np.ndarray:
+def drift_ids(
+    n_ids: int, alpha: float, size: int, seed: int, period: int = 1_000_000, shift: int | None = None
+) -> np.ndarray:
     """Zipf ids whose popularity drifts: every ``period`` requests the ranking moves.
 
     Request ``i`` draws a rank as :func:`zipf_ids` does, then maps it to an id with an
@@ -116,8 +119,15 @@ def drift_ids(n_ids: int, alpha: float, size: int, seed: int, period: int = 1_00
     return (ids + epoch * shift) % n_ids
 
 
-def table_batches(n_ids: list[int], alphas: list[float], batch_size: int, pooling: list[int],
-                  n_batches: int, seed: int, table_bits: int = 40) -> np.ndarray:
+def table_batches(
+    n_ids: list[int],
+    alphas: list[float],
+    batch_size: int,
+    pooling: list[int],
+    n_batches: int,
+    seed: int,
+    table_bits: int = 40,
+) -> np.ndarray:
     """Requests of recommendation-shaped batches over several tables, one table after another.
 
     Each batch holds, for every table ``t``, ``batch_size * pooling[t]`` Zipf ids drawn from
@@ -137,23 +147,30 @@ def table_batches(n_ids: list[int], alphas: list[float], batch_size: int, poolin
     """
     n_ids, alphas, pooling = list(n_ids), list(alphas), list(pooling)
     if not (len(n_ids) == len(alphas) == len(pooling)) or len(n_ids) == 0:
-        raise ConfigError(f"n_ids, alphas and pooling must have one entry per table, got "
-                          f"{len(n_ids)}, {len(alphas)}, {len(pooling)}", "give the same number of each")
+        raise ConfigError(
+            f"n_ids, alphas and pooling must have one entry per table, got {len(n_ids)}, {len(alphas)}, {len(pooling)}",
+            "give the same number of each",
+        )
     batch_size = int_arg("batch_size", batch_size, 1, hint="give at least 1 sample per batch (an int)")
     n_batches = int_arg("n_batches", n_batches, 0, hint="give a number of batches >= 0 (an int)")
     seed = int_arg("seed", seed, 0, hint="give a seed >= 0 (an int)")
     table_bits = int_arg("table_bits", table_bits, 1, 62, hint="give table_bits in [1, 62]")
     if len(n_ids) - 1 >= 1 << (63 - table_bits):
-        raise ConfigError(f"{len(n_ids)} tables do not fit in the {63 - table_bits} bits above table_bits={table_bits}",
-                          "use a smaller table_bits")
-    for t, (n, pf) in enumerate(zip(n_ids, pooling)):
+        raise ConfigError(
+            f"{len(n_ids)} tables do not fit in the {63 - table_bits} bits above table_bits={table_bits}",
+            "use a smaller table_bits",
+        )
+    for t, (n, pf) in enumerate(zip(n_ids, pooling, strict=False)):
         n = int_arg(f"n_ids[{t}]", n, 1, hint="give each table at least 1 id (an int)")
         if n > 1 << table_bits:
-            raise ConfigError(f"table {t} has {n} ids, more than 2**table_bits = {1 << table_bits}: its ids would "
-                              f"carry the tags of other tables", "use a larger table_bits or fewer ids")
+            raise ConfigError(
+                f"table {t} has {n} ids, more than 2**table_bits = {1 << table_bits}: its ids would "
+                f"carry the tags of other tables",
+                "use a larger table_bits or fewer ids",
+            )
         int_arg(f"pooling[{t}]", pf, 1, hint="give at least 1 id per sample (an int)")
     parts = []
-    for t, (n, a, pf) in enumerate(zip(n_ids, alphas, pooling)):
+    for t, (n, a, pf) in enumerate(zip(n_ids, alphas, pooling, strict=False)):
         per_batch = batch_size * pf
         ids = zipf_ids(n, a, n_batches * per_batch, seed=seed * 1_000_003 + t)
         parts.append(ids.reshape(n_batches, per_batch) | (np.int64(t) << table_bits))
@@ -185,8 +202,9 @@ def write_npy(path, ids: np.ndarray) -> None:
     try:
         np.save(Path(path), ids, allow_pickle=False)
     except OSError as err:
-        raise TraceFileError(f"cannot write {str(path)!r}: {err.strerror or err}",
-                             "check that the directory exists and is writable") from None
+        raise TraceFileError(
+            f"cannot write {str(path)!r}: {err.strerror or err}", "check that the directory exists and is writable"
+        ) from None
 
 
 def _open_text(path: Path):
@@ -199,21 +217,26 @@ def _open_text(path: Path):
 
 
 def _not_text(path: Path, err: UnicodeDecodeError) -> TraceFileError:
-    return TraceFileError(f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start} of a chunk)",
-                          "give a text file of ids (npy:, oracle: read binary traces)")
+    return TraceFileError(
+        f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start} of a chunk)",
+        "give a text file of ids (npy:, oracle: read binary traces)",
+    )
 
 
 def _to_int64(path: Path, out: list) -> np.ndarray:
     try:
         return np.array(out, dtype=np.int64)
     except OverflowError:
-        k = next(i for i, v in enumerate(out) if not -2**63 <= v < 2**63)
-        raise IdRangeError(f"{str(path)!r}: id number {k + 1} ({out[k]}) is beyond int64",
-                           "relabel the ids, e.g. with np.unique(ids, return_inverse=True)[1]") from None
+        k = next(i for i, v in enumerate(out) if not -(2**63) <= v < 2**63)
+        raise IdRangeError(
+            f"{str(path)!r}: id number {k + 1} ({out[k]}) is beyond int64",
+            "relabel the ids, e.g. with np.unique(ids, return_inverse=True)[1]",
+        ) from None
 
 
-def read_column(path, column: int = 0, delimiter: str | None = None, header: bool = False,
-                base: int = 10) -> np.ndarray:
+def read_column(
+    path, column: int = 0, delimiter: str | None = None, header: bool = False, base: int = 10
+) -> np.ndarray:
     """One column of a CSV / TSV / whitespace-separated file as int64 ids, in row order.
 
     Parameters
@@ -251,16 +274,20 @@ def read_column(path, column: int = 0, delimiter: str | None = None, header: boo
                     continue
                 fields = line.split(delimiter)
                 if column >= len(fields):
-                    raise TraceFileError(f"{str(path)!r} line {lineno} has {len(fields)} fields, no column {column}",
-                                         "give a 0-based column index that every row has")
+                    raise TraceFileError(
+                        f"{str(path)!r} line {lineno} has {len(fields)} fields, no column {column}",
+                        "give a 0-based column index that every row has",
+                    )
                 field = fields[column].strip()
                 if not field:
                     continue
                 try:
                     out.append(int(field, base))
                 except ValueError as err:
-                    raise TraceFileError(f"{str(path)!r} line {lineno} column {column}: {field!r} is not an id",
-                                         "pick a column of integer ids (base=16 for hex)") from err
+                    raise TraceFileError(
+                        f"{str(path)!r} line {lineno} column {column}: {field!r} is not an id",
+                        "pick a column of integer ids (base=16 for hex)",
+                    ) from err
         except UnicodeDecodeError as err:
             raise _not_text(path, err) from None
     return _to_int64(path, out)
@@ -298,19 +325,25 @@ def read_criteo(path, columns=CRITEO_CATEGORICAL) -> np.ndarray:
                 if len(fields) < need:
                     if not line.strip():
                         continue
-                    raise TraceFileError(f"{str(path)!r} line {lineno} has {len(fields)} fields",
-                                         "Criteo rows have 40 tab-separated fields")
+                    raise TraceFileError(
+                        f"{str(path)!r} line {lineno} has {len(fields)} fields",
+                        "Criteo rows have 40 tab-separated fields",
+                    )
                 for c in cols:
                     v = fields[c]
                     if v:
                         try:
                             x = int(v, 16)
                         except ValueError as err:
-                            raise TraceFileError(f"{str(path)!r} line {lineno} field {c}: {v!r} is not hex",
-                                                 "categorical fields must be hexadecimal hashes") from err
+                            raise TraceFileError(
+                                f"{str(path)!r} line {lineno} field {c}: {v!r} is not hex",
+                                "categorical fields must be hexadecimal hashes",
+                            ) from err
                         if not 0 <= x <= 0xFFFFFFFF:  # (c << 32) | x would leave feature c
-                            raise TraceFileError(f"{str(path)!r} line {lineno} field {c}: {v!r} is not a 32-bit hash",
-                                                 "categorical fields are hashes of at most 8 hex digits")
+                            raise TraceFileError(
+                                f"{str(path)!r} line {lineno} field {c}: {v!r} is not a 32-bit hash",
+                                "categorical fields are hashes of at most 8 hex digits",
+                            )
                         out.append((c << 32) | x)
         except UnicodeDecodeError as err:
             raise _not_text(path, err) from None
@@ -318,12 +351,12 @@ def read_criteo(path, columns=CRITEO_CATEGORICAL) -> np.ndarray:
 
 
 # libCacheSim's oracleGeneral: packed little-endian records of 24 bytes.
-ORACLE_GENERAL_DTYPE = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
-                                 ("next_access_vtime", "<i8")])
+ORACLE_GENERAL_DTYPE = np.dtype(
+    [("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"), ("next_access_vtime", "<i8")]
+)
 
 
-def write_oracle_general(path, ids: np.ndarray, clock_time: np.ndarray | None = None,
-                         obj_size: int = 1) -> None:
+def write_oracle_general(path, ids: np.ndarray, clock_time: np.ndarray | None = None, obj_size: int = 1) -> None:
     """Write ids (integers (n,), >= 0) as a libCacheSim ``oracleGeneral`` binary trace.
 
     Each record is ``uint32 clock_time, uint64 obj_id, uint32 obj_size, int64
@@ -335,21 +368,26 @@ def write_oracle_general(path, ids: np.ndarray, clock_time: np.ndarray | None = 
 
     ids = as_ids(ids, "ids")
     if ids.size and int(ids.min()) < 0:
-        raise IdRangeError(f"ids must be >= 0 for oracleGeneral, got min {int(ids.min())}",
-                           "offset the ids so that they are non-negative")
+        raise IdRangeError(
+            f"ids must be >= 0 for oracleGeneral, got min {int(ids.min())}",
+            "offset the ids so that they are non-negative",
+        )
     n = ids.shape[0]
     obj_size = int_arg("obj_size", obj_size, 0, 2**32 - 1, hint="give an object size in [0, 2**32) (uint32)")
     if clock_time is not None:
         ct = np.asarray(clock_time)
         if ct.shape != (n,) or (n and ct.dtype.kind not in "iu"):
-            raise ConfigError(f"clock_time has dtype {ct.dtype} and shape {ct.shape}, ids {n}",
-                              "give one integer time per request, or leave clock_time out")
+            raise ConfigError(
+                f"clock_time has dtype {ct.dtype} and shape {ct.shape}, ids {n}",
+                "give one integer time per request, or leave clock_time out",
+            )
         if n and (int(ct.min()) < 0 or int(ct.max()) > 2**32 - 1):
             raise ConfigError(f"clock_time holds {int(ct.min())} .. {int(ct.max())}", "times are uint32: [0, 2**32)")
     path = Path(path)
     if not path.parent.is_dir():
-        raise TraceFileError(f"cannot write {str(path)!r}: {str(path.parent)!r} is not a directory",
-                             "create the directory first")
+        raise TraceFileError(
+            f"cannot write {str(path)!r}: {str(path.parent)!r} is not a directory", "create the directory first"
+        )
     rec = np.empty(n, dtype=ORACLE_GENERAL_DTYPE)
     rec["clock_time"] = np.arange(n, dtype=np.uint32) if clock_time is None else ct
     rec["obj_id"] = ids
@@ -360,8 +398,9 @@ def write_oracle_general(path, ids: np.ndarray, clock_time: np.ndarray | None = 
     try:
         rec.tofile(path)
     except OSError as err:
-        raise TraceFileError(f"cannot write {str(path)!r}: {err.strerror or err}",
-                             "check that the directory exists and is writable") from None
+        raise TraceFileError(
+            f"cannot write {str(path)!r}: {err.strerror or err}", "check that the directory exists and is writable"
+        ) from None
 
 
 def read_oracle_general(path, with_next_access: bool = False):
@@ -378,16 +417,20 @@ def read_oracle_general(path, with_next_access: bool = False):
         raise TraceFileError(f"trace file {str(path)!r} does not exist", "check the path")
     size = path.stat().st_size
     if size % ORACLE_GENERAL_DTYPE.itemsize:
-        raise TraceFileError(f"{str(path)!r} has {size} bytes, not a multiple of 24",
-                             "oracleGeneral records are 24 bytes; decompress .zst files first")
+        raise TraceFileError(
+            f"{str(path)!r} has {size} bytes, not a multiple of 24",
+            "oracleGeneral records are 24 bytes; decompress .zst files first",
+        )
     try:
         rec = np.fromfile(path, dtype=ORACLE_GENERAL_DTYPE)
     except OSError as err:
         raise TraceFileError(f"cannot read {str(path)!r}: {err.strerror or err}", "check its permissions") from None
     if rec.shape[0] and int(rec["obj_id"].max()) > 2**63 - 1:
-        raise IdRangeError(f"{str(path)!r} holds obj_id {int(rec['obj_id'].max())}, beyond int64",
-                           "relabel the ids: rec = np.fromfile(path, ORACLE_GENERAL_DTYPE); "
-                           "ids = np.unique(rec['obj_id'], return_inverse=True)[1]")
+        raise IdRangeError(
+            f"{str(path)!r} holds obj_id {int(rec['obj_id'].max())}, beyond int64",
+            "relabel the ids: rec = np.fromfile(path, ORACLE_GENERAL_DTYPE); "
+            "ids = np.unique(rec['obj_id'], return_inverse=True)[1]",
+        )
     ids = rec["obj_id"].astype(np.int64)
     if with_next_access:
         return ids, rec["next_access_vtime"].astype(np.int64)

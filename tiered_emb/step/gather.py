@@ -7,6 +7,7 @@ per dim), bitwise what pooling the gathered rows gives.  When every row of the b
 pinned in HBM for it by the prefetch window, the pooled forward reads them without the
 store's lock (pinned slots are never victims).
 """
+
 from __future__ import annotations
 
 import numba
@@ -14,7 +15,7 @@ import numpy as np
 
 from tiered_emb._args import table_ids
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import PREFETCH_DISTANCE, _local_f32, _prefetch, _threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -70,7 +71,7 @@ def pool_kernel(dim: int, direct: bool, weighted: bool):
         n = index.shape[0]
         flagged = 0
         for b in numba.prange(out.shape[0]):
-            acc = _local_f32(dim)  # on the stack: in registers (see _local_f32)
+            acc = local_f32(dim)  # on the stack: in registers (see local_f32)
             for j in range(dim):
                 acc[j] = 0.0
             lo = offsets[b]
@@ -80,7 +81,7 @@ def pool_kernel(dim: int, direct: bool, weighted: bool):
                 if i + PREFETCH_DISTANCE < n:  # a hint: never faults, even on an unchecked id
                     ahead = index[i + PREFETCH_DISTANCE] if direct else slots[index[i + PREFETCH_DISTANCE]]
                     for c in range(0, dim, 16):  # the row's lines, not the optimizer state after them
-                        _prefetch(records, (ahead, c))
+                        prefetch_hint(records, (ahead, c))
                 r = index[i] if direct else slots[index[i]]
                 if guard and (r < 0 or r >= num_rows):
                     bad = 1
@@ -133,7 +134,7 @@ def gather(res, t, uids: np.ndarray, inverse: np.ndarray):
     bounds = np.searchsorted((inverse // cap)[by_chunk], np.arange(0, uids.shape[0] // cap + 2))
     for start, slots in res.chunks(t, uids):
         ci = start // cap
-        positions = by_chunk[bounds[ci]:bounds[ci + 1]]
+        positions = by_chunk[bounds[ci] : bounds[ci + 1]]
         if xp is np:
             _gather_positions(t.hbm.records, slots, inverse, positions, start, out_host)
         else:
@@ -144,8 +145,9 @@ def gather(res, t, uids: np.ndarray, inverse: np.ndarray):
 def pool_rows(rows: np.ndarray, plan, weights: np.ndarray, out: np.ndarray) -> None:
     """Pool host rows (float32 (n, dim), one per position of ``plan``) into ``out`` (B, dim)."""
     positions = np.arange(rows.shape[0], dtype=np.int64)
-    pool_kernel(rows.shape[1], True, plan.weights is not None)(rows, _NO_SLOTS, positions, False, 0, plan.offsets,
-                                                              weights, plan.mean, out)
+    pool_kernel(rows.shape[1], True, plan.weights is not None)(
+        rows, _NO_SLOTS, positions, False, 0, plan.offsets, weights, plan.mean, out
+    )
 
 
 def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
@@ -173,23 +175,22 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
             plan.use_unique(uids, inverse)
             plan.slots, plan.pinned = slots, ticket
             plan.checked = t  # the same ids as handed to prefetch(), which checked them
-            with _threads_for(plan.ids.shape[0] * dim):
-                pool_kernel(dim, False, use_w)(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights,
-                                               plan.mean, out)
+            with threads_for(plan.ids.shape[0] * dim):
+                pool_kernel(dim, False, use_w)(
+                    t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out
+                )
             t.count_hits(uids.shape[0])
             return out
     direct = t.hbm.direct and res.xp is np
     # The lock (re-entrant) for the whole read: a prefetch thread must not pin or evict
     # between the capacity check and the pooling (one chunk, so ``inverse`` indexes ``slots``).
-    with res.lock, _threads_for(plan.ids.shape[0] * dim):
-        if direct and not backward:
-            # Inference over a table held whole: when every row of the batch is already up
-            # there is nothing to dedupe, resolve or pin (a direct tier never evicts).  The
-            # kernel checks the ids' range and flags rows not up yet (NaN: see DirectHbmTier).
-            if not pool_kernel(dim, True, use_w)(t.hbm.records, _NO_SLOTS, plan.ids, True, t.hbm.capacity_rows,
-                                                 plan.offsets, weights, plan.mean, out):
-                t.count_hits(plan.ids.shape[0])
-                return out
+    with res.lock, threads_for(plan.ids.shape[0] * dim):
+        # Inference over a table held whole: when every row of the batch is already up
+        # there is nothing to dedupe, resolve or pin (a direct tier never evicts).  The
+        # kernel checks the ids' range and flags rows not up yet (NaN: see DirectHbmTier).
+        if direct and not backward and _pooled_by_id(t, plan, weights, out):
+            t.count_hits(plan.ids.shape[0])
+            return out
         if plan.checked is not t:  # (a collection checks every feature before reading any)
             table_ids(t.cfg.name, plan.ids, t.cfg.num_rows)
             plan.checked = t
@@ -199,11 +200,13 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
                 return out
             for _, slots in res.chunks(t, plan.uids):
                 if direct:  # slots are the ids
-                    pool_kernel(dim, True, use_w)(t.hbm.records, _NO_SLOTS, plan.ids, False, 0, plan.offsets,
-                                                  weights, plan.mean, out)
+                    pool_kernel(dim, True, use_w)(
+                        t.hbm.records, _NO_SLOTS, plan.ids, False, 0, plan.offsets, weights, plan.mean, out
+                    )
                 else:
-                    pool_kernel(dim, False, use_w)(t.hbm.records, slots, plan.inverse, False, 0, plan.offsets,
-                                                   weights, plan.mean, out)
+                    pool_kernel(dim, False, use_w)(
+                        t.hbm.records, slots, plan.inverse, False, 0, plan.offsets, weights, plan.mean, out
+                    )
                 plan.slots = slots
             return out
         # Spill path (or a GPU HBM): rows gathered, pooled on the host.
@@ -211,6 +214,16 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
         rows = rows if isinstance(rows, np.ndarray) else rows.get()
         pool_rows(rows, plan, weights, out)
     return out
+
+
+def _pooled_by_id(t, plan, weights: np.ndarray, out: np.ndarray) -> bool:
+    """Pool ``plan`` from a direct tier by id, unchecked; False when a bag met an id out of
+    range or a row not brought up yet (``out`` is then to be recomputed the checked way)."""
+    kernel = pool_kernel(t.cfg.dim, True, plan.weights is not None)
+    flagged = kernel(
+        t.hbm.records, _NO_SLOTS, plan.ids, True, t.hbm.capacity_rows, plan.offsets, weights, plan.mean, out
+    )
+    return flagged == 0
 
 
 __all__ = ["gather", "lookup_pooled", "pool_kernel", "pool_rows"]

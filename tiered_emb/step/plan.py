@@ -4,6 +4,7 @@ A flat batch (``lookup``, ``apply_gradients``, ``write``) is deduped by :func:`d
 batch of bags (the pooled path of :mod:`tiered_emb.torch`) is checked and planned once by
 :func:`plan_bags` for its forward and its backward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,13 +13,13 @@ import numba
 import numpy as np
 
 from tiered_emb._args import int64_of
-from tiered_emb._jit import PREFETCH_DISTANCE, _prefetch
-from tiered_emb.cache.index import _hash_home
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb.cache.index import hash_home
 from tiered_emb.errors import ConfigError, IdTypeError
 
 
 @numba.njit(cache=True, nogil=True)
-def _dedupe(ids, uniq, inverse):
+def dedupe_into(ids, uniq, inverse):
     """Unique ids in first-occurrence order.
 
     ``ids`` int64 (n,); writes ``uniq`` int64 (>= k,) and ``inverse`` int64 (n,) with
@@ -34,11 +35,11 @@ def _dedupe(ids, uniq, inverse):
     k = 0
     for i in range(n):
         if i + 2 * PREFETCH_DISTANCE < n:  # the buckets of an id further on (1.30 -> 1.03 ms for 164k ids)
-            ahead = _hash_home(ids[i + 2 * PREFETCH_DISTANCE], mask)
-            _prefetch(keys, ahead)
-            _prefetch(vals, ahead)
+            ahead = hash_home(ids[i + 2 * PREFETCH_DISTANCE], mask)
+            prefetch_hint(keys, ahead)
+            prefetch_hint(vals, ahead)
         key = ids[i]
-        h = _hash_home(key, mask)
+        h = hash_home(key, mask)
         while True:
             kk = keys[h]
             if kk == key:
@@ -66,7 +67,7 @@ def dedupe(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     uniq = np.empty(ids.shape[0], dtype=np.int64)
     inverse = np.empty(ids.shape[0], dtype=np.int64)
-    k = _dedupe(ids, uniq, inverse)
+    k = dedupe_into(ids, uniq, inverse)
     return uniq[:k], inverse
 
 
@@ -125,8 +126,7 @@ class BagPlan:
         return self._unique
 
 
-def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None = None,
-              mean: bool = False) -> BagPlan:
+def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None = None, mean: bool = False) -> BagPlan:
     """Check a batch of bags; its ids are deduped when first needed.
 
     Parameters
@@ -146,15 +146,23 @@ def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None =
     offsets = int64_of(offsets, "offsets")
     if ids.ndim != 1:
         raise IdTypeError(f"ids have shape {ids.shape}", "pass 1-D ids (ravel them)")
-    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != ids.shape[0] \
-            or (offsets.shape[0] > 1 and bool((np.diff(offsets) < 0).any())):
-        raise IdTypeError(f"offsets {offsets[:8].tolist()}... do not describe bags of {ids.shape[0]} ids",
-                          "give non-decreasing offsets starting at 0 (and ending at len(ids) with include_last_offset)")
+    if (
+        offsets.ndim != 1
+        or offsets.shape[0] < 1
+        or offsets[0] != 0
+        or offsets[-1] != ids.shape[0]
+        or (offsets.shape[0] > 1 and bool((np.diff(offsets) < 0).any()))
+    ):
+        raise IdTypeError(
+            f"offsets {offsets[:8].tolist()}... do not describe bags of {ids.shape[0]} ids",
+            "give non-decreasing offsets starting at 0 (and ending at len(ids) with include_last_offset)",
+        )
     if weights is not None:
         weights = np.ascontiguousarray(weights, dtype=np.float32)
         if weights.shape != ids.shape:
-            raise ConfigError(f"per_sample_weights have shape {weights.shape}, ids {ids.shape}",
-                              "give one weight per id")
+            raise ConfigError(
+                f"per_sample_weights have shape {weights.shape}, ids {ids.shape}", "give one weight per id"
+            )
     return BagPlan(ids, offsets, weights, bool(mean))
 
 
@@ -165,4 +173,4 @@ def last_occurrence(inverse: np.ndarray, k: int) -> np.ndarray:
     return last
 
 
-__all__ = ["dedupe", "last_occurrence", "BagPlan", "plan_bags"]
+__all__ = ["BagPlan", "dedupe", "last_occurrence", "plan_bags"]

@@ -6,13 +6,15 @@ forms the per-position rows).  Both sum each id's terms in batch-position order,
 result is bitwise the same for any thread count; :func:`screen_nonfinite` applies the
 caller's rule to ids whose sum is not finite.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from tiered_emb._jit import PREFETCH_DISTANCE, _local_f32, _prefetch, _threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
 from tiered_emb.errors import NonFiniteGradientError
+from tiered_emb.step.plan import BagPlan
 
 
 @numba.njit(inline="always")
@@ -134,7 +136,7 @@ def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts
 def _reduce_kernel(dim: int):
     """The backward's reduce for rows of ``dim`` floats, compiled once per dim (cached on disk).
 
-    Each id's sum is a stack array in registers (:func:`tiered_emb.kernels._local_f32`),
+    Each id's sum is a stack array in registers (:func:`tiered_emb._jit.local_f32`),
     written to ``out`` once, and the work is cut by positions (:func:`_blocks_by_work`):
     measured 4.8 -> 2.8 ms for 8,192 bags x 20 ids of dim 128 on 2 threads.
     """
@@ -154,14 +156,14 @@ def _reduce_kernel(dim: int):
         n = bag.shape[0]
         for blk in numba.prange(bounds.shape[0] - 1):
             for u in range(bounds[blk], bounds[blk + 1]):
-                acc = _local_f32(dim)
+                acc = local_f32(dim)
                 for j in range(dim):
                     acc[j] = 0.0
                 for q in range(starts[u], starts[u + 1]):
                     if q + PREFETCH_DISTANCE < n:  # the bag row a few positions on
                         ahead = np.int64(bag[q + PREFETCH_DISTANCE])
                         for c in range(0, dim, 16):
-                            _prefetch(grad_out, (ahead, c))
+                            prefetch_hint(grad_out, (ahead, c))
                     w = scale[q]
                     g = grad_out[np.int64(bag[q])]
                     for j in range(dim):
@@ -191,15 +193,25 @@ def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, n
     bag = np.empty(n, dtype=np.int32 if plan.num_bags < 2**31 else np.int64)
     scale = np.empty(n, dtype=np.float32)
     use_w = plan.weights is not None
-    _group_bag_positions(plan.inverse, plan.offsets, plan.weights if use_w else np.empty(0, dtype=np.float32), use_w,
-                         plan.mean, k, starts, bag, scale)
+    _group_bag_positions(
+        plan.inverse,
+        plan.offsets,
+        plan.weights if use_w else np.empty(0, dtype=np.float32),
+        use_w,
+        plan.mean,
+        k,
+        starts,
+        bag,
+        scale,
+    )
     bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
     _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
     out = np.empty((k, grad_out.shape[1]), dtype=np.float32)
     bad = np.empty(k, dtype=np.uint8)
-    with _threads_for(n * grad_out.shape[1]):
-        _reduce_kernel(grad_out.shape[1])(np.ascontiguousarray(grad_out, dtype=np.float32), starts, bag, scale,
-                                          bounds, out, bad)
+    with threads_for(n * grad_out.shape[1]):
+        _reduce_kernel(grad_out.shape[1])(
+            np.ascontiguousarray(grad_out, dtype=np.float32), starts, bag, scale, bounds, out, bad
+        )
     return out, bad
 
 
@@ -216,11 +228,12 @@ def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.n
     if nonfinite == "raise":
         raise NonFiniteGradientError(
             f"gradients of table {table!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
-            "lower the learning rate or clip gradients; apply_gradients(..., nonfinite='skip'|'zero') tolerates them")
+            "lower the learning rate or clip gradients; apply_gradients(..., nonfinite='skip'|'zero') tolerates them",
+        )
     if nonfinite == "skip":
         return uids[~bad], summed[~bad]
     summed[~np.isfinite(summed)] = 0.0
     return uids, summed
 
 
-__all__ = ["reduce_grads", "reduce_bag_grads", "screen_nonfinite", "all_finite"]
+__all__ = ["all_finite", "reduce_bag_grads", "reduce_grads", "screen_nonfinite"]

@@ -10,6 +10,7 @@ path): slower, never different.
 What must come from LMDB or the initialiser is read *before* any tier changes, so a
 failed read (a corrupt store) leaves the tiers as they were and the call can be retried.
 """
+
 from __future__ import annotations
 
 import threading
@@ -73,7 +74,9 @@ class Resolver:
         """The table called ``name``, or UnknownTableError with the names there are."""
         t = self.tables.get(name) if isinstance(name, str) else None
         if t is None:
-            raise UnknownTableError(f"table {name!r} is not in store {self.where!r}", f"use one of {sorted(self.tables)}")
+            raise UnknownTableError(
+                f"table {name!r} is not in store {self.where!r}", f"use one of {sorted(self.tables)}"
+            )
         return t
 
     def chunks(self, t: Table, uids: np.ndarray, checked: bool = False):
@@ -91,7 +94,7 @@ class Resolver:
             if cap < 1:
                 raise RuntimeError("every HBM slot is pinned")  # prefetch keeps a reserve; a bug if reached
             for start in range(0, uids.shape[0], cap):
-                chunk = uids[start:start + cap]
+                chunk = uids[start : start + cap]
                 slots, pinned = self.bring_up(t, chunk, defer_errors=True)
                 try:
                     yield start, slots
@@ -111,8 +114,9 @@ class Resolver:
             sub[fresh] = init_rows(t.cfg, ids[fresh], self.seed)
         return sub, on_ssd, fresh
 
-    def bring_up(self, t: Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False,
-                 defer_errors: bool = False):
+    def bring_up(
+        self, t: Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False, defer_errors: bool = False
+    ):
         """Resolve ``chunk`` in HBM: misses come up from DDR / LMDB / the initialiser; victims go down.
 
         ``c``: the counters to charge (the step's by default; the prefetcher has its own).
@@ -204,4 +208,4 @@ class Resolver:
             self.tables[name].counters["ssd"]["writebacks"] += ids.shape[0]
 
 
-__all__ = ["Table", "Resolver", "TIER_COUNTERS"]
+__all__ = ["TIER_COUNTERS", "Resolver", "Table"]

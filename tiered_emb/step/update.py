@@ -4,17 +4,19 @@ backward's last stage).
 Each optimizer has one body, a Numba kernel over ``records[slots[k]]`` (CPU); the CuPy
 backend runs the same arithmetic in array form (:func:`apply_update` with ``xp=cupy``).
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from tiered_emb._jit import PREFETCH_DISTANCE, _prefetch_row, _threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
 
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
 # parallel over distinct rows (slots are distinct by construction: one per unique id).
 # All arithmetic is float32 except the row-wise mean, accumulated in float64 in a fixed
 # order, so results do not depend on the thread count.
+
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _sgd_update(records, slots, grads, params):
@@ -56,7 +58,7 @@ def _rowwise_adagrad_update(records, slots, grads, params):
         u0 = 4 * q
         for d in range(2 * PREFETCH_DISTANCE, 2 * PREFETCH_DISTANCE + 4):  # the rows four quads ahead
             if u0 + d < k:
-                _prefetch_row(records, slots[u0 + d])
+                prefetch_row_hint(records, slots[u0 + d])
         if u0 + 4 <= k:
             a0 = 0.0
             a1 = 0.0
@@ -116,8 +118,12 @@ def _adam_update(records, slots, grads, params):
             r[j] = r[j] - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
 
 
-CPU_KERNELS = {"sgd": _sgd_update, "adagrad": _adagrad_update,
-                "rowwise_adagrad": _rowwise_adagrad_update, "adam": _adam_update}
+CPU_KERNELS = {
+    "sgd": _sgd_update,
+    "adagrad": _adagrad_update,
+    "rowwise_adagrad": _rowwise_adagrad_update,
+    "adam": _adam_update,
+}
 
 
 def no_update() -> None:
@@ -151,8 +157,8 @@ def _apply_update_xp(opt, records, slots, grads, xp) -> None:
     if opt.name == "sgd":
         w = w - p[0] * g
     elif opt.name == "adagrad":
-        st = r[:, dim:2 * dim] + g * g
-        r[:, dim:2 * dim] = st
+        st = r[:, dim : 2 * dim] + g * g
+        r[:, dim : 2 * dim] = st
         w = w - p[0] * (g / (xp.sqrt(st) + p[1]))
     elif opt.name == "rowwise_adagrad":
         acc = (g.astype(xp.float64) ** 2).sum(axis=1) / dim
@@ -165,10 +171,10 @@ def _apply_update_xp(opt, records, slots, grads, xp) -> None:
         r[:, 3 * dim] = t
         c1 = (one - (xp.float64(p[1]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
         c2 = (one - (xp.float64(p[2]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
-        m = p[1] * r[:, dim:2 * dim] + (one - p[1]) * g
-        v = p[2] * r[:, 2 * dim:3 * dim] + (one - p[2]) * g * g
-        r[:, dim:2 * dim] = m
-        r[:, 2 * dim:3 * dim] = v
+        m = p[1] * r[:, dim : 2 * dim] + (one - p[1]) * g
+        v = p[2] * r[:, 2 * dim : 3 * dim] + (one - p[2]) * g * g
+        r[:, dim : 2 * dim] = m
+        r[:, 2 * dim : 3 * dim] = v
         w = w - p[0] * ((m / c1) / (xp.sqrt(v / c2) + p[3]))
     r[:, :dim] = w
     records[s] = r
@@ -188,7 +194,7 @@ def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = Fa
     float32 (k, dim), screened); ``checked`` as :meth:`~tiered_emb.step.resolve.Resolver.chunks`."""
     opt = t.cfg.optimizer
     for start, slots in res.chunks(t, uids, checked):
-        chunk = summed[start:start + slots.shape[0]]
+        chunk = summed[start : start + slots.shape[0]]
         apply_update(opt, t.hbm.records, slots if res.xp is np else res.xp.asarray(slots), chunk, res.xp)
         t.hbm.dirty[slots] = 1
 
@@ -203,10 +209,10 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
     rows, and takes the locked path at once.
     """
     if plan.pinned is not None and plan.checked is t and window.still_pinned(plan.pinned):
-        with _threads_for(work):
+        with threads_for(work):
             if _update_in_place(res, t, plan, uids, summed, pinned=True):
                 return
-    with res.lock, _threads_for(work):
+    with res.lock, threads_for(work):
         if not _update_in_place(res, t, plan, uids, summed):
             update_rows(res, t, uids, summed, checked=True)
 
@@ -225,4 +231,4 @@ def _update_in_place(res, t, plan, uids, summed, pinned: bool = False) -> bool:
     return True
 
 
-__all__ = ["apply_update", "update_rows", "update_pooled", "no_update", "CPU_KERNELS"]
+__all__ = ["CPU_KERNELS", "apply_update", "no_update", "update_pooled", "update_rows"]

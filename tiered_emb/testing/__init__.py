@@ -1,4 +1,5 @@
 """Slow, obviously-right references and helpers for tests (no Numba in the references)."""
+
 from __future__ import annotations
 
 import threading
@@ -8,6 +9,7 @@ def crash(store) -> None:
     """Drop ``store`` as a killed process would: nothing flushed, no checkpoint; the LMDB
     environment and the writer lock are released so the same process can reopen it."""
     from tiered_emb.errors import PrefetchError
+
     try:
         store.close(checkpoint=False)
     except PrefetchError:  # a failed unpinning on the thread: the store is closed all the same
@@ -19,8 +21,13 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
     disk (:class:`~tiered_emb.errors.StoreFullError`, rolled back), the later ones succeed.
     Returns the list the attempts append their thread's name to."""
     from tiered_emb.errors import StoreFullError
+
     ssd, attempts = store.ssd, []
-    real_put, real_segments, real_by_process = ssd.checkpoints.put_waiting, ssd.segments.put, ssd.writer.write_by_process
+    real_put, real_segments, real_by_process = (
+        ssd.checkpoints.put_waiting,
+        ssd.segments.put,
+        ssd.writer.write_by_process,
+    )
 
     def attempt():
         attempts.append(threading.current_thread().name)

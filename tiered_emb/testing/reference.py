@@ -3,6 +3,7 @@
 They are slow on purpose: each line says what the fast path must do.  Tests compare the
 store's bytes and the Numba policies' decisions with these.
 """
+
 from __future__ import annotations
 
 import numba
@@ -68,7 +69,7 @@ class ReferencePolicy:
         uniq = list(dict.fromkeys(ids))
         hits, evicted = [], []
         for s in range(0, len(uniq), self.capacity):
-            h, e = self.access(uniq[s:s + self.capacity])
+            h, e = self.access(uniq[s : s + self.capacity])
             hits += h
             evicted += e
         return hits, evicted
@@ -94,21 +95,24 @@ class ReferenceStore:
 
     def lookup(self, table: str, ids) -> np.ndarray:
         dim = self.tables[table].dim
-        return np.stack([self._record(table, int(i))[:dim].copy() for i in ids]) if len(ids) else \
-            np.empty((0, dim), np.float32)
+        return (
+            np.stack([self._record(table, int(i))[:dim].copy() for i in ids])
+            if len(ids)
+            else np.empty((0, dim), np.float32)
+        )
 
     def peek_records(self, table: str, ids) -> np.ndarray:
         return np.stack([self._record(table, int(i)).copy() for i in ids])
 
     def write(self, table: str, ids, rows) -> None:
         dim = self.tables[table].dim
-        for i, r in zip(ids, rows):
+        for i, r in zip(ids, rows, strict=True):
             self._record(table, int(i))[:dim] = r
 
     def apply_gradients(self, table: str, ids, grads) -> None:
         cfg = self.tables[table]
         summed: dict[int, np.ndarray] = {}
-        for i, g in zip(ids, grads):  # batch order per id, from +0.0 (so -0.0 alone sums to +0.0)
+        for i, g in zip(ids, grads, strict=True):  # batch order per id, from +0.0 (so -0.0 alone sums to +0.0)
             i = int(i)
             summed[i] = summed.get(i, np.zeros(g.shape, np.float32)) + g.astype(np.float32)
         for i, g in summed.items():
@@ -123,8 +127,8 @@ def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
     if opt.name == "sgd":
         w[:] = w - p[0] * g
     elif opt.name == "adagrad":
-        s = r[dim:2 * dim] + g * g
-        r[dim:2 * dim] = s
+        s = r[dim : 2 * dim] + g * g
+        r[dim : 2 * dim] = s
         w[:] = w - p[0] * (g / (np.sqrt(s) + p[1]))
     elif opt.name == "rowwise_adagrad":
         acc = 0.0
@@ -140,10 +144,10 @@ def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
         r[3 * dim] = t
         c1 = one - f32(np.float64(p[1]) ** np.float64(t))
         c2 = one - f32(np.float64(p[2]) ** np.float64(t))
-        m = p[1] * r[dim:2 * dim] + (one - p[1]) * g
-        v = p[2] * r[2 * dim:3 * dim] + (one - p[2]) * g * g
-        r[dim:2 * dim] = m
-        r[2 * dim:3 * dim] = v
+        m = p[1] * r[dim : 2 * dim] + (one - p[1]) * g
+        v = p[2] * r[2 * dim : 3 * dim] + (one - p[2]) * g * g
+        r[dim : 2 * dim] = m
+        r[2 * dim : 3 * dim] = v
         w[:] = w - p[0] * ((m / c1) / (np.sqrt(v / c2) + p[3]))
 
 
@@ -170,7 +174,6 @@ def pool_bags(rows, offsets, weights, use_weights, mean, out):
                 out[b, j] *= inv
 
 
-
 @numba.njit(parallel=True, cache=True, nogil=True)
 def unpool_grads(grad_out, offsets, weights, use_weights, mean, out):
     """Backward of :func:`pool_bags`: each position's gradient row (n, dim) from its bag's."""
@@ -185,4 +188,3 @@ def unpool_grads(grad_out, offsets, weights, use_weights, mean, out):
             w = scale * (weights[i] if use_weights else np.float32(1.0))
             for j in range(dim):
                 out[i, j] = w * grad_out[b, j]
-

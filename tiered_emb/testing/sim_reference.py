@@ -7,6 +7,7 @@ textbook would: lists ordered oldest first, linear scans, no cleverness.  LRU an
 are the store's: one oracle, :class:`tiered_emb.testing.reference.ReferencePolicy`, run
 one request a batch, so the simulator's twins and the store's kernels answer to the same.
 """
+
 from __future__ import annotations
 
 from tiered_emb.testing.reference import ReferencePolicy
@@ -63,8 +64,8 @@ def clock(trace, capacity):
 
 def sieve(trace, capacity):
     """Insertion order list; the hand moves from old to new over visited objects."""
-    queue, visited, out = [], {}, []     # oldest first
-    hand = None                          # the object the hand points at, None = oldest
+    queue, visited, out = [], {}, []  # oldest first
+    hand = None  # the object the hand points at, None = oldest
     for x in trace:
         hit = x in visited
         out.append(hit)
@@ -110,7 +111,7 @@ def s3fifo(trace, capacity, small_ratio=0.1, ghost_ratio=0.9, threshold=2):
                 else:
                     del freq[y]
             else:
-                while small:              # until one leaves the cache (or small is empty)
+                while small:  # until one leaves the cache (or small is empty)
                     y = small.pop(0)
                     if freq[y] >= threshold:
                         freq[y] = 0
@@ -184,18 +185,28 @@ def belady(trace, capacity):
         if hit:
             continue
         if len(cache) == capacity:
-            def next_use(y):
+
+            def next_use(y, i=i):
                 for j in range(i + 1, len(trace)):
                     if trace[j] == y:
                         return j
                 return float("inf")
+
             cache.remove(max(cache, key=next_use))
         cache.add(x)
     return out
 
 
-REFERENCES = {"lru": lru, "lfu": lfu, "fifo": fifo, "clock": clock, "sieve": sieve, "s3fifo": s3fifo,
-              "arc": arc, "belady": belady}
+REFERENCES = {
+    "lru": lru,
+    "lfu": lfu,
+    "fifo": fifo,
+    "clock": clock,
+    "sieve": sieve,
+    "s3fifo": s3fifo,
+    "arc": arc,
+    "belady": belady,
+}
 
 
 def stack_distance_hits(trace, capacity):
@@ -204,6 +215,6 @@ def stack_distance_hits(trace, capacity):
     hits = 0
     for i, x in enumerate(trace):
         prev = [j for j in range(i) if trace[j] == x]
-        if prev and len(set(trace[prev[-1] + 1:i])) < capacity:
+        if prev and len(set(trace[prev[-1] + 1 : i])) < capacity:
             hits += 1
     return hits

@@ -1,6 +1,7 @@
 """The three tiers: HBM (:mod:`.hbm`), DDR (:mod:`.ddr`) and SSD/LMDB (:mod:`.ssd`)."""
+
 from tiered_emb.tiers.ddr import DdrTier
 from tiered_emb.tiers.hbm import DirectHbmTier, HbmTier
 from tiered_emb.tiers.ssd import SsdTier
 
-__all__ = ["HbmTier", "DirectHbmTier", "DdrTier", "SsdTier"]
+__all__ = ["DdrTier", "DirectHbmTier", "HbmTier", "SsdTier"]

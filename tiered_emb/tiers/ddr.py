@@ -4,12 +4,13 @@ Caching is exclusive: a row moving up to HBM leaves DDR, and HBM's victims come 
 into it, so HBM + DDR hold ``hbm_rows + ddr_rows`` distinct rows.  DDR's own victims go
 to LMDB when dirty and are dropped when clean (LMDB, or the initialiser, has them).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from tiered_emb._backend import host_zeros
-from tiered_emb.cache.slots import CacheTier, _cache_admit, _cache_take
+from tiered_emb.cache.slots import CacheTier, cache_admit, cache_take
 
 
 class DdrTier(CacheTier):
@@ -21,8 +22,22 @@ class DdrTier(CacheTier):
     def take(self, ids: np.ndarray, out_rows: np.ndarray, out_dirty: np.ndarray) -> np.ndarray:
         """Move the rows of ``ids`` held here into ``out_rows``; returns the found mask (uint8 (k,))."""
         found = np.empty(ids.shape[0], dtype=np.uint8)
-        _cache_take(self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty, self.pins, self.free,
-                    self.fmeta, self.records, ids, out_rows, out_dirty, found)
+        cache_take(
+            self.code,
+            self.P,
+            self.keys,
+            self.vals,
+            self.slot_ids,
+            self.dirty,
+            self.pins,
+            self.free,
+            self.fmeta,
+            self.records,
+            ids,
+            out_rows,
+            out_dirty,
+            found,
+        )
         return found
 
     def admit(self, ids: np.ndarray, rows: np.ndarray, dirty: np.ndarray):
@@ -30,6 +45,20 @@ class DdrTier(CacheTier):
         k = ids.shape[0]
         ev_ids = np.empty(k, dtype=np.int64)
         ev_rows = np.empty((k, self.width), dtype=np.float32)
-        n_out, n_ev = _cache_admit(self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty, self.free,
-                                   self.fmeta, self.records, ids, rows, dirty, ev_ids, ev_rows)
+        n_out, n_ev = cache_admit(
+            self.code,
+            self.P,
+            self.keys,
+            self.vals,
+            self.slot_ids,
+            self.dirty,
+            self.free,
+            self.fmeta,
+            self.records,
+            ids,
+            rows,
+            dirty,
+            ev_ids,
+            ev_rows,
+        )
         return ev_ids[:n_out], ev_rows[:n_out], int(n_ev)

@@ -4,20 +4,21 @@ Bookkeeping (index, policy, pins) stays on the host in :class:`CacheTier`; the r
 array lives on the device so gathers and optimizer updates never leave it.  Rows cross
 the host boundary only on a miss (up) or an eviction (down), batched per chunk.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
 from tiered_emb._backend import host_zeros, to_host, to_xp
-from tiered_emb.cache.slots import CacheTier, _cache_pin, _cache_release, _cache_resolve_new
+from tiered_emb.cache.slots import CacheTier, cache_pin, cache_release, cache_resolve_new
 
 
 def _records(xp, rows: int, width: int):
     """Zeroed records, each row padded to a whole number of 64-byte lines when that costs
     at most 1/8 more memory (dim 128 + a row-wise state: 129 -> 144 floats).  A row then
-    starts on a line: the forward reads its 128 weights from 8 lines, not 9, measured
-    1.7 -> 1.6 ms for 8,192 bags x 20 rows.  Everything outside the tier sees ``width``."""
+    starts on a line: the forward reads its 128 weights from 8 lines, not 9.  Everything
+    outside the tier sees ``width``."""
     pad = -width % 16
     stride = width + pad if pad <= width // 8 else width
     return host_zeros((rows, stride)) if xp is np else xp.zeros((rows, stride), dtype=xp.float32)
@@ -37,36 +38,46 @@ class HbmTier(CacheTier):
         return self.capacity_rows - int(self.fmeta[2])
 
     def resolve(self, uids: np.ndarray, force_pin: bool = False):
-        """Give a slot to every id of ``uids`` (int64 (k,), distinct); see :func:`_cache_resolve`.
+        """Give a slot to every id of ``uids`` (int64 (k,), distinct); see :func:`cache_resolve`.
 
         Returns ``(slots, miss_idx, victim_ids, victim_rows, victim_dirty, pinned)``: the
         slots (int64 (k,)), positions of ``uids`` whose rows the caller must write into
         their slots, the evicted rows (host float32 (v, W)) for the tier below, and
         whether the slots are pinned (then :meth:`release` them after use).
         """
-        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = _cache_resolve_new(
-            self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty, self.pins, self.free, self.fmeta,
-            uids, force_pin)
+        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(
+            self.code,
+            self.P,
+            self.keys,
+            self.vals,
+            self.slot_ids,
+            self.dirty,
+            self.pins,
+            self.free,
+            self.fmeta,
+            uids,
+            force_pin,
+        )
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        victim_rows = to_host(self.records[to_xp(self.xp, vslots), :self.width]) if n_v else None
+        victim_rows = to_host(self.records[to_xp(self.xp, vslots), : self.width]) if n_v else None
         return slots, miss_idx, vids, victim_rows, vdirty, bool(pinned)
 
     def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
-        self.records[to_xp(self.xp, slots), :self.width] = to_xp(self.xp, rows)
+        self.records[to_xp(self.xp, slots), : self.width] = to_xp(self.xp, rows)
         self.dirty[slots] = dirty
 
     def pin(self, slots: np.ndarray) -> None:
         """Pin resident ``slots`` (distinct) without using them."""
-        _cache_pin(self.code, self.P, self.pins, self.fmeta, slots)
+        cache_pin(self.code, self.P, self.pins, self.fmeta, slots)
 
     def release(self, slots: np.ndarray) -> None:
-        _cache_release(self.code, self.P, self.pins, self.fmeta, slots)
+        cache_release(self.code, self.P, self.pins, self.fmeta, slots)
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """Host copy of the records in ``slots``."""
-        return to_host(self.records[to_xp(self.xp, slots), :self.width])
+        return to_host(self.records[to_xp(self.xp, slots), : self.width])
 
 
 class DirectHbmTier(HbmTier):
@@ -95,8 +106,8 @@ class DirectHbmTier(HbmTier):
         self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
         if xp is np:
             # Rows not brought up yet read as NaN (stored rows are finite), so a pooled
-            # forward finds them from its own sums instead of checking every id first
-            # (0.12 of 1.6 ms for 8,192 bags x 20 ids).  Filling commits the pages now.
+            # forward finds them from its own sums instead of a pass over every id first.
+            # Filling commits the pages now.
             self.records.fill(np.nan)
 
     @property
@@ -126,7 +137,7 @@ _NO_FLAGS = np.empty(0, dtype=np.uint8)
 def _direct_resolve(slot_ids, dirty, pins, fmeta, uids, force_pin):
     """Claim slot ``uid`` for every id of ``uids`` (int64 (k,), distinct); returns int64
     positions of those not resident before (the caller writes their rows).  ``force_pin``
-    pins every slot, as :func:`tiered_emb.cache.slots._cache_resolve` does for prefetch."""
+    pins every slot, as :func:`tiered_emb.cache.slots.cache_resolve` does for prefetch."""
     miss_idx = np.empty(uids.shape[0], dtype=np.int64)
     m = 0
     for i in range(uids.shape[0]):

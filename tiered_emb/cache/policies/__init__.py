@@ -9,10 +9,11 @@ object in the hot loop).  Each policy supplies three operations on the state tup
 - ``detach(slot)``: the slot stops being a candidate (pinned by a batch, or removed);
 - ``victim()``: detach and return the next slot to evict.
 
-Use metadata (count, last use) is kept by :func:`_touch` / :func:`_fresh`, common to all.
+Use metadata (count, last use) is kept by :func:`policy_touch` / :func:`policy_fresh`, common to all.
 Pinned slots are simply not attached, so a policy never sees them.  ``P`` is one flat
 int64 array (:mod:`._state`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 import numba
 
 from tiered_emb.cache.policies._state import CLOCK, COUNT, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
-from tiered_emb.cache.policies.lfu import _lfu_attach, _lfu_detach, _lfu_sift_down, _lfu_victim
-from tiered_emb.cache.policies.lru import _lru_attach, _lru_detach, _lru_victim
+from tiered_emb.cache.policies.lfu import lfu_attach, lfu_detach, lfu_sift_down, lfu_victim
+from tiered_emb.cache.policies.lru import lru_attach, lru_detach, lru_victim
 
 LRU = 0
 LFU = 1
@@ -43,44 +44,44 @@ POLICIES: dict[str, PolicySpec] = {
 
 
 @numba.njit(inline="always")
-def _attach(code, P, slot):
+def policy_attach(code, P, slot):
     if code == LRU:
-        _lru_attach(P, slot)
+        lru_attach(P, slot)
     else:
-        _lfu_attach(P, slot)
+        lfu_attach(P, slot)
 
 
 @numba.njit(inline="always")
-def _detach(code, P, slot):
+def policy_detach(code, P, slot):
     if code == LRU:
-        _lru_detach(P, slot)
+        lru_detach(P, slot)
     else:
-        _lfu_detach(P, slot)
+        lfu_detach(P, slot)
 
 
 @numba.njit(inline="always")
-def _victim(code, P):
+def policy_victim(code, P):
     if code == LRU:
-        return _lru_victim(P)
-    return _lfu_victim(P)
+        return lru_victim(P)
+    return lfu_victim(P)
 
 
 @numba.njit(inline="always")
-def _hit(code, P, slot):
+def policy_hit(code, P, slot):
     """One more use of an attached (unpinned) slot: the single-request fast path.
 
     Equivalent to detach, touch, attach; cheaper: LRU appends one ring entry, LFU sifts
     the slot down (its key only grew).
     """
-    _touch(P, slot)
+    policy_touch(P, slot)
     if code == LRU:
-        _lru_attach(P, slot)  # appending makes the slot's older entry stale
+        lru_attach(P, slot)  # appending makes the slot's older entry stale
     else:
-        _lfu_sift_down(P, P[P[HPOS] + slot])
+        lfu_sift_down(P, P[P[HPOS] + slot])
 
 
 @numba.njit(inline="always")
-def _touch(P, slot):
+def policy_touch(P, slot):
     """Record one more use of a resident slot."""
     c = P[CLOCK] + 1
     P[CLOCK] = c
@@ -89,7 +90,7 @@ def _touch(P, slot):
 
 
 @numba.njit(inline="always")
-def _fresh(P, slot):
+def policy_fresh(P, slot):
     """Start the use metadata of a newly admitted slot (one use, now)."""
     c = P[CLOCK] + 1
     P[CLOCK] = c

@@ -14,6 +14,7 @@ each region, read as ``P[P[REGION] + i]``:
 - ``LAST`` (capacity): logical time of the last use (unique per use);
 - ``HEAP``, ``HPOS`` (capacity each): LFU's heap of slots and each slot's position.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,5 +45,5 @@ def new_policy_state(capacity_rows: int) -> np.ndarray:
         P[field] = at
         at += n
     P[RING_LEN] = ring
-    P[P[HPOS]:P[HPOS] + cap] = -1
+    P[P[HPOS] : P[HPOS] + cap] = -1
     return P

@@ -5,6 +5,7 @@ Counts belong to residents: an evicted id starts again at 1 when it returns (as 
 libCacheSim's LFU), so the state scales with the tier, not with the id space.
 State layout: :mod:`tiered_emb.cache.policies._state`.
 """
+
 from __future__ import annotations
 
 import numba
@@ -39,7 +40,7 @@ def _lfu_sift_up(P, i):
 
 
 @numba.njit(inline="always")
-def _lfu_sift_down(P, i):
+def lfu_sift_down(P, i):
     heap, hpos = P[HEAP], P[HPOS]
     n = P[HEAP_SIZE]
     s = P[heap + i]
@@ -60,7 +61,7 @@ def _lfu_sift_down(P, i):
 
 
 @numba.njit(inline="always")
-def _lfu_attach(P, slot):
+def lfu_attach(P, slot):
     """Insert ``slot`` with its current (count, last use)."""
     i = P[HEAP_SIZE]
     P[HEAP_SIZE] = i + 1
@@ -70,7 +71,7 @@ def _lfu_attach(P, slot):
 
 
 @numba.njit(inline="always")
-def _lfu_detach(P, slot):
+def lfu_detach(P, slot):
     """Remove ``slot`` from the heap."""
     heap, hpos = P[HEAP], P[HPOS]
     i = P[hpos + slot]
@@ -83,14 +84,14 @@ def _lfu_detach(P, slot):
     P[heap + i] = moved
     P[hpos + moved] = i
     _lfu_sift_up(P, i)
-    _lfu_sift_down(P, P[hpos + moved])
+    lfu_sift_down(P, P[hpos + moved])
 
 
 @numba.njit(inline="always")
-def _lfu_victim(P):
+def lfu_victim(P):
     """Detach and return the slot with the smallest (count, last use, slot), or -1."""
     if P[HEAP_SIZE] == 0:
         return -1
     slot = P[P[HEAP]]
-    _lfu_detach(P, slot)
+    lfu_detach(P, slot)
     return slot

@@ -13,6 +13,7 @@ Only *attached* (unpinned) slots are live.  A slot is attached when the batch th
 it releases it, in the batch's first-occurrence order, so ties cannot arise.
 State layout: :mod:`tiered_emb.cache.policies._state`.
 """
+
 from __future__ import annotations
 
 import numba
@@ -36,7 +37,7 @@ def _lru_compact(P):
 
 
 @numba.njit(inline="always")
-def _lru_attach(P, slot):
+def lru_attach(P, slot):
     """Make ``slot`` the most recently used candidate."""
     if P[TAIL] == P[RING_LEN]:
         _lru_compact(P)
@@ -50,13 +51,13 @@ def _lru_attach(P, slot):
 
 
 @numba.njit(inline="always")
-def _lru_detach(P, slot):
+def lru_detach(P, slot):
     """Stop ``slot`` being a candidate (its ring entry goes stale)."""
     P[P[GEN] + slot] += 1
 
 
 @numba.njit(inline="always")
-def _lru_victim(P):
+def lru_victim(P):
     """Detach and return the least recently used attached slot, or -1 when none is attached."""
     ring, rgen, gen = P[RING], P[RGEN], P[GEN]
     h = P[HEAD]

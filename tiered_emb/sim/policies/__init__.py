@@ -24,9 +24,18 @@ Which store policy a kernel twins is data: ``SimPolicy.twin`` in :data:`tiered_e
 >>> lru_hits(np.array([1, 2, 1, 3, 1, 2]), 2, np.zeros(0, np.uint8))
 2
 """
+
 from tiered_emb.sim.policies.arc import B1, B2, T1, T2, arc_hits
-from tiered_emb.sim.policies.base import (DENSE_IDS_PER_REQUEST, DENSE_MAX_IDS, NIL, PREFETCH_AHEAD,
-                                          PREFETCH_STATE_AHEAD, PREFETCH_STATE_MIN, dense_ok, id_range)
+from tiered_emb.sim.policies.base import (
+    DENSE_IDS_PER_REQUEST,
+    DENSE_MAX_IDS,
+    NIL,
+    PREFETCH_AHEAD,
+    PREFETCH_STATE_AHEAD,
+    PREFETCH_STATE_MIN,
+    dense_ok,
+    id_range,
+)
 from tiered_emb.sim.policies.belady import belady_hits, next_use_of
 from tiered_emb.sim.policies.buffers import SCRATCH_KEEP_BYTES, release_scratch, scratch, scratch_roles
 from tiered_emb.sim.policies.clock import clock_hits
@@ -36,7 +45,31 @@ from tiered_emb.sim.policies.lru import lru_hits
 from tiered_emb.sim.policies.s3fifo import s3fifo_hits, s3fifo_sizes
 from tiered_emb.sim.policies.sieve import sieve_hits
 
-__all__ = ["lru_hits", "lfu_hits", "fifo_hits", "clock_hits", "sieve_hits", "s3fifo_hits", "s3fifo_sizes", "arc_hits",
-           "belady_hits", "next_use_of", "id_range", "dense_ok", "scratch", "release_scratch", "scratch_roles",
-           "NIL", "PREFETCH_AHEAD", "PREFETCH_STATE_AHEAD", "PREFETCH_STATE_MIN", "DENSE_MAX_IDS",
-           "DENSE_IDS_PER_REQUEST", "SCRATCH_KEEP_BYTES", "T1", "T2", "B1", "B2"]
+__all__ = [
+    "B1",
+    "B2",
+    "DENSE_IDS_PER_REQUEST",
+    "DENSE_MAX_IDS",
+    "NIL",
+    "PREFETCH_AHEAD",
+    "PREFETCH_STATE_AHEAD",
+    "PREFETCH_STATE_MIN",
+    "SCRATCH_KEEP_BYTES",
+    "T1",
+    "T2",
+    "arc_hits",
+    "belady_hits",
+    "clock_hits",
+    "dense_ok",
+    "fifo_hits",
+    "id_range",
+    "lfu_hits",
+    "lru_hits",
+    "next_use_of",
+    "release_scratch",
+    "s3fifo_hits",
+    "s3fifo_sizes",
+    "scratch",
+    "scratch_roles",
+    "sieve_hits",
+]

@@ -6,14 +6,27 @@ No store policy: simulator only.
 >>> arc_hits(np.array([1, 2, 1, 3, 1, 2]), 2, np.zeros(0, np.uint8))
 2
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from tiered_emb.kernels import _prefetch
-from tiered_emb.sim.policies.base import (NIL, PREFETCH_AHEAD, PREFETCH_STATE_AHEAD, PREFETCH_STATE_MIN, ix_del,
-                                          ix_find, ix_peek, ix_prefetch, ix_put, list_pop, list_push, list_unlink)
+from tiered_emb._jit import prefetch_hint
+from tiered_emb.sim.policies.base import (
+    NIL,
+    PREFETCH_AHEAD,
+    PREFETCH_STATE_AHEAD,
+    PREFETCH_STATE_MIN,
+    ix_del,
+    ix_find,
+    ix_peek,
+    ix_prefetch,
+    ix_put,
+    list_pop,
+    list_push,
+    list_unlink,
+)
 from tiered_emb.sim.policies.buffers import kernel_state
 
 #: The list a node is on (``where``): residents in T1 (seen once) or T2 (seen again),
@@ -49,24 +62,24 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
         if deep and i + PREFETCH_STATE_AHEAD < n:
             t = ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
             if t >= 0:
-                _prefetch(where, t)
-                _prefetch(newer, t)
-                _prefetch(older, t)
+                prefetch_hint(where, t)
+                prefetch_hint(newer, t)
+                prefetch_hint(older, t)
             # the oldest nodes of T1 and B1 leave next (demoted, forgotten): their
             # successors' links and ids, and the index entry of B1's oldest id
             if o1 != NIL:
                 t = newer[o1]
                 if t != NIL:
-                    _prefetch(newer, t)
-                    _prefetch(older, t)
-                    _prefetch(where, t)
+                    prefetch_hint(newer, t)
+                    prefetch_hint(older, t)
+                    prefetch_hint(where, t)
             if ob1 != NIL:
                 ix_prefetch(ix, node_ids[ob1])
                 t = newer[ob1]
                 if t != NIL:
-                    _prefetch(newer, t)
-                    _prefetch(older, t)
-                    _prefetch(node_ids, t)
+                    prefetch_hint(newer, t)
+                    prefetch_hint(older, t)
+                    prefetch_hint(node_ids, t)
         key = trace[i]
         node = ix_find(ix, key)
         ghost_hit = False
@@ -155,6 +168,7 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
             where[node] = T1
     return hits
 
+
 def arc_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """Hits of ARC (``2 * capacity + 1`` nodes: residents and ghosts).
 
@@ -166,7 +180,14 @@ def arc_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """
     nodes = 2 * capacity + 1
     with kernel_state(trace, capacity, index, max_id, nodes) as (ix, idt):
-        return _arc_simulate(trace, capacity, ix, np.empty(nodes, idt),
-                             np.zeros(nodes, np.int8), np.full(nodes, NIL, np.int32),
-                             np.full(nodes, NIL, np.int32), np.arange(nodes - 1, -1, -1, dtype=np.int32),
-                             hit_flags)
+        return _arc_simulate(
+            trace,
+            capacity,
+            ix,
+            np.empty(nodes, idt),
+            np.zeros(nodes, np.int8),
+            np.full(nodes, NIL, np.int32),
+            np.full(nodes, NIL, np.int32),
+            np.arange(nodes - 1, -1, -1, dtype=np.int32),
+            hit_flags,
+        )

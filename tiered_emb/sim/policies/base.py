@@ -11,6 +11,7 @@ come :data:`PREFETCH_AHEAD` ahead.
 >>> dense_ok(10**6, 10)
 True
 """
+
 from __future__ import annotations
 
 import numba
@@ -18,8 +19,8 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from tiered_emb.cache.index import _hash_home, _index_del, _index_find, _index_put
-from tiered_emb.kernels import _prefetch
+from tiered_emb._jit import prefetch_hint
+from tiered_emb.cache.index import hash_home, index_del, index_find, index_put
 
 NIL = -1
 
@@ -69,12 +70,13 @@ def _ix_prefetch_impl(ix, key):
     # loads it had started ahead.  A prefetch issued PREFETCH_AHEAD requests early makes
     # the entry cached by then.
     if isinstance(ix, types.Array):
-        return lambda ix, key: _prefetch(ix, key)
+        return lambda ix, key: prefetch_hint(ix, key)
 
     def hashed(ix, key):
-        h = _hash_home(key, ix[0].shape[0] - 1)
-        _prefetch(ix[0], h)
-        _prefetch(ix[1], h)
+        h = hash_home(key, ix[0].shape[0] - 1)
+        prefetch_hint(ix[0], h)
+        prefetch_hint(ix[1], h)
+
     return hashed
 
 
@@ -97,25 +99,29 @@ def _ix_peek_impl(ix, key):
 def _ix_find_impl(ix, key):
     if isinstance(ix, types.Array):
         return lambda ix, key: np.int64(ix[key])
-    return lambda ix, key: _index_find(ix[0], ix[1], key)
+    return lambda ix, key: index_find(ix[0], ix[1], key)
 
 
 @overload(ix_put)
 def _ix_put_impl(ix, key, slot):
     if isinstance(ix, types.Array):
+
         def dense(ix, key, slot):
             ix[key] = slot
+
         return dense
-    return lambda ix, key, slot: _index_put(ix[0], ix[1], key, slot)
+    return lambda ix, key, slot: index_put(ix[0], ix[1], key, slot)
 
 
 @overload(ix_del)
 def _ix_del_impl(ix, key):
     if isinstance(ix, types.Array):
+
         def dense(ix, key):
             ix[key] = -1
+
         return dense
-    return lambda ix, key: _index_del(ix[0], ix[1], key)
+    return lambda ix, key: index_del(ix[0], ix[1], key)
 
 
 @numba.njit(cache=True)

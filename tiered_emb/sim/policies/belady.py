@@ -10,14 +10,15 @@ future it needs, is here too; the miss-ratio curves and traces use it.
 >>> belady_hits(np.array([1, 2, 3, 1, 2, 3]), 2, np.zeros(0, np.uint8))
 2
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
 from tiered_emb._args import as_ids
+from tiered_emb._jit import prefetch_hint
 from tiered_emb.errors import ConfigError
-from tiered_emb.kernels import _prefetch
 from tiered_emb.sim.policies.base import PREFETCH_AHEAD, dense_ok, id_range, ix_del, ix_find, ix_prefetch, ix_put
 from tiered_emb.sim.policies.buffers import kernel_state, scratch
 
@@ -46,7 +47,7 @@ def _next_use_dense(trace, last, next_use):
     # flight
     for i in range(trace.shape[0] - 1, -1, -1):
         if i >= 2 * PREFETCH_AHEAD:
-            _prefetch(last, trace[i - 2 * PREFETCH_AHEAD])
+            prefetch_hint(last, trace[i - 2 * PREFETCH_AHEAD])
         k = trace[i]
         next_use[i] = last[k]
         last[k] = i
@@ -77,8 +78,10 @@ def next_use_of(trace: np.ndarray, dtype=np.int64, max_id: int | None = None) ->
     trace = as_ids(trace)
     n = trace.shape[0]
     if np.dtype(dtype) not in (np.dtype(np.int32), np.dtype(np.int64)) or (np.dtype(dtype) == np.int32 and n >= 2**31):
-        raise ConfigError(f"dtype={dtype!r} cannot hold the positions of {n} requests",
-                          "use np.int64 (or np.int32 below 2**31 requests)")
+        raise ConfigError(
+            f"dtype={dtype!r} cannot hold the positions of {n} requests",
+            "use np.int64 (or np.int32 below 2**31 requests)",
+        )
     out = np.empty(n, dtype=dtype)
     _next_use_into(trace, out, max_id)
     return out
@@ -95,6 +98,7 @@ def _next_use_into(trace: np.ndarray, out: np.ndarray, max_id: int | None) -> No
     else:
         order = np.argsort(trace, kind="stable").astype(np.int64)
         _next_use(trace, order, out, n)
+
 
 @numba.njit(inline="always")
 def _opt_sift_up(heap, hpos, i):
@@ -216,6 +220,7 @@ def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, dead, 
             n_dead += 1
     return hits
 
+
 def belady_hits(trace, capacity, hit_flags, next_use=None, index="auto", max_id=None):
     """Hits of Belady's MIN; ``next_use`` (from :func:`next_use_of`) is computed when not
     given (``max_id``: the largest id when the caller knows it and has checked the ids are >= 0).
@@ -232,5 +237,14 @@ def belady_hits(trace, capacity, hit_flags, next_use=None, index="auto", max_id=
             _next_use_into(trace, nu, max_id)
             return belady_hits(trace, capacity, hit_flags, nu, index, max_id)
     with kernel_state(trace, capacity, index, max_id) as (ix, idt):
-        return _belady_simulate(trace, next_use, capacity, ix, np.empty(capacity, idt), np.empty(capacity, np.int64),
-                                np.empty(capacity, np.int32), np.empty(capacity, np.int32), hit_flags)
+        return _belady_simulate(
+            trace,
+            next_use,
+            capacity,
+            ix,
+            np.empty(capacity, idt),
+            np.empty(capacity, np.int64),
+            np.empty(capacity, np.int32),
+            np.empty(capacity, np.int32),
+            hit_flags,
+        )

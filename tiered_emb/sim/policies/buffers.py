@@ -6,6 +6,7 @@
 (4,)
 >>> release_scratch()
 """
+
 from __future__ import annotations
 
 import threading

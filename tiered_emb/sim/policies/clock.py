@@ -7,6 +7,7 @@ policy: a simulator-only baseline.
 >>> clock_hits(np.array([1, 2, 1, 3, 1]), 2, np.zeros(0, np.uint8))
 2
 """
+
 from __future__ import annotations
 
 import numba
@@ -59,6 +60,7 @@ def _clock_simulate(trace, capacity, ix, ring, ref, hit_flags):
         ix_put(ix, key, pos)
     return hits
 
+
 def clock_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """Hits of CLOCK.
 
@@ -69,5 +71,4 @@ def clock_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     these; this is its fast path.
     """
     with kernel_state(trace, capacity, index, max_id) as (ix, idt):
-        return _clock_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                               np.zeros(capacity, np.uint8), hit_flags)
+        return _clock_simulate(trace, capacity, ix, np.empty(capacity, idt), np.zeros(capacity, np.uint8), hit_flags)

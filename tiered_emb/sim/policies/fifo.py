@@ -8,6 +8,7 @@ at the hand, which moves one place per eviction.
 >>> fifo_hits(np.array([1, 2, 1, 3, 1]), 2, np.zeros(0, np.uint8))
 1
 """
+
 from __future__ import annotations
 
 import numba
@@ -46,6 +47,7 @@ def _fifo_simulate(trace, capacity, ix, ring, hit_flags):
         ring[pos] = key
         ix_put(ix, key, pos)
     return hits
+
 
 def fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """Hits of FIFO.

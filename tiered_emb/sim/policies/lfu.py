@@ -10,14 +10,24 @@ batches pin slots out of it; here buckets of equal count make each request O(1).
 >>> lfu_hits(np.array([1, 1, 2, 3, 1, 2]), 2, np.zeros(0, np.uint8))
 2
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from tiered_emb.kernels import _prefetch
-from tiered_emb.sim.policies.base import (NIL, PREFETCH_AHEAD, PREFETCH_STATE_AHEAD, PREFETCH_STATE_MIN, ix_del,
-                                          ix_find, ix_peek, ix_prefetch, ix_put)
+from tiered_emb._jit import prefetch_hint
+from tiered_emb.sim.policies.base import (
+    NIL,
+    PREFETCH_AHEAD,
+    PREFETCH_STATE_AHEAD,
+    PREFETCH_STATE_MIN,
+    ix_del,
+    ix_find,
+    ix_peek,
+    ix_prefetch,
+    ix_put,
+)
 from tiered_emb.sim.policies.buffers import kernel_state
 
 
@@ -75,7 +85,7 @@ def _lfu_twin_simulate(trace, capacity, ix, slot_ids, item, bk, bfree, hit_flags
         if deep and i + PREFETCH_STATE_AHEAD < n:
             t = ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
             if t >= 0:
-                _prefetch(item, (t, 0))
+                prefetch_hint(item, (t, 0))
         key = trace[i]
         s = ix_find(ix, key)
         if s >= 0:
@@ -141,6 +151,7 @@ def _lfu_twin_simulate(trace, capacity, ix, slot_ids, item, bk, bfree, hit_flags
         _bucket_append_item(bk, item, lowest, s)
     return hits
 
+
 def lfu_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """Hits of the twin of the store's LFU.
 
@@ -154,5 +165,13 @@ def lfu_hits(trace, capacity, hit_flags, index="auto", max_id=None):
         nb = capacity + 1
         bk = np.full((nb, 8), NIL, np.int32 if trace.shape[0] < 2**31 else np.int64)
         bk[:, 0] = 0
-        return _lfu_twin_simulate(trace, capacity, ix, np.empty(capacity, idt), np.full((capacity, 4), NIL, np.int32),
-                                  bk, np.arange(nb - 1, -1, -1, dtype=np.int32), hit_flags)
+        return _lfu_twin_simulate(
+            trace,
+            capacity,
+            ix,
+            np.empty(capacity, idt),
+            np.full((capacity, 4), NIL, np.int32),
+            bk,
+            np.arange(nb - 1, -1, -1, dtype=np.int32),
+            hit_flags,
+        )

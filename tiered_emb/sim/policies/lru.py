@@ -10,6 +10,7 @@ registers, makes the same choices faster.
 >>> lru_hits(np.array([1, 2, 1, 3, 2]), 2, np.zeros(0, np.uint8))
 1
 """
+
 from __future__ import annotations
 
 import numba
@@ -74,6 +75,7 @@ def _lru_twin_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
         newest = s
     return hits
 
+
 def lru_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """Hits of the twin of the store's LRU.
 
@@ -84,5 +86,12 @@ def lru_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     these; this is its fast path.
     """
     with kernel_state(trace, capacity, index, max_id) as (ix, idt):
-        return _lru_twin_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                                  np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32), hit_flags)
+        return _lru_twin_simulate(
+            trace,
+            capacity,
+            ix,
+            np.empty(capacity, idt),
+            np.full(capacity, NIL, np.int32),
+            np.full(capacity, NIL, np.int32),
+            hit_flags,
+        )

@@ -7,6 +7,7 @@ simulator only.
 >>> s3fifo_sizes(100)
 (10, 90, 90)
 """
+
 from __future__ import annotations
 
 import numba
@@ -42,9 +43,24 @@ def _ring_pop(ring, meta, q):
 
 
 @numba.njit(cache=True)
-def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_ids,
-                     queue_of, freq, ring, qmeta, gids, gnewer, golder, gfree,
-                     hit_flags):
+def _s3fifo_simulate(
+    trace,
+    small_cap,
+    main_cap,
+    ghost_cap,
+    threshold,
+    ix,
+    slot_ids,
+    queue_of,
+    freq,
+    ring,
+    qmeta,
+    gids,
+    gnewer,
+    golder,
+    gfree,
+    hit_flags,
+):
     """S3-FIFO.
 
     Resident slots (``small_cap + main_cap`` of them) hold ``slot_ids``, ``queue_of``
@@ -150,9 +166,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_
         else:
             s = used
             used += 1
-        if hit_on_ghost:
-            q = 1
-        elif not has_evicted and qmeta[0, 1] >= small_cap:
+        if hit_on_ghost or (not has_evicted and qmeta[0, 1] >= small_cap):
             q = 1
         else:
             q = 0
@@ -162,6 +176,7 @@ def _s3fifo_simulate(trace, small_cap, main_cap, ghost_cap, threshold, ix, slot_
         _ring_push(ring, qmeta, q, s)
         ix_put(ix, key, s)
     return hits
+
 
 def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9) -> tuple[int, int, int]:
     """``(small, main, ghost)`` object counts, computed as libCacheSim does (C doubles cast
@@ -188,9 +203,21 @@ def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_rat
     small, main, ghost = s3fifo_sizes(capacity, small_ratio, ghost_ratio)
     gcap = max(ghost, 1)
     with kernel_state(trace, capacity, index, max_id, capacity + ghost) as (ix, idt):
-        return _s3fifo_simulate(trace, small, main, ghost, threshold, ix,
-                                np.empty(capacity, idt), np.zeros(capacity, np.uint8),
-                                np.zeros(capacity, np.int64), np.empty((2, capacity), np.int32),
-                                np.zeros((2, 2), np.int64), np.empty(gcap, idt),
-                                np.full(gcap, NIL, np.int32), np.full(gcap, NIL, np.int32),
-                                np.arange(gcap - 1, -1, -1, dtype=np.int32), hit_flags)
+        return _s3fifo_simulate(
+            trace,
+            small,
+            main,
+            ghost,
+            threshold,
+            ix,
+            np.empty(capacity, idt),
+            np.zeros(capacity, np.uint8),
+            np.zeros(capacity, np.int64),
+            np.empty((2, capacity), np.int32),
+            np.zeros((2, 2), np.int64),
+            np.empty(gcap, idt),
+            np.full(gcap, NIL, np.int32),
+            np.full(gcap, NIL, np.int32),
+            np.arange(gcap - 1, -1, -1, dtype=np.int32),
+            hit_flags,
+        )

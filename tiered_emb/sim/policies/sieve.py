@@ -7,6 +7,7 @@ unvisited object and stays where it was.  No store policy: simulator only.
 >>> sieve_hits(np.array([1, 2, 3, 1, 4, 5, 1]), 3, np.zeros(0, np.uint8))
 2
 """
+
 from __future__ import annotations
 
 import numba
@@ -76,6 +77,7 @@ def _sieve_simulate(trace, capacity, ix, slot_ids, newer, older, visited, hit_fl
         ix_put(ix, key, s)
     return hits
 
+
 def sieve_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     """Hits of SIEVE.
 
@@ -86,6 +88,13 @@ def sieve_hits(trace, capacity, hit_flags, index="auto", max_id=None):
     these; this is its fast path.
     """
     with kernel_state(trace, capacity, index, max_id) as (ix, idt):
-        return _sieve_simulate(trace, capacity, ix, np.empty(capacity, idt),
-                               np.full(capacity, NIL, np.int32), np.full(capacity, NIL, np.int32),
-                               np.zeros(capacity, np.uint8), hit_flags)
+        return _sieve_simulate(
+            trace,
+            capacity,
+            ix,
+            np.empty(capacity, idt),
+            np.full(capacity, NIL, np.int32),
+            np.full(capacity, NIL, np.int32),
+            np.zeros(capacity, np.uint8),
+            hit_flags,
+        )

@@ -8,6 +8,7 @@ written), :mod:`.held` and :mod:`.rowbuf` (rows held in memory), :mod:`.segments
 :mod:`.compaction`, :mod:`.checkpoint`; :mod:`.codec` holds the bytes on disk and on
 the pipe.
 """
+
 from tiered_emb.tiers.ssd.tier import SsdTier
 from tiered_emb.tiers.ssd.writer_client import WRITER_PROCESS
 

@@ -7,6 +7,7 @@ durable point.  A store reopens at its checkpoint (:meth:`~Checkpointer.discard_
 drops ``p:``) or at its latest write (:meth:`~Checkpointer.promote_pending` reads ``p:``
 and makes it the checkpoint).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,17 @@ class Checkpointer:
     format tiered_emb/1): only dropped (:meth:`discard_pending`), never read.
     """
 
-    def __init__(self, lmdb_env: LmdbEnv, widths: dict[str, int], held: HeldRows, segments: SegmentLog,
-                 written: WrittenIds, writer: Writer, lock: threading.Lock, compressor):
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        widths: dict[str, int],
+        held: HeldRows,
+        segments: SegmentLog,
+        written: WrittenIds,
+        writer: Writer,
+        lock: threading.Lock,
+        compressor,
+    ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
         self._held = held
@@ -87,9 +97,11 @@ class Checkpointer:
 
     def discard_pending(self) -> None:
         """Drop what was written since the last checkpoint (reopen at the checkpoint)."""
+
         def fn(txn):
             for t in sorted(self._widths):
                 txn.drop(self._lmdb.pending[t], delete=False)
+
         self._lmdb.write(fn)
         with self._lock:
             self._segments.dropped()
@@ -99,10 +111,12 @@ class Checkpointer:
     def promote_pending(self) -> None:
         """Keep what was written since the last checkpoint (reopen at the latest flush)."""
         if self.legacy_pending:
-            raise ConfigError(f"the rows written after the last checkpoint of {self._lmdb.path} are in the format of "
-                              "an older tiered_emb (tiered_emb/1), which restore='latest' does not read",
-                              "open it with restore='checkpoint' (those rows are given up), or reopen it with the "
-                              "version that wrote it and checkpoint it there")
+            raise ConfigError(
+                f"the rows written after the last checkpoint of {self._lmdb.path} are in the format of "
+                "an older tiered_emb (tiered_emb/1), which restore='latest' does not read",
+                "open it with restore='checkpoint' (those rows are given up), or reopen it with the "
+                "version that wrote it and checkpoint it there",
+            )
         with self._lmdb.corrupt_on_error("reading"):
             for table in sorted(self._widths):
                 self._segments.load(table)
@@ -113,12 +127,16 @@ class Checkpointer:
         with self._lmdb.corrupt_on_error("reading the meta record of"), self._lmdb.reading() as txn:
             v = txn.get(b"meta", db=self._lmdb.meta)
         if v is None:
-            raise CorruptStoreError(f"the LMDB environment {self._lmdb.path} has no meta record",
-                                    "the store was never checkpointed; recreate it or restore a backup")
+            raise CorruptStoreError(
+                f"the LMDB environment {self._lmdb.path} has no meta record",
+                "the store was never checkpointed; recreate it or restore a backup",
+            )
         try:
             return json.loads(bytes(v))
         except ValueError as err:
-            raise CorruptStoreError(f"the meta record of {self._lmdb.path} is not JSON", "restore from a backup") from err
+            raise CorruptStoreError(
+                f"the meta record of {self._lmdb.path} is not JSON", "restore from a backup"
+            ) from err
 
     def read_extra(self) -> bytes | None:
         """The trainer's bytes saved with a checkpoint (None if none)."""

@@ -10,6 +10,7 @@ process loads it from beside :mod:`.writer_main` without importing ``tiered_emb`
 that it starts quickly.  Decoding raises the package's typed errors, so it lives with
 the readers (:mod:`.reads`, :mod:`.segments`).
 """
+
 from __future__ import annotations
 
 import json
@@ -80,6 +81,7 @@ def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor
     """Append the segment of ``rows`` under ``ids`` as number ``seq`` (above every one in ``db``)."""
     if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=True):
         import lmdb
+
         raise lmdb.KeyExistsError(f"segment {seq} is not above the last one")
 
 
@@ -87,8 +89,7 @@ def put_rows(txn, db, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
     """Put ``rows`` under ``ids`` in ``db``, in key order (a repeated id's last row wins)."""
     order = np.argsort(ids, kind="stable")
     with txn.cursor(db=db) as cur:
-        cur.putmulti(zip(lmdb_keys(ids[order]), encode_rows(rows[order], compressor)))
-
+        cur.putmulti(zip(lmdb_keys(ids[order]), encode_rows(rows[order], compressor), strict=False))
 
 
 def read_frame(stream, max_len: int | None = None) -> dict | None:

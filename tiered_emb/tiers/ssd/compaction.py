@@ -5,6 +5,7 @@ again and again would grow the file until the next checkpoint.  Before a write-b
 table whose segments hold far more rows than it has live is rewritten, in one write
 transaction that also drops the old segments.
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,15 @@ class Compactor:
     COMPACT_RATIO = 4
     COMPACT_MIN_ROWS = 1 << 20
 
-    def __init__(self, lmdb_env: LmdbEnv, widths: dict[str, int], held: HeldRows, segments: SegmentLog,
-                 lock: threading.Lock, compressor):
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        widths: dict[str, int],
+        held: HeldRows,
+        segments: SegmentLog,
+        lock: threading.Lock,
+        compressor,
+    ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
         self._held = held
@@ -38,8 +46,11 @@ class Compactor:
     def due(self) -> list[str]:
         """The tables whose stale copies passed the bound, in name order."""
         stored, index = self._segments.stored_rows, self._segments.index
-        return [t for t in sorted(self._widths)
-                if stored[t] >= self.COMPACT_MIN_ROWS and stored[t] > self.COMPACT_RATIO * len(index[t])]
+        return [
+            t
+            for t in sorted(self._widths)
+            if stored[t] >= self.COMPACT_MIN_ROWS and stored[t] > self.COMPACT_RATIO * len(index[t])
+        ]
 
     def compact(self, tables: list[str]) -> None:
         """Rewrite ``p:`` of each of ``tables`` as one segment of its live rows, in one transaction.
@@ -63,7 +74,7 @@ class Compactor:
                 txn.drop(self._lmdb.pending[t], delete=False)
                 step = self._segments.rows_per_segment(t)
                 for k, (_, seq, seg_ids, _) in enumerate(plan[t]):
-                    put_segment(txn, self._lmdb.pending[t], seq, seg_ids, rows[k * step:(k + 1) * step], self._zc)
+                    put_segment(txn, self._lmdb.pending[t], seq, seg_ids, rows[k * step : (k + 1) * step], self._zc)
 
         self._lmdb.write(fn)
         with self._lock:

@@ -14,6 +14,7 @@ Every method but :meth:`HeldRows.unstage` runs under the tier's lock (the caller
 it), which also guards the segment index and the written bits: one short section can
 then move rows from a snapshot to ``p:`` atomically for readers.
 """
+
 from __future__ import annotations
 
 import threading

@@ -7,12 +7,13 @@ layout with int64 values, ``segment << POS_BITS | position``.  A newer segment's
 replaces an older one's.  Entries are only added, until :meth:`SegmentIndex.clear` (the
 checkpoint folds the segments into ``t:`` and drops them); the table doubles at half full.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from tiered_emb.cache.index import EMPTY, _hash_home, _index_find_many, table_size_for
+from tiered_emb.cache.index import EMPTY, hash_home, index_find_many, table_size_for
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
 #: other 43 (:data:`MAX_SEGMENTS`: at 1,000 segments a second, 278 years).
@@ -29,7 +30,7 @@ def _loc_set(keys, vals, ids, locs):
     added = 0
     for i in range(ids.shape[0]):
         key = ids[i]
-        j = _hash_home(key, mask)
+        j = hash_home(key, mask)
         while True:
             k = keys[j]
             if k == key:
@@ -96,7 +97,7 @@ class SegmentIndex:
         if self.n == 0:
             out[:] = -1
         else:
-            _index_find_many(self.keys, self.vals, np.ascontiguousarray(ids, dtype=np.int64), out)
+            index_find_many(self.keys, self.vals, np.ascontiguousarray(ids, dtype=np.int64), out)
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:

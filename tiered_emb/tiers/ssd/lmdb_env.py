@@ -7,6 +7,7 @@ allows a resize only with no transaction open in this process, so every read tra
 goes through :attr:`LmdbEnv.gate`.  Every LMDB error is raised as one of the typed errors
 of :mod:`tiered_emb.errors`, with the lmdb error as its cause.
 """
+
 from __future__ import annotations
 
 import threading
@@ -74,8 +75,15 @@ class LmdbEnv:
         self.max_dbs, self.max_readers = 2 * len(tables) + 2, 64
         self.gate = TxnGate()
         try:
-            self.env = lmdb.open(str(self.path), map_size=map_size_bytes, max_dbs=self.max_dbs,
-                                 subdir=True, readahead=False, meminit=False, max_readers=self.max_readers)
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size_bytes,
+                max_dbs=self.max_dbs,
+                subdir=True,
+                readahead=False,
+                meminit=False,
+                max_readers=self.max_readers,
+            )
             self._check_length()
             if existing:
                 try:
@@ -89,15 +97,26 @@ class LmdbEnv:
         except lmdb.LockError as err:
             raise StoreLockedError(f"LMDB environment {self.path} is locked", "close the other writer first") from err
         except OverflowError as err:
-            raise ConfigError(f"map_size_bytes={map_size_bytes} is more than LMDB can map ({err})",
-                              "use a smaller TierConfig.map_size_bytes (the map grows by itself when full)") from err
-        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.BadValsizeError,
-                lmdb.PageNotFoundError) as err:
-            raise CorruptStoreError(f"LMDB environment {self.path} is corrupt or not an LMDB file ({err})",
-                                    "restore the store directory from a backup") from err
+            raise ConfigError(
+                f"map_size_bytes={map_size_bytes} is more than LMDB can map ({err})",
+                "use a smaller TierConfig.map_size_bytes (the map grows by itself when full)",
+            ) from err
+        except (
+            lmdb.InvalidError,
+            lmdb.CorruptedError,
+            lmdb.VersionMismatchError,
+            lmdb.BadValsizeError,
+            lmdb.PageNotFoundError,
+        ) as err:
+            raise CorruptStoreError(
+                f"LMDB environment {self.path} is corrupt or not an LMDB file ({err})",
+                "restore the store directory from a backup",
+            ) from err
         except lmdb.Error as err:
-            raise CorruptStoreError(f"LMDB environment {self.path} cannot be opened ({err})",
-                                    "check the store directory and its permissions") from err
+            raise CorruptStoreError(
+                f"LMDB environment {self.path} cannot be opened ({err})",
+                "check the store directory and its permissions",
+            ) from err
 
     def _check_tables(self, tables: list[str]) -> None:
         """Raise CorruptStoreError unless LMDB holds a ``t:`` database for exactly the tables
@@ -108,8 +127,10 @@ class LmdbEnv:
             held = sorted(bytes(k)[2:].decode("utf-8", "replace") for k, _ in txn.cursor() if bytes(k)[:2] == b"t:")
         listed = sorted(tables)
         if held != listed:
-            raise CorruptStoreError(f"the manifest lists tables {listed} but LMDB in {self.path} holds {held}",
-                                    "restore manifest.json (or the store directory) from a backup")
+            raise CorruptStoreError(
+                f"the manifest lists tables {listed} but LMDB in {self.path} holds {held}",
+                "restore manifest.json (or the store directory) from a backup",
+            )
 
     def _check_length(self) -> None:
         """Raise CorruptStoreError when ``data.mdb`` is shorter than its last committed page:
@@ -118,8 +139,10 @@ class LmdbEnv:
         have = (self.path / "data.mdb").stat().st_size
         if have < need:
             self.env.close()
-            raise CorruptStoreError(f"LMDB file {self.path / 'data.mdb'} is truncated ({have} bytes, its pages "
-                                    f"reach {need})", "restore the store directory from a backup")
+            raise CorruptStoreError(
+                f"LMDB file {self.path / 'data.mdb'} is truncated ({have} bytes, its pages reach {need})",
+                "restore the store directory from a backup",
+            )
 
     @contextmanager
     def corrupt_on_error(self, doing: str):
@@ -127,8 +150,9 @@ class LmdbEnv:
         try:
             yield
         except lmdb.Error as err:
-            raise CorruptStoreError(f"{doing} {self.path} failed ({type(err).__name__}: {err})",
-                                    "restore the store directory from a backup") from err
+            raise CorruptStoreError(
+                f"{doing} {self.path} failed ({type(err).__name__}: {err})", "restore the store directory from a backup"
+            ) from err
 
     @contextmanager
     def reading(self, buffers: bool = False):
@@ -147,10 +171,14 @@ class LmdbEnv:
                 self.grow_map()
             except lmdb.Error as err:
                 if disk_full(err, self.path):
-                    raise StoreFullError(f"the disk under {self.path} is full ({err}); the write was rolled back",
-                                         "free disk space or move the store, then call flush()/checkpoint() again") from err
-                raise CorruptStoreError(f"writing to {self.path} failed ({err}); the write was rolled back",
-                                        "check the disk and the store directory") from err
+                    raise StoreFullError(
+                        f"the disk under {self.path} is full ({err}); the write was rolled back",
+                        "free disk space or move the store, then call flush()/checkpoint() again",
+                    ) from err
+                raise CorruptStoreError(
+                    f"writing to {self.path} failed ({err}); the write was rolled back",
+                    "check the disk and the store directory",
+                ) from err
 
     def grow_map(self) -> None:
         """Double the map, once no read transaction is open."""
@@ -173,5 +201,7 @@ class LmdbEnv:
             for label, db in (("rows", self.main[table]), ("pending_rows", self.pending[table])):
                 st = txn.stat(db)
                 out[label] = int(st["entries"])
-                out[label.replace("rows", "bytes")] = int(st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]))
+                out[label.replace("rows", "bytes")] = int(
+                    st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+                )
         return out

@@ -5,6 +5,7 @@ written, rows staged for this batch (equal to LMDB's), then ``p:`` through the s
 index, then the records of ``t:`` in key order (one sequential walk).  Ids whose written
 bit is clear are nowhere here and are not looked up at all.
 """
+
 from __future__ import annotations
 
 import threading
@@ -40,8 +41,16 @@ class Reader:
     """Reads of the SSD tier's rows, for any thread: :meth:`read` (the step's) and
     :meth:`stage` (ahead of the step, on the lookahead thread)."""
 
-    def __init__(self, lmdb_env: LmdbEnv, widths: dict[str, int], held: HeldRows, segments: SegmentLog,
-                 written: WrittenIds, lock: threading.Lock, decompressor):
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        widths: dict[str, int],
+        held: HeldRows,
+        segments: SegmentLog,
+        written: WrittenIds,
+        lock: threading.Lock,
+        decompressor,
+    ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
         self._held = held
@@ -51,7 +60,10 @@ class Reader:
         self._zd = decompressor
 
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
-        """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W); returns the found mask (bool (k,))."""
+        """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W).
+
+        Returns the found mask (bool (k,)).
+        """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         at = self._written.maybe_stored(table, ids, np.arange(ids.shape[0]))
         if at.shape[0] == ids.shape[0]:
@@ -82,8 +94,9 @@ class Reader:
                 raise self._segments.gone(table, gone) from None
         return state == FOUND
 
-    def read_lmdb(self, table: str, ids: np.ndarray, out_rows: np.ndarray, at: np.ndarray, state: np.ndarray,
-                  locs: np.ndarray) -> None:
+    def read_lmdb(
+        self, table: str, ids: np.ndarray, out_rows: np.ndarray, at: np.ndarray, state: np.ndarray, locs: np.ndarray
+    ) -> None:
         """Records of ``ids`` (distinct) into ``out_rows[at]``, ``state[at]`` = FOUND where found:
         from the segments of ``p:`` at ``locs`` (their index locations, -1: none), the rest from ``t:``."""
         in_p = locs >= 0
@@ -105,8 +118,10 @@ class Reader:
                 if got:
                     self._decode_many(got, ids, at, out_rows, state)
         except lmdb.Error as err:
-            raise CorruptStoreError(f"reading table {table!r} from {self._lmdb.path} failed ({err})",
-                                    "restore the store directory from a backup") from err
+            raise CorruptStoreError(
+                f"reading table {table!r} from {self._lmdb.path} failed ({err})",
+                "restore the store directory from a backup",
+            ) from err
 
     def _decode_many(self, got, ids, at, out_rows, state) -> None:
         """Decode ``got`` ((key, value) pairs of :func:`_cursor_get_many` over sorted ``ids``) into ``out_rows[at]``."""
@@ -132,13 +147,18 @@ class Reader:
             try:
                 body = self._zd.decompress(body)
             except zstandard.ZstdError as err:
-                raise CorruptStoreError(f"an LMDB record of {self._lmdb.path} does not decompress ({err})",
-                                        "restore from a backup") from err
+                raise CorruptStoreError(
+                    f"an LMDB record of {self._lmdb.path} does not decompress ({err})", "restore from a backup"
+                ) from err
         elif tag != RAW:
-            raise CorruptStoreError(f"an LMDB record of {self._lmdb.path} has unknown tag {tag}", "restore from a backup")
+            raise CorruptStoreError(
+                f"an LMDB record of {self._lmdb.path} has unknown tag {tag}", "restore from a backup"
+            )
         if len(body) != out_row.nbytes:
-            raise CorruptStoreError(f"an LMDB record of {self._lmdb.path} has {len(body)} bytes, expected "
-                                    f"{out_row.nbytes}", "restore from a backup")
+            raise CorruptStoreError(
+                f"an LMDB record of {self._lmdb.path} has {len(body)} bytes, expected {out_row.nbytes}",
+                "restore from a backup",
+            )
         out_row[:] = np.frombuffer(body, dtype=np.float32)
 
     # ----------------------------------------------------------------- staged reads

@@ -11,12 +11,13 @@ read found no record in LMDB: the row is the initialiser's).  Lookups report 0 f
 not held.  Removal unlinks the id from the index and leaves its row behind until the
 next growth compacts the arrays.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from tiered_emb.cache.index import EMPTY, _index_del, _index_find, _index_put, new_index
+from tiered_emb.cache.index import EMPTY, index_del, index_find, index_put, new_index
 
 FOUND = 1
 ABSENT = 2
@@ -27,11 +28,11 @@ def _buf_put(keys, vals, ids, rows, states, n, new_ids, new_rows, new_states):
     """Insert or overwrite each ``new_ids[i]`` (later duplicates win); returns the new row count."""
     for i in range(new_ids.shape[0]):
         key = new_ids[i]
-        at = _index_find(keys, vals, key)
+        at = index_find(keys, vals, key)
         if at < 0:
             at = n
             n += 1
-            _index_put(keys, vals, key, at)
+            index_put(keys, vals, key, at)
             ids[at] = key
         rows[at] = new_rows[i]
         states[at] = new_states[i]
@@ -45,7 +46,7 @@ def _buf_get(keys, vals, rows, states, ids, out_rows, out_state):
     for i in range(ids.shape[0]):
         if out_state[i] != 0:
             continue
-        at = _index_find(keys, vals, ids[i])
+        at = index_find(keys, vals, ids[i])
         if at >= 0:
             out_rows[i] = rows[at]
             out_state[i] = states[at]
@@ -58,8 +59,8 @@ def _buf_remove(keys, vals, ids):
     """Unlink every held ``ids[i]``; returns how many were held."""
     gone = 0
     for i in range(ids.shape[0]):
-        if _index_find(keys, vals, ids[i]) >= 0:
-            _index_del(keys, vals, ids[i])
+        if index_find(keys, vals, ids[i]) >= 0:
+            index_del(keys, vals, ids[i])
             gone += 1
     return gone
 
@@ -123,8 +124,11 @@ class RowBuffer:
         if ids.shape[0] == 0:
             return
         rows = np.ascontiguousarray(rows, dtype=np.float32)
-        states = np.full(ids.shape[0], FOUND, dtype=np.uint8) if states is None \
+        states = (
+            np.full(ids.shape[0], FOUND, dtype=np.uint8)
+            if states is None
             else np.ascontiguousarray(states, dtype=np.uint8)
+        )
         self._room(ids.shape[0])
         before = self.n
         self.n = _buf_put(self.keys, self.vals, self.ids, self.rows, self.states, self.n, ids, rows, states)

@@ -8,6 +8,7 @@ B-tree insert per row rewrites most leaf pages of ``p:`` in each large transacti
 append writes each row once.  The price: ``p:`` holds every copy written since the
 checkpoint, stale ones too (:mod:`.compaction` bounds them).
 """
+
 from __future__ import annotations
 
 import threading
@@ -46,8 +47,16 @@ class SegmentLog:
     :class:`SegmentIndex`, changed under the tier's lock), the rows they hold, stale copies
     too (:attr:`stored_rows`), and the next segment's number (:attr:`next_seq`)."""
 
-    def __init__(self, lmdb_env: LmdbEnv, widths: dict[str, int], table_rows: dict[str, int | None],
-                 written: WrittenIds, lock: threading.Lock, compressor, decompressor):
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        widths: dict[str, int],
+        table_rows: dict[str, int | None],
+        written: WrittenIds,
+        lock: threading.Lock,
+        compressor,
+        decompressor,
+    ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
         self._table_rows = dict(table_rows)
@@ -55,7 +64,7 @@ class SegmentLog:
         self._lock = lock
         self._zc, self._zd = compressor, decompressor
         self.index: dict[str, SegmentIndex] = {n: SegmentIndex() for n in sorted(self._widths)}
-        self.stored_rows = {n: 0 for n in sorted(self._widths)}
+        self.stored_rows = dict.fromkeys(sorted(self._widths), 0)
         self.next_seq = 0
 
     # ----------------------------------------------------------------- reading
@@ -67,11 +76,18 @@ class SegmentLog:
                 seq = int.from_bytes(key, "big")
                 n, _ = self._head(table, seq, value)
                 ids = np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64)
-                if len(key) != 8 or seq >= MAX_SEGMENTS or n > MAX_SEGMENT_ROWS \
-                        or (n > 1 and not (ids[1:] > ids[:-1]).all()) \
-                        or (n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows))):
-                    raise CorruptStoreError(f"segment {bytes(key).hex()} of table {table!r} in {self._lmdb.path} is "
-                                            f"damaged (its key or its ids)", "restore the store directory from a backup")
+                if (
+                    len(key) != 8
+                    or seq >= MAX_SEGMENTS
+                    or n > MAX_SEGMENT_ROWS
+                    or (n > 1 and not (ids[1:] > ids[:-1]).all())
+                    or (n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows)))
+                ):
+                    raise CorruptStoreError(
+                        f"segment {bytes(key).hex()} of table {table!r} in {self._lmdb.path} is "
+                        f"damaged (its key or its ids)",
+                        "restore the store directory from a backup",
+                    )
                 index.add(seq, ids)
                 self.stored_rows[table] += n
                 self._written.set(table, ids)
@@ -85,10 +101,18 @@ class SegmentLog:
         except Exception:  # (struct.error: shorter than a header)
             magic = None
         size = SEGMENT_HEADER.size + 8 * n + 4 * n * width if magic is not None else 0
-        if magic != SEGMENT_MAGIC or version != SEGMENT_VERSION or w != width or tag not in (RAW, ZSTD) \
-                or len(value) < size - (4 * n * width if tag == ZSTD else 0) or (tag == RAW and len(value) != size):
-            raise CorruptStoreError(f"segment {seq} of table {table!r} in {self._lmdb.path} is damaged (its header or "
-                                    "its length)", "restore the store directory from a backup")
+        if (
+            magic != SEGMENT_MAGIC
+            or version != SEGMENT_VERSION
+            or w != width
+            or tag not in (RAW, ZSTD)
+            or len(value) < size - (4 * n * width if tag == ZSTD else 0)
+            or (tag == RAW and len(value) != size)
+        ):
+            raise CorruptStoreError(
+                f"segment {seq} of table {table!r} in {self._lmdb.path} is damaged (its header or its length)",
+                "restore the store directory from a backup",
+            )
         return n, tag
 
     def _rows(self, table: str, seq: int, value) -> np.ndarray:
@@ -101,11 +125,16 @@ class SegmentLog:
         try:
             body = self._zd.decompress(bytes(value[at:]), max_output_size=4 * n * width)
         except zstandard.ZstdError as err:
-            raise CorruptStoreError(f"segment {seq} of table {table!r} in {self._lmdb.path} does not decompress "
-                                    f"({err})", "restore from a backup") from err
+            raise CorruptStoreError(
+                f"segment {seq} of table {table!r} in {self._lmdb.path} does not decompress ({err})",
+                "restore from a backup",
+            ) from err
         if len(body) != 4 * n * width:
-            raise CorruptStoreError(f"segment {seq} of table {table!r} in {self._lmdb.path} holds {len(body)} bytes of "
-                                    f"rows, expected {4 * n * width}", "restore from a backup")
+            raise CorruptStoreError(
+                f"segment {seq} of table {table!r} in {self._lmdb.path} holds {len(body)} bytes of "
+                f"rows, expected {4 * n * width}",
+                "restore from a backup",
+            )
         return np.frombuffer(body, dtype="<f4").reshape(n, width)
 
     def read(self, txn, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
@@ -116,7 +145,7 @@ class SegmentLog:
         seqs = locs >> POS_BITS
         cuts = np.flatnonzero(seqs[1:] != seqs[:-1]) + 1
         db = self._lmdb.pending[table]
-        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, locs.shape[0]].tolist()):
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, locs.shape[0]].tolist(), strict=False):
             seq = int(seqs[a])
             value = txn.get(segment_key(seq), db=db)
             if value is None:
@@ -124,8 +153,10 @@ class SegmentLog:
             rows = self._rows(table, seq, value)
             pos = locs[a:b] & POS_MASK
             if pos[-1] >= rows.shape[0]:
-                raise CorruptStoreError(f"segment {seq} of table {table!r} in {self._lmdb.path} is shorter than its "
-                                        "index says", "restore the store directory from a backup")
+                raise CorruptStoreError(
+                    f"segment {seq} of table {table!r} in {self._lmdb.path} is shorter than its index says",
+                    "restore the store directory from a backup",
+                )
             out_rows[at[a:b]] = rows[pos]
 
     def read_live(self, txn, table: str) -> tuple[np.ndarray, np.ndarray]:
@@ -141,8 +172,10 @@ class SegmentLog:
     def gone(self, table: str, gone: SegmentGone) -> CorruptStoreError:
         """The error of a segment the index names that is missing (only a checkpoint drops
         segments, and it holds the store's lock: only a staged read may meet one)."""
-        return CorruptStoreError(f"segment {gone.args[0]} of table {table!r} in {self._lmdb.path} is indexed but "
-                                 "missing", "restore the store directory from a backup")
+        return CorruptStoreError(
+            f"segment {gone.args[0]} of table {table!r} in {self._lmdb.path} is indexed but missing",
+            "restore the store directory from a backup",
+        )
 
     # ----------------------------------------------------------------- writing
     def cut(self, snaps: list, batches: dict | None = None) -> list:
@@ -171,9 +204,11 @@ class SegmentLog:
         step = self.rows_per_segment(table)
         cuts = range(0, max(ids.shape[0], 1), step)
         if self.next_seq + len(cuts) > MAX_SEGMENTS:
-            raise CorruptStoreError(f"{self._lmdb.path} has numbered {self.next_seq:,} segments since it opened, all "
-                                    "it can", "close and reopen the store (its numbers start again after its checkpoint)")
-        out = [(table, self.next_seq + k, ids[a:a + step], rows[a:a + step]) for k, a in enumerate(cuts)]
+            raise CorruptStoreError(
+                f"{self._lmdb.path} has numbered {self.next_seq:,} segments since it opened, all it can",
+                "close and reopen the store (its numbers start again after its checkpoint)",
+            )
+        out = [(table, self.next_seq + k, ids[a : a + step], rows[a : a + step]) for k, a in enumerate(cuts)]
         self.next_seq += len(out)
         return out
 

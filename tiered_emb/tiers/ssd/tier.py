@@ -15,6 +15,7 @@ reopening drops ``p:`` and finds exactly the last checkpoint (or keeps it, with
 :class:`~tiered_emb.errors.StoreFullError` after the transaction is rolled back
 (:mod:`.lmdb_env`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -60,10 +61,18 @@ class SsdTier:
     durable write and a checkpoint do the same in this thread, with every waiting row.
     """
 
-    def __init__(self, path: Path, table_widths: dict[str, int], compression: int | None,
-                 map_size_bytes: int, writeback_rows: int = 1 << 16, background_writes: bool = True,
-                 table_rows: dict[str, int | None] | None = None, legacy_pending: bool = False,
-                 existing: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        table_widths: dict[str, int],
+        compression: int | None,
+        map_size_bytes: int,
+        writeback_rows: int = 1 << 16,
+        background_writes: bool = True,
+        table_rows: dict[str, int | None] | None = None,
+        legacy_pending: bool = False,
+        existing: bool = False,
+    ):
         self.path = Path(path)
         self.widths = dict(table_widths)
         self.compression = compression
@@ -81,10 +90,21 @@ class SsdTier:
         self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd)
         self.reader = Reader(self.lmdb, self.widths, self.held, self.segments, self.written, self._lock, zd)
         self.compactor = Compactor(self.lmdb, self.widths, self.held, self.segments, self._lock, zc)
-        self.writer = Writer(self.lmdb, self.widths, compression, self.held, self.segments, self.written,
-                             self.compactor, self._lock, writeback_rows, background_writes)
-        self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.written,
-                                        self.writer, self._lock, zc)
+        self.writer = Writer(
+            self.lmdb,
+            self.widths,
+            compression,
+            self.held,
+            self.segments,
+            self.written,
+            self.compactor,
+            self._lock,
+            writeback_rows,
+            background_writes,
+        )
+        self.checkpoints = Checkpointer(
+            self.lmdb, self.widths, self.held, self.segments, self.written, self.writer, self._lock, zc
+        )
         # ``p:`` is read (SegmentLog.load) only by promote_pending: every store opens with
         # discard_pending or promote_pending, and a damaged ``p:`` then stops only the latter.
         try:
@@ -119,7 +139,9 @@ class SsdTier:
 
     # ----------------------------------------------------------------- reads
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
-        """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W); returns the found mask (bool (k,)).
+        """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W).
+
+        Returns the found mask (bool (k,)).
 
         Newest copy first: the write-back buffer, the snapshots being written, then
         rows staged for this batch (equal to LMDB's), then ``p:``, then ``t:``.  Ids
@@ -142,8 +164,9 @@ class SsdTier:
         self.held.unstage(key)
 
     # ----------------------------------------------------------------- writes
-    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
-                      defer_errors: bool = False) -> int:
+    def write_pending(
+        self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True, defer_errors: bool = False
+    ) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
 
         ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the

@@ -8,6 +8,7 @@ goes on at once), which hands it to the writer process where one can start
 row now, in this thread.  A failed write's rows stay waiting in memory and are written
 again by the next write; its error is raised once, before the next change of rows.
 """
+
 from __future__ import annotations
 
 import signal
@@ -32,9 +33,19 @@ from tiered_emb.tiers.ssd.written import WrittenIds
 class Writer:
     """Writes into ``p:`` of one tier; one write at a time (a write waits for the thread's)."""
 
-    def __init__(self, lmdb_env: LmdbEnv, widths: dict[str, int], compression: int | None, held: HeldRows,
-                 segments: SegmentLog, written: WrittenIds, compactor: Compactor, lock: threading.Lock,
-                 writeback_rows: int, background_writes: bool):
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        widths: dict[str, int],
+        compression: int | None,
+        held: HeldRows,
+        segments: SegmentLog,
+        written: WrittenIds,
+        compactor: Compactor,
+        lock: threading.Lock,
+        writeback_rows: int,
+        background_writes: bool,
+    ):
         self._lmdb = lmdb_env
         self._tables = sorted(widths)
         self._compression = compression
@@ -52,8 +63,9 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.failed: BaseException | None = None  # a write-back's failure, not yet raised
 
-    def write_pending(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True,
-                      defer_errors: bool = False) -> int:
+    def write_pending(
+        self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True, defer_errors: bool = False
+    ) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
 
         ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
@@ -135,8 +147,9 @@ class Writer:
                     raise
                 self.failed = err
             return
-        self._thread = threading.Thread(target=self._commit_waiting, args=(snaps, True), name="tiered_emb-writer",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._commit_waiting, args=(snaps, True), name="tiered_emb-writer", daemon=True
+        )
         self._thread.start()
 
     def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
@@ -174,8 +187,11 @@ class Writer:
                 except WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
                     self.writer_process = False
                     try:  # told once; under -W error it must not fail the write
-                        warnings.warn(f"{err}; this store's write-backs are written by its writer thread from now on",
-                                      RuntimeWarning, stacklevel=2)
+                        warnings.warn(
+                            f"{err}; this store's write-backs are written by its writer thread from now on",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
                     except Warning:
                         pass
                     return False
@@ -190,11 +206,15 @@ class Writer:
                 continue
             path = self._lmdb.path
             if reply.get("error") == "full":
-                raise StoreFullError(f"the disk under {path} is full ({reply['message']}); the write was "
-                                     "rolled back", "free disk space or move the store, then call flush()/checkpoint() again")
+                raise StoreFullError(
+                    f"the disk under {path} is full ({reply['message']}); the write was rolled back",
+                    "free disk space or move the store, then call flush()/checkpoint() again",
+                )
             if "error" in reply:
-                raise CorruptStoreError(f"writing to {path} failed ({reply['message']}); the write was rolled back",
-                                        "check the disk and the store directory")
+                raise CorruptStoreError(
+                    f"writing to {path} failed ({reply['message']}); the write was rolled back",
+                    "check the disk and the store directory",
+                )
             return True
 
     def close(self) -> None:

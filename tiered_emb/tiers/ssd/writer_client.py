@@ -6,8 +6,10 @@ it, and makes sure it never outlives its trainer's interest: ended by
 :meth:`WriterProcess.close`, when the object is collected, at exit, and a process forked
 from the trainer does not keep its pipe.
 """
+
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -47,35 +49,51 @@ class WriterProcess:
     def __init__(self, lmdb_env: LmdbEnv, compression: int | None, tables: list[str]):
         self.path = lmdb_env.path
         if getattr(sys, "frozen", False) or not sys.executable:  # sys.executable is the app, or none
-            raise WriterStartError(f"the LMDB writer process for {self.path} cannot start (no Python interpreter "
-                                    "to run it: a frozen or embedded app)")
+            raise WriterStartError(
+                f"the LMDB writer process for {self.path} cannot start (no Python interpreter "
+                "to run it: a frozen or embedded app)"
+            )
         paths = [p for p in sys.path if isinstance(p, str) and p and os.pathsep not in p]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         try:
-            self.proc = subprocess.Popen([sys.executable, writer_main.__file__, str(os.getpid())],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-                                         start_new_session=True, env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, writer_main.__file__, str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+                start_new_session=True,
+                env=env,
+            )
         except (OSError, TypeError, ValueError) as err:
             raise WriterStartError(f"the LMDB writer process for {self.path} cannot start ({err})") from err
         self._end = weakref.finalize(self, _end_process, self.proc)
         _RUNNING.add(self)
-        hello = {"path": str(lmdb_env.path), "map_size": lmdb_env.map_size(), "max_dbs": lmdb_env.max_dbs,
-                 "max_readers": lmdb_env.max_readers, "compression": compression,
-                 "dbs": ["p:" + t for t in sorted(tables)]}
+        hello = {
+            "path": str(lmdb_env.path),
+            "map_size": lmdb_env.map_size(),
+            "max_dbs": lmdb_env.max_dbs,
+            "max_readers": lmdb_env.max_readers,
+            "compression": compression,
+            "dbs": ["p:" + t for t in sorted(tables)],
+        }
         try:
             reply = self._call(hello, [], timeout=self.START_TIMEOUT_S, max_reply=1 << 12)
         except CorruptStoreError as err:
             self.close()
-            raise WriterStartError(f"the LMDB writer process for {self.path} could not start ({err.args[0]}; "
-                                    "its error, if any, is on stderr)") from err
+            raise WriterStartError(
+                f"the LMDB writer process for {self.path} could not start ({err.args[0]}; "
+                "its error, if any, is on stderr)"
+            ) from err
         if reply.get("ok") is not True:
             self.close()
             raise WriterStartError(f"the LMDB writer process for {self.path} could not open it ({reply})")
 
     def write(self, segments, map_size: int) -> dict:
         """Send one write (``[(table, number, ids int64, rows float32)]``) and return the process's reply."""
-        head = {"map_size": map_size, "parts": [["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])]
-                                                 for t, seq, ids, rows in segments]}
+        head = {
+            "map_size": map_size,
+            "parts": [["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])] for t, seq, ids, rows in segments],
+        }
         return self._call(head, [a for _, _, ids, rows in segments for a in (ids, rows)])
 
     def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
@@ -99,9 +117,11 @@ class WriterProcess:
                 status = self.proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 status = None
-            raise CorruptStoreError(f"the LMDB writer process of {self.path} ended (exit status {status}) before its "
-                                    "reply; its write was rolled back, or committed and is written again",
-                                    "the rows wait in memory: the next write starts a new writer process")
+            raise CorruptStoreError(
+                f"the LMDB writer process of {self.path} ended (exit status {status}) before its "
+                "reply; its write was rolled back, or committed and is written again",
+                "the rows wait in memory: the next write starts a new writer process",
+            )
         return reply
 
     def close(self) -> None:
@@ -125,10 +145,8 @@ def _end_process(proc: subprocess.Popen) -> None:
             signal.sigtimedwait({signal.SIGPIPE}, 0)
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
     for f in (proc.stdin, proc.stdout):
-        try:
+        with contextlib.suppress(OSError):
             f.close()
-        except OSError:
-            pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -150,10 +168,8 @@ def _forget_pipes_in_fork() -> None:
     try:
         for w in list(_RUNNING):
             for f in (w.proc.stdin, w.proc.stdout):
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     os.dup2(null, f.fileno())
-                except (OSError, ValueError):
-                    pass
         _RUNNING.clear()
     finally:
         os.close(null)

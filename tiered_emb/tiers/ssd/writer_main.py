@@ -36,6 +36,7 @@ kernel re-parents it as part of the parent's exit, long before another process c
 opened LMDB).  (``PR_SET_PDEATHSIG`` is no use here: it fires when the *thread* that
 started the process ends, and each write-back runs on a thread of its own.)
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,10 @@ import numpy as np
 def _codec_beside():
     """:mod:`.codec`, loaded from this file's directory without importing the package."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(
-        "tiered_emb_writer_codec", os.path.join(os.path.dirname(os.path.abspath(__file__)), "codec.py"))
+        "tiered_emb_writer_codec", os.path.join(os.path.dirname(os.path.abspath(__file__)), "codec.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -74,6 +77,7 @@ def disk_full(err: BaseException, path) -> bool:
     short write of its pages as EIO ("Input/output error"), the usual first failure of a
     filling disk; an EIO with less than :data:`FULL_BELOW_BYTES` free counts as full."""
     import lmdb
+
     if isinstance(err, lmdb.DiskError) or getattr(err, "errno", None) == errno.ENOSPC or "No space" in str(err):
         return True
     if getattr(err, "errno", None) != errno.EIO and "Input/output error" not in str(err):
@@ -99,6 +103,7 @@ def _wait_for_input(stream, parent: int) -> bool:
     """Wait until ``stream`` has input (True) or the parent is gone (False), looking at the
     parent once a second."""
     import select
+
     try:
         fd = stream.fileno()
     except (OSError, ValueError):  # not a file (a test's in-memory stream): input is there
@@ -130,8 +135,15 @@ def main() -> None:
     hello = codec.read_frame(inp)
     if hello is None:
         return
-    env = lmdb.open(hello["path"], map_size=hello["map_size"], max_dbs=hello["max_dbs"], subdir=True,
-                    readahead=False, meminit=False, max_readers=hello["max_readers"])
+    env = lmdb.open(
+        hello["path"],
+        map_size=hello["map_size"],
+        max_dbs=hello["max_dbs"],
+        subdir=True,
+        readahead=False,
+        meminit=False,
+        max_readers=hello["max_readers"],
+    )
     level = hello["compression"]
     compressor = zstandard.ZstdCompressor(level=level) if level else None
     dbs = {name: env.open_db(name.encode()) for name in hello["dbs"]}
@@ -161,8 +173,13 @@ def main() -> None:
             codec.write_frame(out, {"error": "map_full"})
             continue
         except lmdb.Error as err:
-            codec.write_frame(out, {"error": "full" if disk_full(err, hello["path"]) else "failed",
-                              "message": f"{type(err).__name__}: {err}"})
+            codec.write_frame(
+                out,
+                {
+                    "error": "full" if disk_full(err, hello["path"]) else "failed",
+                    "message": f"{type(err).__name__}: {err}",
+                },
+            )
             continue
         codec.write_frame(out, {"ok": True})
 

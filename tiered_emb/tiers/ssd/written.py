@@ -6,6 +6,7 @@ write-back buffers, the staged reads and LMDB) only for ids whose bit is set.  M
 a young store brings up were never written (they are initialised), and looking for them
 costs as much as finding one.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -65,8 +66,10 @@ class WrittenIds:
                         if ids.shape[0] == 0:
                             break
                         if ids.min() < 0 or ids.max() >= num_rows:
-                            raise CorruptStoreError(f"table {table!r} in {self._lmdb.path} holds ids outside [0, {num_rows})",
-                                                    "open it with the num_rows it was created with")
+                            raise CorruptStoreError(
+                                f"table {table!r} in {self._lmdb.path} holds ids outside [0, {num_rows})",
+                                "open it with the num_rows it was created with",
+                            )
                         _set_bits(bits, ids)
         return bits
 

@@ -1,0 +1,384 @@
+"""The layout rules of DESIGN.md ("Layout"), checked on the source with ``ast`` (nothing is imported).
+
+- (a) ``cache/`` and ``tiers/`` never import ``step/``, the store, ``prefetch/``, ``apps/`` or ``sim/``;
+- (b) ``sim/`` never imports the store, ``tiers/``, ``apps/``, ``prefetch/`` or the torch front end;
+- (c) torch is imported only by ``torch.py``, ``distributed/`` and ``apps/``; ``torch.distributed``
+  only by ``distributed/``; cupy at import time only by ``_backend.py``;
+- (d) no module reads another module's underscored members;
+- (e) every module is 30-600 lines;
+- (f) tests read no private member of the store or a tier.
+
+Each test reports every offender in one assertion message, grouped by file.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tiered_emb"
+TESTS = ROOT / "tests"
+
+MIN_LINES, MAX_LINES = 30, 600
+SHORT_OK = {"__init__.py", "_version.py"}  # a package's re-exports, the version: short by nature
+
+# Attribute names that begin with one underscore but are public API where they come from.
+PUBLIC_UNDERSCORED = {
+    "_replace": "namedtuple API",
+    "_asdict": "namedtuple API",
+    "_fields": "namedtuple API",
+    "_make": "namedtuple API",
+    "_field_defaults": "namedtuple API",
+}
+
+# Reads of other libraries' members that begin with one underscore and are the way their authors document
+# (or the only way there is) to do the thing, by the expression as written.
+FOREIGN_API: dict[str, str] = {
+    "os._exit": "the stdlib's exit of a forked child without the parent's cleanup handlers",
+    "ary._getvalue": "Numba's struct proxy (context.make_array) hands its LLVM value out this way in an intrinsic",
+    "torch.autograd.Variable._execution_engine": "the only hook that queues a callback after the whole backward "
+    "(FBGEMM and DeepSpeed use it too); torch has no public one",
+}
+
+# (file relative to the repository root, "<expression>._name"): why it is allowed.  Keep it short:
+# a private read between modules means an interface is missing.
+PRIVATE_READ_ALLOWED: dict[tuple[str, str], str] = {}
+
+# "<name>._<attr>" reads in tests/ that are allowed, each with its reason.  Tests use the public API.
+TEST_PRIVATE_READ_ALLOWED: dict[str, str] = {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the source, parsed
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # absolute dotted name: "tiered_emb.store", "torch.distributed"
+    line: int
+    at_import_time: bool  # executed when the module is imported (not inside a function)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def package_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def sources_of_tests() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk_imports(node: ast.AST, in_function: bool, type_only: bool) -> Iterator[tuple[ast.AST, bool, bool]]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, in_function, type_only
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _walk_imports(child, True, type_only)
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            for stmt in child.body:
+                yield from _walk_imports(ast.Module(body=[stmt], type_ignores=[]), in_function, True)
+            for stmt in child.orelse:
+                yield from _walk_imports(ast.Module(body=[stmt], type_ignores=[]), in_function, type_only)
+        else:
+            yield from _walk_imports(child, in_function, type_only)
+
+
+def _resolve_from(path: Path, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        base.pop()
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(path: Path) -> list[Import]:
+    """Every module ``path`` imports: ``from a.b import c`` gives ``a.b`` and ``a.b.c`` (c may be a module)."""
+    out = []
+    for node, in_function, type_only in _walk_imports(_tree(path), False, False):
+        at_import_time = not in_function and not type_only
+        if isinstance(node, ast.Import):
+            out += [Import(alias.name, node.lineno, at_import_time) for alias in node.names]
+        else:
+            assert isinstance(node, ast.ImportFrom)
+            base = _resolve_from(path, node)
+            out.append(Import(base, node.lineno, at_import_time))
+            out += [Import(f"{base}.{a.name}", node.lineno, at_import_time) for a in node.names if a.name != "*"]
+    return out
+
+
+def _under(module: str, prefixes: Iterable[str]) -> str | None:
+    for p in prefixes:
+        if module == p or module.startswith(p + "."):
+            return p
+    return None
+
+
+def _in(path: Path, *homes: str) -> bool:
+    """``path`` is one of ``homes`` (files or folders relative to the repository root)."""
+    rel = _rel(path)
+    return any(rel == h or rel.startswith(h.rstrip("/") + "/") for h in homes)
+
+
+def _grouped(offenders: Iterable[tuple[str, str]]) -> str:
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for file, what in offenders:
+        by_file[file].append(what)
+    return "\n".join(f"{f}:\n" + "\n".join(f"    {w}" for w in by_file[f]) for f in sorted(by_file))
+
+
+def _forbidden_imports(homes: tuple[str, ...], forbidden: tuple[str, ...]) -> list[tuple[str, str]]:
+    found = []
+    for path in package_files():
+        if not _in(path, *homes):
+            continue
+        for imp in imports(path):
+            hit = _under(imp.module, forbidden)
+            if hit and _module_name(path) != hit and not _module_name(path).startswith(hit + "."):
+                found.append((_rel(path), f"line {imp.line}: imports {imp.module}"))
+    return sorted(set(found))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (a), (b): the layers
+
+
+def test_cache_and_tiers_import_no_upper_layer() -> None:
+    found = _forbidden_imports(
+        ("tiered_emb/cache", "tiered_emb/tiers"),
+        ("tiered_emb.step", "tiered_emb.store", "tiered_emb.prefetch", "tiered_emb.apps", "tiered_emb.sim"),
+    )
+    assert not found, "cache/ and tiers/ import a layer above them:\n" + _grouped(found)
+
+
+def test_sim_imports_neither_the_store_nor_the_tiers() -> None:
+    found = _forbidden_imports(
+        ("tiered_emb/sim",),
+        ("tiered_emb.store", "tiered_emb.tiers", "tiered_emb.apps", "tiered_emb.prefetch", "tiered_emb.torch"),
+    )
+    assert not found, "sim/ imports the store's side of the package:\n" + _grouped(found)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (c): optional dependencies stay optional
+
+# torch.py is the torch front end; distributed/ shards over torch.distributed; apps/dlrm.py builds its
+# dense MLPs with torch (the apps use the public API, torch included)
+TORCH_HOMES = ("tiered_emb/torch.py", "tiered_emb/distributed", "tiered_emb/apps")
+TORCH_DISTRIBUTED_HOMES = ("tiered_emb/distributed",)
+CUPY_HOMES = ("tiered_emb/_backend.py",)  # every other module gets cupy as `xp` from it
+
+
+def test_optional_imports_stay_in_their_homes() -> None:
+    found = []
+    for path in package_files():
+        for imp in imports(path):
+            if _under(imp.module, ("torch.distributed",)) and not _in(path, *TORCH_DISTRIBUTED_HOMES):
+                found.append((_rel(path), f"line {imp.line}: imports {imp.module} (only distributed/ may)"))
+            elif _under(imp.module, ("torch",)) and not _in(path, *TORCH_HOMES):
+                found.append((_rel(path), f"line {imp.line}: imports {imp.module} (only {', '.join(TORCH_HOMES)} may)"))
+            if _under(imp.module, ("cupy", "cupyx")) and imp.at_import_time and not _in(path, *CUPY_HOMES):
+                why = "at import time (take it from tiered_emb._backend)"
+                found.append((_rel(path), f"line {imp.line}: imports {imp.module} {why}"))
+    found = sorted(set(found))
+    assert not found, "optional dependencies imported outside their homes:\n" + _grouped(found)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (d): no module reads another's underscored members
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in PUBLIC_UNDERSCORED
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return None
+
+
+def _is_module(dotted: str) -> bool:
+    rel = Path(*dotted.split("."))
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def _own_private_attributes(tree: ast.Module) -> set[str]:
+    """Underscored attributes the module's own classes define: ``self._x = ...`` (or ``cls._x``) anywhere,
+    and methods or class attributes named ``_x``.  ``other._x`` is then a read of the module's own class
+    (``other`` another instance of it, as in ``__eq__``), resolved no further than that."""
+    own = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            own.add(node.attr)
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    own.add(stmt.name)
+                elif isinstance(stmt, ast.Assign):
+                    own.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+                elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    own.add(stmt.target.id)
+    return {a for a in own if _private(a)}
+
+
+def _module_aliases(path: Path) -> dict[str, str]:
+    """Local names bound to modules of the package: ``import tiered_emb.x as m``, ``from tiered_emb import x``."""
+    aliases = {}
+    for node, _, _ in _walk_imports(_tree(path), False, False):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    aliases[a.asname] = a.name
+                else:  # `import tiered_emb.x` binds `tiered_emb`; `tiered_emb.x._y` is caught by its dotted name
+                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(path, node)
+            for a in node.names:
+                if _is_module(f"{base}.{a.name}"):
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+    return aliases
+
+
+def private_reads(path: Path) -> list[tuple[int, str]]:
+    """``(line, "<expression>._name")`` for every use of another module's underscored member in ``path``."""
+    tree = _tree(path)
+    own = _own_private_attributes(tree)
+    aliases = _module_aliases(path)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve_from(path, node)
+            # a private module of the package (tiered_emb._args) is the package's own: importing it is fine
+            out += [
+                (node.lineno, f"from {base} import {a.name}")
+                for a in node.names
+                if _private(a.name) and not _is_module(f"{base}.{a.name}")
+            ]
+        elif isinstance(node, ast.Attribute) and _private(node.attr):
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
+                continue
+            dotted = _dotted(value)
+            head = dotted.split(".")[0] if dotted else None
+            if f"{dotted}.{node.attr}" in FOREIGN_API:
+                continue
+            if head in aliases:  # a module: m._x, tiered_emb.x._y
+                module = aliases[head] + dotted[len(head) :]
+                if _is_module(f"{module}.{node.attr}"):
+                    continue  # tiers._lmdb_writer: a private module, the package's own
+                out.append((node.lineno, f"{dotted}.{node.attr}"))
+            elif node.attr not in own and f"{dotted}.{node.attr}" not in FOREIGN_API:
+                out.append((node.lineno, f"{dotted or ast.unparse(value)}.{node.attr}"))
+    return sorted(set(out))
+
+
+def test_no_module_reads_another_modules_private_members() -> None:
+    found = []
+    for path in package_files():
+        for line, what in private_reads(path):
+            if (_rel(path), what) not in PRIVATE_READ_ALLOWED:
+                found.append((_rel(path), f"line {line}: {what}"))
+    assert not found, (
+        "modules read other modules' underscored members (make the member public, or add the "
+        "interface that is missing):\n" + _grouped(found)
+    )
+
+
+def test_allow_lists_hold_no_stale_entries() -> None:
+    reads = {(_rel(p), what) for p in package_files() for _, what in private_reads(p)}
+    stale = sorted(k for k in PRIVATE_READ_ALLOWED if k not in reads)
+    test_reads = {what for p in sources_of_tests() for _, what in private_reads_in_test(p)}
+    stale_tests = sorted(k for k in TEST_PRIVATE_READ_ALLOWED if k not in test_reads)
+    assert not stale and not stale_tests, f"allow-list entries that match nothing any more: {stale + stale_tests}"
+
+
+def test_the_checks_see_what_is_there() -> None:
+    """The parser finds known imports and reads, so an empty report means a clean tree, not a blind check."""
+    backend = {(i.module, i.at_import_time) for i in imports(PACKAGE / "_backend.py")}
+    assert ("cupy", False) in backend  # imported inside a function: not at import time
+    assert ("tiered_emb.errors.DeviceError", True) in backend
+    config = PACKAGE / "config.py"
+    assert any(i.module == "tiered_emb.errors" for i in imports(config))
+    assert "_is_int" not in _own_private_attributes(_tree(config))  # a function, not an attribute
+    assert _is_module("tiered_emb._args") and not _is_module("tiered_emb._args.int_arg")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (e): module size
+
+
+def test_modules_are_30_to_600_lines() -> None:
+    found = []
+    for path in package_files():
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > MAX_LINES:
+            found.append((_rel(path), f"{n} lines > {MAX_LINES}: two concerns, two modules"))
+        elif n < MIN_LINES and path.name not in SHORT_OK:
+            found.append((_rel(path), f"{n} lines < {MIN_LINES}: fold it into the module that uses it"))
+    assert not found, "modules outside 30-600 lines:\n" + _grouped(found)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (f): tests use the public interface
+
+
+def private_reads_in_test(path: Path) -> list[tuple[int, str]]:
+    """``(line, "<name>._<attr>")`` for reads of an underscored attribute of a plain name in a test file."""
+    out = {
+        (node.lineno, f"{node.value.id}.{node.attr}")
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.Attribute)
+        and _private(node.attr)
+        and isinstance(node.value, ast.Name)
+        and node.value.id not in ("self", "cls")
+    }
+    return sorted((line, what) for line, what in out if what not in FOREIGN_API)
+
+
+def test_tests_read_no_private_members() -> None:
+    found = [(_rel(p), line, what) for p in sources_of_tests() for line, what in private_reads_in_test(p)]
+    extra = sorted({what for _, _, what in found} - set(TEST_PRIVATE_READ_ALLOWED))
+    where = [(f, f"line {line}: {what}") for f, line, what in found if what in extra]
+    assert not extra, (
+        f"tests read private members ({len(extra)} distinct: {', '.join(extra)}); use the public "
+        "interface, or add the read to TEST_PRIVATE_READ_ALLOWED with its reason:\n" + _grouped(where)
+    )
