@@ -242,7 +242,7 @@ def test_bad_rows_and_gradients(store):
     zeroed = np.nan_to_num(g, nan=0.0)
     ref = ReferenceStore(TABLES, seed=3)
     for i, r in zip(ids, before, strict=False):  # the same weights and optimizer state
-        ref._record("a", int(i))[:] = r
+        ref.record("a", int(i))[:] = r
     ref.apply_gradients("a", ids, zeroed)
     assert after.tobytes() == ref.peek_records("a", ids).tobytes()
     with pytest.raises(UnknownTableError, match="use one of"):

@@ -97,7 +97,7 @@ def check_nonneg(lo: int, what: str = "trace") -> None:
         raise IdRangeError(f"ids must be >= 0, got {lo} in {what}", "offset or relabel the ids of the trace")
 
 
-def int64_of(a, what: str) -> np.ndarray:
+def int64_of(a: object, what: str) -> np.ndarray:
     """``a`` as int64, or IdTypeError (not integers) / IdRangeError (uint64 beyond int64): never truncated."""
     a = np.asarray(a)
     if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
@@ -107,7 +107,7 @@ def int64_of(a, what: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def table_ids(table: str, ids, num_rows: int | None) -> np.ndarray:
+def table_ids(table: str, ids: object, num_rows: int | None) -> np.ndarray:
     """``ids`` of ``table`` as a contiguous int64 (n,) array, checked: integers, 1-D, ``>= 0``
     and below ``num_rows`` when it is set (IdTypeError / IdRangeError otherwise)."""
     try:
@@ -139,7 +139,7 @@ def table_ids(table: str, ids, num_rows: int | None) -> np.ndarray:
     return a
 
 
-def table_rows(table: str, rows, n: int, dim: int, what: str) -> np.ndarray:
+def table_rows(table: str, rows: object, n: int, dim: int, what: str) -> np.ndarray:
     """``rows`` (host NumPy or a device array) as contiguous float32 (n, dim), or
     RowDtypeError / RowShapeError naming ``what`` (gradients, rows...)."""
     r = to_host(rows) if not isinstance(rows, np.ndarray) and hasattr(rows, "get") else np.asarray(rows)
@@ -155,14 +155,14 @@ def table_rows(table: str, rows, n: int, dim: int, what: str) -> np.ndarray:
     return np.ascontiguousarray(r)
 
 
-def nonfinite_rule(nonfinite) -> str:
+def nonfinite_rule(nonfinite: object) -> str:
     """``nonfinite`` checked: ``"raise"``, ``"skip"`` or ``"zero"``."""
     if nonfinite not in ("raise", "skip", "zero"):
         raise ConfigError(f"nonfinite={nonfinite!r} is invalid", "use 'raise', 'skip' or 'zero'")
     return nonfinite
 
 
-def extra_bytes(extra) -> None:
+def extra_bytes(extra: object) -> None:
     """``extra`` (a trainer's bytes saved with a checkpoint) checked: None or bytes-like."""
     if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
         raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")

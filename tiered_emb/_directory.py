@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import (
@@ -82,7 +83,7 @@ def unmake(path: Path, lock_fd: int) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def read_manifest(path: Path) -> tuple[dict, list[TableConfig], TierConfig, int]:
+def read_manifest(path: Path) -> tuple[dict[str, Any], list[TableConfig], TierConfig, int]:
     """``(manifest, tables, stored tiers, seed)`` of the store at ``path``, checked.
 
     StoreNotFoundError when there is none (or only a half-made one), CorruptStoreError
@@ -121,7 +122,7 @@ def read_manifest(path: Path) -> tuple[dict, list[TableConfig], TierConfig, int]
     return manifest, tables, stored_tiers, seed
 
 
-def write_manifest(path: Path, manifest: dict) -> None:
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json`` atomically and durably (a temporary file, fsynced, renamed over
     the old one, the directory fsynced so that the rename survives a power loss)."""
     tmp = path / "manifest.json.tmp"

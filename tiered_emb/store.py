@@ -19,10 +19,14 @@ on disk, :mod:`tiered_emb._directory` keeps the manifest and the lock, and the S
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tiered_emb import _directory
 from tiered_emb._args import extra_bytes, nonfinite_rule, table_ids, table_rows
@@ -61,7 +65,7 @@ class TieredStore:
         seed: int,
         lock_fd: int,
         ssd: SsdTier,
-        meta: dict,
+        meta: dict[str, Any],
     ):
         self.path = path
         self.tiers = tiers
@@ -75,10 +79,12 @@ class TieredStore:
         #: The prefetch window over this store's tables (see :mod:`tiered_emb.prefetch`).
         self.window = Window(self._res, tiers.policy)
         #: The prefetch thread that runs the window's jobs.
-        self.prefetcher = Prefetcher(self.window)
+        self.prefetcher = Prefetcher(self.window)  # type: ignore[no-untyped-call]
 
     @classmethod
-    def create(cls, path, tables, tiers: TierConfig, seed: int = 0) -> TieredStore:
+    def create(
+        cls, path: str | os.PathLike[str], tables: Iterable[TableConfig], tiers: TierConfig, seed: int = 0
+    ) -> TieredStore:
         """Create a new store directory at ``path`` (which must not exist).
 
         Parameters
@@ -122,7 +128,9 @@ class TieredStore:
         return store
 
     @classmethod
-    def open(cls, path, tiers: TierConfig | None = None, restore: str = "checkpoint") -> TieredStore:
+    def open(
+        cls, path: str | os.PathLike[str], tiers: TierConfig | None = None, restore: str = "checkpoint"
+    ) -> TieredStore:
         """Open an existing store.
 
         Parameters
@@ -213,10 +221,10 @@ class TieredStore:
             self.ssd.close()
             os.close(self._lock_fd)
 
-    def __enter__(self):
+    def __enter__(self) -> TieredStore:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -246,7 +254,7 @@ class TieredStore:
         if self.closed:
             raise StoreClosedError(f"store {str(self.path)!r} is closed", "open it again with TieredStore.open")
 
-    def _table(self, name) -> Table:
+    def _table(self, name: object) -> Table:
         self._check_open()
         return self._res.table(name)
 
@@ -260,7 +268,7 @@ class TieredStore:
         return self._table(table)
 
     @property
-    def lock(self):
+    def lock(self) -> threading.RLock:
         """The store's lock (re-entrant): every change to the tiers holds it, the prefetch
         thread's too.  Hold it to see the tiers still while you look at them."""
         return self._res.lock
@@ -272,7 +280,7 @@ class TieredStore:
         table_ids(table, bags.ids, t.cfg.num_rows)
         bags.checked = t
 
-    def check_ids(self, table: str, ids) -> np.ndarray:
+    def check_ids(self, table: str, ids: ArrayLike) -> np.ndarray:
         """``ids`` of ``table`` checked (integers, 1-D, ``>= 0``, below ``num_rows``) as int64 (n,).
 
         Raises UnknownTableError, IdTypeError or IdRangeError; changes nothing.
@@ -281,7 +289,7 @@ class TieredStore:
         return table_ids(t.cfg.name, ids, t.cfg.num_rows)
 
     # ------------------------------------------------------------------ the step
-    def lookup(self, table: str, ids):
+    def lookup(self, table: str, ids: ArrayLike) -> Any:
         """Newest rows of ``ids``, duplicates allowed.
 
         Parameters
@@ -298,7 +306,7 @@ class TieredStore:
             uids, inverse = plan.dedupe(table_ids(table, ids, t.cfg.num_rows))
             return gather.gather(self._res, t, uids, inverse)
 
-    def apply_gradients(self, table: str, ids, grads, nonfinite: str = "raise") -> None:
+    def apply_gradients(self, table: str, ids: ArrayLike, grads: Any, nonfinite: str = "raise") -> None:
         """Apply the table's optimizer: duplicate ids' gradients summed in batch order, one update per row.
 
         Parameters
@@ -311,7 +319,7 @@ class TieredStore:
         with self._res.lock:
             self.gradient_update(table, ids, grads, nonfinite)()
 
-    def gradient_update(self, table: str, ids, grads, nonfinite: str = "raise"):
+    def gradient_update(self, table: str, ids: ArrayLike, grads: Any, nonfinite: str = "raise") -> Callable[[], None]:
         """:meth:`apply_gradients` in two halves: every check and the reduction now (what it
         raises, it raises here, having changed nothing), the update when the returned
         callable is called (it takes the store's lock).  A backward through several tables
@@ -341,7 +349,7 @@ class TieredStore:
         with self._res.lock:
             self.ssd.raise_failed_write()
 
-    def write(self, table: str, ids, rows) -> None:
+    def write(self, table: str, ids: ArrayLike, rows: Any) -> None:
         """Set the weights of ``ids`` (optimizer state kept); for duplicates the last row wins.
 
         ``rows``: float32 (n, dim), finite.
@@ -362,7 +370,7 @@ class TieredStore:
                 )
                 t.hbm.dirty[slots] = 1
 
-    def peek(self, table: str, ids, with_state: bool = False) -> np.ndarray:
+    def peek(self, table: str, ids: ArrayLike, with_state: bool = False) -> np.ndarray:
         """Newest values of ``ids`` as NumPy, without touching any cache state.
 
         Returns float32 (n, dim), or (n, dim + state_width) records with ``with_state``.
@@ -382,7 +390,7 @@ class TieredStore:
         """
         return gather.lookup_pooled(self._res, self.window, self._table(table), bags, backward)
 
-    def apply_pooled_gradients(self, table: str, bags: plan.BagPlan, grad_out, nonfinite: str = "raise") -> None:
+    def apply_pooled_gradients(self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise") -> None:
         """The fused backward of :meth:`lookup_pooled`: the table's optimizer once per unique id.
 
         ``grad_out``: float32 (B, dim), the gradient of the pooled output.  Bitwise equal to
@@ -390,7 +398,9 @@ class TieredStore:
         """
         self.pooled_update(table, bags, grad_out, nonfinite)()
 
-    def pooled_update(self, table: str, bags: plan.BagPlan, grad_out, nonfinite: str = "raise"):
+    def pooled_update(
+        self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise"
+    ) -> Callable[[], None]:
         """:meth:`apply_pooled_gradients` in two halves, as :meth:`gradient_update`."""
         t = self._table(table)
         nonfinite_rule(nonfinite)
@@ -406,7 +416,7 @@ class TieredStore:
         return lambda: update.update_pooled(self._res, self.window, t, bags, uids, summed, work)
 
     # ------------------------------------------------------------------ lookahead
-    def prefetch(self, batch: dict, bring_up: bool = True) -> Ticket:
+    def prefetch(self, batch: dict[str, ArrayLike], bring_up: bool = True) -> Ticket:
         """Hand the store the ids of a *future* batch; its rows come up and stay pinned in HBM.
 
         Parameters
@@ -461,7 +471,7 @@ class TieredStore:
         self.prefetcher.release(ticket, check)
 
     @contextmanager
-    def stepping(self, ticket: Ticket):
+    def stepping(self, ticket: Ticket) -> Iterator[None]:
         """Mark ``ticket``'s batch as the one whose step runs inside the block: a pooled step
         whose rows are all pinned for it then runs without the store's lock."""
         self.window.stepping = ticket
@@ -506,7 +516,7 @@ class TieredStore:
             return n
 
     # ------------------------------------------------------------------ introspection
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, dict[str, Any]]:
         """Per table and tier: lookups, hits, misses, evictions, writebacks, rows and bytes held.
 
         ``lookups`` of a tier count the unique ids asked of it; ``ssd.misses`` are rows
@@ -519,7 +529,7 @@ class TieredStore:
             out = {}
             for name, t in sorted(self._res.tables.items()):
                 row_bytes = 4 * t.cfg.record_width
-                s = {tier: dict(c) for tier, c in t.counters.items()}
+                s: dict[str, Any] = {tier: dict(c) for tier, c in t.counters.items()}
                 for tier, held in (("hbm", t.hbm), ("ddr", t.ddr)):
                     s[tier].update(
                         rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes

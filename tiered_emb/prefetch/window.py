@@ -19,6 +19,7 @@ import numba
 import numpy as np
 
 from tiered_emb.cache.policies import LRU, POLICIES
+from tiered_emb.prefetch.ticket import Ticket
 from tiered_emb.step.plan import dedupe
 
 
@@ -53,7 +54,7 @@ class Window:
         self.lookahead = POLICIES[policy].lookahead
         self.policy_code = POLICIES[policy].code
         self.tickets: list = []  # entered and not yet unpinned, oldest first
-        self.stepping = None  # the ticket whose step runs now (see pinned_batch)
+        self.stepping: Ticket | None = None  # the ticket whose step runs now (see pinned_batch)
 
     def enter(self, ticket) -> None:
         """A batch enters the window; with a ``lookahead+`` policy its resident rows are pinned,

@@ -87,7 +87,8 @@ class ReferenceStore:
         self.seed = seed
         self.rows: dict[str, dict[int, np.ndarray]] = {t.name: {} for t in tables}
 
-    def _record(self, table: str, i: int) -> np.ndarray:
+    def record(self, table: str, i: int) -> np.ndarray:
+        """The record (weights and optimizer state) of row ``i``, made lazily; changed in place by the caller."""
         rows = self.rows[table]
         if i not in rows:
             rows[i] = init_rows(self.tables[table], np.array([i], dtype=np.int64), self.seed)[0]
@@ -96,18 +97,18 @@ class ReferenceStore:
     def lookup(self, table: str, ids) -> np.ndarray:
         dim = self.tables[table].dim
         return (
-            np.stack([self._record(table, int(i))[:dim].copy() for i in ids])
+            np.stack([self.record(table, int(i))[:dim].copy() for i in ids])
             if len(ids)
             else np.empty((0, dim), np.float32)
         )
 
     def peek_records(self, table: str, ids) -> np.ndarray:
-        return np.stack([self._record(table, int(i)).copy() for i in ids])
+        return np.stack([self.record(table, int(i)).copy() for i in ids])
 
     def write(self, table: str, ids, rows) -> None:
         dim = self.tables[table].dim
         for i, r in zip(ids, rows, strict=True):
-            self._record(table, int(i))[:dim] = r
+            self.record(table, int(i))[:dim] = r
 
     def apply_gradients(self, table: str, ids, grads) -> None:
         cfg = self.tables[table]
@@ -116,7 +117,7 @@ class ReferenceStore:
             i = int(i)
             summed[i] = summed.get(i, np.zeros(g.shape, np.float32)) + g.astype(np.float32)
         for i, g in summed.items():
-            _update_row(cfg, self._record(table, i), g)
+            _update_row(cfg, self.record(table, i), g)
 
 
 def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
