@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 # Rows this many positions ahead are prefetched by the pooling loops: a row read at
 # random from a large table misses the caches, and the loop's own loads cannot run far
-# enough ahead to hide it (measured: 2.6 -> 1.9 ms for 8,192 bags x 20 rows of dim 128).
+# enough ahead to hide it (docs/benchmarks.md, "Kernel choices").
 PREFETCH_DISTANCE = 8
 
 
@@ -50,7 +50,7 @@ def local_f32(typingctx, n):
     long as its thread's share of the loop).  Where ``np.zeros(n)`` takes a heap block
     per call, this takes none, and a small fixed-size array stays in registers: a bag's
     running sum of 128 floats in 16 vector registers instead of a memory round trip per
-    row (measured: the pooling kernel 1.6 -> 1.3 ms for 8,192 bags x 20 rows of dim 128).
+    row (docs/benchmarks.md, "Kernel choices").
     """
     if not isinstance(n, types.IntegerLiteral):
         return None

@@ -74,9 +74,8 @@ def libcachesim_peer(trace: np.ndarray, workdir=None, table: str = "sized"):
     "default" (:func:`libcachesim_hashpower`); ``run.table`` tells which.
 
     libCacheSim runs in a worker process of its own (``python -m tiered_emb.sim.compare``).
-    Why: run in our process, its frees of a large cache slowed our next run (ARC at a 10 %
-    cache: 20 M requests/s right after a libCacheSim run, 35 M/s otherwise), which no
-    user of either engine would see; in its own process each engine runs as it would alone.
+    Why: run in our process, its frees of a large cache slowed our next run (docs/policies.md),
+    which no user of either engine would see; in its own process each engine runs as it would alone.
     """
     import subprocess
 

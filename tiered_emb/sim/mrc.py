@@ -96,7 +96,7 @@ def _prev_use(trace, order, prev):
 # it; the node the pass is in is never read, since a query only reads nodes before its own.
 _BLOCK_SHIFT = 9  # positions per count of the first level: 512
 _BLOCK_WORDS = 1 << (_BLOCK_SHIFT - 6)
-_FAN_SHIFT = 2  # nodes per parent above it: 4 (8 and 16 measured slower)
+_FAN_SHIFT = 2  # nodes per parent above it: 4 (the fastest of 4, 8, 16; docs/policies.md)
 _FAN = 1 << _FAN_SHIFT
 _COUNT_BATCH = 1 << 14  # distances buffered before they enter the histogram
 
@@ -210,8 +210,8 @@ def _sweep_chunk(trace, start, stop, last, prev, bits, counts, shifts, offsets, 
     cur = 0
     batch = np.empty(_COUNT_BATCH, dtype=np.int64)
     held = 0
-    # The hot path is written out here, not in helpers: numba's IR inlining of them
-    # made the pass 2.3x slower (plain calls 1.6x).
+    # The hot path is written out here, not in helpers: numba's IR inlining of them, and
+    # plain calls, made the pass slower (docs/policies.md).
     for i in range(start, stop):
         if dense:
             if i + PREFETCH_AHEAD < stop:

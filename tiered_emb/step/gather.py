@@ -47,9 +47,8 @@ def pool_kernel(dim: int, direct: bool, weighted: bool):
 
     With ``dim`` a compile-time constant the bag's running sum is a local array the
     compiler keeps in registers, where a view of ``out`` must go through memory on every
-    row (it may alias ``records``): measured 1.93 -> 1.6 ms for 8,192 bags x 20 rows of
-    dim 128, the whole forward's budget against ``torch.nn.EmbeddingBag``.  ``weighted``
-    fixed at compile time too keeps a branch out of the row loop (~0.1 ms of 1.5).
+    row (it may alias ``records``).  ``weighted`` fixed at compile time too keeps a branch
+    out of the row loop (docs/benchmarks.md, "Kernel choices").
     """
     kernel = _POOL_KERNELS.get((dim, direct, weighted))
     if kernel is not None:

@@ -34,7 +34,7 @@ def dedupe_into(ids, uniq, inverse):
     vals = np.empty(size, dtype=np.int32)
     k = 0
     for i in range(n):
-        if i + 2 * PREFETCH_DISTANCE < n:  # the buckets of an id further on (1.30 -> 1.03 ms for 164k ids)
+        if i + 2 * PREFETCH_DISTANCE < n:  # the buckets of an id further on
             ahead = hash_home(ids[i + 2 * PREFETCH_DISTANCE], mask)
             prefetch_hint(keys, ahead)
             prefetch_hint(vals, ahead)

@@ -42,7 +42,7 @@ def _group_positions(inverse, k, starts, order):
 
 # Blocks of unique ids each thread's share of the reduce is cut into.  A Zipf batch's
 # first ids (first-occurrence order) hold most positions: split evenly by id, one thread
-# got 85 % of the work for 8,192 bags x 20 ids at Zipf 1.05.
+# would get most of the work.
 _REDUCE_BLOCKS = 64
 
 
@@ -116,7 +116,7 @@ def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts
     For ``q`` in ``starts[u]:starts[u+1]`` (int64 (k+1,)): ``bag[q]`` (int32, int64 past 2**31 bags) is the bag
     of u's q-th position ``i`` and ``scale[q]`` (float32) its factor ``w_i`` (times 1/len
     with ``mean``), as :func:`tiered_emb.testing.reference.unpool_grads` forms it.  The reduce then reads both in
-    order instead of through a permutation (measured 2.8 -> 1.7 ms with 2 threads).
+    order instead of through a permutation.
     """
     fill = _group_starts(inverse, k, starts)
     for b in range(offsets.shape[0] - 1):
@@ -137,8 +137,8 @@ def _reduce_kernel(dim: int):
     """The backward's reduce for rows of ``dim`` floats, compiled once per dim (cached on disk).
 
     Each id's sum is a stack array in registers (:func:`tiered_emb._jit.local_f32`),
-    written to ``out`` once, and the work is cut by positions (:func:`_blocks_by_work`):
-    measured 4.8 -> 2.8 ms for 8,192 bags x 20 ids of dim 128 on 2 threads.
+    written to ``out`` once, and the work is cut by positions (:func:`_blocks_by_work`)
+    (docs/benchmarks.md, "Kernel choices").
     """
     kernel = _REDUCE_KERNELS.get(dim)
     if kernel is not None:
