@@ -56,6 +56,12 @@ class CacheTier:
     def resident_rows(self) -> int:
         return self.capacity_rows - int(self.fmeta[0])
 
+    @property
+    def kernel_args(self) -> tuple:
+        """``(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta)``: the tier's state,
+        in the order :func:`cache_resolve_new` and :func:`cache_take` take it first."""
+        return (self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty, self.pins, self.free, self.fmeta)
+
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
         out = np.empty(ids.shape[0], dtype=np.int64)

@@ -22,22 +22,7 @@ class DdrTier(CacheTier):
     def take(self, ids: np.ndarray, out_rows: np.ndarray, out_dirty: np.ndarray) -> np.ndarray:
         """Move the rows of ``ids`` held here into ``out_rows``; returns the found mask (uint8 (k,))."""
         found = np.empty(ids.shape[0], dtype=np.uint8)
-        cache_take(
-            self.code,
-            self.P,
-            self.keys,
-            self.vals,
-            self.slot_ids,
-            self.dirty,
-            self.pins,
-            self.free,
-            self.fmeta,
-            self.records,
-            ids,
-            out_rows,
-            out_dirty,
-            found,
-        )
+        cache_take(*self.kernel_args, self.records, ids, out_rows, out_dirty, found)
         return found
 
     def admit(self, ids: np.ndarray, rows: np.ndarray, dirty: np.ndarray):

@@ -45,19 +45,7 @@ class HbmTier(CacheTier):
         their slots, the evicted rows (host float32 (v, W)) for the tier below, and
         whether the slots are pinned (then :meth:`release` them after use).
         """
-        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(
-            self.code,
-            self.P,
-            self.keys,
-            self.vals,
-            self.slot_ids,
-            self.dirty,
-            self.pins,
-            self.free,
-            self.fmeta,
-            uids,
-            force_pin,
-        )
+        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(*self.kernel_args, uids, force_pin)
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
         victim_rows = to_host(self.records[to_xp(self.xp, vslots), : self.width]) if n_v else None

@@ -15,17 +15,16 @@ import numpy as np
 from tiered_emb._jit import prefetch_hint
 from tiered_emb.sim.policies.base import (
     NIL,
-    PREFETCH_AHEAD,
-    PREFETCH_STATE_AHEAD,
     PREFETCH_STATE_MIN,
+    flag_hit,
     ix_del,
     ix_find,
-    ix_peek,
     ix_prefetch,
     ix_put,
     list_pop,
     list_push,
     list_unlink,
+    prefetch_ahead,
 )
 from tiered_emb.sim.policies.buffers import kernel_state
 
@@ -48,23 +47,19 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
     a B1 hit (and the converse on a B2 hit), as in libCacheSim (and the ARC paper's
     reference code).
     """
-    record = hit_flags.shape[0] > 0
     hits = 0
     p = 0.0
     n_free = free.shape[0]
     h1 = o1 = h2 = o2 = hb1 = ob1 = hb2 = ob2 = NIL
     n1 = n2 = nb1 = nb2 = 0
     deep = where.shape[0] > PREFETCH_STATE_MIN
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        if deep and i + PREFETCH_STATE_AHEAD < n:
-            t = ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
-            if t >= 0:
-                prefetch_hint(where, t)
-                prefetch_hint(newer, t)
-                prefetch_hint(older, t)
+    for i in range(trace.shape[0]):
+        t = prefetch_ahead(ix, trace, i, deep)
+        if t >= 0:
+            prefetch_hint(where, t)
+            prefetch_hint(newer, t)
+            prefetch_hint(older, t)
+        if deep:
             # the oldest nodes of T1 and B1 leave next (demoted, forgotten): their
             # successors' links and ids, and the index entry of B1's oldest id
             if o1 != NIL:
@@ -88,8 +83,7 @@ def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_
             lst = where[node]
             if lst == T1 or lst == T2:
                 hits += 1
-                if record:
-                    hit_flags[i] = 1
+                flag_hit(hit_flags, i)
                 if lst == T1:
                     h1, o1 = list_unlink(newer, older, h1, o1, node)
                     n1 -= 1

@@ -1,9 +1,10 @@
 """What every simulator kernel shares: the id -> slot index, list links, prefetch distances.
 
 The kernels of :mod:`tiered_emb.sim.policies` take either index through the ``ix_*``
-functions below (Numba overloads, compiled once per index type), link their lists with
-:func:`list_push` / :func:`list_unlink` / :func:`list_pop`, and prefetch the requests to
-come :data:`PREFETCH_AHEAD` ahead.
+functions below (Numba overloads, compiled once per index type), start each request with
+:func:`lookup` (or :func:`prefetch_ahead`) and :func:`flag_hit`, which prefetch the
+requests to come :data:`PREFETCH_AHEAD` ahead, and link their lists with
+:func:`list_push` / :func:`list_unlink` / :func:`list_pop`.
 
 >>> import numpy as np
 >>> id_range(np.array([5, 2, 9]))
@@ -122,6 +123,44 @@ def _ix_del_impl(ix, key):
 
         return dense
     return lambda ix, key: index_del(ix[0], ix[1], key)
+
+
+# --------------------------------------------------------------------------- the request loop
+# Every kernel walks the trace one request at a time and starts each the same way.  The
+# helpers below are inlined (``inline="always"``) so the compiled loop is the one written
+# out by hand (``hit_flags.shape[0]``, a kernel argument, is a loop invariant).  Why
+# :func:`lookup` neither calls :func:`prefetch_ahead` nor counts the hit: an array passed
+# on from one inlined helper to another, or to one that returns a value from a branch,
+# kept an atomic reference count update in the loop, which made the ring kernels several
+# times slower.  Check a new helper by counting ``NRT_incref`` in the kernel's LLVM IR.
+@numba.njit(inline="always")
+def prefetch_ahead(ix, trace, i, deep):
+    """Prefetch the index entry of request ``i + PREFETCH_AHEAD``; when ``deep``, also
+    return the slot of request ``i + PREFETCH_STATE_AHEAD`` from a dense index (:func:`ix_peek`),
+    for the caller to prefetch that slot's policy state, else -1."""
+    n = trace.shape[0]
+    if i + PREFETCH_AHEAD < n:
+        ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
+    if deep and i + PREFETCH_STATE_AHEAD < n:
+        return ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
+    return np.int64(NIL)
+
+
+@numba.njit(inline="always")
+def flag_hit(hit_flags, i):
+    """Flag request ``i`` a hit when the caller records hits (``hit_flags`` not empty)."""
+    if hit_flags.shape[0] > 0:
+        hit_flags[i] = 1
+
+
+@numba.njit(inline="always")
+def lookup(ix, trace, i):
+    """Start request ``i``: prefetch the index entry of the one :data:`PREFETCH_AHEAD` on,
+    and find its key.  Returns ``(key, slot)``, ``slot`` < 0 when absent."""
+    if i + PREFETCH_AHEAD < trace.shape[0]:
+        ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
+    key = trace[i]
+    return key, ix_find(ix, key)
 
 
 @numba.njit(cache=True)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.sim.policies.base import PREFETCH_AHEAD, ix_del, ix_find, ix_prefetch, ix_put
+from tiered_emb.sim.policies.base import flag_hit, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
+from tiered_emb.sim.policies.fifo import ring_admit
 
 
 @numba.njit(cache=True)
@@ -25,39 +26,25 @@ def _clock_simulate(trace, capacity, ix, ring, ref, hit_flags):
     passes the hand over an object, which makes it the newest, as libCacheSim's move to
     the head of its list does.
     """
-    record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
     hand = 0
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        key = trace[i]
-        s = ix_find(ix, key)
+    for i in range(trace.shape[0]):
+        key, s = lookup(ix, trace, i)
         if s >= 0:
-            hits += 1
             ref[s] = 1
-            if record:
-                hit_flags[i] = 1
+            hits += 1
+            flag_hit(hit_flags, i)
             continue
-        if used < capacity:
-            pos = used
-            used += 1
-        else:
+        if used == capacity:
+            # second chances: clear the referenced bits the hand passes, up to a clear one
             while ref[hand]:
                 ref[hand] = 0
                 hand += 1
                 if hand == capacity:
                     hand = 0
-            pos = hand
-            ix_del(ix, ring[pos])
-            hand += 1
-            if hand == capacity:
-                hand = 0
-        ring[pos] = key
+        pos, used, hand = ring_admit(ix, ring, key, used, hand, capacity)
         ref[pos] = 0
-        ix_put(ix, key, pos)
     return hits
 
 

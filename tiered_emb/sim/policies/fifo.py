@@ -14,38 +14,45 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.sim.policies.base import PREFETCH_AHEAD, ix_del, ix_find, ix_prefetch, ix_put
+from tiered_emb.sim.policies.base import ix_del, ix_put, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
+
+
+@numba.njit(inline="always")
+def ring_admit(ix, ring, key, used, hand, capacity):
+    """Put ``key`` in the next unused position of ``ring``, or once all are used, in place
+    of the oldest, at ``hand``, which moves on one; returns ``(pos, used, hand)``.
+
+    FIFO's whole miss, and CLOCK's once its hand has skipped the referenced positions.
+    """
+    if used < capacity:
+        pos = used
+        used += 1
+    else:
+        pos = hand
+        ix_del(ix, ring[pos])
+        hand += 1
+        if hand == capacity:
+            hand = 0
+    ring[pos] = key
+    ix_put(ix, key, pos)
+    return pos, used, hand
 
 
 @numba.njit(cache=True)
 def _fifo_simulate(trace, capacity, ix, ring, hit_flags):
     """FIFO over a ring of ids ((capacity,), the index's id dtype); ``hand`` is the oldest position."""
-    record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
     hand = 0
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        key = trace[i]
-        if ix_find(ix, key) >= 0:
-            hits += 1
-            if record:
-                hit_flags[i] = 1
+    for i in range(trace.shape[0]):
+        key, s = lookup(ix, trace, i)
+        if s < 0:
+            _, used, hand = ring_admit(ix, ring, key, used, hand, capacity)
             continue
-        if used < capacity:
-            pos = used
-            used += 1
-        else:
-            pos = hand
-            ix_del(ix, ring[pos])
-            hand += 1
-            if hand == capacity:
-                hand = 0
-        ring[pos] = key
-        ix_put(ix, key, pos)
+        hits += 1
+        if hit_flags.shape[0] > 0:  # written out: flag_hit here kept a refcount in the loop
+            hit_flags[i] = 1
     return hits
 
 

@@ -19,14 +19,12 @@ import numpy as np
 from tiered_emb._jit import prefetch_hint
 from tiered_emb.sim.policies.base import (
     NIL,
-    PREFETCH_AHEAD,
-    PREFETCH_STATE_AHEAD,
     PREFETCH_STATE_MIN,
+    flag_hit,
     ix_del,
     ix_find,
-    ix_peek,
-    ix_prefetch,
     ix_put,
+    prefetch_ahead,
 )
 from tiered_emb.sim.policies.buffers import kernel_state
 
@@ -72,26 +70,20 @@ def _lfu_twin_simulate(trace, capacity, ix, slot_ids, item, bk, bfree, hit_flags
     in libCacheSim.  Twin of the store's LFU: the contract test compares it with
     :func:`tiered_emb.cache.slots.simulate` with ``"lfu"``, request by request.
     """
-    record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
     lowest = NIL
     n_bfree = bfree.shape[0]
     deep = capacity > PREFETCH_STATE_MIN
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        if deep and i + PREFETCH_STATE_AHEAD < n:
-            t = ix_peek(ix, trace[i + PREFETCH_STATE_AHEAD])
-            if t >= 0:
-                prefetch_hint(item, (t, 0))
+    for i in range(trace.shape[0]):
+        t = prefetch_ahead(ix, trace, i, deep)
+        if t >= 0:
+            prefetch_hint(item, (t, 0))
         key = trace[i]
         s = ix_find(ix, key)
         if s >= 0:
             hits += 1
-            if record:
-                hit_flags[i] = 1
+            flag_hit(hit_flags, i)
             b = item[s, 0]
             up = bk[b, 3]
             if up == NIL or bk[up, 0] != bk[b, 0] + 1:

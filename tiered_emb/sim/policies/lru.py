@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.sim.policies.base import NIL, PREFETCH_AHEAD, ix_del, ix_find, ix_prefetch, ix_put
+from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_pop, list_push, list_unlink, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 
 
@@ -28,51 +28,29 @@ def _lru_twin_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
     with ``"lru"`` (the contract test compares them request by request), with the list
     ends held in locals, which the compiler keeps in registers.
     """
-    record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
     newest = NIL
     oldest = NIL
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        key = trace[i]
-        s = ix_find(ix, key)
+    for i in range(trace.shape[0]):
+        key, s = lookup(ix, trace, i)
         if s >= 0:
             hits += 1
-            if record:
-                hit_flags[i] = 1
+            flag_hit(hit_flags, i)
             if s == newest:
                 continue
-            a, b = older[s], newer[s]
-            if a == NIL:
-                oldest = b
-            else:
-                newer[a] = b
-            older[b] = a
+            newest, oldest = list_unlink(newer, older, newest, oldest, s)
         elif used < capacity:
             s = used
             used += 1
             slot_ids[s] = key
             ix_put(ix, key, s)
         else:
-            s = oldest
-            oldest = newer[s]
-            if oldest != NIL:
-                older[oldest] = NIL
-            else:
-                newest = NIL
+            s, newest, oldest = list_pop(newer, older, newest, oldest)
             ix_del(ix, slot_ids[s])
             slot_ids[s] = key
             ix_put(ix, key, s)
-        older[s] = newest
-        newer[s] = NIL
-        if newest == NIL:
-            oldest = s
-        else:
-            newer[newest] = s
-        newest = s
+        newest, oldest = list_push(newer, older, newest, oldest, s)
     return hits
 
 

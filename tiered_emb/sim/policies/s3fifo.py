@@ -15,7 +15,7 @@ import numpy as np
 
 from tiered_emb._args import finite_arg
 from tiered_emb.errors import ConfigError
-from tiered_emb.sim.policies.base import NIL, PREFETCH_AHEAD, ix_del, ix_find, ix_prefetch, ix_put, list_unlink
+from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_unlink, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 
 
@@ -74,7 +74,6 @@ def _s3fifo_simulate(
     admitted).  Why: a miss must ask whether the id is a ghost, and a second index would
     be a second random access per miss, one the request prefetch does not cover.
     """
-    record = hit_flags.shape[0] > 0
     capacity = small_cap + main_cap
     hits = 0
     used = 0
@@ -83,17 +82,12 @@ def _s3fifo_simulate(
     g_oldest = NIL
     g_size = 0
     g_free_n = ghost_cap
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        key = trace[i]
-        s = ix_find(ix, key)
+    for i in range(trace.shape[0]):
+        key, s = lookup(ix, trace, i)
         if s >= 0:
-            hits += 1
             freq[s] += 1
-            if record:
-                hit_flags[i] = 1
+            hits += 1
+            flag_hit(hit_flags, i)
             continue
         hit_on_ghost = s <= -2
         if hit_on_ghost:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.sim.policies.base import NIL, PREFETCH_AHEAD, ix_del, ix_find, ix_prefetch, ix_put
+from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_push, list_unlink, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 
 
@@ -24,23 +24,17 @@ def _sieve_simulate(trace, capacity, ix, slot_ids, newer, older, visited, hit_fl
     New objects go to the newest end; the hand walks from the oldest end towards the
     newest, wrapping to the oldest, and is left at the object newer than the victim.
     """
-    record = hit_flags.shape[0] > 0
     hits = 0
     used = 0
     newest = NIL
     oldest = NIL
     hand = NIL
-    n = trace.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            ix_prefetch(ix, trace[i + PREFETCH_AHEAD])
-        key = trace[i]
-        s = ix_find(ix, key)
+    for i in range(trace.shape[0]):
+        key, s = lookup(ix, trace, i)
         if s >= 0:
-            hits += 1
             visited[s] = 1
-            if record:
-                hit_flags[i] = 1
+            hits += 1
+            flag_hit(hit_flags, i)
             continue
         if used < capacity:
             s = used
@@ -53,27 +47,12 @@ def _sieve_simulate(trace, capacity, ix, slot_ids, newer, older, visited, hit_fl
                 if v == NIL:
                     v = oldest
             hand = newer[v]
-            # unlink v
-            a, b = older[v], newer[v]
-            if a == NIL:
-                oldest = b
-            else:
-                newer[a] = b
-            if b == NIL:
-                newest = a
-            else:
-                older[b] = a
+            newest, oldest = list_unlink(newer, older, newest, oldest, v)
             ix_del(ix, slot_ids[v])
             s = v
         slot_ids[s] = key
         visited[s] = 0
-        older[s] = newest
-        newer[s] = NIL
-        if newest == NIL:
-            oldest = s
-        else:
-            newer[newest] = s
-        newest = s
+        newest, oldest = list_push(newer, older, newest, oldest, s)
         ix_put(ix, key, s)
     return hits
 
