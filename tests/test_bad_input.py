@@ -174,3 +174,35 @@ def test_zipf_over_more_ids_than_numpy_can_hold():
                 "lru",
             ]
         )
+
+
+def test_open_checks_its_tiers_before_the_data_file(tmp_path):
+    """A bad ``tiers`` is the caller's error whatever the store holds: ConfigError first."""
+    TieredStore.create(tmp_path / "s", [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu")).close()
+    (tmp_path / "s" / "lmdb" / "data.mdb").unlink()
+    with pytest.raises(ConfigError, match="tiers"):
+        TieredStore.open(tmp_path / "s", tiers="not a TierConfig")
+    with pytest.raises(CorruptStoreError, match=r"data\.mdb"):
+        TieredStore.open(tmp_path / "s")
+
+
+def test_stepping_takes_only_an_unreleased_ticket_of_this_store(tmp_path):
+    """A ticket of another store would let the lock-free pooled path read this store's
+    records at slots pinned in the other; a released one, at slots about to be unpinned."""
+    tiers = TierConfig(hbm_rows=64, device="cpu")
+    with (
+        TieredStore.create(tmp_path / "a", [TableConfig("t", dim=4)], tiers) as a,
+        TieredStore.create(tmp_path / "b", [TableConfig("t", dim=4)], tiers) as b,
+    ):
+        ids = np.arange(16, dtype=np.int64)
+        ticket = a.prefetch({"t": ids})
+        ticket.wait()
+        with pytest.raises(ConfigError, match="another store"):
+            b.stepping(ticket).__enter__()
+        assert b.window.stepping is None
+        with a.stepping(ticket):
+            assert a.window.stepping is ticket
+        a.release(ticket)
+        with pytest.raises(ConfigError, match="released"):
+            a.stepping(ticket).__enter__()
+        assert a.window.stepping is None

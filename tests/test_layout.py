@@ -319,7 +319,7 @@ def private_reads(path: Path) -> list[tuple[int, str]]:
             if head in aliases:  # a module: m._x, tiered_emb.x._y
                 module = aliases[head] + dotted[len(head) :]
                 if _is_module(f"{module}.{node.attr}"):
-                    continue  # tiers._lmdb_writer: a private module, the package's own
+                    continue  # a private module (tiered_emb._args, say): the package's own
                 out.append((node.lineno, f"{dotted}.{node.attr}"))
             elif node.attr not in own and f"{dotted}.{node.attr}" not in FOREIGN_API:
                 out.append((node.lineno, f"{dotted or ast.unparse(value)}.{node.attr}"))

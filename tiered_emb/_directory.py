@@ -87,7 +87,7 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], list[TableConfig], TierCo
     """``(manifest, tables, stored tiers, seed)`` of the store at ``path``, checked.
 
     StoreNotFoundError when there is none (or only a half-made one), CorruptStoreError
-    when the manifest or the LMDB data file is damaged or missing.
+    when the manifest is damaged (:func:`check_data_file` checks the LMDB data file).
     """
     manifest_path = path / "manifest.json"
     if half_made(path):
@@ -115,11 +115,15 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], list[TableConfig], TierCo
             f"manifest {str(manifest_path)!r} is corrupt ({type(err).__name__}: {err})",
             "restore the store directory from a backup",
         ) from err
+    return manifest, tables, stored_tiers, seed
+
+
+def check_data_file(path: Path) -> None:
+    """CorruptStoreError unless the store at ``path`` has its LMDB data file."""
     if not (path / "lmdb" / "data.mdb").is_file():
         raise CorruptStoreError(
             f"store {str(path)!r} has no LMDB data file (lmdb/data.mdb)", "restore the store directory from a backup"
         )
-    return manifest, tables, stored_tiers, seed
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:

@@ -108,6 +108,7 @@ class TieredStore:
         _directory.refuse_existing(path)
         resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
         lock_fd = _directory.make(path)
+        ssd = None
         try:
             ssd = SsdTier(
                 path / "lmdb",
@@ -123,6 +124,8 @@ class TieredStore:
             store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
             store._write_manifest()
         except BaseException:
+            if ssd is not None:
+                ssd.close()
             _directory.unmake(path, lock_fd)
             raise
         return store
@@ -148,6 +151,7 @@ class TieredStore:
         manifest, tables, stored_tiers, seed = _directory.read_manifest(path)
         if tiers is not None and not isinstance(tiers, TierConfig):
             raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
+        _directory.check_data_file(path)
         tiers = tiers or stored_tiers
         lock_fd = _directory.lock(path)
         ssd = None
@@ -270,7 +274,9 @@ class TieredStore:
     @property
     def lock(self) -> threading.RLock:
         """The store's lock (re-entrant): every change to the tiers holds it, the prefetch
-        thread's too.  Hold it to see the tiers still while you look at them."""
+        thread's too, but for one: a pooled step whose rows are all pinned for it by the
+        prefetch window reads and updates those rows without it (pinned slots are never
+        victims).  Hold it to see the tiers still while you look at them."""
         return self._res.lock
 
     def check_bags(self, table: str, bags: plan.BagPlan) -> None:
@@ -473,7 +479,14 @@ class TieredStore:
     @contextmanager
     def stepping(self, ticket: Ticket) -> Iterator[None]:
         """Mark ``ticket``'s batch as the one whose step runs inside the block: a pooled step
-        whose rows are all pinned for it then runs without the store's lock."""
+        whose rows are all pinned for it then runs without the store's lock.
+
+        ``ticket``: from this store's :meth:`prefetch`, not yet released (ConfigError otherwise).
+        """
+        self._check_open()
+        self.prefetcher.check_own(ticket)
+        if ticket.released:
+            raise ConfigError(f"ticket {ticket.seq} is released", "step a batch before releasing its ticket")
         self.window.stepping = ticket
         try:
             yield

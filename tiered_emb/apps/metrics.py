@@ -85,7 +85,7 @@ def thread_cpu_s(store=None) -> tuple[float, dict[int, float], float] | None:
 
 
 def thread_cpu_per_step(before, after, steps: int) -> dict[str, float] | None:
-    """CPU milliseconds a step of each thread between two :func:`_thread_cpu_s`, by thread
+    """CPU milliseconds a step of each thread between two :func:`thread_cpu_s`, by thread
     name (``main``; the store's ``tiered_emb-prefetch``; ``other native threads``: torch's
     and Numba's pools; ``ended threads``: those gone by the end, the write-back writers
     among them; ``writer process``: the store's LMDB writer, a process of its own, started

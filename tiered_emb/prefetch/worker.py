@@ -56,7 +56,7 @@ class Prefetcher:
 
     def bring_up(self, ticket: Ticket) -> None:
         """Queue ``ticket`` for the thread (tickets are brought up in the order they are queued)."""
-        self._check_own(ticket)
+        self.check_own(ticket)
         if ticket.queued or ticket.released:
             return
         ticket.queued = True
@@ -64,13 +64,13 @@ class Prefetcher:
 
     def read_ahead(self, ticket: Ticket) -> None:
         """Queue ``ticket``'s LMDB reads for the thread (rows staged in host memory, tiers untouched)."""
-        self._check_own(ticket)
+        self.check_own(ticket)
         if ticket.staged or ticket.released:
             return
         ticket.staged = True
         self._put(ticket.read_event, self._window.stage, ticket)
 
-    def _check_own(self, ticket) -> None:
+    def check_own(self, ticket) -> None:
         """ConfigError, before anything changes, unless ``ticket`` came from this store's prefetch()."""
         if getattr(ticket, "owner", None) is not self:
             what = "a ticket of another store" if isinstance(ticket, Ticket) else f"a {type(ticket).__name__}"
@@ -108,7 +108,7 @@ class Prefetcher:
         The thread unpins them in order with its other work, so the step never waits for
         the store's lock here; :meth:`drain` waits for it.
         """
-        self._check_own(ticket)
+        self.check_own(ticket)
         if ticket.released:
             return
         ticket.settle()

@@ -43,10 +43,6 @@ class Table:
         # (under LRU the prefetch window re-pins only the tables where one did).
         self.step_placed = False
 
-    def pin_budget(self) -> int:
-        """Rows a prefetched batch may still pin: prefetch leaves 1/8 of HBM (>= 1 row) to the step's own misses."""
-        return self.hbm.unpinned_capacity - max(1, self.hbm.capacity_rows // 8)
-
     def count_hits(self, n: int) -> None:
         """Count ``n`` HBM lookups that hit without a resolve (rows pinned for the batch, a direct tier)."""
         c = self.counters["hbm"]
