@@ -117,17 +117,9 @@ def table_ids(table: str, ids: object, num_rows: int | None) -> np.ndarray:
             f"ids for table {table!r} do not make an array ({err})",
             "pass a 1-D integer array, e.g. np.asarray(ids, dtype=np.int64)",
         ) from err
-    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):  # ([] is float64)
-        raise IdTypeError(
-            f"ids for table {table!r} have dtype {a.dtype}", "pass integer ids, e.g. np.asarray(ids, dtype=np.int64)"
-        )
-    if a.ndim != 1:
-        raise IdTypeError(f"ids for table {table!r} have shape {a.shape}", "pass a 1-D array (ravel it)")
+    a = as_ids(a, f"ids for table {table!r}")  # integers, 1-D, within int64
     if a.shape[0] == 0:
-        return a.astype(np.int64)
-    if a.dtype == np.uint64 and int(a.max()) > _INT64_MAX:
-        raise IdRangeError(f"id {int(a.max())} of table {table!r} is beyond int64", "ids are int64 >= 0")
-    a = np.ascontiguousarray(a, dtype=np.int64)
+        return a
     lo, hi = int(a.min()), int(a.max())
     if lo < 0:
         raise IdRangeError(f"id {lo} of table {table!r} is negative", "ids are >= 0")
