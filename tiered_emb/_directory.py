@@ -52,7 +52,17 @@ def make(path: Path) -> int:
     if not was_half_made:
         try:
             path.mkdir(parents=True)
-        except (NotADirectoryError, FileExistsError) as err:  # a file where a parent directory should be
+        except FileExistsError as err:
+            if path.is_dir():  # another create() made it since refuse_existing(): it won the race
+                raise StoreExistsError(
+                    f"store path {str(path)!r} was made by another create() meanwhile",
+                    "open it with TieredStore.open (once that create() has finished), or choose a new path",
+                ) from err
+            raise ConfigError(
+                f"store path {str(path)!r} cannot be made ({err})",
+                "choose a path whose parents are directories (or do not exist yet)",
+            ) from err
+        except NotADirectoryError as err:  # a file where a parent directory should be
             raise ConfigError(
                 f"store path {str(path)!r} cannot be made ({err})",
                 "choose a path whose parents are directories (or do not exist yet)",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from tiered_emb.errors import ConfigError, PrefetchError
 
 _STOP = object()
@@ -92,16 +94,18 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                     with store.stepping(ticket):
                         yield batch
                 finally:
-                    if not store.closed:  # (close() during the step released every ticket)
+                    # (close() during the step released every ticket; an exiting interpreter
+                    # runs no prefetch thread to release it)
+                    if not store.closed and not sys.is_finalizing():
                         store.release(ticket)
             t += 1
     finally:
         for _, ticket in window:
-            if store.closed:
-                break  # close() released them all
+            if store.closed or sys.is_finalizing():
+                break  # close() released them all; or the process is exiting
             try:  # without check(): a failed unpinning is left for the next release or close()
                 store.release(ticket, check=False)
             except PrefetchError:
                 pass  # its batch never ran; the error belongs to no step
-        if not store.closed:
+        if not store.closed and not sys.is_finalizing():
             store.drain_prefetch()  # every pin of the loop is gone when it ends

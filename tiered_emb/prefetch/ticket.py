@@ -54,12 +54,18 @@ class Ticket:
 
     def wait_entered(self) -> None:
         """Block until the batch is in the window (its resident rows pinned, under a ``lookahead+`` policy)."""
-        self.entered_event.wait()
+        self._await(self.entered_event)
 
     def settle(self) -> None:
         """Wait for whatever the thread was given of this ticket."""
-        self.entered_event.wait()
+        self._await(self.entered_event)
         if self.staged:
-            self.read_event.wait()
+            self._await(self.read_event)
         if self.queued:
-            self.up_event.wait()
+            self._await(self.up_event)
+
+    def _await(self, event: threading.Event) -> None:
+        if self.owner is None:  # made by hand, never queued on a thread: nothing can set it later
+            event.wait()
+        else:
+            self.owner.await_event(event)

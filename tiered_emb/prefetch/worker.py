@@ -10,6 +10,7 @@ that needs those rows); ``close`` joins the thread.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 
 import numba
@@ -19,6 +20,8 @@ from tiered_emb.errors import ConfigError, PrefetchError
 from tiered_emb.prefetch.ticket import Ticket
 
 _STOP = object()
+# How often a wait on the thread looks whether the thread can still answer it.
+_POLL_S = 0.05
 
 
 class Prefetcher:
@@ -146,12 +149,25 @@ class Prefetcher:
                 "Checkpoint, close and reopen the store",
             ) from err
 
+    def await_event(self, event: threading.Event) -> None:
+        """Wait for ``event``, which the thread sets.  PrefetchError at once when the thread can
+        no longer set it: the interpreter is exiting (its daemon threads run no more) or the
+        thread has stopped.  So a training loop that crashed exits instead of waiting forever."""
+        while not event.wait(_POLL_S):
+            if sys.is_finalizing() or self._thread is None or not self._thread.is_alive():
+                if event.is_set():
+                    return
+                raise PrefetchError(
+                    "the prefetch thread no longer runs (the process is exiting, or the store was closed)",
+                    "nothing was lost: a store's rows are safe up to its last checkpoint",
+                )
+
     def drain(self) -> None:
         """Wait until every submitted ticket has been brought up (or failed) and every released one unpinned."""
         for t in list(self._outstanding):
             t.settle()
         for t in self._releasing:
-            t.unpinned_event.wait()
+            self.await_event(t.unpinned_event)
         self._releasing.clear()
 
     def close(self) -> None:

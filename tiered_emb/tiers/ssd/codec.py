@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 
 import numpy as np
 
@@ -127,3 +128,30 @@ def write_frame(stream, obj: dict) -> None:
     """Write one frame of ``obj`` and flush it."""
     stream.write(frame_bytes(obj))
     stream.flush()
+
+
+class PerThread:
+    """A zstd compressor or decompressor for each thread that uses it, made by ``factory``.
+
+    zstandard's contexts must not be shared between threads: the step and the prefetch
+    thread decompressing through one at once read back garbage (a false "does not
+    decompress" error).  ``compress`` and ``decompress`` are those of the calling thread's
+    own context.
+    """
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._local = threading.local()
+
+    def context(self):
+        """The calling thread's context (made on its first use)."""
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = self._factory()
+        return ctx
+
+    def compress(self, data: bytes) -> bytes:
+        return self.context().compress(data)
+
+    def decompress(self, data: bytes, **kwargs) -> bytes:
+        return self.context().decompress(data, **kwargs)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.checkpoint import Checkpointer
 from tiered_emb.tiers.ssd.compaction import Compactor
 from tiered_emb.tiers.ssd.held import HeldRows
@@ -82,8 +83,8 @@ class SsdTier:
         self._lock = threading.Lock()
         self.held = HeldRows(self.widths, self._lock)
         self.staging = self.held.staging  # staged reads: counts of reads, rows, rows used, reads discarded
-        zc = zstandard.ZstdCompressor(level=compression) if compression else None
-        zd = zstandard.ZstdDecompressor()
+        zc = codec.PerThread(lambda: zstandard.ZstdCompressor(level=compression)) if compression else None
+        zd = codec.PerThread(zstandard.ZstdDecompressor)
         self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
         table_rows = {n: (table_rows or {}).get(n) for n in tables}
         self.written = WrittenIds(self.lmdb)

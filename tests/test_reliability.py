@@ -1,0 +1,98 @@
+"""Defects found by trying the store's promises (issue: trust the bytes), each a regression test."""
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.prefetch import lookahead
+from tiered_emb.tiers.ssd.codec import PerThread
+
+
+def test_each_thread_compresses_and_decompresses_with_its_own_zstd_context():
+    """zstandard's contexts are not thread-safe: the step and the prefetch thread sharing one
+    read back garbage, and a false CorruptStoreError stopped the run."""
+    made = []
+    per_thread = PerThread(lambda: made.append(object()) or made[-1])
+    seen = {}
+
+    def use(name):
+        seen[name] = (per_thread.context(), per_thread.context())
+
+    threads = [threading.Thread(target=use, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen["a"][0] is seen["a"][1] and seen["b"][0] is seen["b"][1]  # one context a thread, kept
+    assert seen["a"][0] is not seen["b"][0] and len(made) == 2
+
+
+def test_compressed_rows_read_ahead_beside_the_step_read_back_bitwise(tmp_path):
+    """With ``ssd_compression`` and read-ahead the step and the lookahead thread decompress at
+    once; the run trains to the end and every row equals a run without read-ahead."""
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 20_000, 2_048) for _ in range(120)]
+    runs = []
+    for read_ahead in (3, 0):
+        tiers = TierConfig(hbm_rows=256, ddr_rows=256, device="cpu", ssd_compression=3)
+        cfg = TableConfig("t", dim=16, optimizer=RowWiseAdagrad(lr=0.05))
+        with TieredStore.create(tmp_path / f"r{read_ahead}", [cfg], tiers, seed=1) as s:
+            for step, ids in enumerate(lookahead(s, batches, lambda b: {"t": b}, 3, read_ahead=read_ahead)):
+                s.apply_gradients("t", ids, np.full((ids.shape[0], 16), 0.01, np.float32))
+                if step % 5 == 4:
+                    s.flush()
+            runs.append(s.peek("t", np.arange(20_000), with_state=True))
+    assert runs[0].tobytes() == runs[1].tobytes()
+
+
+def test_losing_a_create_race_is_store_exists_and_leaves_the_winner_alone(tmp_path, monkeypatch):
+    """Another process's create() makes the directory between this one's look and its mkdir:
+    StoreExistsError (a caller falls back to open() on it), not ConfigError, and the
+    winner's directory is left as it was."""
+    from tiered_emb import _directory
+    from tiered_emb.errors import StoreExistsError
+
+    path = tmp_path / "s"
+    real = _directory.refuse_existing
+    looks = []
+
+    def winner_makes_it_meanwhile(p):
+        real(p)
+        looks.append(p)
+        if len(looks) == 2:  # the look just before the mkdir (create() looks once before, too)
+            p.mkdir()
+            (p / "winner").write_text("mine")
+
+    monkeypatch.setattr(_directory, "refuse_existing", winner_makes_it_meanwhile)
+    with pytest.raises(StoreExistsError, match="another create"):
+        TieredStore.create(path, [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu"))
+    assert (path / "winner").read_text() == "mine" and sorted(p.name for p in path.iterdir()) == ["winner"]
+
+
+_CRASHING_LOOP = r"""
+import sys
+import numpy as np
+from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb.prefetch import lookahead
+s = TieredStore.create(sys.argv[1], [TableConfig("t", dim=4)], TierConfig(hbm_rows=64, device="cpu"))
+batches = lookahead(s, [np.arange(8)] * 10, lambda b: {"t": b}, 3, load_ahead=1)
+for i, b in enumerate(batches):
+    s.apply_gradients("t", b, np.ones((8, 4), np.float32))
+    if i == 2:
+        raise RuntimeError("step failed")
+"""
+
+
+def test_a_training_loop_that_crashes_exits(tmp_path):
+    """A step raising inside a lookahead loop held by a variable reached the top level, and the
+    interpreter waited forever at exit for a prefetch thread that no longer ran: a crashed job
+    that never ends is invisible to a scheduler.  It exits with the step's error now."""
+    p = subprocess.run(
+        [sys.executable, "-c", _CRASHING_LOOP, str(tmp_path / "s")], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 1 and "RuntimeError: step failed" in p.stderr
+    assert "Exception ignored" not in p.stderr
