@@ -1,5 +1,6 @@
 """Defects found by trying the store's promises (issue: trust the bytes), each a regression test."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -96,3 +97,40 @@ def test_a_training_loop_that_crashes_exits(tmp_path):
     )
     assert p.returncode == 1 and "RuntimeError: step failed" in p.stderr
     assert "Exception ignored" not in p.stderr
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 2 MiB tmpfs filled to the last block (root only: mounting needs it)."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={mnt / 'fill'}", "bs=4k", "count=1000"], capture_output=True)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+_CREATE = r"""
+import sys
+from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb.errors import StoreFullError
+try:
+    TieredStore.create(sys.argv[1], [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu"))
+except StoreFullError as err:
+    print("StoreFullError:", err)
+"""
+
+
+def test_create_on_a_full_disk_is_store_full_and_leaves_nothing(full_disk):
+    """LMDB writes its lock file through a memory map: on a full disk the process died of
+    SIGBUS (exit 135) and left a half-made directory.  Now a StoreFullError, nothing left,
+    and a create() once there is room succeeds."""
+    path = full_disk / "s"
+    p = subprocess.run([sys.executable, "-c", _CREATE, str(path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("StoreFullError:"), (p.returncode, p.stdout, p.stderr)
+    assert not path.exists()
+    (full_disk / "fill").unlink()
+    TieredStore.create(path, [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu")).close()

@@ -10,6 +10,8 @@ of :mod:`tiered_emb.errors`, with the lmdb error as its cause.
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +27,9 @@ from tiered_emb.errors import (
 from tiered_emb.tiers.ssd.writer_main import disk_full
 
 META_DB = b"meta"
+#: Bytes of LMDB's lock file given their disk blocks before LMDB maps it: a header and 64
+#: bytes a reader slot, for far more readers than a store opens.
+LOCK_FILE_BYTES = 64 << 10
 
 
 class TxnGate:
@@ -74,6 +79,7 @@ class LmdbEnv:
         self.path = Path(path)
         self.max_dbs, self.max_readers = 2 * len(tables) + 2, 64
         self.gate = TxnGate()
+        reserve_lock_file(self.path)
         try:
             self.env = lmdb.open(
                 str(self.path),
@@ -113,6 +119,11 @@ class LmdbEnv:
                 "restore the store directory from a backup",
             ) from err
         except lmdb.Error as err:
+            if disk_full(err, self.path):
+                raise StoreFullError(
+                    f"the disk under {self.path} is full: its LMDB environment cannot be opened ({err})",
+                    "free disk space or choose a path on another disk",
+                ) from err
             raise CorruptStoreError(
                 f"LMDB environment {self.path} cannot be opened ({err})",
                 "check the store directory and its permissions",
@@ -205,3 +216,28 @@ class LmdbEnv:
                     st["psize"] * (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
                 )
         return out
+
+
+def reserve_lock_file(path: Path) -> None:
+    """Give LMDB's lock file (``path/lock.mdb``) its disk blocks before LMDB maps it.
+
+    LMDB sizes the lock file with ftruncate, a sparse file, and writes it through a memory
+    map: on a full disk the first write to a page with no block kills the process with
+    SIGBUS instead of failing.  Allocated here, the blocks are there, or the lack of them
+    is a :class:`StoreFullError`.  A filesystem without ``posix_fallocate`` is left to LMDB.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / "lock.mdb", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_size < LOCK_FILE_BYTES:
+            os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise StoreFullError(
+                f"the disk under {path} is full: LMDB's lock file cannot be made ({err})",
+                "free disk space or choose a path on another disk",
+            ) from err
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise CorruptStoreError(f"LMDB's lock file in {path} cannot be made ({err})", "check the disk") from err
+    finally:
+        os.close(fd)
