@@ -120,3 +120,27 @@ def test_stream_counts_each_row_stored_once(tmp_path, capsys):
         for i in range(tables)
     )
     assert printed == distinct
+
+
+def test_stream_replaces_only_its_own_run_and_checks_its_flags_first(tmp_path):
+    """`tiered-emb stream --run-dir DIR` deleted DIR whatever it held, and a bad --policy
+    deleted it before being reported: it now replaces only an earlier run of its own (or an
+    empty directory), after every flag is checked."""
+    from tiered_emb.cli import main
+    from tiered_emb.errors import ConfigError
+
+    small = ["--steps", "1", "--tables", "1", "--ids", "1000", "--batch", "64", "--hbm-rows", "16", "--ddr-rows", "16"]
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="no run"):
+        main(["stream", "--run-dir", str(precious), *small])
+    assert (precious / "notes.txt").read_text() == "mine" and len(list(precious.iterdir())) == 1
+
+    run = tmp_path / "run"
+    assert main(["stream", "--run-dir", str(run), *small]) == 0
+    made = sorted(p.name for p in run.iterdir())
+    with pytest.raises(ConfigError, match="policy"):
+        main(["stream", "--run-dir", str(run), "--policy", "foo", *small])
+    assert sorted(p.name for p in run.iterdir()) == made  # the earlier run is still there
+    assert main(["stream", "--run-dir", str(run), *small]) == 0  # its own run: replaced

@@ -10,9 +10,10 @@ import sys
 import time
 
 
-def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream=sys.stderr) -> None:
+def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream=None) -> None:
     """One-line progress bar (rewritten in place): ``i`` of ``n`` done since ``t0``
     (a :func:`time.perf_counter` reading), then ``extra``; a newline once ``i >= n``.
+    ``stream``: standard error by default.
 
     Examples
     --------
@@ -22,6 +23,7 @@ def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream
     >>> out.getvalue().startswith("\\r[##..] 2/4 ")
     True
     """
+    stream = sys.stderr if stream is None else stream  # looked up now: it may have been replaced since import
     done = int(width * i / max(n, 1))
     rate = i / max(time.perf_counter() - t0, 1e-9)
     stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {rate:,.1f}/s {extra}")

@@ -7,6 +7,7 @@ move down the tiers and land in LMDB.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 
 from tiered_emb._progress import progress
 from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.errors import ConfigError
 from tiered_emb.optimizers import RowWiseAdagrad
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.store import TieredStore
@@ -39,7 +41,9 @@ def format_tier_table(stats: dict) -> str:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("stream", help="stream Zipf batches through a store larger than HBM+DDR; print tier stats")
-    p.add_argument("--run-dir", default="runs/stream", help="store directory (replaced)")
+    p.add_argument(
+        "--run-dir", default="runs/stream", help="run directory: its store and stream.json (an earlier run is replaced)"
+    )
     p.add_argument("--tables", type=int, default=4)
     p.add_argument("--ids", type=int, default=2_000_000, help="distinct ids per table")
     p.add_argument("--dim", type=int, default=32)
@@ -53,17 +57,40 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    run_dir = Path(args.run_dir)
-    if run_dir.exists():
+#: The file that marks a directory as a run of this job (its arguments): only such a
+#: directory, or an empty one, is replaced by the next run.
+RUN_FILE = "stream.json"
+
+
+def _replace_run(run_dir: Path, settings: dict) -> Path:
+    """Make ``run_dir`` a new run (removing an earlier run of this job there); returns the
+    store's path.  ConfigError, with nothing removed, when ``run_dir`` holds anything else."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        raise ConfigError(f"--run-dir {str(run_dir)!r} exists and is not a directory", "choose another --run-dir")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not (run_dir / RUN_FILE).is_file():
+            raise ConfigError(
+                f"--run-dir {str(run_dir)!r} holds files but no run of `tiered-emb stream` (no {RUN_FILE}); "
+                "not replaced",
+                "choose a new or empty --run-dir, or remove that one yourself",
+            )
         shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True))
+    return run_dir / "store"
+
+
+def run(args) -> int:
+    # every argument checked before anything on disk changes
     tables = [
         TableConfig(f"t{i}", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
         for i in range(args.tables)
     ]
     tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu")
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("func", "command")}
+    path = _replace_run(Path(args.run_dir), settings)
     t0 = time.perf_counter()
-    with TieredStore.create(run_dir, tables, tiers, seed=args.seed) as store:
+    with TieredStore.create(path, tables, tiers, seed=args.seed) as store:
         for step in range(args.steps):
             for i, t in enumerate(tables):
                 ids = zipf_ids(args.ids, args.alpha, args.batch, seed=args.seed * 1_000_003 + step * 131 + i)
