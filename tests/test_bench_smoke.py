@@ -144,3 +144,17 @@ def test_stream_replaces_only_its_own_run_and_checks_its_flags_first(tmp_path):
         main(["stream", "--run-dir", str(run), "--policy", "foo", *small])
     assert sorted(p.name for p in run.iterdir()) == made  # the earlier run is still there
     assert main(["stream", "--run-dir", str(run), *small]) == 0  # its own run: replaced
+
+
+def test_the_cli_tells_its_version_and_stream_documents_every_flag(capsys):
+    from tiered_emb import __version__
+    from tiered_emb.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"tiered-emb {__version__}"
+    with pytest.raises(SystemExit):
+        main(["stream", "--help"])
+    out = capsys.readouterr().out
+    # argparse shows a default only beside a help text: 11 defaults, every flag documented
+    assert out.count("(default:") == 11, out

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from tiered_emb._version import __version__
 from tiered_emb.errors import TieredEmbError
 
 # module path of each subcommand; each module has ``add_parser(subparsers)``.
@@ -16,6 +17,7 @@ def main(argv=None) -> int:
     """Run a subcommand.  From the shell (``argv`` None) a :class:`TieredEmbError` is printed
     as ``error: ... (hint: ...)`` with exit status 2; called with ``argv`` it is raised."""
     parser = argparse.ArgumentParser(prog="tiered-emb", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"tiered-emb {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in _COMMANDS:
         importlib.import_module(mod).add_parser(sub)

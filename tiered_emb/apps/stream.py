@@ -7,6 +7,7 @@ move down the tiers and land in LMDB.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import time
@@ -40,20 +41,24 @@ def format_tier_table(stats: dict) -> str:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("stream", help="stream Zipf batches through a store larger than HBM+DDR; print tier stats")
+    p = sub.add_parser(
+        "stream",
+        help="stream Zipf batches through a store larger than HBM+DDR; print tier stats",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument(
         "--run-dir", default="runs/stream", help="run directory: its store and stream.json (an earlier run is replaced)"
     )
-    p.add_argument("--tables", type=int, default=4)
-    p.add_argument("--ids", type=int, default=2_000_000, help="distinct ids per table")
-    p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--alpha", type=float, default=1.05)
-    p.add_argument("--batch", type=int, default=8192)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--hbm-rows", type=int, default=8192)
-    p.add_argument("--ddr-rows", type=int, default=32768)
-    p.add_argument("--policy", default="lru")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tables", type=int, default=4, help="tables, each with its own batches")
+    p.add_argument("--ids", type=int, default=2_000_000, help="distinct ids per table (its num_rows)")
+    p.add_argument("--dim", type=int, default=32, help="embedding dimension")
+    p.add_argument("--alpha", type=float, default=1.05, help="Zipf skew of the ids")
+    p.add_argument("--batch", type=int, default=8192, help="ids per table per step")
+    p.add_argument("--steps", type=int, default=200, help="steps (a lookup and an update of every table)")
+    p.add_argument("--hbm-rows", type=int, default=8192, help="HBM rows per table")
+    p.add_argument("--ddr-rows", type=int, default=32768, help="DDR rows per table")
+    p.add_argument("--policy", default="lru", help="eviction policy (tiered_emb.POLICIES)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial rows and the batches")
     p.set_defaults(func=run)
 
 
