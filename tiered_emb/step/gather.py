@@ -165,7 +165,7 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
     plan.slots = None
     plan.pinned = None
     if backward:
-        pinned = window.pinned_batch(t.cfg.name, plan.ids) if res.xp is np else None
+        pinned = window.pinned_batch(t.cfg.name, plan.ids)  # None on a device HBM
         if pinned is not None:
             # Every row is pinned in HBM for this very batch: pool from its slots with no
             # dedupe (the window did it), no resolve and no lock (the worker may be placing
