@@ -69,14 +69,14 @@ def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, backgrou
     s.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     compactions = []
-    real = s.ssd.compactor.compact
-    monkeypatch.setattr(s.ssd.compactor, "compact", lambda tables: (compactions.append(tables), real(tables)))
+    real = s.ssd.compactor.compact_run
+    monkeypatch.setattr(s.ssd.compactor, "compact_run", lambda table: (compactions.append(table), real(table))[1])
     _train(s, ref, 60)
     s.ssd.wait_writes()
     assert compactions and s.ssd.failed_write is None
     for t in TABLES:  # bounded: at most the ratio times the live rows, and one write-back's worth past it
-        rows = s.ssd.pending_rows(t.name)
-        assert rows["stored"] <= Compactor.COMPACT_RATIO * rows["live"] + 2 * 32 + 200
+        rows = s.ssd.table_stats(t.name)
+        assert rows["stored_rows"] <= Compactor.COMPACT_RATIO * rows["rows"] + 2 * 32 + 200
     _same_rows(s, ref)
     s.flush()
     crash(s)
@@ -92,15 +92,18 @@ def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
         tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False), seed=4
     )
     ref = ReferenceStore(TABLES, seed=4)
-    _train(s, ref, 5)
-    s.flush()
+    for seed in range(2):  # each flush writes the rows the step changed: copies of the first go stale
+        _train(s, ref, 5, seed=seed)
+        s.flush()
     ssd = s.ssd
     ids = np.arange(300)
     real = ssd.reader.read_lmdb
 
     def read_after_compaction(*args):
+        runs = ssd.compactor.runs
         with s.lock:
             ssd.compact(["a"])
+        assert ssd.compactor.runs > runs
         return real(*args)
 
     monkeypatch.setattr(ssd.reader, "read_lmdb", read_after_compaction)
@@ -155,6 +158,48 @@ def test_a_damaged_segment_is_a_corrupt_store(tmp_path, damage):
     assert got == []
 
 
+def _records(path, rows):
+    """Make the closed store at ``path`` one of format tiered_emb/2: ``rows`` ({table: (ids,
+    records)}: its checkpoint) as one record per id in ``t:``, no segment, no mark."""
+    env = lmdb.open(str(path / "lmdb"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        for t, (ids, recs) in rows.items():
+            txn.drop(env.open_db(b"p:" + t.encode(), txn=txn), delete=False)
+            codec.put_rows(txn, env.open_db(b"t:" + t.encode(), txn=txn), ids, recs, None)
+        txn.delete(b"mark", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["format"] = "tiered_emb/2"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _closed_as_records(s, path):
+    """Close ``s`` (at ``path``) and rewrite it as a store of format tiered_emb/2."""
+    rows = {t.name: (np.arange(300), s.peek(t.name, np.arange(300), with_state=True)) for t in TABLES}
+    s.close()
+    _records(path, rows)
+
+
+def test_a_store_of_records_opens_and_its_rows_move_to_segments(tmp_path):
+    """A store of format tiered_emb/2 (rows of its checkpoint one record per id in ``t:``, rows
+    since in segments) opens either way; its records are read below the segments."""
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=4)
+    ref = ReferenceStore(TABLES, seed=4)
+    _train(s, ref, 5)
+    _closed_as_records(s, tmp_path / "s")
+    with TieredStore.open(tmp_path / "s") as r:
+        assert r.ssd.lmdb.records["a"] and r.ssd.pending_rows("a")["live"] == 0
+        _same_rows(r, ref)
+        _train(r, ref, 5, seed=1)
+        r.flush()
+        crash(r)
+    with TieredStore.open(tmp_path / "s", restore="latest") as r:
+        assert json.loads((tmp_path / "s" / "manifest.json").read_text())["format"] == "tiered_emb/3"
+        _same_rows(r, ref)
+    with TieredStore.open(tmp_path / "s") as r:
+        _same_rows(r, ref)
+
+
 def _legacy(path, ids):
     """Make the store at ``path`` one written by the format before segments, with rows of
     ``ids`` in ``p:a`` after its checkpoint."""
@@ -171,16 +216,17 @@ def test_a_store_of_the_format_before_segments_opens_at_its_checkpoint(tmp_path)
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=4)
     ref = ReferenceStore(TABLES, seed=4)
     _train(s, ref, 5)
-    s.close()
+    _closed_as_records(s, tmp_path / "s")
     _legacy(tmp_path / "s", np.arange(10))
     with pytest.raises(ConfigError, match="restore='checkpoint'"):
         TieredStore.open(tmp_path / "s", restore="latest")
     with TieredStore.open(tmp_path / "s") as r:  # its rows after the checkpoint are given up, as always
-        assert json.loads((tmp_path / "s" / "manifest.json").read_text())["format"] == "tiered_emb/2"
+        assert json.loads((tmp_path / "s" / "manifest.json").read_text())["format"] == "tiered_emb/3"
         _same_rows(r, ref)
         _train(r, ref, 3, seed=2)
-    with TieredStore.open(tmp_path / "s", restore="latest") as r:
-        _same_rows(r, ref)
+    r = TieredStore.open(tmp_path / "s", restore="latest")
+    _same_rows(r, ref)
+    _closed_as_records(r, tmp_path / "s")
     # one closed cleanly (nothing after its checkpoint) opens either way
     _legacy(tmp_path / "s", np.arange(0))
     with TieredStore.open(tmp_path / "s", restore="latest") as r:

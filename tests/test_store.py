@@ -500,7 +500,7 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
         s.close()
     assert not s.closed
     s.close()
-    assert s.closed and len(calls) == 2
+    assert s.closed and len(calls) == 3  # the failed write, then the rows' and the checkpoint's own
     ref = ReferenceStore(TABLES, seed=3)
     ref.apply_gradients("a", np.array([3, 9]), g)
     with TieredStore.open(path) as s2:
@@ -702,12 +702,17 @@ def test_missing_lmdb_files_are_corrupt_and_nothing_is_created(tmp_path):
 def test_corrupt_compressed_record_is_corrupt(tmp_path):
     import lmdb
 
+    from tiered_emb.tiers.ssd.codec import SEGMENT_HEADER
+
     with TieredStore.create(tmp_path / "s", TABLES, cpu(2, ssd_compression=3)) as s:
         s.write("a", np.arange(10), np.ones((10, 8), np.float32))
     env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=10, subdir=True)
-    db = env.open_db(b"t:a")  # (not inside the write transaction: it takes one of its own)
+    db = env.open_db(b"p:a")  # (not inside the write transaction: it takes one of its own)
     with env.begin(write=True) as txn:
-        txn.put((5).to_bytes(8, "big"), bytes([1]) + b"not zstd at all", db=db)
+        key, value = next(iter(txn.cursor(db=db)))
+        n = SEGMENT_HEADER.unpack_from(value)[3]
+        at = SEGMENT_HEADER.size + 8 * n
+        txn.put(key, value[:at] + b"not zstd at all", db=db)  # header and ids intact, rows damaged
     env.close()
     with TieredStore.open(tmp_path / "s") as s, pytest.raises(CorruptStoreError, match="decompress"):
         s.lookup("a", np.arange(10))
@@ -868,7 +873,7 @@ die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 if sys.argv[2] == "manifest":  # the LMDB meta committed, the manifest not yet written
     _directory.write_manifest = die
 else:                          # inside the first LMDB transaction
-    Checkpointer.put_waiting = die
+    Checkpointer.put_meta = die
 TieredStore.create(sys.argv[1], [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu"))
 """
 

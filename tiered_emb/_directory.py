@@ -26,7 +26,11 @@ from tiered_emb.errors import (
     StoreNotFoundError,
 )
 
-FORMAT = "tiered_emb/2"
+FORMAT = "tiered_emb/3"
+#: The format before: rows of the last checkpoint as one LMDB record per id in ``t:``, the
+#: rows written since as segments.  It opens as it is: ``t:`` is read below the segments and
+#: never written again; the manifest then says FORMAT.
+FORMAT_2 = "tiered_emb/2"
 #: An older format :meth:`TieredStore.open` still takes: the same but for the rows written
 #: after the last checkpoint (one LMDB record per row; now segments), which only
 #: ``restore="checkpoint"`` can take (it drops them); the store is then rewritten as FORMAT.
@@ -113,7 +117,7 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], list[TableConfig], TierCo
         manifest = json.loads(manifest_path.read_text())
         if not isinstance(manifest, dict):
             raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
-        if manifest.get("format") not in (FORMAT, FORMAT_1):
+        if manifest.get("format") not in (FORMAT, FORMAT_2, FORMAT_1):
             raise ValueError(f"format {manifest.get('format')!r}")
         tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
         stored_tiers = TierConfig(**manifest["tiers"])

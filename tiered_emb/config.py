@@ -222,6 +222,11 @@ class TierConfig:
     background_writes : bool
         Write evicted rows to LMDB on a writer thread (default) instead of the step's; the
         rows stay readable from memory until their transaction commits.
+    budget_bytes : int
+        The working memory of the SSD tier, >= 1 MiB (default 256 MiB): the most bytes of
+        rows one of its operations (a checkpoint's transaction, a compaction, an export's
+        chunk) holds at once, beyond the tiers, the SSD index and the write-backs waiting
+        in memory.  A batch's distinct rows must fit in it (docs/tuning.md).
     """
 
     hbm_rows: int
@@ -231,6 +236,7 @@ class TierConfig:
     ssd_compression: int | None = None
     map_size_bytes: int = 1 << 28
     background_writes: bool = True
+    budget_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         from tiered_emb.cache.policies import POLICIES
@@ -258,6 +264,12 @@ class TierConfig:
         if not isinstance(self.background_writes, bool):
             raise ConfigError(
                 f"TierConfig.background_writes={self.background_writes!r} is invalid", "use True or False"
+            )
+
+        if not _is_int(self.budget_bytes) or not (1 << 20) <= self.budget_bytes <= 2**48:
+            raise ConfigError(
+                f"TierConfig.budget_bytes={self.budget_bytes!r} is invalid",
+                "use an int from 1 MiB (2**20) up, sized to the memory the SSD tier may use at once",
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -117,6 +117,7 @@ class TieredStore:
                 tiers.map_size_bytes,
                 background_writes=tiers.background_writes,
                 table_rows={t.name: t.num_rows for t in tables},
+                budget_bytes=tiers.budget_bytes,
             )
             meta = {"format": _directory.FORMAT, "epoch": 0}
             ssd.checkpoint({}, meta, None)
@@ -166,6 +167,7 @@ class TieredStore:
                 table_rows={t.name: t.num_rows for t in tables},
                 legacy_pending=manifest["format"] == _directory.FORMAT_1,
                 existing=True,
+                budget_bytes=tiers.budget_bytes,
             )
             meta = ssd.read_meta()
             if restore == "latest":
@@ -548,11 +550,7 @@ class TieredStore:
                         rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
                     )
                 ssd = self.ssd.table_stats(name)
-                s["ssd"].update(
-                    rows=ssd["rows"] + ssd["pending_rows"],
-                    bytes=ssd["bytes"] + ssd["pending_bytes"],
-                    writeback_rows=ssd["writeback_rows"],
-                )
+                s["ssd"].update(ssd)
                 s["prefetch"] = {tier: dict(c) for tier, c in t.prefetch_counters.items()}
                 for tier in ("hbm", "ddr", "ssd"):
                     for d in (s, s["prefetch"]):

@@ -24,7 +24,7 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
 
     ssd, attempts = store.ssd, []
     real_put, real_segments, real_by_process = (
-        ssd.checkpoints.put_waiting,
+        ssd.checkpoints.put_meta,
         ssd.segments.put,
         ssd.writer.write_by_process,
     )
@@ -34,9 +34,9 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
         if len(attempts) <= writes:
             raise StoreFullError("no space left on device", "free some")
 
-    def put(txn, snaps):  # a checkpoint's transaction
+    def put(txn, *args):  # a checkpoint's own transaction (its meta record and mark)
         attempt()
-        real_put(txn, snaps)
+        real_put(txn, *args)
 
     def put_segments(txn, segments):  # a write into p: in this process (flush, no writer process)
         attempt()
@@ -46,7 +46,7 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
         attempt()
         return real_by_process(segments)
 
-    ssd.checkpoints.put_waiting, ssd.segments.put, ssd.writer.write_by_process = put, put_segments, by_process
+    ssd.checkpoints.put_meta, ssd.segments.put, ssd.writer.write_by_process = put, put_segments, by_process
     return attempts
 
 

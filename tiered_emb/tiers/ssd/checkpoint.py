@@ -1,11 +1,16 @@
-"""Checkpoints of the SSD tier: ``p:`` folded into ``t:``, and the meta record, atomically.
+"""Checkpoints of the SSD tier: what is dirty written as segments, then the mark moved, atomically.
 
-:meth:`Checkpointer.checkpoint` folds the newest copy of each row of ``p:`` (and every
-write-back waiting in memory) into ``t:``, drops ``p:`` and writes the store's meta
-record in *one* write transaction, so LMDB's atomic commit makes the checkpoint a single
-durable point.  A store reopens at its checkpoint (:meth:`~Checkpointer.discard_pending`
-drops ``p:``) or at its latest write (:meth:`~Checkpointer.promote_pending` reads ``p:``
-and makes it the checkpoint).
+:meth:`Checkpointer.checkpoint` writes every row not yet in LMDB (the write-backs waiting
+in memory and the dirty rows it is given) as segments of ``p:``, a bounded transaction
+at a time, then writes the store's meta record and the new *mark* (the number of the
+next segment) in one small write transaction: LMDB's atomic commit of that one makes the
+checkpoint a single durable point.  The segments below the mark are the checkpoint's.
+Its cost is the rows written since the last write-back, never the store's size.
+
+A store reopens at its checkpoint (:meth:`~Checkpointer.discard_pending` deletes the
+segments at or above the mark) or at its latest write (:meth:`~Checkpointer.promote_pending`
+keeps them and moves the mark above them); either then indexes what is left, reading the
+ids of each segment only.
 """
 
 from __future__ import annotations
@@ -13,16 +18,15 @@ from __future__ import annotations
 import json
 import threading
 
-import numpy as np
-
 from tiered_emb.errors import ConfigError, CorruptStoreError
-from tiered_emb.tiers.ssd import codec
+from tiered_emb.tiers.ssd.codec import segment_key
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
-from tiered_emb.tiers.ssd.rowbuf import RowBuffer
 from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.writer import Writer
-from tiered_emb.tiers.ssd.written import WrittenIds
+
+#: Segments a transaction of :meth:`Checkpointer.discard_pending` deletes at most.
+DELETES_PER_TXN = 64
 
 
 class Checkpointer:
@@ -38,78 +42,74 @@ class Checkpointer:
         widths: dict[str, int],
         held: HeldRows,
         segments: SegmentLog,
-        written: WrittenIds,
         writer: Writer,
         lock: threading.Lock,
-        compressor,
     ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
         self._held = held
         self._segments = segments
-        self._written = written
         self._writer = writer
         self._lock = lock
-        self._zc = compressor
         self.legacy_pending = False
 
-    def checkpoint(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict, extra: bytes | None) -> int:
-        """Make ``batches`` and everything pending the new checkpoint, with ``meta``, atomically."""
-        batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
-        self._writer.wait_writes()
-        with self._lock:
-            snaps = self._held.waiting()
-        main, pending = self._lmdb.main, self._lmdb.pending
-
-        def fn(txn):
-            for t in sorted(self._widths):
-                if len(self._segments.index[t]):  # the newest copy of each row of p:, in id order
-                    codec.put_rows(txn, main[t], *self._segments.read_live(txn, t), self._zc)
-                txn.drop(pending[t], delete=False)
-            self.put_waiting(txn, snaps)
-            for t in sorted(batches):
-                self.put_rows(txn, t, main[t], *batches[t])
-            txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._lmdb.meta)
-            if extra is not None:
-                txn.put(b"extra", bytes(extra), db=self._lmdb.meta)
-
-        self._lmdb.write(fn)
-        with self._lock:
-            self._segments.dropped()
-            self._held.committed()
-            self._writer.forget_failure()
-            self._held.written(None)
+    def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
+        """Make ``batches`` ({table: (ids, rows)}) and everything pending the new checkpoint,
+        with ``meta``, atomically; returns the rows of ``batches``."""
+        n = self._writer.write_pending(batches, durable=True)
+        mark = self._segments.next_seq
+        self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra))
         self._lmdb.env.sync(True)
-        return sum(b[0].shape[0] for b in batches.values())
+        self._segments.mark = mark
+        return n
 
-    def put_rows(self, txn, table: str, db, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Put ``rows`` under ``ids`` in ``db`` of ``table``, their written bits set first."""
-        with self._lock:  # before the commit (rows from the write-back buffer have theirs already)
-            self._written.set(table, ids)
-        codec.put_rows(txn, db, ids, rows, self._zc)
+    def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None) -> None:
+        """The checkpoint's own transaction: its meta record, its mark and the trainer's bytes."""
+        txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._lmdb.meta)
+        txn.put(b"mark", int(mark).to_bytes(8, "big"), db=self._lmdb.meta)
+        if extra is not None:
+            txn.put(b"extra", bytes(extra), db=self._lmdb.meta)
 
-    def put_waiting(self, txn, snaps: list[dict[str, RowBuffer]]) -> None:
-        """Write write-back snapshots, oldest first, into ``t:`` (a checkpoint)."""
-        for snap in snaps:
-            for t, buf in sorted(snap.items()):
-                if len(buf):
-                    self.put_rows(txn, t, self._lmdb.main[t], *buf.items())
+    def read_mark(self) -> int:
+        """The mark of the last checkpoint (0 in a store of the format before marks: every
+        segment there was written after its checkpoint)."""
+        with self._lmdb.corrupt_on_error("reading the mark of"), self._lmdb.reading() as txn:
+            v = txn.get(b"mark", db=self._lmdb.meta)
+        if v is not None and len(v) != 8:
+            raise CorruptStoreError(f"the checkpoint mark of {self._lmdb.path} is damaged", "restore from a backup")
+        return 0 if v is None else int.from_bytes(v, "big")
 
     def discard_pending(self) -> None:
-        """Drop what was written since the last checkpoint (reopen at the checkpoint)."""
+        """Open at the checkpoint: delete the segments written since (a bounded transaction at
+        a time: a crash meanwhile leaves fewer of them, opened the same way), then index the rest."""
+        mark = self.read_mark()
+        for t in sorted(self._widths):
+            db = self._lmdb.pending[t]
+            if self.legacy_pending:
+                self._lmdb.write(lambda txn, db=db: txn.drop(db, delete=False))
+                continue
+            while True:
+                gone: list[int] = []
 
-        def fn(txn):
-            for t in sorted(self._widths):
-                txn.drop(self._lmdb.pending[t], delete=False)
+                def fn(txn, db=db, gone=gone):
+                    gone.clear()
+                    with txn.cursor(db=db) as cur:
+                        ok = cur.set_range(segment_key(mark))
+                        while ok and len(gone) < DELETES_PER_TXN:
+                            gone.append(int.from_bytes(cur.key(), "big"))
+                            ok = cur.delete() and bool(cur.key())
 
-        self._lmdb.write(fn)
-        with self._lock:
-            self._segments.dropped()
-            self._held.written(None)
+                self._lmdb.write(fn)
+                if not gone:
+                    break
         self.legacy_pending = False
+        self._segments.mark = mark
+        self._load()
+        with self._lock:
+            self._held.written(None)
 
     def promote_pending(self) -> None:
-        """Keep what was written since the last checkpoint (reopen at the latest flush)."""
+        """Open at the latest write: keep the segments written since the checkpoint and make them its."""
         if self.legacy_pending:
             raise ConfigError(
                 f"the rows written after the last checkpoint of {self._lmdb.path} are in the format of "
@@ -117,10 +117,16 @@ class Checkpointer:
                 "open it with restore='checkpoint' (those rows are given up), or reopen it with the "
                 "version that wrote it and checkpoint it there",
             )
+        self._segments.mark = self.read_mark()
+        self._load()
+        self.checkpoint({}, self.read_meta(), None)
+
+    def _load(self) -> None:
         with self._lmdb.corrupt_on_error("reading"):
             for table in sorted(self._widths):
                 self._segments.load(table)
-        self.checkpoint({}, self.read_meta(), None)
+        # the numbers from the mark on are the next writes' (below it: the checkpoint's)
+        self._segments.next_seq = max(self._segments.next_seq, self._segments.mark)
 
     def read_meta(self) -> dict:
         """The meta record of the last checkpoint."""

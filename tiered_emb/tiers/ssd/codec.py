@@ -78,9 +78,10 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor) -> bytes:
     return head + ids.astype("<i8", copy=False).tobytes() + body
 
 
-def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor) -> None:
-    """Append the segment of ``rows`` under ``ids`` as number ``seq`` (above every one in ``db``)."""
-    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=True):
+def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True) -> None:
+    """Put the segment of ``rows`` under ``ids`` as number ``seq``: appended (above every one in
+    ``db``), or with ``append=False`` in a place a compaction freed in the same transaction."""
+    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=append):
         import lmdb
 
         raise lmdb.KeyExistsError(f"segment {seq} is not above the last one")

@@ -1,9 +1,20 @@
-"""Compaction of ``p:``: a table's segments rewritten as few segments of its live rows.
+"""Compaction of ``p:``: runs of a table's segments rewritten as fewer segments of the rows they still need.
 
-``p:`` keeps every copy written since the checkpoint, stale ones too: rows written back
-again and again would grow the file until the next checkpoint.  Before a write-back, a
-table whose segments hold far more rows than it has live is rewritten, in one write
-transaction that also drops the old segments.
+``p:`` keeps every copy written, stale ones too: rows written back again and again would
+grow the file without end.  A table whose segments hold far more rows than it has live
+is compacted a *run* at a time: a few consecutive segments (by number, all on one side
+of the checkpoint's mark), at most ``budget_bytes`` of rows, rewritten in one write
+transaction that deletes them and puts the rows they still need under the highest of
+their numbers.  Each write-back compacts at most one run, and the next one starts where
+it stopped (:attr:`Compactor.cursor`), so the work is spread over the run and bounded
+in memory.
+
+Which rows a run still needs: each id's newest copy within the run, when the index
+names it (the copy every read takes), or when the run is the checkpoint's and the
+newest copy was written since the mark (the run may hold the checkpoint's copy, which a
+store reopened at its checkpoint reads).  Why consecutive segments and their own
+numbers: a segment reopening reads newer than the run stays newer, an older one stays
+older, so the newest copy of every id is the same before and after.
 """
 
 from __future__ import annotations
@@ -12,19 +23,23 @@ import threading
 
 import numpy as np
 
-from tiered_emb.tiers.ssd.codec import put_segment
+from tiered_emb.tiers.ssd.codec import SEGMENT_HEADER, put_segment, segment_key
 from tiered_emb.tiers.ssd.held import HeldRows
+from tiered_emb.tiers.ssd.index import POS_BITS
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
-from tiered_emb.tiers.ssd.segments import SegmentGone, SegmentLog
+from tiered_emb.tiers.ssd.segments import SegmentLog
+
+
+class _NoGain(Exception):
+    """A run that needs every row it holds (its transaction is rolled back)."""
 
 
 class Compactor:
-    """Finds the tables of ``segments`` due for compaction and rewrites them."""
+    """Finds the tables of ``segments`` due for compaction and rewrites them, a run at a time."""
 
-    #: ``p:<table>`` is compacted when its segments hold more than this many times the rows
-    #: it has live (and at least :attr:`COMPACT_MIN_ROWS`): the stale copies of rows written
-    #: back again since the checkpoint, which would otherwise grow the file until the next one.
-    COMPACT_RATIO = 4
+    #: A table is compacted while its segments hold more than this many times the rows it
+    #: has live (and at least :attr:`COMPACT_MIN_ROWS`).
+    COMPACT_RATIO = 2
     COMPACT_MIN_ROWS = 1 << 20
 
     def __init__(
@@ -35,6 +50,7 @@ class Compactor:
         segments: SegmentLog,
         lock: threading.Lock,
         compressor,
+        budget_bytes: int,
     ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
@@ -42,6 +58,9 @@ class Compactor:
         self._segments = segments
         self._lock = lock
         self._zc = compressor
+        self.budget_bytes = int(budget_bytes)
+        self.cursor = dict.fromkeys(sorted(self._widths), 0)  # the number the next run starts at
+        self.runs = 0
 
     def due(self) -> list[str]:
         """The tables whose stale copies passed the bound, in name order."""
@@ -52,32 +71,96 @@ class Compactor:
             if stored[t] >= self.COMPACT_MIN_ROWS and stored[t] > self.COMPACT_RATIO * len(index[t])
         ]
 
-    def compact(self, tables: list[str]) -> None:
-        """Rewrite ``p:`` of each of ``tables`` as one segment of its live rows, in one transaction.
+    def step(self) -> None:
+        """Compact one run of each table that is due (under the store's lock, no write in flight)."""
+        for t in self.due():
+            self.compact_run(t)
 
-        With no write in flight, and under the store's lock (every read of ``p:`` holds it,
-        but a staged one, which finds its segments gone and is discarded).  A failure rolls
-        back and leaves ``p:`` as it was.
-        """
-        with self._lock:
-            live = {t: self._segments.index[t].items() for t in tables}
-        plan = {t: self._segments.numbered(t, *live[t]) for t in tables}  # numbers taken whether or not it commits
+    def compact(self, tables: list[str]) -> None:
+        """Compact every run of each of ``tables``, oldest first (:meth:`step` until done)."""
+        for t in tables:
+            self.cursor[t] = 0
+            while self.compact_run(t):
+                pass
+
+    def compact_run(self, table: str) -> bool:
+        """Rewrite the run of ``table`` from :attr:`cursor`; False when there was none left (the
+        cursor is back at the start).  A failure rolls back and leaves ``p:`` as it was."""
+        run = self._next_run(table)
+        if not run:
+            self.cursor[table] = 0
+            return False
+        self.cursor[table] = run[-1] + 1
+        moved: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
+        out: list = []
 
         def fn(txn):
-            for t in tables:
-                ids, locs = live[t]
-                rows = np.empty((ids.shape[0], self._widths[t]), dtype=np.float32)
-                try:
-                    self._segments.read(txn, t, locs, rows, np.arange(ids.shape[0]))
-                except SegmentGone as gone:
-                    raise self._segments.gone(t, gone) from None
-                txn.drop(self._lmdb.pending[t], delete=False)
-                step = self._segments.rows_per_segment(t)
-                for k, (_, seq, seg_ids, _) in enumerate(plan[t]):
-                    put_segment(txn, self._lmdb.pending[t], seq, seg_ids, rows[k * step : (k + 1) * step], self._zc)
+            nonlocal moved, out
+            ids, rows, moved_at = self._needed(txn, table, run)
+            if ids.shape[0] == self._segments.nrows_of(run):
+                raise _NoGain  # (rolled back: nothing to reclaim)
+            step = self._segments.rows_per_segment(table)
+            n_out = -(-ids.shape[0] // step)
+            keys = run[len(run) - n_out :]  # the highest numbers of the run
+            db = self._lmdb.pending[table]
+            for seq in run:
+                txn.delete(segment_key(seq), db=db)
+            out = [(table, seq, ids[k * step : (k + 1) * step], None) for k, seq in enumerate(keys)]
+            for k, (_, seq, seg_ids, _) in enumerate(out):
+                put_segment(txn, db, seq, seg_ids, rows[k * step : (k + 1) * step], self._zc, append=False)
+            pos = np.arange(ids.shape[0], dtype=np.int64)
+            locs = (np.asarray(keys, dtype=np.int64)[pos // step] << np.int64(POS_BITS)) + pos % step
+            moved = (ids[moved_at], locs[moved_at])
 
-        self._lmdb.write(fn)
+        with self._segments.gate.exclusive():
+            try:
+                self._lmdb.write(fn)
+            except _NoGain:
+                return True
+            self._segments.locate(out)
+            with self._lock:
+                self._segments.replaced(table, run, out, moved)
+                self._held.written(None)
+        self.runs += 1
+        return True
+
+    def _next_run(self, table: str) -> list[int]:
+        """The numbers of the segments of the run from :attr:`cursor`: consecutive, on one side
+        of the mark, their rows within the budget (at least one segment)."""
+        mark, width = self._segments.mark, self._widths[table]
+        row_bytes = 8 + 4 * width
+        run: list[int] = []
+        total = 0
+        with self._lmdb.reading() as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
+            if not cur.set_range(segment_key(self.cursor[table])):
+                return run
+            for key in cur.iternext(keys=True, values=False):
+                seq = int.from_bytes(key, "big")
+                n = self._segments.nrows_of([seq])
+                if run and ((seq >= mark) != (run[0] >= mark) or 4 * (total + n) * row_bytes > self.budget_bytes):
+                    break
+                run.append(seq)
+                total += n
+        return run
+
+    def _needed(self, txn, table: str, run: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, rows, moved_at)``: the rows ``run`` still needs, in id order, and the
+        positions among them of those the index names (whose location moves)."""
+        db = self._lmdb.pending[table]
+        parts_ids, parts_locs, parts_rows = [], [], []
+        for seq in run:
+            value = txn.get(segment_key(seq), db=db)
+            n, _ = self._segments.head(table, seq, value)
+            parts_ids.append(np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64))
+            parts_locs.append((np.int64(seq) << np.int64(POS_BITS)) + np.arange(n, dtype=np.int64))
+            parts_rows.append(self._segments.rows_of(table, seq, value))
+        ids, locs = np.concatenate(parts_ids), np.concatenate(parts_locs)
+        # each id's last copy in the run (segments in number order: the last is the newest)
+        last = ids.shape[0] - 1 - np.unique(ids[::-1], return_index=True)[1]
+        ids, locs = ids[last], locs[last]
         with self._lock:
-            for t in tables:
-                self._segments.replaced(t, plan[t], live[t][0].shape[0])
-            self._held.written(None)
+            now = self._segments.index[table].find(ids)
+        named = now == locs
+        keep = named | ((run[0] < self._segments.mark) & ((now >> POS_BITS) >= self._segments.mark))
+        rows = np.concatenate(parts_rows)[last[keep]]
+        return ids[keep], np.ascontiguousarray(rows), np.flatnonzero(named[keep])

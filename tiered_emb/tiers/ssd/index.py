@@ -83,13 +83,17 @@ class SegmentIndex:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
             raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
+        self.set(ids, (np.int64(seq) << np.int64(POS_BITS)) + np.arange(ids.shape[0], dtype=np.int64))
+
+    def set(self, ids: np.ndarray, locs: np.ndarray) -> None:
+        """``ids[i]`` (distinct) lies at ``locs[i]`` now."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
         if 2 * (self.n + ids.shape[0]) > self.keys.shape[0]:
             old_ids, old_locs = self.items()
             self.keys = np.full(table_size_for(self.n + ids.shape[0]), EMPTY, dtype=np.int64)
             self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
             _loc_set(self.keys, self.vals, old_ids, old_locs)
-        locs = (np.int64(seq) << np.int64(POS_BITS)) + np.arange(ids.shape[0], dtype=np.int64)
-        self.n += int(_loc_set(self.keys, self.vals, ids, locs))
+        self.n += int(_loc_set(self.keys, self.vals, ids, np.ascontiguousarray(locs, dtype=np.int64)))
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The location of each of ``ids`` (int64), -1 where none."""

@@ -33,7 +33,9 @@ LOCK_FILE_BYTES = 64 << 10
 
 
 class TxnGate:
-    """Read transactions of any thread against a map resize (LMDB allows one only with no transaction open)."""
+    """Readers of any thread against one exclusive holder: read transactions against a map
+    resize (LMDB allows one only with no transaction open), reads of segments against the
+    change that deletes some."""
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -54,7 +56,7 @@ class TxnGate:
                 self._cond.notify_all()
 
     @contextmanager
-    def resizing(self):
+    def exclusive(self):
         with self._cond:
             while self._resizing or self._readers:
                 self._cond.wait()
@@ -72,7 +74,8 @@ class LmdbEnv:
 
     ``existing``: the store exists, and LMDB must hold a ``t:`` database for exactly
     ``tables``.  Attributes: :attr:`env` (the ``lmdb.Environment``), :attr:`gate`,
-    :attr:`meta`, and :attr:`main` / :attr:`pending` (table -> its ``t:`` / ``p:`` database).
+    :attr:`meta`, :attr:`main` / :attr:`pending` (table -> its ``t:`` / ``p:`` database), and
+    :attr:`records` (table -> whether its ``t:`` holds rows).
     """
 
     def __init__(self, path: Path, tables: list[str], map_size_bytes: int, existing: bool = False):
@@ -100,6 +103,9 @@ class LmdbEnv:
             self.meta = self.env.open_db(META_DB)
             self.main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(tables)}
             self.pending = {n: self.env.open_db(b"p:" + n.encode()) for n in sorted(tables)}
+            # whether ``t:`` holds rows (a store of the format before segments; never written since)
+            with self.env.begin() as txn:
+                self.records = {n: txn.stat(self.main[n])["entries"] > 0 for n in sorted(tables)}
         except lmdb.LockError as err:
             raise StoreLockedError(f"LMDB environment {self.path} is locked", "close the other writer first") from err
         except OverflowError as err:
@@ -193,7 +199,7 @@ class LmdbEnv:
 
     def grow_map(self) -> None:
         """Double the map, once no read transaction is open."""
-        with self.gate.resizing():
+        with self.gate.exclusive():
             self.env.set_mapsize(self.env.info()["map_size"] * 2)
 
     def map_size(self) -> int:

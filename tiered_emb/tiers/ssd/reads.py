@@ -2,7 +2,8 @@
 
 A read takes the newest copy of each row: the write-back buffer, the snapshots being
 written, rows staged for this batch (equal to LMDB's), then ``p:`` through the segment
-index, then the records of ``t:`` in key order (one sequential walk).  Ids whose written
+index (gathered from the map of the file, :mod:`.mapped`), then, in a store of the format
+before segments only, the records of ``t:`` in key order (one sequential walk).  Ids whose written
 bit is clear are nowhere here and are not looked up at all.
 """
 
@@ -102,13 +103,12 @@ class Reader:
         in_p = locs >= 0
         try:
             if in_p.any():
-                # Buffers: a segment is read in place (a copy of it would cost more than its rows).
-                with self._lmdb.reading(buffers=True) as txn:
-                    self._segments.read(txn, table, locs[in_p], out_rows, at[in_p])
+                self._segments.read(table, locs[in_p], out_rows, at[in_p])
                 state[at[in_p]] = FOUND
                 ids, at = ids[~in_p], at[~in_p]
-            if ids.shape[0] == 0:
+            if ids.shape[0] == 0 or not self._lmdb.records[table]:
                 return
+            # rows of a store of the format before segments, one record per id in ``t:``
             order = np.argsort(ids, kind="stable")  # key order: one sequential walk
             ids, at = ids[order], at[order]
             # bytes, not buffers: py-lmdb's buffer objects cost more than the copies they save

@@ -1,12 +1,19 @@
-"""The segment log of ``p:<table>``: rows written since the last checkpoint.
+"""The segment log of ``p:<table>``: every row the SSD tier holds.
 
 Each write transaction appends one value per table holding all its rows (format:
 :func:`.codec.encode_segment`), under a sequence number that only grows.  An index in
-memory (:class:`.index.SegmentIndex`, built from the segments' ids only when a store
-keeps ``p:`` at open) says which segment holds each id's newest copy.  Why segments: a
-B-tree insert per row rewrites most leaf pages of ``p:`` in each large transaction; an
-append writes each row once.  The price: ``p:`` holds every copy written since the
-checkpoint, stale ones too (:mod:`.compaction` bounds them).
+memory (:class:`.index.SegmentIndex`, built from the segments' ids when a store opens)
+says which segment holds each id's newest copy.  Why segments: a B-tree insert per row
+rewrites most leaf pages in each large transaction; an append writes each row once, and
+a segment of many rows lies on LMDB's overflow pages, contiguous in the file, where
+:mod:`.mapped` gathers its rows by offset.
+
+The checkpoint is a *mark* (:attr:`SegmentLog.mark`): the segments numbered below it
+are the checkpoint's, those at or above it were written since.  So a checkpoint writes
+what is dirty and moves the mark, whatever the store's size; opening at the checkpoint
+deletes the segments at or above it.  ``p:`` holds stale copies too (:mod:`.compaction`
+bounds them).  Stores of the format before (tiered_emb/2) also hold rows as one record
+per id in ``t:``; those are read below every segment and never written again.
 """
 
 from __future__ import annotations
@@ -34,18 +41,26 @@ from tiered_emb.tiers.ssd.index import (
     POS_MASK,
     SegmentIndex,
 )
-from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv, TxnGate
+from tiered_emb.tiers.ssd.mapped import MappedFile, gather, value_offset
 from tiered_emb.tiers.ssd.written import WrittenIds
 
 
 class SegmentGone(Exception):
-    """A segment the index names is no longer in ``p:`` (a checkpoint dropped it meanwhile)."""
+    """A segment the index names is no longer in ``p:`` (a compaction replaced it meanwhile)."""
 
 
 class SegmentLog:
     """The segments of every table's ``p:``: where each row lies (:attr:`index`, table ->
     :class:`SegmentIndex`, changed under the tier's lock), the rows they hold, stale copies
-    too (:attr:`stored_rows`), and the next segment's number (:attr:`next_seq`)."""
+    too (:attr:`stored_rows`), the next segment's number (:attr:`next_seq`) and the
+    checkpoint's mark (:attr:`mark`).
+
+    Per segment number: :attr:`base`, the float32 offset of its first row in ``data.mdb``
+    (-1: not known, read through LMDB: a small or compressed segment, or none), and
+    :attr:`nrows`, its rows.  Reads of segments hold :attr:`gate` shared; a change that
+    deletes segments holds it exclusively from its commit until the index follows.
+    """
 
     def __init__(
         self,
@@ -66,15 +81,22 @@ class SegmentLog:
         self.index: dict[str, SegmentIndex] = {n: SegmentIndex() for n in sorted(self._widths)}
         self.stored_rows = dict.fromkeys(sorted(self._widths), 0)
         self.next_seq = 0
+        self.mark = 0
+        self.base = np.full(64, -1, dtype=np.int64)
+        self.nrows = np.zeros(64, dtype=np.int64)
+        self.gate = TxnGate()
+        self.mapped = MappedFile(self._lmdb.path / "data.mdb")
+        self._psize = int(self._lmdb.env.stat()["psize"])
 
     # ----------------------------------------------------------------- reading
     def load(self, table: str) -> None:
-        """Index the segments of ``p:<table>`` (oldest first: a newer copy wins) and set their ids' bits."""
+        """Index the segments of ``p:<table>`` (oldest first: a newer copy wins) and set their
+        ids' bits; reads only the ids of each segment (memory: the index)."""
         index, num_rows = self.index[table], self._table_rows[table]
         with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
             for key, value in cur:
                 seq = int.from_bytes(key, "big")
-                n, _ = self._head(table, seq, value)
+                n, tag = self.head(table, seq, value)
                 ids = np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64)
                 if (
                     len(key) != 8
@@ -92,8 +114,34 @@ class SegmentLog:
                 self.stored_rows[table] += n
                 self._written.set(table, ids)
                 self.next_seq = max(self.next_seq, seq + 1)
+                self._place(seq, n, tag, value)
 
-    def _head(self, table: str, seq: int, value) -> tuple[int, int]:
+    def _place(self, seq: int, n: int, tag: int, value) -> None:
+        """Note where segment ``seq`` (``n`` rows, ``value`` a buffer of it) lies in the file."""
+        if seq >= self.base.shape[0]:
+            size = max(2 * self.base.shape[0], seq + 1)
+            self.base = np.concatenate([self.base, np.full(size - self.base.shape[0], -1, dtype=np.int64)])
+            self.nrows = np.concatenate([self.nrows, np.zeros(size - self.nrows.shape[0], dtype=np.int64)])
+        off = value_offset(value, self._psize) if tag == RAW else -1
+        self.nrows[seq] = n
+        self.base[seq] = -1 if off < 0 else (off + SEGMENT_HEADER.size + 8 * n) // 4
+
+    def _unplace(self, seqs) -> None:
+        for seq in seqs:
+            if seq < self.base.shape[0]:
+                self.base[seq], self.nrows[seq] = -1, 0
+
+    def locate(self, segments: list) -> None:
+        """After ``segments`` (:meth:`cut`) are committed, before they are indexed: where they lie."""
+        with self._lmdb.reading(buffers=True) as txn:
+            for t, seq, _, _ in segments:
+                value = txn.get(segment_key(seq), db=self._lmdb.pending[t])
+                if value is None:  # (not committed after all: the index will not name it)
+                    continue
+                n, tag = self.head(t, seq, value)
+                self._place(seq, n, tag, value)
+
+    def head(self, table: str, seq: int, value) -> tuple[int, int]:
         """``(rows, tag)`` of segment ``seq`` of ``table`` after checking its header and length."""
         width = self._widths[table]
         try:
@@ -115,9 +163,9 @@ class SegmentLog:
             )
         return n, tag
 
-    def _rows(self, table: str, seq: int, value) -> np.ndarray:
+    def rows_of(self, table: str, seq: int, value) -> np.ndarray:
         """The rows (n, W) float32 of segment ``seq`` of ``table`` (a view of ``value`` when raw)."""
-        n, tag = self._head(table, seq, value)
+        n, tag = self.head(table, seq, value)
         at = SEGMENT_HEADER.size + 8 * n
         width = self._widths[table]
         if tag == RAW:
@@ -137,9 +185,27 @@ class SegmentLog:
             )
         return np.frombuffer(body, dtype="<f4").reshape(n, width)
 
-    def read(self, txn, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
-        """Rows at ``locs`` (index locations, int64) of ``p:<table>`` into ``out_rows[at]``; one
-        get per segment.  Raises :class:`SegmentGone` for a segment no longer there."""
+    def read(self, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
+        """Rows at ``locs`` (index locations, int64) of ``p:<table>`` into ``out_rows[at]``: from
+        the map of the file where the segment's place is known, else one get per segment.
+        Raises :class:`SegmentGone` for a segment no longer there."""
+        with self.gate.reading():
+            base, nrows = self.base, self.nrows
+            seqs = locs >> POS_BITS
+            fast = seqs < base.shape[0]
+            fast[fast] = base[seqs[fast]] >= 0
+            if fast.any():
+                floats = self.mapped.cover(4 * int((base[seqs[fast]] + nrows[seqs[fast]] * self._widths[table]).max()))
+                bad = gather(floats, base, nrows, locs[fast], self._widths[table], out_rows, at[fast])
+                if bad >= 0:
+                    raise self.short(table, int(seqs[fast][bad]))
+                if fast.all():
+                    return
+                locs, at = locs[~fast], at[~fast]
+            with self._lmdb.reading(buffers=True) as txn:
+                self._read_gets(txn, table, locs, out_rows, at)
+
+    def _read_gets(self, txn, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
         order = np.argsort(locs, kind="stable")
         locs, at = locs[order], at[order]
         seqs = locs >> POS_BITS
@@ -150,32 +216,31 @@ class SegmentLog:
             value = txn.get(segment_key(seq), db=db)
             if value is None:
                 raise SegmentGone(seq)
-            rows = self._rows(table, seq, value)
+            rows = self.rows_of(table, seq, value)
             pos = locs[a:b] & POS_MASK
             if pos[-1] >= rows.shape[0]:
-                raise CorruptStoreError(
-                    f"segment {seq} of table {table!r} in {self._lmdb.path} is shorter than its index says",
-                    "restore the store directory from a backup",
-                )
+                raise self.short(table, seq)
             out_rows[at[a:b]] = rows[pos]
 
-    def read_live(self, txn, table: str) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, rows)`` of the newest copy of each row of ``p:<table>``, in id order."""
-        ids, locs = self.index[table].items()
-        rows = np.empty((ids.shape[0], self._widths[table]), dtype=np.float32)
-        try:
-            self.read(txn, table, locs, rows, np.arange(ids.shape[0]))
-        except SegmentGone as gone:
-            raise self.gone(table, gone) from None
-        return ids, rows
+    def short(self, table: str, seq: int) -> CorruptStoreError:
+        return CorruptStoreError(
+            f"segment {seq} of table {table!r} in {self._lmdb.path} is shorter than its index says",
+            "restore the store directory from a backup",
+        )
 
     def gone(self, table: str, gone: SegmentGone) -> CorruptStoreError:
-        """The error of a segment the index names that is missing (only a checkpoint drops
-        segments, and it holds the store's lock: only a staged read may meet one)."""
+        """The error of a segment the index names that is missing (only a compaction deletes
+        segments, on the step's thread: only a staged read may meet one)."""
         return CorruptStoreError(
             f"segment {gone.args[0]} of table {table!r} in {self._lmdb.path} is indexed but missing",
             "restore the store directory from a backup",
         )
+
+    def pending(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, locations)`` of the rows whose newest copy was written since the checkpoint, in id order."""
+        ids, locs = self.index[table].items()
+        keep = (locs >> POS_BITS) >= self.mark
+        return ids[keep], locs[keep]
 
     # ----------------------------------------------------------------- writing
     def cut(self, snaps: list, batches: dict | None = None) -> list:
@@ -199,24 +264,24 @@ class SegmentLog:
         return out
 
     def numbered(self, table: str, ids: np.ndarray, rows) -> list:
-        """``ids`` (and ``rows``, or their locations) cut into segments of ``table``, numbered on
-        from :attr:`next_seq`, which takes them.  A segment holds at most :meth:`rows_per_segment`."""
+        """``ids`` and ``rows`` cut into segments of ``table``, numbered on from :attr:`next_seq`,
+        which takes them.  A segment holds at most :meth:`rows_per_segment`."""
         step = self.rows_per_segment(table)
         cuts = range(0, max(ids.shape[0], 1), step)
         if self.next_seq + len(cuts) > MAX_SEGMENTS:
             raise CorruptStoreError(
-                f"{self._lmdb.path} has numbered {self.next_seq:,} segments since it opened, all it can",
-                "close and reopen the store (its numbers start again after its checkpoint)",
+                f"{self._lmdb.path} has numbered {self.next_seq:,} segments, all it can",
+                "export the store and import it into a new one (tiered-emb export / import)",
             )
         out = [(table, self.next_seq + k, ids[a : a + step], rows[a : a + step]) for k, a in enumerate(cuts)]
         self.next_seq += len(out)
         return out
 
     def rows_per_segment(self, table: str) -> int:
-        """Rows a segment of ``table`` holds at most: 2**20 and 256 MiB (LMDB takes values
-        under 4 GiB), 1,024 with compression (a read decompresses every segment it needs whole)."""
-        cap = 1 << 10 if self._zc is not None else MAX_SEGMENT_ROWS
-        return max(1, min(cap, (256 << 20) // (8 + 4 * self._widths[table])))
+        """Rows a segment of ``table`` holds at most: 2**16 and 64 MiB, 1,024 with compression
+        (a read decompresses every segment it needs whole)."""
+        cap = 1 << 10 if self._zc is not None else 1 << 16
+        return max(1, min(cap, (64 << 20) // (8 + 4 * self._widths[table])))
 
     def put(self, txn, segments: list) -> None:
         """Append ``segments`` (:meth:`cut`) to ``p:`` in ``txn``, their ids' bits set first."""
@@ -227,21 +292,30 @@ class SegmentLog:
             put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc)
 
     def indexed(self, segments: list) -> None:
-        """After ``segments`` are committed (under the tier's lock): reads find their rows in ``p:``."""
+        """After ``segments`` are committed and located (under the tier's lock): reads find their rows."""
         for t, seq, ids, _ in segments:
             self.index[t].add(seq, ids)
             self.stored_rows[t] += ids.shape[0]
 
-    def replaced(self, table: str, segments: list, live_rows: int) -> None:
-        """After ``p:<table>`` is rewritten as ``segments`` holding ``live_rows`` (under the tier's lock)."""
-        self.index[table].clear()
-        for _, seq, seg_ids, _ in segments:
-            self.index[table].add(seq, seg_ids)
-        self.stored_rows[table] = live_rows
+    def replaced(self, table: str, old: list[int], segments: list, moved: tuple[np.ndarray, np.ndarray]) -> None:
+        """After segments ``old`` of ``table`` are rewritten as ``segments`` (committed and
+        located), under the tier's lock: ``moved`` ``(ids, locations)`` are the rows whose newest
+        copy moved."""
+        self.index[table].set(*moved)
+        self.stored_rows[table] += sum(s[2].shape[0] for s in segments) - int(self.nrows_of(old))
+        kept = {s[1] for s in segments}
+        self._unplace([q for q in old if q not in kept])
 
-    def dropped(self) -> None:
-        """After every ``p:`` is dropped (under the tier's lock)."""
-        for index in self.index.values():
-            index.clear()
-        self.stored_rows = dict.fromkeys(self.stored_rows, 0)
-        # (the numbers go on: a read staged before may still hold locations of dropped segments)
+    def nrows_of(self, seqs: list[int]) -> int:
+        return int(sum(int(self.nrows[q]) for q in seqs if q < self.nrows.shape[0]))
+
+    def dropped(self, table: str, seqs: list[int]) -> None:
+        """After segments ``seqs`` of ``table`` are deleted, before any is indexed (a store opening)."""
+        self._unplace(seqs)
+
+    def index_bytes(self) -> int:
+        """Bytes of the index and the per-segment arrays."""
+        return sum(ix.keys.nbytes + ix.vals.nbytes for ix in self.index.values()) + self.base.nbytes + self.nrows.nbytes
+
+    def close(self) -> None:
+        self.mapped.close()

@@ -1,17 +1,15 @@
 """The SSD tier: every row ever written, in one LMDB environment per store.
 
-Two named databases per table:
-
-- ``t:<table>``: rows as of the last checkpoint, one record per id
-  (format: :mod:`.codec`);
-- ``p:<table>``: rows written back since (dirty evictions and the store's flushes), as
-  *segments* (:mod:`.segments`): each write transaction appends one value per
-  table holding all its rows, found through an index in memory.
-
-A read looks in memory, then ``p:``, then ``t:``.  A checkpoint folds ``p:`` into ``t:``
-and writes the store's meta record in one write transaction (:mod:`.checkpoint`):
-reopening drops ``p:`` and finds exactly the last checkpoint (or keeps it, with
-``restore="latest"``).  The map doubles by itself when full; a full disk raises
+Rows live in ``p:<table>`` as *segments* (:mod:`.segments`): each write transaction
+appends one value per table holding all its rows, found through an index in memory and
+read from a map of the file (:mod:`.mapped`).  A checkpoint writes what is dirty and
+moves a mark that says which segments are the checkpoint's (:mod:`.checkpoint`):
+reopening deletes the segments above it and finds exactly the last checkpoint (or keeps
+them, with ``restore="latest"``).  Compaction rewrites runs of segments that hold stale
+copies (:mod:`.compaction`).  ``t:<table>`` holds rows one record per id only in stores
+of the format before segments (read below the segments, never written).  Every
+operation holds at most ``budget_bytes`` of rows at once beyond the index and the
+write-backs waiting in memory.  The map doubles by itself when full; a full disk raises
 :class:`~tiered_emb.errors.StoreFullError` after the transaction is rolled back
 (:mod:`.lmdb_env`).
 """
@@ -73,6 +71,7 @@ class SsdTier:
         table_rows: dict[str, int | None] | None = None,
         legacy_pending: bool = False,
         existing: bool = False,
+        budget_bytes: int = 256 << 20,
     ):
         self.path = Path(path)
         self.widths = dict(table_widths)
@@ -90,7 +89,7 @@ class SsdTier:
         self.written = WrittenIds(self.lmdb)
         self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd)
         self.reader = Reader(self.lmdb, self.widths, self.held, self.segments, self.written, self._lock, zd)
-        self.compactor = Compactor(self.lmdb, self.widths, self.held, self.segments, self._lock, zc)
+        self.compactor = Compactor(self.lmdb, self.widths, self.held, self.segments, self._lock, zc, budget_bytes)
         self.writer = Writer(
             self.lmdb,
             self.widths,
@@ -102,10 +101,9 @@ class SsdTier:
             self._lock,
             writeback_rows,
             background_writes,
+            budget_bytes,
         )
-        self.checkpoints = Checkpointer(
-            self.lmdb, self.widths, self.held, self.segments, self.written, self.writer, self._lock, zc
-        )
+        self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.writer, self._lock)
         # ``p:`` is read (SegmentLog.load) only by promote_pending: every store opens with
         # discard_pending or promote_pending, and a damaged ``p:`` then stops only the latter.
         try:
@@ -115,6 +113,7 @@ class SsdTier:
                     if legacy_pending:
                         self.checkpoints.legacy_pending |= self.lmdb.entries(self.lmdb.pending[n]) > 0
         except BaseException:
+            self.segments.close()
             self.lmdb.env.close()
             raise
 
@@ -192,8 +191,8 @@ class SsdTier:
         self.writer.wait_writes()
 
     def compact(self, tables: list[str] | None = None) -> None:
-        """Rewrite ``p:`` of ``tables`` (None: those past the bound of :class:`.Compactor`) as
-        segments of their live rows.  Under the store's lock, with no write in flight."""
+        """Rewrite every run of segments of ``tables`` (None: those past the bound of
+        :class:`.Compactor`) that holds stale copies.  Under the store's lock, with no write in flight."""
         self.writer.wait_writes()
         due = self.compactor.due() if tables is None else sorted(tables)
         if due:
@@ -222,24 +221,49 @@ class SsdTier:
 
     # ----------------------------------------------------------------- introspection
     def table_stats(self, table: str) -> dict:
-        """``rows`` / ``bytes`` of ``t:``, ``pending_rows`` / ``pending_bytes`` of ``p:`` (its
-        live rows), and ``writeback_rows`` waiting in memory for the next write."""
+        """``rows`` (ids held: the segments' live rows, and the records of ``t:``), ``bytes``
+        (LMDB pages of both), ``stored_rows`` (every copy the segments hold, stale ones too),
+        and ``writeback_rows`` waiting in memory for the next write."""
         out = self.lmdb.db_stats(table)
-        with self._lock:  # rows (not segments) of p:, and those waiting in memory for the next write
-            out["pending_rows"] = len(self.segments.index[table])
-            out["writeback_rows"] = self.held.waiting_rows(table)
-        return out
+        with self._lock:
+            live = len(self.segments.index[table])
+            return {
+                "rows": out["rows"] + live,
+                "bytes": out["bytes"] + out["pending_bytes"],
+                "stored_rows": self.segments.stored_rows[table],
+                "writeback_rows": self.held.waiting_rows(table),
+            }
 
     def pending_rows(self, table: str) -> dict:
-        """Rows of ``p:<table>``: ``live`` (ids with a copy there) and ``stored`` (every copy its
-        segments hold, stale ones too; compaction keeps it within a bound of ``live``)."""
+        """Rows written since the checkpoint: ``live`` (ids whose newest copy was) and
+        ``stored`` (every copy the segments above the mark hold, stale ones too)."""
+        with self.lmdb.reading() as txn, txn.cursor(db=self.lmdb.pending[table]) as cur:
+            above = []
+            if cur.set_range(codec.segment_key(self.segments.mark)):
+                above = [int.from_bytes(k, "big") for k in cur.iternext(keys=True, values=False)]
         with self._lock:
-            return {"live": len(self.segments.index[table]), "stored": self.segments.stored_rows[table]}
+            return {"live": self.segments.pending(table)[0].shape[0], "stored": self.segments.nrows_of(above)}
 
     def pending_ids(self, table: str) -> np.ndarray:
-        """The ids (int64, increasing) with a copy in ``p:<table>``, written since the checkpoint."""
+        """The ids (int64, increasing) whose newest copy was written since the checkpoint."""
         with self._lock:
-            return self.segments.index[table].items()[0]
+            return self.segments.pending(table)[0]
+
+    def stored_ids(self, table: str) -> np.ndarray:
+        """The ids (int64, increasing) with a row in LMDB: the segments' and, in a store of the
+        format before segments, ``t:``'s (a walk over its keys)."""
+        with self._lock:
+            ids = self.segments.index[table].items()[0]
+        if self.lmdb.records[table]:
+            with self.lmdb.reading() as txn, txn.cursor(db=self.lmdb.main[table]) as cur:
+                keys = b"".join(cur.iternext(keys=True, values=False))
+            ids = np.union1d(ids, np.frombuffer(keys, dtype=">i8").astype(np.int64))
+        return ids
+
+    def index_bytes(self) -> int:
+        """Bytes of RAM the SSD tier's index takes: the segment index and the written bits."""
+        with self._lock:
+            return self.segments.index_bytes() + self.written.nbytes()
 
     def file_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
@@ -259,4 +283,5 @@ class SsdTier:
         """Wait for the writer thread, end the writer process and close the environment
         (waiting write-backs are not written)."""
         self.writer.close()
+        self.segments.close()
         self.lmdb.env.close()

@@ -45,6 +45,7 @@ class Writer:
         lock: threading.Lock,
         writeback_rows: int,
         background_writes: bool,
+        budget_bytes: int,
     ):
         self._lmdb = lmdb_env
         self._tables = sorted(widths)
@@ -55,6 +56,7 @@ class Writer:
         self._compactor = compactor
         self._lock = lock
         self.writeback_rows = int(writeback_rows)
+        self.budget_bytes = int(budget_bytes)
         self.background_writes = bool(background_writes)
         # The writer thread hands each transaction to a writer process (its own GIL; see
         # :mod:`.writer_main`); False from the first time one cannot start.
@@ -89,15 +91,33 @@ class Writer:
         with self._lock:
             snaps = self._held.waiting()
         if not batches and not any(len(b) for s in snaps for b in s.values()):
+            with self._lock:
+                self._held.committed(snaps)  # (empty: nothing to write)
             return 0
         segments = self._segments.cut(snaps, batches)  # the snapshots are older than ``batches``
-        self._lmdb.write(lambda txn: self._segments.put(txn, segments))
+        for group in self._groups(segments):  # all or none are indexed: the mark keeps the rest pending
+            self._lmdb.write(lambda txn, group=group: self._segments.put(txn, group))
+        self._segments.locate(segments)
         with self._lock:
             self._segments.indexed(segments)
             self._held.committed()
             self.failed = None
             self._held.written(None)
         return n
+
+    def _groups(self, segments: list) -> list[list]:
+        """``segments`` in groups of at most ``budget_bytes`` of rows (at least one each): the
+        transactions of a durable write (LMDB holds a transaction's pages in memory)."""
+        groups: list[list] = [[]]
+        size = 0
+        for seg in segments:
+            nbytes = seg[3].nbytes + seg[2].nbytes
+            if groups[-1] and size + nbytes > self.budget_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(seg)
+            size += nbytes
+        return groups
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
@@ -128,10 +148,9 @@ class Writer:
             if defer_errors:
                 return
             self.raise_failed_write()
-        due = self._compactor.due()
-        if due:
+        if self._compactor.due():
             try:
-                self._compactor.compact(due)
+                self._compactor.step()
             except Exception as err:  # (the rows wait in memory, the next write tries again)
                 if not defer_errors:
                     raise
@@ -158,6 +177,7 @@ class Writer:
             if not (on_thread and self.writer_process and self.write_by_process(segments)):
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))
+            self._segments.locate(segments)
         except BaseException as err:
             if not on_thread:
                 raise

@@ -80,6 +80,9 @@ class WrittenIds:
         if bits is not None:
             _set_bits(bits, np.ascontiguousarray(ids, dtype=np.int64))
 
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._bits.values() if b is not None)
+
     def maybe_stored(self, table: str, ids: np.ndarray, at: np.ndarray) -> np.ndarray:
         """The entries of ``at`` whose id may be held here (all of them without a bitmap)."""
         bits = self._bits[table]

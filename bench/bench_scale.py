@@ -1,0 +1,292 @@
+"""The SSD tier at scale: a long run over a table far larger than memory, and its I/O rates.
+
+Two parts, one JSON:
+
+- ``run``: training steps (lookup + RowWiseAdagrad update of every distinct id of a batch)
+  over a table of ``--ids`` ids at ``--dim``, each batch ``--batch`` ids of which half are
+  new (uniform over the table) and half hot (Zipf 1.05 over the first 1M ids), until
+  ``--rows`` distinct rows were touched; a checkpoint every ``--checkpoint-every``
+  seconds of work.  Sampled each step: RSS, anonymous RSS, steps/s, rows stored, the SSD
+  index's bytes; per checkpoint: seconds and rows written.
+- ``io``: on a table of ``--io-rows`` rows at dim 64 (rows only, SGD), side by side in one
+  run: SSD-tier reads of 65,536 distinct random rows (page cache warm) against
+  ``numpy.memmap`` fancy indexing of the same rows and a py-lmdb ``get`` loop over the
+  same rows stored one record per id; with the page cache dropped (root only), against
+  the disk's own 4 KiB random-read rate (``os.pread`` loop); bulk ``write`` + checkpoint
+  rows/s against the disk's sequential write rate (a file of the same bytes, fdatasync).
+
+Medians over repeats.  Run from the repository root::
+
+    python bench/bench_scale.py --json bench/results/scale.json --plot docs/scale.png
+
+(defaults: 1,000,000,000 ids, 100M rows touched, dim 16, batches of 65,536, a checkpoint
+every 120 s; ``--quick`` for a minute-long check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+
+from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+def run_part(path: Path, args) -> dict:
+    """The long run: what memory, speed and checkpoints do as the table fills."""
+    table = TableConfig("t", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
+    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget)
+    store = TieredStore.create(path, [table], tiers, seed=1)
+    rng = np.random.default_rng(0)
+    hot = np.arange(1, 1 << 20, dtype=np.float64) ** -1.05
+    hot_cdf = np.cumsum(hot) / hot.sum()
+    samples, checkpoints, touched, t0, last_ck, step = [], [], 0, time.perf_counter(), 0.0, 0
+    seen_bits = np.zeros((args.ids + 7) // 8, dtype=np.uint8)
+    work = 0.0
+    while touched < args.rows:
+        half = args.batch // 2
+        ids = np.concatenate(
+            [rng.integers(0, args.ids, half), np.searchsorted(hot_cdf, rng.random(args.batch - half))]
+        ).astype(np.int64)
+        uids = np.unique(ids)
+        grads = rng.standard_normal((uids.shape[0], args.dim), dtype=np.float32)
+        s = time.perf_counter()
+        store.apply_gradients("t", uids, grads)
+        step_s = time.perf_counter() - s
+        work += step_s
+        byte, bit = uids >> 3, (uids & 7).astype(np.uint8)
+        new = (seen_bits[byte] >> bit) & 1 == 0
+        touched += int(np.unique(uids[new]).shape[0])
+        np.bitwise_or.at(seen_bits, byte, np.left_shift(np.uint8(1), bit))
+        step += 1
+        ck = None
+        if work - last_ck >= args.checkpoint_every:
+            s = time.perf_counter()
+            rows = store.checkpoint()
+            ck = {"step": step, "seconds": time.perf_counter() - s, "rows_written": rows}
+            checkpoints.append(ck)
+            last_ck = work
+        st = store.stats()["t"]["ssd"]
+        samples.append(
+            {
+                "t": time.perf_counter() - t0,
+                "step": step,
+                "step_s": step_s,
+                "touched": touched,
+                "rows_stored": st["rows"],
+                "copies_stored": st["stored_rows"],
+                "rss": _status("VmRSS"),
+                "rss_anon": _status("RssAnon"),
+                "index_bytes": store.ssd.index_bytes(),
+                "disk_bytes": store.disk_bytes(),
+            }
+        )
+        if step % 50 == 0:
+            print(
+                f"step {step}: {touched:,} rows touched, {step_s * 1e3:.0f} ms/step, "
+                f"anon {samples[-1]['rss_anon'] / 2**30:.2f} GiB",
+                flush=True,
+            )
+        if ck:
+            print(f"checkpoint at step {step}: {ck['seconds']:.2f} s, {ck['rows_written']:,} rows", flush=True)
+    s = time.perf_counter()
+    checkpoints.append({"step": step, "seconds": time.perf_counter() - s, "rows_written": store.checkpoint()})
+    checkpoints[-1]["seconds"] = time.perf_counter() - s
+    store.close()
+    n = len(samples)
+    tenth = max(1, n // 10)
+    first = statistics.median(x["step_s"] for x in samples[tenth : 2 * tenth])  # the second tenth: after warm-up
+    last = statistics.median(x["step_s"] for x in samples[-tenth:])
+    return {
+        "samples": samples,
+        "checkpoints": checkpoints,
+        "steps": step,
+        "last_tenth_vs_warm_tenth": last / first,
+        "peak_rss_anon": max(x["rss_anon"] for x in samples),
+        "final_index_bytes_per_row": samples[-1]["index_bytes"] / max(1, samples[-1]["rows_stored"]),
+    }
+
+
+def _disk_seq_write(path: Path, nbytes: int) -> float:
+    """Bytes/s of a sequential write of ``nbytes`` with fdatasync (as ``dd ... conv=fdatasync``)."""
+    block = np.ones(4 << 20, dtype=np.uint8).tobytes()
+    s = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(max(1, nbytes // len(block))):
+            f.write(block)
+        f.flush()
+        os.fdatasync(f.fileno())
+    rate = max(1, nbytes // len(block)) * len(block) / (time.perf_counter() - s)
+    path.unlink()
+    return rate
+
+
+def _drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def io_part(path: Path, args) -> dict:
+    """Read, write and checkpoint rates of the SSD tier against the plain peers, same rows."""
+    rows, dim, k = args.io_rows, 64, 65536
+    table = TableConfig("t", dim=dim, num_rows=rows, optimizer=SGD(lr=0.1))
+    tiers = TierConfig(hbm_rows=k, device="cpu", budget_bytes=args.budget)
+    data = np.random.default_rng(1).standard_normal((rows, dim), dtype=np.float32)
+    out: dict = {"rows": rows, "dim": dim, "batch": k}
+    disk = _disk_seq_write(path / "seq.bin", rows * dim * 4)
+    out["disk_seq_write_MBps"] = disk / 1e6
+    store = TieredStore.create(path / "store", [table], tiers, seed=1)
+    s = time.perf_counter()
+    for a in range(0, rows, k):
+        store.write("t", np.arange(a, min(rows, a + k)), data[a : a + k])
+    written = store.checkpoint()
+    w = time.perf_counter() - s
+    out["write_and_checkpoint_rows_per_s"] = rows / w
+    out["write_bytes_per_s_vs_disk"] = rows * dim * 4 / w / disk
+    out["checkpoint_rows_written"] = written
+    mm_path = path / "table.npy"
+    np.save(mm_path, data)
+    mm = np.load(mm_path, mmap_mode="r")
+    env = lmdb.open(str(path / "records"), map_size=1 << 36, readahead=False)
+    with env.begin(write=True) as txn, txn.cursor() as cur:
+        cur.putmulti(zip(np.arange(rows).astype(">i8").view("V8").tolist(), [r.tobytes() for r in data], strict=False))
+    rng = np.random.default_rng(2)
+    ssd = store.ssd
+    res: dict = {"ours": [], "memmap": [], "lmdb_get": []}
+    for rep in range(args.repeats + 1):
+        ids = np.sort(rng.choice(rows, k, replace=False)).astype(np.int64)
+        got = np.empty((k, dim), dtype=np.float32)
+        s = time.perf_counter()
+        ssd.read("t", ids, got)
+        t_ours = time.perf_counter() - s
+        s = time.perf_counter()
+        want = mm[ids]
+        t_mm = time.perf_counter() - s
+        s = time.perf_counter()
+        with env.begin(buffers=True) as txn:
+            keys = ids.astype(">i8").view("V8").tolist()
+            vals = [txn.get(key) for key in keys]
+        t_get = time.perf_counter() - s
+        assert np.array_equal(got, want) and len(vals) == k
+        if rep:  # the first: warm-up
+            res["ours"].append(k / t_ours)
+            res["memmap"].append(k / t_mm)
+            res["lmdb_get"].append(k / t_get)
+    out["warm_rows_per_s"] = {n: statistics.median(v) for n, v in res.items()}
+    out["warm_ours_vs_memmap"] = out["warm_rows_per_s"]["ours"] / out["warm_rows_per_s"]["memmap"]
+    if _drop_caches():
+        ids = np.sort(rng.choice(rows, k, replace=False)).astype(np.int64)
+        s = time.perf_counter()
+        ssd.read("t", ids, np.empty((k, dim), dtype=np.float32))
+        cold = k / (time.perf_counter() - s)
+        _drop_caches()
+        fd = os.open(mm_path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        offs = rng.integers(0, size // 4096, k) * 4096
+        s = time.perf_counter()
+        for o in offs.tolist():
+            os.pread(fd, 4096, o)
+        disk_reads = k / (time.perf_counter() - s)
+        os.close(fd)
+        out["cold"] = {"ours_rows_per_s": cold, "disk_4k_reads_per_s": disk_reads, "ratio": cold / disk_reads}
+    else:
+        out["cold"] = "not measured: /proc/sys/vm/drop_caches is not writable here"
+    env.close()
+    store.close()
+    return out
+
+
+def _plot(result: dict, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = result["run"]["samples"]
+    t = [x["t"] / 60 for x in xs]
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7))
+    ax[0, 0].plot(t, [x["rss_anon"] / 2**30 for x in xs], label="anonymous RSS")
+    ax[0, 0].plot(t, [x["index_bytes"] / 2**30 for x in xs], label="SSD index")
+    ax[0, 0].set_ylabel("GiB")
+    ax[0, 0].legend()
+    ax[0, 1].plot(t, [x["step_s"] * 1e3 for x in xs], lw=0.5)
+    ax[0, 1].set_ylabel("ms / step")
+    ax[1, 0].plot(t, [x["rows_stored"] / 1e6 for x in xs])
+    ax[1, 0].set_ylabel("rows stored (M)")
+    cks = result["run"]["checkpoints"]
+    ax[1, 1].scatter([c["rows_written"] / 1e6 for c in cks], [c["seconds"] for c in cks])
+    ax[1, 1].set_xlabel("rows written by the checkpoint (M)")
+    ax[1, 1].set_ylabel("checkpoint s")
+    for a in ax[:, 0].tolist() + [ax[0, 1]]:
+        a.set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ids", type=int, default=1_000_000_000)
+    p.add_argument("--rows", type=int, default=100_000_000, help="distinct rows to touch (default 100M)")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batch", type=int, default=65536)
+    p.add_argument("--hbm-rows", type=int, default=1 << 20)
+    p.add_argument("--ddr-rows", type=int, default=4 << 20)
+    p.add_argument("--budget", type=int, default=256 << 20, help="TierConfig.budget_bytes")
+    p.add_argument("--checkpoint-every", type=float, default=120.0, help="seconds of work")
+    p.add_argument("--io-rows", type=int, default=4_000_000)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--part", choices=["run", "io", "both"], default="both")
+    p.add_argument("--quick", action="store_true", help="a minute-long check of every part")
+    p.add_argument("--dir", default=None, help="where the stores go (default: a temporary directory)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    args = p.parse_args()
+    if args.quick:
+        args.ids, args.rows, args.hbm_rows, args.ddr_rows = 10_000_000, 1_000_000, 1 << 16, 1 << 18
+        args.checkpoint_every, args.io_rows, args.repeats = 5.0, 500_000, 3
+    base = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=args.dir))
+    result: dict = {"machine": machine(), "args": vars(args)}
+    try:
+        if args.part in ("io", "both"):
+            result["io"] = io_part(base / "io", args) if (base / "io").mkdir() is None else None
+            print(json.dumps(result["io"], indent=1))
+        if args.part in ("run", "both"):
+            result["run"] = run_part(base / "run", args)
+            r = result["run"]
+            print(
+                f"run: {r['steps']} steps; last tenth / warm tenth = {r['last_tenth_vs_warm_tenth']:.2f}; "
+                f"peak anonymous RSS {r['peak_rss_anon'] / 2**30:.2f} GiB; "
+                f"index {r['final_index_bytes_per_row']:.1f} B/row"
+            )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # (a directory of its own, made above)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot and "run" in result:
+        _plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""``tiered-emb export`` / ``tiered-emb import``: a whole store to plain NumPy files and back.
+
+An export is a directory of its own: ``export.json`` (the format, the tables' configs,
+the seed and each table's row count) and per table ``<table>.ids.npy`` (int64, increasing)
+and ``<table>.rows.npy`` (float32, rows x record width: the weights, then the optimizer's
+state).  It holds the rows of the store's last checkpoint that were ever written; the
+others are the initialiser's, drawn again alike by a store of the same seed.  Both
+commands stream: a chunk of ``TierConfig.budget_bytes`` of rows at a time, written
+through ``numpy.lib.format.open_memmap`` (the page cache, not the process's memory).
+Neither deletes anything it did not make: export refuses an existing directory, import an
+existing store (and removes the one it made when the export turns out damaged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.errors import CorruptStoreError, StoreExistsError
+from tiered_emb.store import TieredStore
+
+EXPORT_FORMAT = "tiered_emb-export/1"
+
+
+def _chunk_rows(tiers: TierConfig, width: int) -> int:
+    return max(1, tiers.budget_bytes // (8 + 4 * width))
+
+
+def export_store(path: str | Path, dest: str | Path) -> dict:
+    """Write the last checkpoint of the store at ``path`` into the new directory ``dest``;
+    returns the rows written per table."""
+    dest = Path(dest)
+    if dest.exists():
+        raise StoreExistsError(f"export directory {str(dest)!r} already exists", "choose a new directory")
+    with TieredStore.open(path) as store:
+        dest.mkdir(parents=True)
+        counts = {}
+        for name in store.tables:
+            cfg = store.table_config(name)
+            ids = store.ssd.stored_ids(name)
+            width = cfg.record_width
+            out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (ids.shape[0],))
+            out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (ids.shape[0], width))
+            step = _chunk_rows(store.tiers, width)
+            for a in range(0, ids.shape[0], step):
+                chunk = ids[a : a + step]
+                rows = np.empty((chunk.shape[0], width), dtype=np.float32)
+                found = store.ssd.read(name, chunk, rows)
+                if not found.all():
+                    raise CorruptStoreError(
+                        f"table {name!r} of {path} lists rows it cannot read", "run it through verify, or a backup"
+                    )
+                out_ids[a : a + chunk.shape[0]] = chunk
+                out_rows[a : a + chunk.shape[0]] = rows
+            out_ids.flush()
+            out_rows.flush()
+            del out_ids, out_rows
+            counts[name] = int(ids.shape[0])
+        meta = {
+            "format": EXPORT_FORMAT,
+            "seed": store.seed,
+            "tables": [store.table_config(n).to_dict() for n in store.tables],
+            "rows": counts,
+        }
+    (dest / "export.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return counts
+
+
+def import_store(src: str | Path, path: str | Path, tiers: TierConfig) -> dict:
+    """Make a new store at ``path`` holding the export at ``src``; returns the rows per table."""
+    src = Path(src)
+    try:
+        meta = json.loads((src / "export.json").read_text())
+        if meta.get("format") != EXPORT_FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}")
+        tables = [TableConfig.from_dict(t) for t in meta["tables"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CorruptStoreError(
+            f"{src} is not an export of tiered_emb ({err})", "point at a tiered-emb export"
+        ) from err
+    arrays = {}
+    for t in tables:  # every table checked before anything is made
+        try:
+            ids = np.load(src / f"{t.name}.ids.npy", mmap_mode="r")
+            rows = np.load(src / f"{t.name}.rows.npy", mmap_mode="r")
+        except (OSError, ValueError) as err:
+            raise CorruptStoreError(
+                f"{src}: the arrays of table {t.name!r} cannot be read ({err})", "export again"
+            ) from err
+        if ids.dtype != np.int64 or rows.dtype != np.float32 or rows.shape != (ids.shape[0], t.record_width):
+            raise CorruptStoreError(f"{src}: the arrays of table {t.name!r} do not match its config", "export again")
+        arrays[t.name] = (ids, rows)
+    store = TieredStore.create(path, tables, tiers, seed=int(meta["seed"]))
+    try:
+        with store:
+            counts = {t.name: _import_table(store, src, t, *arrays[t.name], tiers) for t in tables}
+            store.checkpoint()
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # the store this call made, half filled
+        raise
+    return counts
+
+
+def _import_table(store: TieredStore, src: Path, t: TableConfig, ids, rows, tiers: TierConfig) -> int:
+    step = _chunk_rows(tiers, t.record_width)
+    last = -1
+    for a in range(0, ids.shape[0], step):
+        chunk = np.array(ids[a : a + step])
+        if chunk[0] <= last or (chunk.shape[0] > 1 and (np.diff(chunk) <= 0).any()):
+            raise CorruptStoreError(f"{src}: the ids of table {t.name!r} are not increasing", "export again")
+        store.check_ids(t.name, chunk)
+        store.ssd.write_pending({t.name: (chunk, np.array(rows[a : a + step]))}, durable=True)
+        last = int(chunk[-1])
+    return int(ids.shape[0])
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a store's last checkpoint as .npy files (streaming)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("path", help="the store")
+    p.add_argument("dest", help="a new directory for the export")
+    p.set_defaults(func=_run_export)
+    p = sub.add_parser(
+        "import",
+        help="make a new store from an export (streaming)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("src", help="an export directory")
+    p.add_argument("path", help="the new store")
+    p.add_argument("--hbm-rows", type=int, default=65536, help="HBM rows per table of the new store")
+    p.add_argument("--ddr-rows", type=int, default=0, help="DDR rows per table of the new store")
+    p.add_argument("--budget-bytes", type=int, default=256 << 20, help="TierConfig.budget_bytes")
+    p.set_defaults(func=_run_import)
+
+
+def _run_export(args) -> int:
+    counts = export_store(args.path, args.dest)
+    print(json.dumps({"exported": counts}))
+    return 0
+
+
+def _run_import(args) -> int:
+    if Path(args.path).exists():
+        raise StoreExistsError(f"store path {args.path!r} already exists", "choose a new path")
+    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget_bytes)
+    counts = import_store(args.src, args.path, tiers)
+    print(json.dumps({"imported": counts}))
+    return 0

@@ -1,0 +1,122 @@
+"""Rows gathered straight from ``data.mdb``, through a read-only map of the file.
+
+LMDB keeps a value larger than about half a page on *overflow pages* of its own: one
+contiguous run of the file, that stays where it is until the value is deleted (a
+copy-on-write of the B-tree copies the leaf that points to it, never the value).  A
+segment of ``p:`` is such a value, so once committed its rows lie at a fixed offset of
+the file; :func:`value_offset` finds it (the page number LMDB writes at the head of the
+run), and :func:`gather` copies rows from a map of the file by offset, in a Numba loop,
+with no transaction, no ``get`` and no Python object per row.  This is the same work as a
+``numpy.memmap`` fancy index.
+
+The map is this process's own ``mmap`` of ``data.mdb`` (not LMDB's): it spans the
+environment's map size (past the end of the file; only committed pages are read) and
+is made again only when the map grows.  A segment's pages are freed only when a
+compaction deletes it; such a deletion and the index change that follows it happen
+under :class:`~tiered_emb.tiers.ssd.lmdb_env.TxnGate` held exclusively
+(:mod:`.compaction`), and every gather holds it shared, so no gather reads a page that a
+later write may have reused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from tiered_emb.tiers.ssd.index import POS_BITS, POS_MASK
+
+#: LMDB 0.9's page header: page number (8 bytes), 2 bytes of padding, flags (2 bytes), 4 more.
+PAGE_HEADER = 16
+P_OVERFLOW = 0x04
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def value_offset(value, psize: int) -> int:
+    """The offset in ``data.mdb`` of ``value`` (a py-lmdb buffer of a read transaction), or
+    -1 when it does not lie on overflow pages of its own (a small value, inside a leaf)."""
+    arr = np.frombuffer(value, dtype=np.uint8)
+    addr = arr.ctypes.data
+    if arr.shape[0] < PAGE_HEADER or (addr - PAGE_HEADER) % psize:
+        return -1
+    head = ctypes.string_at(addr - PAGE_HEADER, PAGE_HEADER)
+    if not int.from_bytes(head[10:12], "little") & P_OVERFLOW:
+        return -1
+    return int.from_bytes(head[:8], "little") * psize + PAGE_HEADER
+
+
+class MappedFile:
+    """A read-only, shared map of ``path`` (``data.mdb``) spanning at least ``length``
+    bytes: :attr:`floats` views it as float32 (row offsets are multiples of 4)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._addr: int | None = None
+        self._length = 0
+        self._old: list[tuple[int, int]] = []  # earlier maps: a gather begun before may still read one
+        self.floats = np.empty(0, dtype=np.float32)
+
+    def cover(self, length: int) -> np.ndarray:
+        """:attr:`floats`, mapped again first when it is shorter than ``length`` bytes."""
+        floats = self.floats
+        if 4 * floats.shape[0] >= length:
+            return floats
+        with self._lock:
+            if 4 * self.floats.shape[0] < length:
+                self._map(max(length, 2 * self._length))
+            return self.floats
+
+    def _map(self, length: int) -> None:
+        length = -(-length // mmap.PAGESIZE) * mmap.PAGESIZE
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            addr = _libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        finally:
+            os.close(fd)
+        if addr in (None, _MAP_FAILED):
+            raise OSError(ctypes.get_errno(), f"mmap of {self.path} failed")
+        if self._addr is not None:
+            self._old.append((self._addr, self._length))
+        self._addr, self._length = addr, length
+        self.floats = np.ctypeslib.as_array((ctypes.c_float * (length // 4)).from_address(addr))
+
+    def close(self) -> None:
+        """Unmap (no gather may run meanwhile or after)."""
+        with self._lock:
+            self.floats = np.empty(0, dtype=np.float32)
+            for addr, length in [*self._old, (self._addr, self._length)]:
+                if addr is not None:
+                    _libc.munmap(addr, length)
+            self._old, self._addr, self._length = [], None, 0
+
+
+@numba.njit(cache=True, nogil=True)
+def gather(floats, base, nrows, locs, width, out_rows, at):
+    """``out_rows[at[j]] = `` the row at ``locs[j]`` (segment << POS_BITS | position), for
+    segments whose ``base[seq]`` (float offset of their first row) is known.
+
+    Returns -1, or the first ``j`` whose position is past its segment's rows (a damaged index).
+    """
+    for j in range(locs.shape[0]):
+        seq = locs[j] >> POS_BITS
+        pos = locs[j] & POS_MASK
+        if pos >= nrows[seq]:
+            return j
+        start = base[seq] + pos * width
+        out_rows[at[j], :] = floats[start : start + width]
+    return -1
+
+
+__all__ = ["MappedFile", "gather", "value_offset"]
