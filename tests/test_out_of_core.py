@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore
+from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.testing.reference import ReferenceStore
 
 MiB = 1 << 20
@@ -37,6 +37,11 @@ def peak():
     time.sleep(0.01)
     high[0] = max(high[0], anon())
     return high[0]
+
+def start():  # the high-water mark starts again from now
+    time.sleep(0.01)
+    high[0] = anon()
+    return high[0]
 tiers = TierConfig(hbm_rows=8192, device="cpu", budget_bytes=16 << 20, background_writes=False)
 out = {}
 
@@ -49,7 +54,7 @@ def write_all(s, value):
 if phase == "checkpoint":
     s = TieredStore.create(path, [TableConfig("t", dim=64, num_rows=rows, optimizer=SGD(lr=0.1))], tiers, seed=1)
     write_all(s, 0.5)  # every row written since the (empty) checkpoint
-    out["before"] = peak()
+    out["before"] = start()
     out["written"] = s.checkpoint()
     out["after"] = peak()
     write_all(s, 0.25)  # and again, left for the recovery
@@ -60,7 +65,7 @@ else:
     w.flush()
     crash(w)
     TieredStore.open(path + "_warm", tiers, restore="latest").close()  # (loads what an open runs)
-    out["before"] = peak()
+    out["before"] = start()
     s = TieredStore.open(path, tiers, restore="latest")
     out["after"] = peak()
     out["index_bytes"] = s.ssd.index_bytes()
@@ -89,7 +94,7 @@ def test_checkpoint_and_recovery_memory_does_not_grow_with_the_rows_written(tmp_
     assert ck["after"] - ck["before"] < 64 * MiB, ck
     rec = _child(_MEMORY, tmp_path / "s", "recover", rows)
     assert rec["row"] == [0.25, 0.25]
-    assert rec["index_bytes"] <= 64 * rows + MiB  # (a hash table of ids and locations, at least a quarter full)
+    assert rec["index_bytes"] <= 16 * rows + 8 * MiB  # sorted ids and locations, and a small hash of new ones
     assert rec["after"] - rec["before"] < rec["index_bytes"] + 96 * MiB, rec
     assert rec["after"] - rec["before"] < (256 * MiB) // 2, rec  # half the rows' bytes, stated plainly
 
@@ -206,3 +211,19 @@ def test_a_kill_while_a_store_opens_reopens_at_its_checkpoint(tmp_path):
         assert p.returncode == -9, p.stderr[-2000:]
     got = _rows(tmp_path / "s")
     assert all(np.array_equal(got[t], want[t]) for t in want)
+
+
+def test_a_batch_larger_than_the_budget_is_refused_and_changes_nothing(tmp_path):
+    from tiered_emb.errors import ConfigError
+
+    tables = [TableConfig("t", dim=64, optimizer=SGD(lr=0.5))]
+    tiers = TierConfig(hbm_rows=1 << 14, device="cpu", budget_bytes=MiB)
+    with TieredStore.create(tmp_path / "s", tables, tiers, seed=1) as s:
+        s.apply_gradients("t", np.arange(10), np.ones((10, 64), np.float32))
+        before = s.peek("t", np.arange(5000), with_state=True)
+        with pytest.raises(ConfigError, match="budget_bytes"):  # 5,000 rows of 256 bytes: 1.2 MiB
+            s.apply_gradients("t", np.arange(5000), np.ones((5000, 64), np.float32))
+        with pytest.raises(ConfigError, match="budget_bytes"):
+            s.lookup("t", np.arange(5000))
+        assert s.peek("t", np.arange(5000), with_state=True).tobytes() == before.tobytes()
+        s.lookup("t", np.arange(4000))  # (1,024,000 bytes: within the budget)

@@ -75,7 +75,9 @@ class TieredStore:
         self.ssd = ssd
         self._lock_fd = lock_fd
         self._meta = meta
-        self._res = Resolver({t.name: Table(t, tiers, self.xp) for t in tables}, ssd, seed, self.xp, str(path))
+        self._res = Resolver(
+            {t.name: Table(t, tiers, self.xp) for t in tables}, ssd, seed, self.xp, str(path), tiers.budget_bytes
+        )
         #: The prefetch window over this store's tables (see :mod:`tiered_emb.prefetch`).
         self.window = Window(self._res, tiers.policy)
         #: The prefetch thread that runs the window's jobs.
@@ -372,6 +374,10 @@ class TieredStore:
                 return
             uids, inverse = plan.dedupe(ids)
             rows_u = r[plan.last_occurrence(inverse, uids.shape[0])]
+            if uids.shape[0] > t.hbm.unpinned_capacity:  # a bulk write: what is not resident goes to LMDB
+                self.ssd.raise_failed_write()
+                resident = self._res.write_below(t, uids, rows_u, self.tiers.budget_bytes)
+                uids, rows_u = uids[resident], rows_u[resident]
             for start, slots in self._res.chunks(t, uids):
                 t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(
                     self.xp, rows_u[start : start + slots.shape[0]]

@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from tiered_emb.config import TableConfig, TierConfig
-from tiered_emb.errors import UnknownTableError
+from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.init import init_rows
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
 
@@ -57,8 +57,9 @@ class Resolver:
     thread share it.  ``seed`` fixes the initial value of every row never written.
     """
 
-    def __init__(self, tables: dict[str, Table], ssd, seed: int, xp, where: str = ""):
+    def __init__(self, tables: dict[str, Table], ssd, seed: int, xp, where: str = "", budget_bytes: int = 1 << 62):
         self.where = where  # the store's path, for messages
+        self.budget_bytes = budget_bytes  # a batch's distinct records must fit in it
         self.tables = tables
         self.ssd = ssd
         self.seed = seed
@@ -80,6 +81,13 @@ class Resolver:
 
         ``checked``: the caller raised an earlier failed write-back itself.
         """
+        need = uids.shape[0] * 4 * t.cfg.record_width
+        if need > self.budget_bytes:
+            raise ConfigError(
+                f"a batch of {uids.shape[0]:,} distinct ids of table {t.cfg.name!r} holds {need:,} bytes of "
+                f"records, more than TierConfig.budget_bytes={self.budget_bytes:,}",
+                f"raise budget_bytes to at least {need:,} (TieredStore.open(path, tiers=...)) or split the batch",
+            )
         with self.lock:
             # An earlier write-back that failed (a full disk) is raised now, before this
             # operation changes anything; a failure during it waits for the next one, so an
@@ -109,6 +117,31 @@ class Resolver:
         if fresh.shape[0]:
             sub[fresh] = init_rows(t.cfg, ids[fresh], self.seed)
         return sub, on_ssd, fresh
+
+    def write_below(self, t: Table, uids: np.ndarray, rows: np.ndarray, budget_bytes: int) -> np.ndarray:
+        """Set the weights of those of ``uids`` (distinct) held in neither HBM nor DDR straight
+        in LMDB (their optimizer state read, or initialised), ``budget_bytes`` of records a
+        transaction, on the writer thread while the next is prepared; returns the mask of the
+        others (resident: the caller sets them there).
+
+        A bulk write larger than HBM would otherwise bring every row up only to evict it.
+        """
+        resident = t.hbm.find(uids) >= 0
+        resident[~resident] = t.ddr.find(uids[~resident]) >= 0
+        below = np.flatnonzero(~resident)
+        below = below[np.argsort(uids[below], kind="stable")]  # in id order (a bulk write's segments are)
+        step = max(1, budget_bytes // (8 + 4 * t.cfg.record_width))
+        for a in range(0, below.shape[0], step):
+            at = below[a : a + step]
+            if t.cfg.record_width == t.cfg.dim:  # no optimizer state: the rows are the records
+                recs, fresh = rows[at], at[:0]
+            else:
+                recs, _, fresh = self.read_below(t, uids[at])
+                recs[:, : t.cfg.dim] = rows[at]
+            self.ssd.write_sorted(t.cfg.name, uids[at], recs)
+            t.counters["ssd"]["writebacks"] += at.shape[0]
+            t.counters["ssd"]["lazy_inits"] += fresh.shape[0]
+        return resident
 
     def bring_up(
         self, t: Table, chunk: np.ndarray, c: dict | None = None, force_pin: bool = False, defer_errors: bool = False

@@ -66,16 +66,21 @@ def last_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids, np.ascontiguousarray(rows, dtype=np.float32)
 
 
-def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor) -> bytes:
+def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor):
     """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
-    id's last row kept."""
+    id's last row kept (raw: one array, built with a single copy of the rows)."""
     ids, rows = last_rows(ids, rows)
-    body = rows.astype("<f4", copy=False).tobytes()
-    tag = RAW
+    n, width = rows.shape
     if compressor is not None:
-        body, tag = compressor.compress(body), ZSTD
-    head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, tag, ids.shape[0], rows.shape[1])
-    return head + ids.astype("<i8", copy=False).tobytes() + body
+        body = compressor.compress(rows.astype("<f4", copy=False).tobytes())
+        head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, ZSTD, n, width)
+        return head + ids.astype("<i8", copy=False).tobytes() + body
+    out = np.empty(SEGMENT_HEADER.size + 8 * n + 4 * n * width, dtype=np.uint8)
+    SEGMENT_HEADER.pack_into(out, 0, SEGMENT_MAGIC, SEGMENT_VERSION, RAW, n, width)
+    at = SEGMENT_HEADER.size
+    out[at : at + 8 * n].view("<i8")[:] = ids
+    out[at + 8 * n :].view("<f4").reshape(n, width)[:] = rows
+    return out
 
 
 def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True) -> None:

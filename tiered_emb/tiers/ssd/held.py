@@ -66,6 +66,13 @@ class HeldRows:
         self.writeback = {n: RowBuffer(w, len(snaps[-1][n])) for n, w in sorted(self._widths.items())}
         return snaps
 
+    def waiting_with(self, table: str, rows) -> list[dict]:
+        """:meth:`waiting`, with ``rows`` (a :class:`.rowbuf.SortedRows` of ``table``) after
+        every other write-back: the newest."""
+        self.waiting()
+        self.flushing.append({table: rows})
+        return list(self.flushing)
+
     def committed(self, snaps: list[dict[str, RowBuffer]] | None = None) -> None:
         """``snaps`` (None: every snapshot) are in LMDB: they leave the read path."""
         self.flushing = [] if snaps is None else [s for s in self.flushing if not any(s is x for x in snaps)]

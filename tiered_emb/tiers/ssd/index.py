@@ -1,11 +1,15 @@
-"""Where each row written since the last checkpoint lies: id -> (segment, position).
+"""Where each stored row lies: id -> (segment, position), in at most 16 bytes a row.
 
-The SSD tier writes evicted rows into ``p:<table>`` as segments (many rows in one LMDB
-value: one append instead of a B-tree insert per row) and finds a row through this
-index, kept in memory: an open-addressing hash table of :mod:`tiered_emb.cache.index`'s
-layout with int64 values, ``segment << POS_BITS | position``.  A newer segment's entry
-replaces an older one's.  Entries are only added, until :meth:`SegmentIndex.clear` (the
-checkpoint folds the segments into ``t:`` and drops them); the table doubles at half full.
+The SSD tier keeps rows in segments (many rows in one LMDB value) and finds a row's
+newest copy through this index, kept in memory.  Its bulk is two sorted arrays, ids and
+their locations (``segment << POS_BITS | position``, int64): 16 bytes a row, looked up by
+a search that starts where the previous one ended when the ids come sorted (a batch's
+distinct ids do), so a batch walks the arrays once.  Ids not yet in the arrays go to a
+small open-addressing hash (:mod:`tiered_emb.cache.index`'s layout, int64 values), merged
+into the arrays when it holds ``delta_rows``: in place, from the back, after the arrays
+grow by ``ndarray.resize`` (``realloc``, which moves the pages of a large array without
+copying them), so a merge never holds a second copy of the index.  An id already in the
+arrays is changed there.  Entries are only added or moved, until :meth:`SegmentIndex.clear`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.cache.index import EMPTY, hash_home, index_find_many, table_size_for
+from tiered_emb.cache.index import EMPTY, hash_home, table_size_for
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
 #: other 43 (:data:`MAX_SEGMENTS`: at 1,000 segments a second, 278 years).
@@ -55,6 +59,102 @@ def _loc_items(keys, vals, out_ids, out_locs):
     return m
 
 
+@numba.njit(cache=True, nogil=True)
+def _sorted_find(arr_ids, n, q, lo):
+    """The position of ``q`` in ``arr_ids[:n]`` (sorted), searching up from ``lo`` by
+    galloping (``q`` at or above ``arr_ids[lo - 1]``); -1 - (insertion point) when absent."""
+    hi = lo
+    step = 1
+    while hi < n and arr_ids[hi] < q:
+        lo = hi + 1
+        hi += step
+        step *= 2
+    if hi > n:
+        hi = n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if arr_ids[mid] < q:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < n and arr_ids[lo] == q:
+        return lo
+    return -1 - lo
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
+    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash."""
+    lo = 0
+    prev = -1
+    for i in range(ids.shape[0]):
+        q = ids[i]
+        if q < prev:
+            lo = 0
+        prev = q
+        at = _sorted_find(arr_ids, n, q, lo)
+        if at >= 0:
+            out[i] = arr_locs[at]
+            lo = at
+            continue
+        lo = -1 - at
+        out[i] = -1
+        if has_delta:
+            mask = keys.shape[0] - 1
+            j = hash_home(q, mask)
+            while True:
+                k = keys[j]
+                if k == q:
+                    out[i] = vals[j]
+                    break
+                if k == EMPTY:
+                    break
+                j = (j + 1) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _set_sorted(arr_ids, arr_locs, n, ids, locs, missing):
+    """Change the location of each of ``ids`` held in the arrays; ``missing[i]`` = the others.
+    Returns how many are missing."""
+    lo = 0
+    prev = -1
+    m = 0
+    for i in range(ids.shape[0]):
+        q = ids[i]
+        if q < prev:
+            lo = 0
+        prev = q
+        at = _sorted_find(arr_ids, n, q, lo)
+        if at >= 0:
+            arr_locs[at] = locs[i]
+            lo = at
+            missing[i] = False
+        else:
+            lo = -1 - at
+            missing[i] = True
+            m += 1
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_back(arr_ids, arr_locs, n, new_ids, new_locs):
+    """Merge ``new_ids`` (sorted, none in ``arr_ids[:n]``) into the arrays, whose length is
+    ``n + len(new_ids)``, from the back, in place."""
+    i = n - 1
+    j = new_ids.shape[0] - 1
+    w = n + new_ids.shape[0] - 1
+    while j >= 0:
+        if i >= 0 and arr_ids[i] > new_ids[j]:
+            arr_ids[w] = arr_ids[i]
+            arr_locs[w] = arr_locs[i]
+            i -= 1
+        else:
+            arr_ids[w] = new_ids[j]
+            arr_locs[w] = new_locs[j]
+            j -= 1
+        w -= 1
+
+
 class SegmentIndex:
     """id (int64 >= 0) -> int64 location, with batch operations.
 
@@ -67,16 +167,26 @@ class SegmentIndex:
     [(4, 0), -1, (3, 0)]
     """
 
-    def __init__(self):
+    def __init__(self, delta_rows: int = 1 << 16):
+        self.delta_rows = max(1, int(delta_rows))
+        #: While a store opens, the hash may hold up to 1/``bulk`` of the arrays' rows before a
+        #: merge (0: ``delta_rows`` only): a merge moves every row, and opening adds them all.
+        self.bulk = 0
         self.clear()
 
     def clear(self) -> None:
+        self.ids = np.empty(0, dtype=np.int64)  # sorted; the arrays own their memory (resized in place)
+        self.locs = np.empty(0, dtype=np.int64)
         self.keys = np.full(8, EMPTY, dtype=np.int64)
         self.vals = np.zeros(8, dtype=np.int64)
-        self.n = 0
+        self.n_delta = 0
 
     def __len__(self) -> int:
-        return self.n
+        return self.ids.shape[0] + self.n_delta
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes
 
     def add(self, seq: int, ids: np.ndarray) -> None:
         """Segment ``seq`` holds ``ids`` (distinct), row ``i`` at position ``i``."""
@@ -88,26 +198,66 @@ class SegmentIndex:
     def set(self, ids: np.ndarray, locs: np.ndarray) -> None:
         """``ids[i]`` (distinct) lies at ``locs[i]`` now."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if 2 * (self.n + ids.shape[0]) > self.keys.shape[0]:
-            old_ids, old_locs = self.items()
-            self.keys = np.full(table_size_for(self.n + ids.shape[0]), EMPTY, dtype=np.int64)
+        locs = np.ascontiguousarray(locs, dtype=np.int64)
+        if ids.shape[0] == 0:
+            return
+        n = self.ids.shape[0]
+        if not (n and ids.min() > self.ids[n - 1]):  # (ids above every one held are in none)
+            missing = np.empty(ids.shape[0], dtype=np.bool_)
+            if _set_sorted(self.ids, self.locs, n, ids, locs, missing) == 0:
+                return
+            ids, locs = ids[missing], locs[missing]
+        if self.n_delta == 0 and (n == 0 or ids[0] > self.ids[n - 1]) and (ids[1:] > ids[:-1]).all():
+            self.ids.resize(n + ids.shape[0], refcheck=False)  # (above every id held, in order: appended)
+            self.locs.resize(n + ids.shape[0], refcheck=False)
+            self.ids[n:] = ids
+            self.locs[n:] = locs
+            return
+        if 2 * (self.n_delta + ids.shape[0]) > self.keys.shape[0]:
+            old_ids, old_locs = self._delta_items()
+            self.keys = np.full(table_size_for(self.n_delta + ids.shape[0]), EMPTY, dtype=np.int64)
             self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
             _loc_set(self.keys, self.vals, old_ids, old_locs)
-        self.n += int(_loc_set(self.keys, self.vals, ids, np.ascontiguousarray(locs, dtype=np.int64)))
+        self.n_delta += int(_loc_set(self.keys, self.vals, ids, locs))
+        if self.n_delta >= max(self.delta_rows, self.ids.shape[0] // self.bulk if self.bulk else 0):
+            self.merge()
 
-    def find(self, ids: np.ndarray) -> np.ndarray:
-        """The location of each of ``ids`` (int64), -1 where none."""
-        out = np.empty(ids.shape[0], dtype=np.int64)
-        if self.n == 0:
-            out[:] = -1
-        else:
-            index_find_many(self.keys, self.vals, np.ascontiguousarray(ids, dtype=np.int64), out)
-        return out
-
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, locations)`` held, in id order."""
-        ids = np.empty(self.n, dtype=np.int64)
-        locs = np.empty(self.n, dtype=np.int64)
+    def _delta_items(self) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.empty(self.n_delta, dtype=np.int64)
+        locs = np.empty(self.n_delta, dtype=np.int64)
         _loc_items(self.keys, self.vals, ids, locs)
         order = np.argsort(ids, kind="stable")
         return ids[order], locs[order]
+
+    def merge(self) -> None:
+        """Move the hash's entries into the sorted arrays (in place) and empty it."""
+        if self.n_delta == 0:
+            return
+        new_ids, new_locs = self._delta_items()
+        n = self.ids.shape[0]
+        self.ids.resize(n + new_ids.shape[0], refcheck=False)
+        self.locs.resize(n + new_ids.shape[0], refcheck=False)
+        _merge_back(self.ids, self.locs, n, new_ids, new_locs)
+        self.keys = np.full(8, EMPTY, dtype=np.int64)
+        self.vals = np.zeros(8, dtype=np.int64)
+        self.n_delta = 0
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """The location of each of ``ids`` (int64), -1 where none (fastest with ``ids`` sorted)."""
+        out = np.empty(ids.shape[0], dtype=np.int64)
+        _find(
+            self.ids,
+            self.locs,
+            self.ids.shape[0],
+            self.keys,
+            self.vals,
+            self.n_delta > 0,
+            np.ascontiguousarray(ids, dtype=np.int64),
+            out,
+        )
+        return out
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, locations)`` held, in id order (copies)."""
+        self.merge()
+        return self.ids.copy(), self.locs.copy()

@@ -156,3 +156,30 @@ class RowBuffer:
         at = at[np.argsort(self.ids[at], kind="stable")]
         out = (self.ids[at], self.rows[at])
         return out + (self.states[at],) if with_state else out
+
+
+class SortedRows:
+    """Records of distinct ids in increasing order, as given (a bulk write waiting for its
+    transaction): the read side of :class:`RowBuffer` (``get``, ``items``, ``len``) by a
+    binary search, with no index to build."""
+
+    def __init__(self, ids: np.ndarray, rows: np.ndarray):
+        self.ids = np.ascontiguousarray(ids, dtype=np.int64)
+        self.rows = np.ascontiguousarray(rows, dtype=np.float32)
+        self.width = self.rows.shape[1]
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def get(self, ids: np.ndarray, out_rows: np.ndarray, out_state: np.ndarray) -> int:
+        """Fill ``out_rows[i]`` / ``out_state[i]`` for held ids whose ``out_state[i]`` is still 0; returns how many."""
+        if self.ids.shape[0] == 0 or ids.shape[0] == 0:
+            return 0
+        at = np.minimum(np.searchsorted(self.ids, ids), self.ids.shape[0] - 1)
+        hit = np.flatnonzero((self.ids[at] == ids) & (out_state == 0))
+        out_rows[hit] = self.rows[at[hit]]
+        out_state[hit] = FOUND
+        return int(hit.shape[0])
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids, self.rows

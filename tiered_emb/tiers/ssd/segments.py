@@ -71,6 +71,7 @@ class SegmentLog:
         lock: threading.Lock,
         compressor,
         decompressor,
+        budget_bytes: int = 256 << 20,
     ):
         self._lmdb = lmdb_env
         self._widths = dict(widths)
@@ -78,7 +79,9 @@ class SegmentLog:
         self._written = written
         self._lock = lock
         self._zc, self._zd = compressor, decompressor
-        self.index: dict[str, SegmentIndex] = {n: SegmentIndex() for n in sorted(self._widths)}
+        # the index's hash of recent ids: a quarter of the budget (32-64 bytes an entry)
+        delta = max(1 << 16, budget_bytes // 256)
+        self.index: dict[str, SegmentIndex] = {n: SegmentIndex(delta) for n in sorted(self._widths)}
         self.stored_rows = dict.fromkeys(sorted(self._widths), 0)
         self.next_seq = 0
         self.mark = 0
@@ -93,6 +96,7 @@ class SegmentLog:
         """Index the segments of ``p:<table>`` (oldest first: a newer copy wins) and set their
         ids' bits; reads only the ids of each segment (memory: the index)."""
         index, num_rows = self.index[table], self._table_rows[table]
+        index.bulk = 16
         with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
             for key, value in cur:
                 seq = int.from_bytes(key, "big")
@@ -115,6 +119,8 @@ class SegmentLog:
                 self._written.set(table, ids)
                 self.next_seq = max(self.next_seq, seq + 1)
                 self._place(seq, n, tag, value)
+        index.bulk = 0
+        index.merge()
 
     def _place(self, seq: int, n: int, tag: int, value) -> None:
         """Note where segment ``seq`` (``n`` rows, ``value`` a buffer of it) lies in the file."""
@@ -259,7 +265,12 @@ class SegmentLog:
             parts.setdefault(t, []).append((np.ascontiguousarray(ids, dtype=np.int64), rows))
         out = []
         for t in sorted(parts):
-            ids, rows = last_rows(np.concatenate([p[0] for p in parts[t]]), np.concatenate([p[1] for p in parts[t]]))
+            if len(parts[t]) == 1:  # (no copy)
+                ids, rows = last_rows(*parts[t][0])
+            else:
+                ids, rows = last_rows(
+                    np.concatenate([p[0] for p in parts[t]]), np.concatenate([p[1] for p in parts[t]])
+                )
             out += self.numbered(t, ids, rows)
         return out
 
@@ -315,7 +326,7 @@ class SegmentLog:
 
     def index_bytes(self) -> int:
         """Bytes of the index and the per-segment arrays."""
-        return sum(ix.keys.nbytes + ix.vals.nbytes for ix in self.index.values()) + self.base.nbytes + self.nrows.nbytes
+        return sum(ix.nbytes for ix in self.index.values()) + self.base.nbytes + self.nrows.nbytes
 
     def close(self) -> None:
         self.mapped.close()

@@ -87,7 +87,7 @@ class SsdTier:
         self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
         table_rows = {n: (table_rows or {}).get(n) for n in tables}
         self.written = WrittenIds(self.lmdb)
-        self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd)
+        self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd, budget_bytes)
         self.reader = Reader(self.lmdb, self.widths, self.held, self.segments, self.written, self._lock, zd)
         self.compactor = Compactor(self.lmdb, self.widths, self.held, self.segments, self._lock, zc, budget_bytes)
         self.writer = Writer(
@@ -176,6 +176,11 @@ class SsdTier:
         ``durable=True`` writes them, and every waiting row, now.
         """
         return self.writer.write_pending(batches, durable, defer_errors)
+
+    def write_sorted(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Write ``rows`` (records) under ``ids`` (distinct, increasing) of ``table`` as one bulk
+        write (:meth:`.Writer.write_sorted`): in the background with ``background_writes``."""
+        self.writer.write_sorted(table, ids, rows)
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""

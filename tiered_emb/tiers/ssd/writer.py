@@ -119,6 +119,28 @@ class Writer:
             size += nbytes
         return groups
 
+    def write_sorted(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
+        """A bulk write of ``rows`` under ``ids`` (distinct, increasing) of ``table``, and every
+        waiting write-back, in one transaction: on the writer thread with ``background_writes``
+        (the caller goes on; reads find the rows in memory until the commit), else now.  One
+        such write is in flight at a time; an earlier failure is raised first."""
+        from tiered_emb.tiers.ssd.rowbuf import SortedRows
+
+        self.wait_writes()
+        self.raise_failed_write()
+        with self._lock:
+            self._written.set(table, ids)  # first: a read that finds the bit clear will not look
+            snaps = self._held.waiting_with(table, SortedRows(ids, rows))
+        if not self.background_writes:
+            self._commit_waiting(snaps)
+            return
+        # in this process: a few large segments hold the GIL little (py-lmdb drops it around
+        # each put and the commit), and the rows need not cross a pipe
+        self._thread = threading.Thread(
+            target=self._commit_waiting, args=(snaps, True, False), name="tiered_emb-writer", daemon=True
+        )
+        self._thread.start()
+
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
         if self.failed is not None:
@@ -171,10 +193,10 @@ class Writer:
         )
         self._thread.start()
 
-    def _commit_waiting(self, snaps, on_thread: bool = False) -> None:
+    def _commit_waiting(self, snaps, on_thread: bool = False, by_process: bool = True) -> None:
         try:
             segments = self._segments.cut(snaps)
-            if not (on_thread and self.writer_process and self.write_by_process(segments)):
+            if not (on_thread and by_process and self.writer_process and self.write_by_process(segments)):
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))
             self._segments.locate(segments)
