@@ -156,5 +156,5 @@ def test_the_cli_tells_its_version_and_stream_documents_every_flag(capsys):
     with pytest.raises(SystemExit):
         main(["stream", "--help"])
     out = capsys.readouterr().out
-    # argparse shows a default only beside a help text: 11 defaults, every flag documented
-    assert out.count("(default:") == 11, out
+    # argparse shows a default only beside a help text: 12 defaults, every flag documented
+    assert out.count("(default:") == 12, out

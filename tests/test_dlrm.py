@@ -51,6 +51,24 @@ def _state(run_dir):
     return rows, saved
 
 
+def _epoch(run_dir):
+    """How many checkpoints the run's store has taken (read before close() takes one more)."""
+    with TieredStore.open(run_dir / "store", restore="checkpoint") as store:
+        return store.epoch
+
+
+def _assert_bitwise_equal(state_a, state_b):
+    """Two :func:`_state` results are equal bit for bit: rows, step, MLP weights, optimizer state."""
+    rows_a, saved_a = state_a
+    rows_b, saved_b = state_b
+    assert saved_a["step"] == saved_b["step"]
+    assert [n for n in rows_a if rows_a[n] != rows_b[n]] == []
+    for k, v in saved_a["model"].items():
+        assert torch.equal(v, saved_b["model"][k]), k
+    for k, v in saved_a["opt"]["state"].items():
+        assert all(torch.equal(t, saved_b["opt"]["state"][k][n]) for n, t in v.items()), k
+
+
 def test_smoke_run_reports(tmp_path, capsys):
     r = _train(tmp_path / "run", "--steps", "6")
     out = capsys.readouterr().out
@@ -61,6 +79,7 @@ def test_smoke_run_reports(tmp_path, capsys):
         assert cpu["main"] > 0 and "tiered_emb-prefetch" in cpu and "writer process" in cpu and min(cpu.values()) >= 0
     assert r["tables_over_capacity"] >= 10
     assert r["tiers"]["ssd"]["lookups"] > 0 and r["tiers"]["ssd"]["rows"] > 0  # LMDB really used
+    assert [c["step"] for c in r["checkpoints"]] == [6] and "checkpoints 1 (steps 6)" in out
     for key in ("train_auc", "test_auc", "train_logloss", "test_logloss"):
         assert np.isfinite(r[key])
 
@@ -76,6 +95,30 @@ def test_resume_from_checkpoint_is_bitwise_an_uninterrupted_run(tmp_path):
     assert rows_a == rows_b
     for k, v in saved_a["model"].items():
         assert torch.equal(v, saved_b["model"][k]), k
+
+
+def test_checkpoint_every_k_steps_is_reported_and_leaves_the_run_bitwise_equal(tmp_path):
+    """--checkpoint-every 2 over 5 steps checkpoints at steps 2 and 4 (each with the step and
+    the dense state, as the final one at 5), and ends bitwise where a run with only the
+    final checkpoint ends: rows, MLP weights, optimizer state."""
+    common = ["--steps", "5", "--step-threads", "1", "--eval-batches", "1"]
+    r_end = _train(tmp_path / "end", *common, "--checkpoint-every", "0")
+    r = _train(tmp_path / "every2", *common, "--checkpoint-every", "2")
+    assert [c["step"] for c in r_end["checkpoints"]] == [5]
+    assert [c["step"] for c in r["checkpoints"]] == [2, 4, 5]
+    for c in r["checkpoints"]:
+        assert sorted(c) == ["rows_written", "seconds", "step"]
+        assert isinstance(c["rows_written"], int) and c["rows_written"] > 0
+    assert _epoch(tmp_path / "every2") - _epoch(tmp_path / "end") == 2
+    _assert_bitwise_equal(_state(tmp_path / "end"), _state(tmp_path / "every2"))
+    assert r["test_logloss"] == r_end["test_logloss"] and r["test_auc"] == r_end["test_auc"]
+
+
+def test_checkpoint_every_is_documented_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--checkpoint-every CHECKPOINT_EVERY steps between checkpoints" in out and "(default 100;" in out
 
 
 def test_resume_needs_a_run(tmp_path):
@@ -325,13 +368,10 @@ def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(
     with pytest.raises(exc):
         _train(tmp_path / "parts", *common, "--checkpoint-every", "2")
     monkeypatch.setattr(dlrm, "build_model", real_build)
-    r = _train(tmp_path / "parts", *common, "--resume")
-    assert r["steps_this_run"] == 6 - 2 * ((at_forward - 1) // 2)  # from the last checkpoint
-    rows_a, saved_a = uninterrupted
-    rows_b, saved_b = _state(tmp_path / "parts")
-    assert saved_a["step"] == saved_b["step"] == 6
-    assert [n for n in rows_a if rows_a[n] != rows_b[n]] == []
-    for k, v in saved_a["model"].items():
-        assert torch.equal(v, saved_b["model"][k]), k
-    for k, v in saved_a["opt"]["state"].items():
-        assert all(torch.equal(t, saved_b["opt"]["state"][k][n]) for n, t in v.items()), k
+    r = _train(tmp_path / "parts", *common, "--resume", "--checkpoint-every", "2")
+    start = 2 * ((at_forward - 1) // 2)  # the last scheduled checkpoint before the interruption
+    assert r["steps_this_run"] == 6 - start
+    assert [c["step"] for c in r["checkpoints"]] == list(range(start + 2, 7, 2))  # the schedule goes on
+    state = _state(tmp_path / "parts")
+    assert state[1]["step"] == 6
+    _assert_bitwise_equal(uninterrupted, state)

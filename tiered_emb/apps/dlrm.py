@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tiered_emb._progress import progress
+from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
@@ -92,7 +93,13 @@ def add_parser(sub) -> None:
     p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default 64)")
     p.add_argument("--top", help="top MLP hidden sizes, comma separated (then 1; default 64)")
     p.add_argument("--eval-batches", type=int, default=8, help="held-out (and train) batches for the report")
-    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (0: only at the end)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        help="steps between checkpoints, each one --resume can continue from (default 100; 0: only the "
+        "one at the end, which every run takes)",
+    )
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
     p.add_argument("--seed", type=int, help="seed of the rows, the MLPs and the synthetic data (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -200,10 +207,11 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _save_state(torch, store, step: int, model, opt) -> None:
+def _save_state(torch, store, step: int, model, opt) -> dict:
+    """A checkpoint of the rows with the step and the dense state; returns its record for the report."""
     buf = io.BytesIO()
     torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, buf)
-    store.checkpoint(buf.getvalue())
+    return timed_checkpoint(store, step, buf.getvalue())
 
 
 def _step_threads(args, cfg: dict | None = None) -> int:
@@ -458,17 +466,18 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         read_ahead=getattr(args, "read_ahead", 0),
         step_threads=_step_threads(args, cfg),
     )
+    checkpoints = []  # this run's, one record each: step, seconds, rows written
     for step, loss in enumerate(pipeline.run(batches), start=start):
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
-        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
-            _save_state(torch, store, step + 1, model, opt)
+        if checkpoint_due(step + 1, args.checkpoint_every, args.steps):
+            checkpoints.append(_save_state(torch, store, step + 1, model, opt))
         if not args.quiet and ((step + 1 - start) % 5 == 0 or step + 1 == args.steps):
             progress(step + 1 - start, args.steps - start, t0, f"steps  loss {ema:.4f}")
     train_s = time.perf_counter() - t0
     done = max(args.steps - start, 0)
     thread_cpu = thread_cpu_per_step(cpu0, thread_cpu_s(store), done)
     if done or start < args.steps:
-        _save_state(torch, store, max(args.steps, start), model, opt)
+        checkpoints.append(_save_state(torch, store, max(args.steps, start), model, opt))
     stats = store.stats()  # training's statistics, before evaluation reads more rows
     report = {
         "steps": max(args.steps, start),
@@ -478,6 +487,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
         "step_threads": _step_threads(args, cfg),
         "thread_cpu_ms_per_step": thread_cpu,
+        "checkpoints": checkpoints,
     }
     model.eval()
     with torch.no_grad():
@@ -521,6 +531,7 @@ def format_report(r: dict) -> str:
             f"trained {r['steps_this_run']} steps x {r['batch']} samples in {r['train_seconds']:.1f} s: "
             f"{r['samples_per_s']:,.0f} samples/s (step {r['steps']} of the run)"
         ),
+        format_checkpoints(r["checkpoints"]),
         f"train    log loss {r['train_logloss']:.4f}  AUC {r['train_auc']:.4f}  (CTR {r['train_ctr']:.3f})",
         f"held-out log loss {r['test_logloss']:.4f}  AUC {r['test_auc']:.4f}  (CTR {r['test_ctr']:.3f})",
         (

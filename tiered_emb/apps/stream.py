@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tiered_emb._progress import progress
+from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError
 from tiered_emb.optimizers import RowWiseAdagrad
@@ -47,7 +48,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
-        "--run-dir", default="runs/stream", help="run directory: its store and stream.json (an earlier run is replaced)"
+        "--run-dir",
+        default="runs/stream",
+        help="run directory: its store, stream.json (the flags) and report.json (an earlier run is replaced)",
     )
     p.add_argument("--tables", type=int, default=4, help="tables, each with its own batches")
     p.add_argument("--ids", type=int, default=2_000_000, help="distinct ids per table (its num_rows)")
@@ -59,6 +62,12 @@ def add_parser(sub) -> None:
     p.add_argument("--ddr-rows", type=int, default=32768, help="DDR rows per table")
     p.add_argument("--policy", default="lru", help="eviction policy (tiered_emb.POLICIES)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial rows and the batches")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="steps between checkpoints (0: only the one at the end, which every run takes)",
+    )
     p.set_defaults(func=run)
 
 
@@ -87,6 +96,9 @@ def _replace_run(run_dir: Path, settings: dict) -> Path:
 
 def run(args) -> int:
     # every argument checked before anything on disk changes
+    every = args.checkpoint_every
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ConfigError(f"--checkpoint-every {every!r} is invalid", "use an int >= 0 (0: checkpoint only at the end)")
     tables = [
         TableConfig(f"t{i}", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
         for i in range(args.tables)
@@ -94,6 +106,7 @@ def run(args) -> int:
     tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, policy=args.policy, device="cpu")
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("func", "command")}
     path = _replace_run(Path(args.run_dir), settings)
+    checkpoints = []  # one record a checkpoint: its step, seconds and rows written
     t0 = time.perf_counter()
     with TieredStore.create(path, tables, tiers, seed=args.seed) as store:
         for step in range(args.steps):
@@ -101,8 +114,10 @@ def run(args) -> int:
                 ids = zipf_ids(args.ids, args.alpha, args.batch, seed=args.seed * 1_000_003 + step * 131 + i)
                 rows = store.lookup(t.name, ids)
                 store.apply_gradients(t.name, ids, np.asarray(rows) * np.float32(0.01))
+            if checkpoint_due(step + 1, every, args.steps):
+                checkpoints.append(timed_checkpoint(store, step + 1))
             progress(step + 1, args.steps, t0, "steps")
-        store.checkpoint()
+        checkpoints.append(timed_checkpoint(store, max(args.steps, 0)))
         elapsed = time.perf_counter() - t0
         stats = store.stats()
         print(format_tier_table(stats))
@@ -110,10 +125,22 @@ def run(args) -> int:
         # rows still in HBM and DDR included: its record count is the distinct rows.
         touched = sum(s["ssd"]["rows"] for s in stats.values())
         cap = args.tables * (args.hbm_rows + args.ddr_rows)
+        lmdb_file_bytes = store.disk_bytes()
         print(
             f"\n{args.steps} steps x {args.tables} tables x {args.batch} ids in {elapsed:.1f} s "
             f"({args.steps * args.tables * args.batch / elapsed:,.0f} lookups/s); "
             f"rows stored {touched:,} = {touched / cap:.1f}x HBM+DDR capacity; "
-            f"LMDB files {store.disk_bytes() / 2**20:.1f} MiB"
+            f"LMDB files {lmdb_file_bytes / 2**20:.1f} MiB"
         )
+        print(format_checkpoints(checkpoints))
+        report = {
+            "steps": args.steps,
+            "seconds": elapsed,
+            "rows_stored": touched,
+            "capacity_rows": cap,
+            "lmdb_file_bytes": lmdb_file_bytes,
+            "checkpoints": checkpoints,
+        }
+    # the figures printed, and a record a checkpoint (whose seconds vary from run to run)
+    (Path(args.run_dir) / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
     return 0
