@@ -13,7 +13,8 @@ Two parts, one JSON:
   ``numpy.memmap`` fancy indexing of the same rows and a py-lmdb ``get`` loop over the
   same rows stored one record per id; with the page cache dropped (root only), against
   the disk's own 4 KiB random-read rate (``os.pread`` loop); bulk ``write`` + checkpoint
-  rows/s against the disk's sequential write rate (a file of the same bytes, fdatasync).
+  rows/s against the disk's sequential write rate (a file of the same bytes, fdatasync);
+  ``tiered-emb export`` and ``import`` of the whole table, rows/s.
 
 Medians over repeats.  Run from the repository root::
 
@@ -157,10 +158,13 @@ def io_part(path: Path, args) -> dict:
     out: dict = {"rows": rows, "dim": dim, "batch": k}
     disk = _disk_seq_write(path / "seq.bin", rows * dim * 4)
     out["disk_seq_write_MBps"] = disk / 1e6
+    warm = TieredStore.create(path / "warm", [table], tiers, seed=1)  # (compiles what a bulk write runs)
+    warm.write("t", np.arange(4 * k), data[: 4 * k])
+    warm.close()
     store = TieredStore.create(path / "store", [table], tiers, seed=1)
     s = time.perf_counter()
-    for a in range(0, rows, k):
-        store.write("t", np.arange(a, min(rows, a + k)), data[a : a + k])
+    for a in range(0, rows, 4 * k):  # bulk writes of 4x HBM: straight to LMDB
+        store.write("t", np.arange(a, min(rows, a + 4 * k)), data[a : a + 4 * k])
     written = store.checkpoint()
     w = time.perf_counter() - s
     out["write_and_checkpoint_rows_per_s"] = rows / w
@@ -215,6 +219,14 @@ def io_part(path: Path, args) -> dict:
         out["cold"] = "not measured: /proc/sys/vm/drop_caches is not writable here"
     env.close()
     store.close()
+    from tiered_emb.apps.portable import export_store, import_store
+
+    s = time.perf_counter()
+    export_store(path / "store", path / "export")
+    out["export_rows_per_s"] = rows / (time.perf_counter() - s)
+    s = time.perf_counter()
+    import_store(path / "export", path / "imported", tiers)
+    out["import_rows_per_s"] = rows / (time.perf_counter() - s)
     return out
 
 

@@ -25,18 +25,24 @@ TABLES = [
 ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 2**62), max_size=40, unique=True), max_size=12),
     st.lists(st.integers(0, 2**62), max_size=20),
+    st.integers(1, 50),
+    st.booleans(),
 )
-def test_the_index_answers_as_a_dict(segments, probes):
-    ix, model = SegmentIndex(), {}
+def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids):
+    """Sorted arrays, a hash of new ids and their merges (``delta_rows`` small: many merges,
+    in place from the back; ids drawn small: many of them again, changed in the arrays)."""
+    ix, model = SegmentIndex(delta_rows), {}
     for seq, ids in enumerate(segments):
+        ids = [x % 64 for x in dict.fromkeys(ids)] if small_ids else ids
+        ids = list(dict.fromkeys(ids))
         ix.add(seq, np.array(ids, dtype=np.int64))
         model.update({x: (seq << POS_BITS) + i for i, x in enumerate(ids)})
-    assert len(ix) == len(model)
-    ask = sorted(model)[:20] + probes
+        assert len(ix) == len(model)
+    ask = sorted(model)[:20] + probes + sorted(probes)
     assert ix.find(np.array(ask, dtype=np.int64)).tolist() == [model.get(x, -1) for x in ask]
     ids, locs = ix.items()
     assert ids.tolist() == sorted(model) and locs.tolist() == [model[x] for x in sorted(model)]
@@ -92,7 +98,7 @@ def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
         tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False), seed=4
     )
     ref = ReferenceStore(TABLES, seed=4)
-    for seed in range(2):  # each flush writes the rows the step changed: copies of the first go stale
+    for seed in range(4):  # each flush writes the rows the step changed: copies of the first go stale
         _train(s, ref, 5, seed=seed)
         s.flush()
     ssd = s.ssd

@@ -61,6 +61,9 @@ class Compactor:
         self.budget_bytes = int(budget_bytes)
         self.cursor = dict.fromkeys(sorted(self._widths), 0)  # the number the next run starts at
         self.runs = 0
+        # segment -> (mark, rows) when it was rewritten and kept rows the index does not name
+        # (the checkpoint's copies of rows written since): not again until the mark moves
+        self._tried: dict[int, tuple[int, int]] = {}
 
     def due(self) -> list[str]:
         """The tables whose stale copies passed the bound, in name order."""
@@ -84,20 +87,21 @@ class Compactor:
                 pass
 
     def compact_run(self, table: str) -> bool:
-        """Rewrite the run of ``table`` from :attr:`cursor`; False when there was none left (the
-        cursor is back at the start).  A failure rolls back and leaves ``p:`` as it was."""
+        """Rewrite the next run of ``table`` from :attr:`cursor`; False when there was none left
+        (the cursor is back at the start).  A failure rolls back and leaves ``p:`` as it was."""
         run = self._next_run(table)
         if not run:
             self.cursor[table] = 0
             return False
         self.cursor[table] = run[-1] + 1
+        old_rows = self._segments.nrows_of(run)
         moved: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
         out: list = []
 
         def fn(txn):
             nonlocal moved, out
             ids, rows, moved_at = self._needed(txn, table, run)
-            if ids.shape[0] == self._segments.nrows_of(run):
+            if ids.shape[0] == old_rows:
                 raise _NoGain  # (rolled back: nothing to reclaim)
             step = self._segments.rows_per_segment(table)
             n_out = -(-ids.shape[0] // step)
@@ -116,17 +120,30 @@ class Compactor:
             try:
                 self._lmdb.write(fn)
             except _NoGain:
+                for seq in run:
+                    self._tried[seq] = (self._segments.mark, int(self._segments.nrows[seq]))
                 return True
             self._segments.locate(out)
             with self._lock:
-                self._segments.replaced(table, run, out, moved)
+                self._segments.replaced(table, run, old_rows, out, moved)
                 self._held.written(None)
+        for _, seq, seg_ids, _ in out:
+            if self._segments.live[seq] < seg_ids.shape[0]:
+                self._tried[seq] = (self._segments.mark, seg_ids.shape[0])
         self.runs += 1
         return True
 
+    def _worth(self, seq: int) -> bool:
+        """Whether segment ``seq`` is at least half stale copies (and was not rewritten at this
+        mark already, keeping copies only a reopening at the checkpoint reads)."""
+        seg = self._segments
+        n = int(seg.nrows[seq]) if seq < seg.nrows.shape[0] else 0
+        return n > 0 and 2 * int(seg.live[seq]) <= n and self._tried.get(seq) != (seg.mark, n)
+
     def _next_run(self, table: str) -> list[int]:
-        """The numbers of the segments of the run from :attr:`cursor`: consecutive, on one side
-        of the mark, their rows within the budget (at least one segment)."""
+        """The numbers of the segments of the run from :attr:`cursor`: the first segment worth
+        compacting, and those right after it that are too, on its side of the mark, their rows
+        within a quarter of the budget."""
         mark, width = self._segments.mark, self._widths[table]
         row_bytes = 8 + 4 * width
         run: list[int] = []
@@ -136,6 +153,10 @@ class Compactor:
                 return run
             for key in cur.iternext(keys=True, values=False):
                 seq = int.from_bytes(key, "big")
+                if not self._worth(seq):
+                    if run:
+                        break
+                    continue
                 n = self._segments.nrows_of([seq])
                 if run and ((seq >= mark) != (run[0] >= mark) or 4 * (total + n) * row_bytes > self.budget_bytes):
                     break

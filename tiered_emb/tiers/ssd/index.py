@@ -6,7 +6,7 @@ their locations (``segment << POS_BITS | position``, int64): 16 bytes a row, loo
 a search that starts where the previous one ended when the ids come sorted (a batch's
 distinct ids do), so a batch walks the arrays once.  Ids not yet in the arrays go to a
 small open-addressing hash (:mod:`tiered_emb.cache.index`'s layout, int64 values), merged
-into the arrays when it holds ``delta_rows``: in place, from the back, after the arrays
+into the arrays when it holds ``delta_rows`` or 1/64 of the arrays' rows: in place, from the back, after the arrays
 grow by ``ndarray.resize`` (``realloc``, which moves the pages of a large array without
 copying them), so a merge never holds a second copy of the index.  An id already in the
 arrays is changed there.  Entries are only added or moved, until :meth:`SegmentIndex.clear`.
@@ -28,16 +28,19 @@ MAX_SEGMENTS = 1 << (63 - POS_BITS)
 
 
 @numba.njit(cache=True, nogil=True)
-def _loc_set(keys, vals, ids, locs):
-    """``ids[i] -> locs[i]`` for each i in order, replacing a held entry; returns the entries added."""
+def _loc_set(keys, vals, ids, locs, old):
+    """``ids[i] -> locs[i]`` for each i in order, replacing a held entry (its location into
+    ``old[i]``, else -1); returns the entries added."""
     mask = keys.shape[0] - 1
     added = 0
     for i in range(ids.shape[0]):
         key = ids[i]
         j = hash_home(key, mask)
+        old[i] = -1
         while True:
             k = keys[j]
             if k == key:
+                old[i] = vals[j]
                 break
             if k == EMPTY:
                 keys[j] = key
@@ -113,9 +116,9 @@ def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _set_sorted(arr_ids, arr_locs, n, ids, locs, missing):
-    """Change the location of each of ``ids`` held in the arrays; ``missing[i]`` = the others.
-    Returns how many are missing."""
+def _set_sorted(arr_ids, arr_locs, n, ids, locs, missing, old):
+    """Change the location of each of ``ids`` held in the arrays (the one it had into
+    ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
     lo = 0
     prev = -1
     m = 0
@@ -126,6 +129,7 @@ def _set_sorted(arr_ids, arr_locs, n, ids, locs, missing):
         prev = q
         at = _sorted_find(arr_ids, n, q, lo)
         if at >= 0:
+            old[i] = arr_locs[at]
             arr_locs[at] = locs[i]
             lo = at
             missing[i] = False
@@ -188,45 +192,59 @@ class SegmentIndex:
     def nbytes(self) -> int:
         return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes
 
-    def add(self, seq: int, ids: np.ndarray) -> None:
-        """Segment ``seq`` holds ``ids`` (distinct), row ``i`` at position ``i``."""
+    def add(self, seq: int, ids: np.ndarray) -> np.ndarray:
+        """Segment ``seq`` holds ``ids`` (distinct), row ``i`` at position ``i``; returns the
+        location each had before (-1: none)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
             raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
-        self.set(ids, (np.int64(seq) << np.int64(POS_BITS)) + np.arange(ids.shape[0], dtype=np.int64))
+        return self.set(ids, (np.int64(seq) << np.int64(POS_BITS)) + np.arange(ids.shape[0], dtype=np.int64))
 
-    def set(self, ids: np.ndarray, locs: np.ndarray) -> None:
-        """``ids[i]`` (distinct) lies at ``locs[i]`` now."""
+    def set(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """``ids[i]`` (distinct) lies at ``locs[i]`` now; returns the location each had before (-1: none)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         locs = np.ascontiguousarray(locs, dtype=np.int64)
+        old = np.full(ids.shape[0], -1, dtype=np.int64)
         if ids.shape[0] == 0:
-            return
+            return old
         n = self.ids.shape[0]
+        new_at = None
         if not (n and ids.min() > self.ids[n - 1]):  # (ids above every one held are in none)
             missing = np.empty(ids.shape[0], dtype=np.bool_)
-            if _set_sorted(self.ids, self.locs, n, ids, locs, missing) == 0:
-                return
-            ids, locs = ids[missing], locs[missing]
+            if _set_sorted(self.ids, self.locs, n, ids, locs, missing, old) == 0:
+                return old
+            new_at = np.flatnonzero(missing)
+            ids, locs = ids[new_at], locs[new_at]
         if self.n_delta == 0 and (n == 0 or ids[0] > self.ids[n - 1]) and (ids[1:] > ids[:-1]).all():
             self.ids.resize(n + ids.shape[0], refcheck=False)  # (above every id held, in order: appended)
             self.locs.resize(n + ids.shape[0], refcheck=False)
             self.ids[n:] = ids
             self.locs[n:] = locs
-            return
+            return old
         if 2 * (self.n_delta + ids.shape[0]) > self.keys.shape[0]:
-            old_ids, old_locs = self._delta_items()
+            old_ids, old_locs = self._delta_items(ordered=False)
             self.keys = np.full(table_size_for(self.n_delta + ids.shape[0]), EMPTY, dtype=np.int64)
             self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
-            _loc_set(self.keys, self.vals, old_ids, old_locs)
-        self.n_delta += int(_loc_set(self.keys, self.vals, ids, locs))
-        if self.n_delta >= max(self.delta_rows, self.ids.shape[0] // self.bulk if self.bulk else 0):
+            _loc_set(self.keys, self.vals, old_ids, old_locs, np.empty(old_ids.shape[0], dtype=np.int64))
+        in_delta = np.empty(ids.shape[0], dtype=np.int64)
+        self.n_delta += int(_loc_set(self.keys, self.vals, ids, locs, in_delta))
+        if new_at is None:
+            old = in_delta
+        else:
+            old[new_at] = in_delta
+        # a merge moves every row: merging at a fixed share of the rows keeps its cost per id
+        # added constant as the index grows (the hash then holds up to 1/64 of them: 1 byte a row)
+        if self.n_delta >= max(self.delta_rows, self.ids.shape[0] // (self.bulk or 64)):
             self.merge()
+        return old
 
-    def _delta_items(self) -> tuple[np.ndarray, np.ndarray]:
+    def _delta_items(self, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
         ids = np.empty(self.n_delta, dtype=np.int64)
         locs = np.empty(self.n_delta, dtype=np.int64)
         _loc_items(self.keys, self.vals, ids, locs)
-        order = np.argsort(ids, kind="stable")
+        if not ordered:
+            return ids, locs
+        order = np.argsort(ids)  # (distinct ids: any sort is stable)
         return ids[order], locs[order]
 
     def merge(self) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
 from tiered_emb.tiers.ssd.index import POS_BITS, POS_MASK
 
 #: LMDB 0.9's page header: page number (8 bytes), 2 bytes of padding, flags (2 bytes), 4 more.
@@ -105,11 +106,20 @@ class MappedFile:
 @numba.njit(cache=True, nogil=True)
 def gather(floats, base, nrows, locs, width, out_rows, at):
     """``out_rows[at[j]] = `` the row at ``locs[j]`` (segment << POS_BITS | position), for
-    segments whose ``base[seq]`` (float offset of their first row) is known.
+    segments whose ``base[seq]`` (float offset of their first row) is known.  The rows a
+    few entries ahead are prefetched: each is a cache miss of its own, as in a memmap gather.
 
     Returns -1, or the first ``j`` whose position is past its segment's rows (a damaged index).
     """
-    for j in range(locs.shape[0]):
+    n = locs.shape[0]
+    for j in range(n):
+        if j + PREFETCH_DISTANCE < n:
+            ahead = locs[j + PREFETCH_DISTANCE]
+            seq_a = ahead >> POS_BITS
+            if (ahead & POS_MASK) < nrows[seq_a]:
+                first = base[seq_a] + (ahead & POS_MASK) * width
+                for c in range(0, width, 16):
+                    prefetch_hint(floats, first + c)
         seq = locs[j] >> POS_BITS
         pos = locs[j] & POS_MASK
         if pos >= nrows[seq]:

@@ -57,8 +57,9 @@ class SegmentLog:
     checkpoint's mark (:attr:`mark`).
 
     Per segment number: :attr:`base`, the float32 offset of its first row in ``data.mdb``
-    (-1: not known, read through LMDB: a small or compressed segment, or none), and
-    :attr:`nrows`, its rows.  Reads of segments hold :attr:`gate` shared; a change that
+    (-1: not known, read through LMDB: a small or compressed segment, or none),
+    :attr:`nrows`, its rows, and :attr:`live`, those the index names (the others are stale
+    copies, what compaction reclaims).  Reads of segments hold :attr:`gate` shared; a change that
     deletes segments holds it exclusively from its commit until the index follows.
     """
 
@@ -87,6 +88,7 @@ class SegmentLog:
         self.mark = 0
         self.base = np.full(64, -1, dtype=np.int64)
         self.nrows = np.zeros(64, dtype=np.int64)
+        self.live = np.zeros(64, dtype=np.int64)  # rows of each segment the index names
         self.gate = TxnGate()
         self.mapped = MappedFile(self._lmdb.path / "data.mdb")
         self._psize = int(self._lmdb.env.stat()["psize"])
@@ -114,11 +116,11 @@ class SegmentLog:
                         f"damaged (its key or its ids)",
                         "restore the store directory from a backup",
                     )
-                index.add(seq, ids)
-                self.stored_rows[table] += n
-                self._written.set(table, ids)
                 self.next_seq = max(self.next_seq, seq + 1)
                 self._place(seq, n, tag, value)
+                self._moved(index.add(seq, ids), seq, n)
+                self.stored_rows[table] += n
+                self._written.set(table, ids)
         index.bulk = 0
         index.merge()
 
@@ -128,6 +130,7 @@ class SegmentLog:
             size = max(2 * self.base.shape[0], seq + 1)
             self.base = np.concatenate([self.base, np.full(size - self.base.shape[0], -1, dtype=np.int64)])
             self.nrows = np.concatenate([self.nrows, np.zeros(size - self.nrows.shape[0], dtype=np.int64)])
+            self.live = np.concatenate([self.live, np.zeros(size - self.live.shape[0], dtype=np.int64)])
         off = value_offset(value, self._psize) if tag == RAW else -1
         self.nrows[seq] = n
         self.base[seq] = -1 if off < 0 else (off + SEGMENT_HEADER.size + 8 * n) // 4
@@ -135,7 +138,19 @@ class SegmentLog:
     def _unplace(self, seqs) -> None:
         for seq in seqs:
             if seq < self.base.shape[0]:
-                self.base[seq], self.nrows[seq] = -1, 0
+                self.base[seq], self.nrows[seq], self.live[seq] = -1, 0, 0
+
+    def _moved(self, old: np.ndarray, seq: int | None = None, n: int = 0, new: np.ndarray | None = None) -> None:
+        """Count rows the index named elsewhere before (``old`` locations, -1: none) that it
+        names now in segment ``seq`` (``n`` of them) or at ``new`` locations."""
+        gone = old[old >= 0] >> POS_BITS
+        if gone.shape[0]:
+            self.live[: gone.max() + 1] -= np.bincount(gone)
+        if seq is not None:
+            self.live[seq] += n
+        if new is not None and new.shape[0]:
+            came = new >> POS_BITS
+            self.live[: came.max() + 1] += np.bincount(came)
 
     def locate(self, segments: list) -> None:
         """After ``segments`` (:meth:`cut`) are committed, before they are indexed: where they lie."""
@@ -305,24 +320,22 @@ class SegmentLog:
     def indexed(self, segments: list) -> None:
         """After ``segments`` are committed and located (under the tier's lock): reads find their rows."""
         for t, seq, ids, _ in segments:
-            self.index[t].add(seq, ids)
+            self._moved(self.index[t].add(seq, ids), seq, ids.shape[0])
             self.stored_rows[t] += ids.shape[0]
 
-    def replaced(self, table: str, old: list[int], segments: list, moved: tuple[np.ndarray, np.ndarray]) -> None:
-        """After segments ``old`` of ``table`` are rewritten as ``segments`` (committed and
-        located), under the tier's lock: ``moved`` ``(ids, locations)`` are the rows whose newest
-        copy moved."""
-        self.index[table].set(*moved)
-        self.stored_rows[table] += sum(s[2].shape[0] for s in segments) - int(self.nrows_of(old))
+    def replaced(
+        self, table: str, old: list[int], old_rows: int, segments: list, moved: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        """After segments ``old`` of ``table`` (``old_rows`` rows) are rewritten as ``segments``
+        (committed and located), under the tier's lock: ``moved`` ``(ids, locations)`` are the
+        rows whose newest copy moved."""
+        self._moved(self.index[table].set(*moved), new=moved[1])
         kept = {s[1] for s in segments}
         self._unplace([q for q in old if q not in kept])
+        self.stored_rows[table] += sum(s[2].shape[0] for s in segments) - old_rows
 
     def nrows_of(self, seqs: list[int]) -> int:
         return int(sum(int(self.nrows[q]) for q in seqs if q < self.nrows.shape[0]))
-
-    def dropped(self, table: str, seqs: list[int]) -> None:
-        """After segments ``seqs`` of ``table`` are deleted, before any is indexed (a store opening)."""
-        self._unplace(seqs)
 
     def index_bytes(self) -> int:
         """Bytes of the index and the per-segment arrays."""
