@@ -114,7 +114,7 @@ Compactor.COMPACT_MIN_ROWS = 100
 cls, name = {
     "segments": (SegmentLog, "put"),             # inside any write of segments (write-back, checkpoint)
     "meta": (Checkpointer, "put_meta"),          # inside the checkpoint's own transaction
-    "compaction": (Compactor, "_needed"),        # inside a compaction's transaction
+    "compaction": (Compactor, "needed"),        # inside a compaction's transaction
     "indexing": (SegmentLog, "locate"),          # after a commit, before the index follows it
     "recovery": (LmdbEnv, "write"),              # while a store opens: deleting what came after its checkpoint
 }[point]

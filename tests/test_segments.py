@@ -315,3 +315,37 @@ def test_rows_cut_into_segments_of_the_cap(tmp_path, monkeypatch):
     assert max(sizes) == 7 and len(sizes) > 10
     with TieredStore.open(tmp_path / "s", restore="latest") as r:
         _same_rows(r, ref)
+
+
+def test_a_disk_full_in_a_compaction_is_raised_typed_and_loses_nothing(tmp_path, monkeypatch):
+    """A compaction whose transaction fails (a full disk) rolls back: the error is raised as
+    StoreFullError by the next operation, before it changes anything; every row is intact,
+    and the next write-back compacts after all."""
+    from tiered_emb.errors import StoreFullError
+
+    monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 100)
+    s = TieredStore.create(
+        tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=False), seed=4
+    )
+    s.ssd.writeback_rows = 32
+    ref = ReferenceStore(TABLES, seed=4)
+    real, fail = Compactor.needed, [True]
+
+    def needed(self, *args):
+        if fail[0]:
+            fail[0] = False
+            raise StoreFullError("no space left on device", "free some")
+        return real(self, *args)
+
+    monkeypatch.setattr(Compactor, "needed", needed)
+    raised = 0
+    for seed in range(40):
+        try:
+            _train(s, ref, 1, seed=seed)
+        except StoreFullError:
+            raised += 1  # (the step that raised it changed nothing: the reference skips it too)
+    assert raised == 1 and not fail[0] and s.ssd.compactor.runs > 0
+    _same_rows(s, ref)
+    s.close()
+    with TieredStore.open(tmp_path / "s") as r:
+        _same_rows(r, ref)

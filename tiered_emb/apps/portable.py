@@ -42,25 +42,27 @@ def export_store(path: str | Path, dest: str | Path) -> dict:
         counts = {}
         for name in store.tables:
             cfg = store.table_config(name)
-            ids = store.ssd.stored_ids(name)
             width = cfg.record_width
-            out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (ids.shape[0],))
-            out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (ids.shape[0], width))
             step = _chunk_rows(store.tiers, width)
-            for a in range(0, ids.shape[0], step):
-                chunk = ids[a : a + step]
+            count, chunks = store.ssd.stored_ids(name, step)
+            out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (count,))
+            out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (count, width))
+            a = 0
+            for chunk in chunks:
                 rows = np.empty((chunk.shape[0], width), dtype=np.float32)
                 found = store.ssd.read(name, chunk, rows)
                 if not found.all():
                     raise CorruptStoreError(
-                        f"table {name!r} of {path} lists rows it cannot read", "run it through verify, or a backup"
+                        f"table {name!r} of {path} lists rows it cannot read",
+                        "restore the store directory from a backup",
                     )
                 out_ids[a : a + chunk.shape[0]] = chunk
                 out_rows[a : a + chunk.shape[0]] = rows
+                a += chunk.shape[0]
             out_ids.flush()
             out_rows.flush()
             del out_ids, out_rows
-            counts[name] = int(ids.shape[0])
+            counts[name] = int(count)
         meta = {
             "format": EXPORT_FORMAT,
             "seed": store.seed,

@@ -100,7 +100,7 @@ class Compactor:
 
         def fn(txn):
             nonlocal moved, out
-            ids, rows, moved_at = self._needed(txn, table, run)
+            ids, rows, moved_at = self.needed(txn, table, run)
             if ids.shape[0] == old_rows:
                 raise _NoGain  # (rolled back: nothing to reclaim)
             step = self._segments.rows_per_segment(table)
@@ -164,7 +164,7 @@ class Compactor:
                 total += n
         return run
 
-    def _needed(self, txn, table: str, run: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def needed(self, txn, table: str, run: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(ids, rows, moved_at)``: the rows ``run`` still needs, in id order, and the
         positions among them of those the index names (whose location moves)."""
         db = self._lmdb.pending[table]

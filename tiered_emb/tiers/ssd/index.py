@@ -165,8 +165,10 @@ class SegmentIndex:
     Examples
     --------
     >>> ix = SegmentIndex()
-    >>> ix.add(3, np.array([7, 2]))
-    >>> ix.add(4, np.array([2]))
+    >>> ix.add(3, np.array([7, 2])).tolist()  # where each id was before: nowhere
+    [-1, -1]
+    >>> [divmod(int(x), 1 << POS_BITS) for x in ix.add(4, np.array([2]))]  # segment 3, position 1
+    [(3, 1)]
     >>> [divmod(int(x), 1 << POS_BITS) if x >= 0 else -1 for x in ix.find(np.array([2, 5, 7]))]
     [(4, 0), -1, (3, 0)]
     """

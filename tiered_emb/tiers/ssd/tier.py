@@ -254,16 +254,21 @@ class SsdTier:
         with self._lock:
             return self.segments.pending(table)[0]
 
-    def stored_ids(self, table: str) -> np.ndarray:
-        """The ids (int64, increasing) with a row in LMDB: the segments' and, in a store of the
-        format before segments, ``t:``'s (a walk over its keys)."""
+    def stored_ids(self, table: str, chunk_rows: int = 1 << 20):
+        """``(count, chunks)``: how many ids have a row in LMDB, and a generator of them
+        (int64, increasing) ``chunk_rows`` at a time, copied from the index as it goes (a
+        store of the format before segments: its ``t:`` keys too, all at once).  Nothing
+        may write to the tier meanwhile."""
+        ix = self.segments.index[table]
         with self._lock:
-            ids = self.segments.index[table].items()[0]
+            ix.merge()
         if self.lmdb.records[table]:
             with self.lmdb.reading() as txn, txn.cursor(db=self.lmdb.main[table]) as cur:
                 keys = b"".join(cur.iternext(keys=True, values=False))
-            ids = np.union1d(ids, np.frombuffer(keys, dtype=">i8").astype(np.int64))
-        return ids
+            ids = np.union1d(ix.ids, np.frombuffer(keys, dtype=">i8").astype(np.int64))
+            return ids.shape[0], (ids[a : a + chunk_rows] for a in range(0, ids.shape[0], chunk_rows))
+        n = ix.ids.shape[0]
+        return n, (ix.ids[a : a + chunk_rows].copy() for a in range(0, n, chunk_rows))
 
     def index_bytes(self) -> int:
         """Bytes of RAM the SSD tier's index takes: the segment index and the written bits."""
