@@ -86,24 +86,38 @@ def _sorted_find(arr_ids, n, q, lo):
 
 
 @numba.njit(cache=True, nogil=True)
-def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
-    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash."""
+def _positions(arr_ids, n, ids, at):
+    """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; each search
+    starts where the previous ended while ``ids`` go up.  Returns how many are absent."""
     lo = 0
     prev = -1
+    absent = 0
     for i in range(ids.shape[0]):
         q = ids[i]
         if q < prev:
             lo = 0
         prev = q
-        at = _sorted_find(arr_ids, n, q, lo)
-        if at >= 0:
-            out[i] = arr_locs[at]
-            lo = at
-            continue
-        lo = -1 - at
-        out[i] = -1
-        if has_delta:
-            mask = keys.shape[0] - 1
+        p = _sorted_find(arr_ids, n, q, lo)
+        if p >= 0:
+            at[i] = p
+            lo = p
+        else:
+            at[i] = -1
+            lo = -1 - p
+            absent += 1
+    return absent
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
+    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash."""
+    _positions(arr_ids, n, ids, out)
+    mask = keys.shape[0] - 1
+    for i in range(ids.shape[0]):
+        if out[i] >= 0:
+            out[i] = arr_locs[out[i]]
+        elif has_delta:
+            q = ids[i]
             j = hash_home(q, mask)
             while True:
                 k = keys[j]
@@ -119,25 +133,14 @@ def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
 def _set_sorted(arr_ids, arr_locs, n, ids, locs, missing, old):
     """Change the location of each of ``ids`` held in the arrays (the one it had into
     ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
-    lo = 0
-    prev = -1
-    m = 0
+    at = np.empty(ids.shape[0], dtype=np.int64)
+    absent = _positions(arr_ids, n, ids, at)
     for i in range(ids.shape[0]):
-        q = ids[i]
-        if q < prev:
-            lo = 0
-        prev = q
-        at = _sorted_find(arr_ids, n, q, lo)
-        if at >= 0:
-            old[i] = arr_locs[at]
-            arr_locs[at] = locs[i]
-            lo = at
-            missing[i] = False
-        else:
-            lo = -1 - at
-            missing[i] = True
-            m += 1
-    return m
+        missing[i] = at[i] < 0
+        if at[i] >= 0:
+            old[i] = arr_locs[at[i]]
+            arr_locs[at[i]] = locs[i]
+    return absent
 
 
 @numba.njit(cache=True, nogil=True)
