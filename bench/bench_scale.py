@@ -5,8 +5,9 @@ Two parts, one JSON:
 - ``run``: training steps (lookup + RowWiseAdagrad update of every distinct id of a batch)
   over a table of ``--ids`` ids at ``--dim``, each batch ``--batch`` ids of which half are
   new (uniform over the table) and half hot (Zipf 1.05 over the first 1M ids), until
-  ``--rows`` distinct rows were touched; a checkpoint every ``--checkpoint-every``
-  seconds of work.  Sampled each step: RSS, anonymous RSS, steps/s, rows stored, the SSD
+  ``--rows`` distinct rows were touched; a checkpoint every ``--checkpoint-every`` steps,
+  each after a flush 2, 8, 32, 128 steps before it or none (cycling), so that they write
+  different numbers of rows.  Sampled each step: RSS, anonymous RSS, steps/s, rows stored, the SSD
   index's bytes; per checkpoint: seconds and rows written.
 - ``io``: on a table of ``--io-rows`` rows at dim 64 (rows only, SGD), side by side in one
   run: SSD-tier reads of 65,536 distinct random rows (page cache warm) against
@@ -21,7 +22,7 @@ Medians over repeats.  Run from the repository root::
     python bench/bench_scale.py --json bench/results/scale.json --plot docs/scale.png
 
 (defaults: 1,000,000,000 ids, 100M rows touched, dim 16, batches of 65,536, a checkpoint
-every 120 s; ``--quick`` for a minute-long check).
+every 400 steps; ``--quick`` for a minute-long check).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def _status(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
 
+#: Steps before each checkpoint at which a flush writes the dirty rows (cycling; None: no flush).
+FLUSH_BEFORE = (2, 8, 32, 128, None)
+
+
 def run_part(path: Path, args) -> dict:
     """The long run: what memory, speed and checkpoints do as the table fills."""
     table = TableConfig("t", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
@@ -58,9 +63,8 @@ def run_part(path: Path, args) -> dict:
     rng = np.random.default_rng(0)
     hot = np.arange(1, 1 << 20, dtype=np.float64) ** -1.05
     hot_cdf = np.cumsum(hot) / hot.sum()
-    samples, checkpoints, touched, t0, last_ck, step = [], [], 0, time.perf_counter(), 0.0, 0
+    samples, checkpoints, touched, t0, step = [], [], 0, time.perf_counter(), 0
     seen_bits = np.zeros((args.ids + 7) // 8, dtype=np.uint8)
-    work = 0.0
     while touched < args.rows:
         half = args.batch // 2
         ids = np.concatenate(
@@ -71,19 +75,23 @@ def run_part(path: Path, args) -> dict:
         s = time.perf_counter()
         store.apply_gradients("t", uids, grads)
         step_s = time.perf_counter() - s
-        work += step_s
         byte, bit = uids >> 3, (uids & 7).astype(np.uint8)
         new = (seen_bits[byte] >> bit) & 1 == 0
         touched += int(np.unique(uids[new]).shape[0])
         np.bitwise_or.at(seen_bits, byte, np.left_shift(np.uint8(1), bit))
         step += 1
         ck = None
-        if work - last_ck >= args.checkpoint_every:
+        # Checkpoints every `checkpoint_every` steps; before each, a flush FLUSH_BEFORE[i] steps
+        # earlier (cycling) makes it write only what changed since: sizes that differ, to show
+        # the time against the rows written.
+        lead = FLUSH_BEFORE[len(checkpoints) % len(FLUSH_BEFORE)]
+        if lead and step % args.checkpoint_every == args.checkpoint_every - lead:
+            store.flush()
+        if step % args.checkpoint_every == 0:
             s = time.perf_counter()
             rows = store.checkpoint()
             ck = {"step": step, "seconds": time.perf_counter() - s, "rows_written": rows}
             checkpoints.append(ck)
-            last_ck = work
         st = store.stats()["t"]["ssd"]
         samples.append(
             {
@@ -266,7 +274,7 @@ def main() -> None:
     p.add_argument("--hbm-rows", type=int, default=1 << 20)
     p.add_argument("--ddr-rows", type=int, default=4 << 20)
     p.add_argument("--budget", type=int, default=256 << 20, help="TierConfig.budget_bytes")
-    p.add_argument("--checkpoint-every", type=float, default=120.0, help="seconds of work")
+    p.add_argument("--checkpoint-every", type=int, default=400, help="steps")
     p.add_argument("--io-rows", type=int, default=4_000_000)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--part", choices=["run", "io", "both"], default="both")
@@ -277,7 +285,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.ids, args.rows, args.hbm_rows, args.ddr_rows = 10_000_000, 1_000_000, 1 << 16, 1 << 18
-        args.checkpoint_every, args.io_rows, args.repeats = 5.0, 500_000, 3
+        args.checkpoint_every, args.io_rows, args.repeats = 5, 500_000, 3
     base = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=args.dir))
     result: dict = {"machine": machine(), "args": vars(args)}
     try:
