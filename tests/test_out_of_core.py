@@ -227,3 +227,37 @@ def test_a_batch_larger_than_the_budget_is_refused_and_changes_nothing(tmp_path)
             s.lookup("t", np.arange(5000))
         assert s.peek("t", np.arange(5000), with_state=True).tobytes() == before.tobytes()
         s.lookup("t", np.arange(4000))  # (1,024,000 bytes: within the budget)
+
+
+def test_a_bulk_write_whose_resident_rows_exceed_the_budget_changes_nothing(tmp_path):
+    """The rows of a bulk write that are not resident go straight to LMDB, the others through
+    the tiers: the budget is checked for the latter before the former are written."""
+    from tiered_emb.errors import ConfigError
+
+    tables = [TableConfig("t", dim=64, optimizer=SGD(lr=0.5))]
+    tiers = TierConfig(hbm_rows=16, ddr_rows=8192, device="cpu", budget_bytes=MiB)  # 4,096 rows of 256 bytes
+    with TieredStore.create(tmp_path / "s", tables, tiers, seed=1) as s:
+        for a in range(0, 6000, 3000):
+            s.lookup("t", np.arange(a, a + 3000))  # 6,000 rows resident (DDR)
+        ids = np.arange(12000)
+        before = s.peek("t", ids)
+        with pytest.raises(ConfigError, match="budget_bytes"):
+            s.write("t", ids, np.ones((12000, 64), np.float32))
+        assert s.peek("t", ids).tobytes() == before.tobytes()
+
+
+def test_compaction_of_segments_larger_than_the_setting_now(tmp_path):
+    """Segments written without compression hold up to 65,536 rows, with it 1,024: a store
+    reopened with compression compacts the larger ones all the same (the run's numbers hold
+    what it keeps)."""
+    tables = [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))]
+    with TieredStore.create(tmp_path / "s", tables, TierConfig(hbm_rows=8, device="cpu"), seed=1) as s:
+        s.write("a", np.arange(4000), np.ones((4000, 4), np.float32))
+        s.flush()
+        s.write("a", np.arange(2000), np.full((2000, 4), 2, np.float32))
+    with TieredStore.open(tmp_path / "s", TierConfig(hbm_rows=8, device="cpu", ssd_compression=3)) as s:
+        with s.lock:
+            s.ssd.compact(["a"])
+        assert s.ssd.compactor.runs > 0
+        got = s.peek("a", np.arange(4000))
+        assert (got[:2000] == 2).all() and (got[2000:] == 1).all()

@@ -53,3 +53,19 @@ def test_export_and_import_refuse_what_exists_and_what_is_damaged(tmp_path):
     np.save(tmp_path / "y" / "a.rows.npy", np.zeros((0, 3), np.float32))
     with pytest.raises(CorruptStoreError, match="do not match"):
         main(["import", str(tmp_path / "y"), str(tmp_path / "new2")])
+
+
+def test_export_opens_where_asked_and_leaves_no_checkpoint(tmp_path):
+    from tiered_emb.testing import crash
+
+    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=7)
+    s.write("b", np.arange(5), np.full((5, 2), 3, np.float32))
+    s.checkpoint()
+    s.write("b", np.arange(5), np.full((5, 2), 4, np.float32))
+    s.flush()
+    epoch = s.epoch
+    crash(s)  # rows written after the checkpoint, in LMDB
+    assert main(["export", str(tmp_path / "s"), str(tmp_path / "x"), "--restore", "latest"]) == 0
+    assert (np.load(tmp_path / "x" / "b.rows.npy")[:5] == 4).all()
+    with TieredStore.open(tmp_path / "s") as r:  # the export moved the mark (latest), no epoch of its own
+        assert r.epoch == epoch and (r.peek("b", np.arange(5)) == 4).all()

@@ -7,8 +7,11 @@ state).  It holds the rows of the store's last checkpoint that were ever written
 others are the initialiser's, drawn again alike by a store of the same seed.  Both
 commands stream: a chunk of ``TierConfig.budget_bytes`` of rows at a time, written
 through ``numpy.lib.format.open_memmap`` (the page cache, not the process's memory).
-Neither deletes anything it did not make: export refuses an existing directory, import an
-existing store (and removes the one it made when the export turns out damaged).
+Export opens the store as :meth:`TieredStore.open` does: at its last checkpoint by default
+(rows written after it by a run that did not close are dropped, as any open drops them),
+or with ``--restore latest`` keeping them; it closes without a checkpoint of its own.
+Export refuses an existing directory, import an existing store (and removes the one it
+made when the export turns out damaged).
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ def _chunk_rows(tiers: TierConfig, width: int) -> int:
     return max(1, tiers.budget_bytes // (8 + 4 * width))
 
 
-def export_store(path: str | Path, dest: str | Path) -> dict:
-    """Write the last checkpoint of the store at ``path`` into the new directory ``dest``;
-    returns the rows written per table."""
+def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint") -> dict:
+    """Write the store at ``path``, opened at ``restore`` (see :meth:`TieredStore.open`), into
+    the new directory ``dest``; returns the rows written per table."""
     dest = Path(dest)
     if dest.exists():
         raise StoreExistsError(f"export directory {str(dest)!r} already exists", "choose a new directory")
-    with TieredStore.open(path) as store:
+    store = TieredStore.open(path, restore=restore)
+    try:
         dest.mkdir(parents=True)
         counts = {}
         for name in store.tables:
@@ -69,6 +73,8 @@ def export_store(path: str | Path, dest: str | Path) -> dict:
             "tables": [store.table_config(n).to_dict() for n in store.tables],
             "rows": counts,
         }
+    finally:
+        store.close(checkpoint=False)  # (nothing changed: no checkpoint, no new epoch)
     (dest / "export.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return counts
 
@@ -124,11 +130,17 @@ def _import_table(store: TieredStore, src: Path, t: TableConfig, ids, rows, tier
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "export",
-        help="write a store's last checkpoint as .npy files (streaming)",
+        help="write a store (its last checkpoint by default) as .npy files (streaming)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("path", help="the store")
     p.add_argument("dest", help="a new directory for the export")
+    p.add_argument(
+        "--restore",
+        choices=["checkpoint", "latest"],
+        default="checkpoint",
+        help="where to open the store: its last checkpoint, or also the rows a run wrote after it",
+    )
     p.set_defaults(func=_run_export)
     p = sub.add_parser(
         "import",
@@ -144,7 +156,7 @@ def add_parser(sub) -> None:
 
 
 def _run_export(args) -> int:
-    counts = export_store(args.path, args.dest)
+    counts = export_store(args.path, args.dest, args.restore)
     print(json.dumps({"exported": counts}))
     return 0
 

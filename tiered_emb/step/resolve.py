@@ -81,13 +81,7 @@ class Resolver:
 
         ``checked``: the caller raised an earlier failed write-back itself.
         """
-        need = uids.shape[0] * 4 * t.cfg.record_width
-        if need > self.budget_bytes:
-            raise ConfigError(
-                f"a batch of {uids.shape[0]:,} distinct ids of table {t.cfg.name!r} holds {need:,} bytes of "
-                f"records, more than TierConfig.budget_bytes={self.budget_bytes:,}",
-                f"raise budget_bytes to at least {need:,} (TieredStore.open(path, tiers=...)) or split the batch",
-            )
+        self.check_budget(t, uids.shape[0])
         with self.lock:
             # An earlier write-back that failed (a full disk) is raised now, before this
             # operation changes anything; a failure during it waits for the next one, so an
@@ -118,6 +112,16 @@ class Resolver:
             sub[fresh] = init_rows(t.cfg, ids[fresh], self.seed)
         return sub, on_ssd, fresh
 
+    def check_budget(self, t: Table, n: int) -> None:
+        """ConfigError when ``n`` distinct records of ``t`` exceed the budget (a batch must fit)."""
+        need = n * 4 * t.cfg.record_width
+        if need > self.budget_bytes:
+            raise ConfigError(
+                f"a batch of {n:,} distinct ids of table {t.cfg.name!r} holds {need:,} bytes of "
+                f"records, more than TierConfig.budget_bytes={self.budget_bytes:,}",
+                f"raise budget_bytes to at least {need:,} (TieredStore.open(path, tiers=...)) or split the batch",
+            )
+
     def write_below(self, t: Table, uids: np.ndarray, rows: np.ndarray, budget_bytes: int) -> np.ndarray:
         """Set the weights of those of ``uids`` (distinct) held in neither HBM nor DDR straight
         in LMDB (their optimizer state read, or initialised), ``budget_bytes`` of records a
@@ -128,6 +132,7 @@ class Resolver:
         """
         resident = t.hbm.find(uids) >= 0
         resident[~resident] = t.ddr.find(uids[~resident]) >= 0
+        self.check_budget(t, int(resident.sum()))  # (before anything is written: all or nothing)
         below = np.flatnonzero(~resident)
         below = below[np.argsort(uids[below], kind="stable")]  # in id order (a bulk write's segments are)
         step = max(1, budget_bytes // (8 + 4 * t.cfg.record_width))
@@ -138,7 +143,9 @@ class Resolver:
             else:
                 recs, _, fresh = self.read_below(t, uids[at])
                 recs[:, : t.cfg.dim] = rows[at]
-            self.ssd.write_sorted(t.cfg.name, uids[at], recs)
+            # a failed write (an earlier failure was raised by the caller) waits for the next
+            # operation, its rows in memory and on the read path: the write goes on to its end
+            self.ssd.write_sorted(t.cfg.name, uids[at], recs, defer_errors=True)
             t.counters["ssd"]["writebacks"] += at.shape[0]
             t.counters["ssd"]["lazy_inits"] += fresh.shape[0]
         return resident

@@ -19,7 +19,6 @@ import json
 import threading
 
 from tiered_emb.errors import ConfigError, CorruptStoreError
-from tiered_emb.tiers.ssd.codec import segment_key
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.segments import SegmentLog
@@ -59,8 +58,8 @@ class Checkpointer:
         n = self._writer.write_pending(batches, durable=True)
         mark = self._segments.next_seq
         self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra))
+        self._segments.mark = mark  # (committed: compaction must keep the new checkpoint's copies)
         self._lmdb.env.sync(True)
-        self._segments.mark = mark
         return n
 
     def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None) -> None:
@@ -80,8 +79,9 @@ class Checkpointer:
         return 0 if v is None else int.from_bytes(v, "big")
 
     def discard_pending(self) -> None:
-        """Open at the checkpoint: delete the segments written since (a bounded transaction at
-        a time: a crash meanwhile leaves fewer of them, opened the same way), then index the rest."""
+        """Open at the checkpoint: delete the segments written since, newest first, a bounded
+        transaction at a time (a kill meanwhile leaves the writes up to some point, and the next
+        open goes on), then index the rest."""
         mark = self.read_mark()
         for t in sorted(self._widths):
             db = self._lmdb.pending[t]
@@ -94,10 +94,13 @@ class Checkpointer:
                 def fn(txn, db=db, gone=gone):
                     gone.clear()
                     with txn.cursor(db=db) as cur:
-                        ok = cur.set_range(segment_key(mark))
-                        while ok and len(gone) < DELETES_PER_TXN:
-                            gone.append(int.from_bytes(cur.key(), "big"))
-                            ok = cur.delete() and bool(cur.key())
+                        # newest first: a kill meanwhile leaves the writes up to some point
+                        while len(gone) < DELETES_PER_TXN and cur.last():
+                            seq = int.from_bytes(cur.key(), "big")
+                            if seq < mark:
+                                break
+                            gone.append(seq)
+                            cur.delete()
 
                 self._lmdb.write(fn)
                 if not gone:

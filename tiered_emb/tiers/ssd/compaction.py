@@ -103,7 +103,9 @@ class Compactor:
             ids, rows, moved_at = self.needed(txn, table, run)
             if ids.shape[0] == old_rows:
                 raise _NoGain  # (rolled back: nothing to reclaim)
-            step = self._segments.rows_per_segment(table)
+            # (segments written under another setting may be larger than this one's: the
+            # run's numbers must hold what it keeps)
+            step = max(self._segments.rows_per_segment(table), -(-ids.shape[0] // len(run)))
             n_out = -(-ids.shape[0] // step)
             keys = run[len(run) - n_out :]  # the highest numbers of the run
             db = self._lmdb.pending[table]
@@ -123,10 +125,10 @@ class Compactor:
                 for seq in run:
                     self._tried[seq] = (self._segments.mark, int(self._segments.nrows[seq]))
                 return True
-            self._segments.locate(out)
-            with self._lock:
+            with self._lock:  # first: a failed locate below leaves reads going through LMDB
                 self._segments.replaced(table, run, old_rows, out, moved)
                 self._held.written(None)
+            self._segments.locate(out)
         for _, seq, seg_ids, _ in out:
             if self._segments.live[seq] < seg_ids.shape[0]:
                 self._tried[seq] = (self._segments.mark, seg_ids.shape[0])

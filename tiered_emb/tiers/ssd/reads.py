@@ -92,7 +92,7 @@ class Reader:
         if todo.shape[0]:
             try:
                 self.read_lmdb(table, ids[todo], out_rows, todo, state, locs)
-            except SegmentGone as gone:  # only a checkpoint drops segments, and it holds the store's lock
+            except SegmentGone as gone:  # only compaction deletes segments, under the store's lock, as this read
                 raise self._segments.gone(table, gone) from None
         return state == FOUND
 

@@ -327,11 +327,13 @@ class SegmentLog:
         self, table: str, old: list[int], old_rows: int, segments: list, moved: tuple[np.ndarray, np.ndarray]
     ) -> None:
         """After segments ``old`` of ``table`` (``old_rows`` rows) are rewritten as ``segments``
-        (committed and located), under the tier's lock: ``moved`` ``(ids, locations)`` are the
+        (committed, not yet located), under the tier's lock: ``moved`` ``(ids, locations)`` are the
         rows whose newest copy moved."""
         self._moved(self.index[table].set(*moved), new=moved[1])
         kept = {s[1] for s in segments}
         self._unplace([q for q in old if q not in kept])
+        for _, seq, ids, _ in segments:  # read through LMDB until :meth:`locate` finds them
+            self.base[seq], self.nrows[seq] = -1, ids.shape[0]
         self.stored_rows[table] += sum(s[2].shape[0] for s in segments) - old_rows
 
     def nrows_of(self, seqs: list[int]) -> int:

@@ -177,10 +177,10 @@ class SsdTier:
         """
         return self.writer.write_pending(batches, durable, defer_errors)
 
-    def write_sorted(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
+    def write_sorted(self, table: str, ids: np.ndarray, rows: np.ndarray, defer_errors: bool = False) -> None:
         """Write ``rows`` (records) under ``ids`` (distinct, increasing) of ``table`` as one bulk
         write (:meth:`.Writer.write_sorted`): in the background with ``background_writes``."""
-        self.writer.write_sorted(table, ids, rows)
+        self.writer.write_sorted(table, ids, rows, defer_errors)
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""

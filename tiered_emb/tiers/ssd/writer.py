@@ -119,20 +119,27 @@ class Writer:
             size += nbytes
         return groups
 
-    def write_sorted(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
+    def write_sorted(self, table: str, ids: np.ndarray, rows: np.ndarray, defer_errors: bool = False) -> None:
         """A bulk write of ``rows`` under ``ids`` (distinct, increasing) of ``table``, and every
         waiting write-back, in one transaction: on the writer thread with ``background_writes``
         (the caller goes on; reads find the rows in memory until the commit), else now.  One
-        such write is in flight at a time; an earlier failure is raised first."""
+        such write is in flight at a time; an earlier failure is raised first (with
+        ``defer_errors`` kept for :meth:`raise_failed_write`)."""
         from tiered_emb.tiers.ssd.rowbuf import SortedRows
 
         self.wait_writes()
-        self.raise_failed_write()
+        if not defer_errors:
+            self.raise_failed_write()
         with self._lock:
             self._written.set(table, ids)  # first: a read that finds the bit clear will not look
             snaps = self._held.waiting_with(table, SortedRows(ids, rows))
         if not self.background_writes:
-            self._commit_waiting(snaps)
+            try:
+                self._commit_waiting(snaps)
+            except Exception as err:
+                if not defer_errors:
+                    raise
+                self.failed = err
             return
         # in this process: a few large segments hold the GIL little (py-lmdb drops it around
         # each put and the commit), and the rows need not cross a pipe
