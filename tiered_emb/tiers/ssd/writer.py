@@ -133,20 +133,9 @@ class Writer:
         with self._lock:
             self._written.set(table, ids)  # first: a read that finds the bit clear will not look
             snaps = self._held.waiting_with(table, SortedRows(ids, rows))
-        if not self.background_writes:
-            try:
-                self._commit_waiting(snaps)
-            except Exception as err:
-                if not defer_errors:
-                    raise
-                self.failed = err
-            return
         # in this process: a few large segments hold the GIL little (py-lmdb drops it around
         # each put and the commit), and the rows need not cross a pipe
-        self._thread = threading.Thread(
-            target=self._commit_waiting, args=(snaps, True, False), name="tiered_emb-writer", daemon=True
-        )
-        self._thread.start()
+        self._commit(snaps, defer_errors, by_process=False)
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
@@ -187,6 +176,11 @@ class Writer:
                 return
         with self._lock:
             snaps = self._held.waiting()
+        self._commit(snaps, defer_errors)
+
+    def _commit(self, snaps, defer_errors: bool, by_process: bool = True) -> None:
+        """Write ``snaps`` on the writer thread with ``background_writes`` (through the writer
+        process where ``by_process``), else now: a failure raised, or with ``defer_errors`` kept."""
         if not self.background_writes:
             try:
                 self._commit_waiting(snaps)
@@ -196,7 +190,7 @@ class Writer:
                 self.failed = err
             return
         self._thread = threading.Thread(
-            target=self._commit_waiting, args=(snaps, True), name="tiered_emb-writer", daemon=True
+            target=self._commit_waiting, args=(snaps, True, by_process), name="tiered_emb-writer", daemon=True
         )
         self._thread.start()
 
