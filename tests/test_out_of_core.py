@@ -229,9 +229,9 @@ def test_a_batch_larger_than_the_budget_is_refused_and_changes_nothing(tmp_path)
         s.lookup("t", np.arange(4000))  # (1,024,000 bytes: within the budget)
 
 
-def test_a_bulk_write_whose_resident_rows_exceed_the_budget_changes_nothing(tmp_path):
+def test_a_bulk_write_over_the_budget_changes_nothing(tmp_path):
     """The rows of a bulk write that are not resident go straight to LMDB, the others through
-    the tiers: the budget is checked for the latter before the former are written."""
+    the tiers: the budget is checked for the whole batch (as for any) before either is written."""
     from tiered_emb.errors import ConfigError
 
     tables = [TableConfig("t", dim=64, optimizer=SGD(lr=0.5))]

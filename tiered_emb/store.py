@@ -375,8 +375,9 @@ class TieredStore:
             uids, inverse = plan.dedupe(ids)
             rows_u = r[plan.last_occurrence(inverse, uids.shape[0])]
             if uids.shape[0] > t.hbm.unpinned_capacity:  # a bulk write: what is not resident goes to LMDB
+                self._res.check_budget(t, uids.shape[0])  # (as for any batch; before anything is written)
                 self.ssd.raise_failed_write()
-                resident = self._res.write_below(t, uids, rows_u, self.tiers.budget_bytes)
+                resident = self._res.write_below(t, uids, rows_u)
                 uids, rows_u = uids[resident], rows_u[resident]
             for start, slots in self._res.chunks(t, uids):
                 t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(

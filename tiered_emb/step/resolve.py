@@ -122,20 +122,19 @@ class Resolver:
                 f"raise budget_bytes to at least {need:,} (TieredStore.open(path, tiers=...)) or split the batch",
             )
 
-    def write_below(self, t: Table, uids: np.ndarray, rows: np.ndarray, budget_bytes: int) -> np.ndarray:
-        """Set the weights of those of ``uids`` (distinct) held in neither HBM nor DDR straight
-        in LMDB (their optimizer state read, or initialised), ``budget_bytes`` of records a
-        transaction, on the writer thread while the next is prepared; returns the mask of the
-        others (resident: the caller sets them there).
+    def write_below(self, t: Table, uids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Set the weights of those of ``uids`` (distinct, within the budget: the caller checked)
+        held in neither HBM nor DDR straight in LMDB (their optimizer state read, or
+        initialised), as one sorted write on the writer thread; returns the mask of the others
+        (resident: the caller sets them there).
 
         A bulk write larger than HBM would otherwise bring every row up only to evict it.
         """
         resident = t.hbm.find(uids) >= 0
         resident[~resident] = t.ddr.find(uids[~resident]) >= 0
-        self.check_budget(t, int(resident.sum()))  # (before anything is written: all or nothing)
         below = np.flatnonzero(~resident)
         below = below[np.argsort(uids[below], kind="stable")]  # in id order (a bulk write's segments are)
-        step = max(1, budget_bytes // (8 + 4 * t.cfg.record_width))
+        step = max(1, self.budget_bytes // (8 + 4 * t.cfg.record_width))
         for a in range(0, below.shape[0], step):
             at = below[a : a + step]
             if t.cfg.record_width == t.cfg.dim:  # no optimizer state: the rows are the records

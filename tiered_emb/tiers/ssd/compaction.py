@@ -80,7 +80,7 @@ class Compactor:
             self.compact_run(t)
 
     def compact(self, tables: list[str]) -> None:
-        """Compact every run of each of ``tables``, oldest first (:meth:`step` until done)."""
+        """Compact every run of each of ``tables``, oldest first (:meth:`compact_run` until none is left)."""
         for t in tables:
             self.cursor[t] = 0
             while self.compact_run(t):

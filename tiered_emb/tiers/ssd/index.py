@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb.cache.index import EMPTY, hash_home, table_size_for
+from tiered_emb.cache.index import EMPTY, hash_home, index_find, table_size_for
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
 #: other 43 (:data:`MAX_SEGMENTS`: at 1,000 segments a second, 278 years).
@@ -112,21 +112,11 @@ def _positions(arr_ids, n, ids, at):
 def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
     """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash."""
     _positions(arr_ids, n, ids, out)
-    mask = keys.shape[0] - 1
     for i in range(ids.shape[0]):
         if out[i] >= 0:
             out[i] = arr_locs[out[i]]
         elif has_delta:
-            q = ids[i]
-            j = hash_home(q, mask)
-            while True:
-                k = keys[j]
-                if k == q:
-                    out[i] = vals[j]
-                    break
-                if k == EMPTY:
-                    break
-                j = (j + 1) & mask
+            out[i] = index_find(keys, vals, ids[i])
 
 
 @numba.njit(cache=True, nogil=True)

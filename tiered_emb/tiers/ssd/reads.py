@@ -9,7 +9,6 @@ bit is clear are nowhere here and are not looked up at all.
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import lmdb
@@ -184,12 +183,11 @@ class Reader:
                     locs = self._segments.index[table].find(ids[at])
                 try:
                     self.read_lmdb(table, ids[at], rows, at, state, locs)
-                except (SegmentGone, CorruptStoreError):
+                except (SegmentGone, CorruptStoreError) as err:
                     # a compaction since rewrote the segments it looked at: as a read that
                     # overlapped a write (damage that was there before is raised)
                     with self._lock:
                         if self._held.gen == gen:
-                            err = sys.exc_info()[1]
                             if isinstance(err, SegmentGone):
                                 raise self._segments.gone(table, err) from None
                             raise

@@ -104,8 +104,8 @@ class SsdTier:
             budget_bytes,
         )
         self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.writer, self._lock)
-        # ``p:`` is read (SegmentLog.load) only by promote_pending: every store opens with
-        # discard_pending or promote_pending, and a damaged ``p:`` then stops only the latter.
+        # ``p:`` is read (SegmentLog.load) by discard_pending or promote_pending, one of which
+        # every store runs as it opens.
         try:
             with self.lmdb.corrupt_on_error("reading"):
                 for n in tables:

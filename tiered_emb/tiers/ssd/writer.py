@@ -21,6 +21,7 @@ from tiered_emb.errors import CorruptStoreError, StoreFullError
 from tiered_emb.tiers.ssd.compaction import Compactor
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.rowbuf import SortedRows
 from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.writer_client import (
     WRITER_PROCESS,
@@ -125,8 +126,6 @@ class Writer:
         (the caller goes on; reads find the rows in memory until the commit), else now.  One
         such write is in flight at a time; an earlier failure is raised first (with
         ``defer_errors`` kept for :meth:`raise_failed_write`)."""
-        from tiered_emb.tiers.ssd.rowbuf import SortedRows
-
         self.wait_writes()
         if not defer_errors:
             self.raise_failed_write()
