@@ -141,7 +141,7 @@ def test_a_damaged_segment_is_a_corrupt_store(tmp_path, damage):
     if damage == "magic":
         value = b"XSEG" + value[4:]
     elif damage == "width":
-        value = head.pack(b"TSEG", 1, 0, n, 5) + value[head.size :]
+        value = head.pack(b"TSEG", 2, 0, n, 5, 0) + value[head.size :]
     elif damage == "short":
         value = value[:-4]
     elif damage == "order":

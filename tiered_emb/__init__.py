@@ -8,6 +8,7 @@ from tiered_emb.cache.policies import POLICIES
 from tiered_emb.config import Normal, TableConfig, TierConfig, Uniform
 from tiered_emb.errors import *  # noqa: F403
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from tiered_emb.reader import StoreReader, verify_store
 from tiered_emb.store import TieredStore
 
 __all__ = [
@@ -17,9 +18,11 @@ __all__ = [
     "Adam",
     "Normal",
     "RowWiseAdagrad",
+    "StoreReader",
     "TableConfig",
     "TierConfig",
     "TieredStore",
     "Uniform",
     "__version__",
+    "verify_store",
 ]

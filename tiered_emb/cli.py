@@ -10,7 +10,13 @@ from tiered_emb._version import __version__
 from tiered_emb.errors import TieredEmbError
 
 # module path of each subcommand; each module has ``add_parser(subparsers)``.
-_COMMANDS = ["tiered_emb.apps.stream", "tiered_emb.apps.dlrm", "tiered_emb.apps.portable", "tiered_emb.sim.cli"]
+_COMMANDS = [
+    "tiered_emb.apps.stream",
+    "tiered_emb.apps.dlrm",
+    "tiered_emb.apps.portable",
+    "tiered_emb.apps.inspect",
+    "tiered_emb.sim.cli",
+]
 
 
 def main(argv=None) -> int:

@@ -90,3 +90,7 @@ class TraceFileError(TieredEmbError, OSError):
 
 class MissingExtraError(TieredEmbError, ImportError):
     """An optional dependency (an extra such as ``bench``) is not installed."""
+
+
+class ReadOnlyError(TieredEmbError, PermissionError):
+    """A call that would change a store opened read-only (``TieredStore.open(path, mode="r")``)."""

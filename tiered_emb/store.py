@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -35,6 +35,7 @@ from tiered_emb._version import __version__
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, NonFiniteGradientError, StoreClosedError
 from tiered_emb.prefetch import Prefetcher, Ticket, Window
+from tiered_emb.reader import StoreReader
 from tiered_emb.step import gather, plan, reduce, update
 from tiered_emb.step.resolve import Resolver, Table
 from tiered_emb.tiers import SsdTier
@@ -133,14 +134,38 @@ class TieredStore:
             raise
         return store
 
+    @overload
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], tiers: TierConfig | None = None, restore: str = "checkpoint"
-    ) -> TieredStore:
+        cls,
+        path: str | os.PathLike[str],
+        tiers: TierConfig | None = None,
+        restore: str = "checkpoint",
+        mode: Literal["w"] = "w",
+    ) -> TieredStore: ...
+
+    @overload
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], tiers: None = None, restore: str = "checkpoint", *, mode: Literal["r"]
+    ) -> StoreReader: ...
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        tiers: TierConfig | None = None,
+        restore: str = "checkpoint",
+        mode: str = "w",
+    ) -> TieredStore | StoreReader:
         """Open an existing store.
 
         Parameters
         ----------
+        mode : ``"w"`` (default) or ``"r"``
+            ``"w"``: as its one writer (the store's lock is taken).  ``"r"``: as a reader
+            beside the writer, at its last checkpoint (:class:`~tiered_emb.reader.StoreReader`;
+            no lock, any number of them; ``tiers`` and ``restore`` do not apply).
         tiers : TierConfig, optional
             New tier sizes / policy / device; the stored ones by default.
         restore : ``"checkpoint"`` (default) or ``"latest"``
@@ -149,6 +174,8 @@ class TieredStore:
             in groups of ``writeback_rows``; see docs/architecture.md).
         """
         path = Path(path)
+        if mode != "w":
+            return StoreReader.opened(path, mode, tiers, restore)
         if restore not in ("checkpoint", "latest"):
             raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
         manifest, tables, stored_tiers, seed = _directory.read_manifest(path)
@@ -548,23 +575,17 @@ class TieredStore:
         """
         with self._res.lock:
             self._check_open()
-            out = {}
-            for name, t in sorted(self._res.tables.items()):
-                row_bytes = 4 * t.cfg.record_width
-                s: dict[str, Any] = {tier: dict(c) for tier, c in t.counters.items()}
-                for tier, held in (("hbm", t.hbm), ("ddr", t.ddr)):
-                    s[tier].update(
-                        rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
-                    )
-                ssd = self.ssd.table_stats(name)
-                s["ssd"].update(ssd)
-                s["prefetch"] = {tier: dict(c) for tier, c in t.prefetch_counters.items()}
-                for tier in ("hbm", "ddr", "ssd"):
-                    for d in (s, s["prefetch"]):
-                        look = d[tier]["lookups"]
-                        d[tier]["hit_rate"] = d[tier]["hits"] / look if look else 0.0
-                out[name] = s
-            return out
+            return {name: t.stats(self.ssd.table_stats(name)) for name, t in sorted(self._res.tables.items())}
+
+    def verify(self) -> dict[str, Any]:
+        """Check every byte the SSD tier holds, a segment at a time (memory: one segment).
+
+        Returns ``{"segments", "rows", "records", "damaged"}``: what was checked, and a list
+        with each damaged segment or record (its table, segment number, ids, offset in
+        ``data.mdb`` and what is wrong).  Rows in HBM and DDR are not read from disk."""
+        with self._res.lock:
+            self._check_open()
+            return self.ssd.verify()
 
     def disk_bytes(self) -> int:
         """Bytes of the LMDB files on disk."""

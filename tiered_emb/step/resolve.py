@@ -43,6 +43,23 @@ class Table:
         # (under LRU the prefetch window re-pins only the tables where one did).
         self.step_placed = False
 
+    def stats(self, ssd: dict) -> dict:
+        """The counters of each tier, with rows and bytes held and hit rates (``ssd``: the SSD
+        tier's own figures of this table); see :meth:`TieredStore.stats`."""
+        row_bytes = 4 * self.cfg.record_width
+        s: dict = {tier: dict(c) for tier, c in self.counters.items()}
+        for tier, held in (("hbm", self.hbm), ("ddr", self.ddr)):
+            s[tier].update(
+                rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
+            )
+        s["ssd"].update(ssd)
+        s["prefetch"] = {tier: dict(c) for tier, c in self.prefetch_counters.items()}
+        for tier in ("hbm", "ddr", "ssd"):
+            for d in (s, s["prefetch"]):
+                look = d[tier]["lookups"]
+                d[tier]["hit_rate"] = d[tier]["hits"] / look if look else 0.0
+        return s
+
     def count_hits(self, n: int) -> None:
         """Count ``n`` HBM lookups that hit without a resolve (rows pinned for the batch, a direct tier)."""
         c = self.counters["hbm"]

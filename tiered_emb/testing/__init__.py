@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 
 def crash(store) -> None:
@@ -65,3 +66,43 @@ def random_updates(stores, tables, steps: int, seed: int = 0, n: int = 64, ids_b
             for s in stores:
                 if s is not None:
                     s.apply_gradients(t.name, ids, g)
+
+
+def flip_bit(path, table: str, row_id: int | None = None, region: str = "row") -> int:
+    """Flip one bit in ``data.mdb`` of the store at ``path``: of the row of ``row_id`` of
+    ``table`` (``region="row"``), of its id (``"ids"``), or in the middle of the first segment's
+    compressed rows (``"compressed"``); returns the byte offset flipped."""
+    import lmdb
+    import numpy as np
+
+    from tiered_emb.tiers.ssd import codec
+    from tiered_emb.tiers.ssd.mapped import value_offset
+
+    path = Path(path)
+    env = lmdb.open(str(path / "lmdb"), max_dbs=16, readonly=True)
+    at = -1
+    with env.begin(buffers=True) as txn:
+        for _, value in txn.cursor(db=env.open_db(b"p:" + table.encode(), txn=txn, create=False)):
+            n = codec.SEGMENT_HEADER.unpack_from(value)[3]
+            ids = np.frombuffer(value, "<i8", n, codec.SEGMENT_HEADER.size)
+            start = value_offset(value, env.stat()["psize"])
+            if start >= 0 and (row_id is None or row_id in ids):  # (a segment on pages of its own)
+                k = 0 if row_id is None else int(np.searchsorted(ids, row_id))
+                width = codec.SEGMENT_HEADER.unpack_from(value)[4]
+                head = codec.SEGMENT_HEADER.size
+                if region == "ids":
+                    at = start + head + 8 * k + 1
+                elif region == "compressed":
+                    at = start + head + 8 * n + len(value[head + 8 * n :]) // 2
+                else:
+                    at = start + head + 8 * n + 4 * (width + 1) * k + 5
+                break
+    env.close()
+    if at < 0:
+        raise ValueError(f"no segment of table {table!r} on pages of its own holds that row")
+    with open(path / "lmdb" / "data.mdb", "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x10]))
+    return at

@@ -60,6 +60,7 @@ class Checkpointer:
         self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra))
         self._segments.mark = mark  # (committed: compaction must keep the new checkpoint's copies)
         self._lmdb.env.sync(True)
+        self._lmdb.clear_dead_readers()  # (a dead reader's snapshot would keep its pages from reuse)
         return n
 
     def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
+import zlib
 
 import numpy as np
 
@@ -43,13 +44,47 @@ def lmdb_keys(ids: np.ndarray) -> list[bytes]:
 
 # A segment: rows written back together, one LMDB value in ``p:<table>`` under its
 # sequence number (8 big-endian bytes: keys only ever grow, so each put appends).
-#   header, 16 bytes little-endian: b"TSEG", version (u8), tag (u8: RAW or ZSTD), 2 zero
-#   bytes, rows n (u32), width W (u32);
+#   header, 24 bytes little-endian: b"TSEG", version (u8: 2), tag (u8: RAW or ZSTD), 2 zero
+#   bytes, rows n (u32), width W (u32), the CRC-32 of the ids (u32), 4 zero bytes;
 #   ids: n int64 little-endian, increasing;
-#   rows: n * W float32 little-endian, raw, or with ZSTD one zstd frame of them.
+#   records: n * (W + 1) words little-endian, raw, or with ZSTD one zstd frame of them: each
+#   row's W float32 then its checksum (:func:`row_sums`), so a read checks every row it copies.
+# Version 1 (stores written before checksums): a 16-byte header (no CRC) and records of W
+# words, no checksum; read as they are, rewritten as version 2 by compaction.
 SEGMENT_MAGIC = b"TSEG"
-SEGMENT_VERSION = 1
-SEGMENT_HEADER = struct.Struct("<4sBBxxII")
+SEGMENT_VERSION = 2
+SEGMENT_HEADER = struct.Struct("<4sBBxxIII4x")
+SEGMENT_HEADER_V1 = struct.Struct("<4sBBxxII")
+
+# the constants of :func:`row_sums` (odd: multiplying by one is a bijection mod 2**32)
+SUM_SEED = 0x9E3779B9
+SUM_MUL_ID = 0x85EBCA6B
+SUM_MUL_HI = 0xC2B2AE35
+SUM_WEIGHT = 0x9E3779B1
+
+
+def sum_weights(width: int) -> np.ndarray:
+    """The weight (uint32, odd) of each of the ``width`` words of a row in its checksum."""
+    return ((np.arange(1, width + 1, dtype=np.uint64) * np.uint64(SUM_WEIGHT)) & np.uint64(0xFFFFFFFF)).astype(
+        np.uint32
+    ) | np.uint32(1)
+
+
+def row_sums(ids: np.ndarray, words: np.ndarray, chunk_rows: int = 1 << 14) -> np.ndarray:
+    """The checksum (uint32 (n,)) of each row of ``words`` (n, W) uint32 under its id: the id
+    mixed, plus each word times its odd weight (:func:`sum_weights`), mod 2**32.  A change
+    to any one word changes the sum by that change times an odd number, never 0 mod 2**32,
+    so it is always seen; the terms do not wait on each other, so the gather's twin
+    (:func:`.mapped.row_sum`) runs them side by side.  ``chunk_rows`` rows at a time."""
+    ids = np.asarray(ids, dtype=np.int64)
+    h = (ids & 0xFFFFFFFF).astype(np.uint32) ^ np.uint32(SUM_SEED)
+    h *= np.uint32(SUM_MUL_ID)
+    h ^= (ids >> 32).astype(np.uint32)
+    h *= np.uint32(SUM_MUL_HI)
+    weights = sum_weights(words.shape[1])
+    for a in range(0, words.shape[0], chunk_rows):
+        h[a : a + chunk_rows] += (words[a : a + chunk_rows] * weights).sum(axis=1, dtype=np.uint32)
+    return h
 
 
 def segment_key(seq: int) -> bytes:
@@ -68,19 +103,22 @@ def last_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor):
     """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
-    id's last row kept (raw: one array, built with a single copy of the rows)."""
+    id's last row kept, each row followed by its checksum (raw: one array, one copy of the rows)."""
     ids, rows = last_rows(ids, rows)
     n, width = rows.shape
-    if compressor is not None:
-        body = compressor.compress(rows.astype("<f4", copy=False).tobytes())
-        head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, ZSTD, n, width)
-        return head + ids.astype("<i8", copy=False).tobytes() + body
-    out = np.empty(SEGMENT_HEADER.size + 8 * n + 4 * n * width, dtype=np.uint8)
-    SEGMENT_HEADER.pack_into(out, 0, SEGMENT_MAGIC, SEGMENT_VERSION, RAW, n, width)
-    at = SEGMENT_HEADER.size
-    out[at : at + 8 * n].view("<i8")[:] = ids
-    out[at + 8 * n :].view("<f4").reshape(n, width)[:] = rows
-    return out
+    ids = ids.astype("<i8", copy=False)
+    crc = zlib.crc32(ids)
+    head = SEGMENT_HEADER.size + 8 * n
+    out = np.empty(head + 4 * n * (width + 1), dtype=np.uint8)
+    SEGMENT_HEADER.pack_into(out, 0, SEGMENT_MAGIC, SEGMENT_VERSION, RAW, n, width, crc)
+    out[SEGMENT_HEADER.size : head].view("<i8")[:] = ids
+    records = out[head:].view("<u4").reshape(n, width + 1)
+    records[:, :width] = rows.view(np.uint32)
+    records[:, width] = row_sums(ids, records[:, :width])
+    if compressor is None:
+        return out
+    out[5] = ZSTD
+    return out[:head].tobytes() + compressor.compress(out[head:])
 
 
 def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True) -> None:

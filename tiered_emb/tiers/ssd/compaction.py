@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from tiered_emb.tiers.ssd.codec import SEGMENT_HEADER, put_segment, segment_key
+from tiered_emb.tiers.ssd.codec import put_segment, segment_key
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.index import POS_BITS
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
@@ -173,8 +173,9 @@ class Compactor:
         parts_ids, parts_locs, parts_rows = [], [], []
         for seq in run:
             value = txn.get(segment_key(seq), db=db)
-            n, _ = self._segments.head(table, seq, value)
-            parts_ids.append(np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64))
+            seg_ids = self._segments.ids_of(table, seq, value).astype(np.int64)
+            n = seg_ids.shape[0]
+            parts_ids.append(seg_ids)
             parts_locs.append((np.int64(seq) << np.int64(POS_BITS)) + np.arange(n, dtype=np.int64))
             parts_rows.append(self._segments.rows_of(table, seq, value))
         ids, locs = np.concatenate(parts_ids), np.concatenate(parts_locs)

@@ -30,6 +30,9 @@ META_DB = b"meta"
 #: Bytes of LMDB's lock file given their disk blocks before LMDB maps it: a header and 64
 #: bytes a reader slot, for far more readers than a store opens.
 LOCK_FILE_BYTES = 64 << 10
+#: Read transactions open at once, all processes together (the writer's threads and every
+#: reader's snapshot and reads): the slots of LMDB's reader table.
+MAX_READERS = 126
 
 
 class TxnGate:
@@ -78,11 +81,17 @@ class LmdbEnv:
     :attr:`records` (table -> whether its ``t:`` holds rows).
     """
 
-    def __init__(self, path: Path, tables: list[str], map_size_bytes: int, existing: bool = False):
+    def __init__(
+        self, path: Path, tables: list[str], map_size_bytes: int, existing: bool = False, readonly: bool = False
+    ):
         self.path = Path(path)
-        self.max_dbs, self.max_readers = 2 * len(tables) + 2, 64
+        self.max_dbs, self.max_readers = 2 * len(tables) + 2, MAX_READERS
         self.gate = TxnGate()
-        reserve_lock_file(self.path)
+        self.readonly = readonly
+        self._pinned = None  # a reader's read transaction: its snapshot (:meth:`pin`)
+        self._pin_lock = threading.RLock()
+        if not readonly:
+            reserve_lock_file(self.path)
         try:
             self.env = lmdb.open(
                 str(self.path),
@@ -92,6 +101,7 @@ class LmdbEnv:
                 readahead=False,
                 meminit=False,
                 max_readers=self.max_readers,
+                readonly=readonly,
             )
             self._check_length()
             if existing:
@@ -100,9 +110,10 @@ class LmdbEnv:
                 except BaseException:
                     self.env.close()
                     raise
-            self.meta = self.env.open_db(META_DB)
-            self.main = {n: self.env.open_db(b"t:" + n.encode()) for n in sorted(tables)}
-            self.pending = {n: self.env.open_db(b"p:" + n.encode()) for n in sorted(tables)}
+            create = not readonly
+            self.meta = self.env.open_db(META_DB, create=create)
+            self.main = {n: self.env.open_db(b"t:" + n.encode(), create=create) for n in sorted(tables)}
+            self.pending = {n: self.env.open_db(b"p:" + n.encode(), create=create) for n in sorted(tables)}
             # whether ``t:`` holds rows (a store of the format before segments; never written since)
             with self.env.begin() as txn:
                 self.records = {n: txn.stat(self.main[n])["entries"] > 0 for n in sorted(tables)}
@@ -125,6 +136,13 @@ class LmdbEnv:
                 "restore the store directory from a backup",
             ) from err
         except lmdb.Error as err:
+            if "already open in this process" in str(err):
+                raise ConfigError(
+                    f"the LMDB environment {self.path} is open in this process already (a store's "
+                    f"writer or reader): LMDB opens a file once a process",
+                    "read beside a writer from another process; in the writer's own process use its "
+                    "lookup / peek (one reader a process)",
+                ) from err
             if disk_full(err, self.path):
                 raise StoreFullError(
                     f"the disk under {self.path} is full: its LMDB environment cannot be opened ({err})",
@@ -173,9 +191,37 @@ class LmdbEnv:
 
     @contextmanager
     def reading(self, buffers: bool = False):
-        """A read transaction, held against a map resize (``buffers``: values read in place)."""
+        """A read transaction, held against a map resize (``buffers``: values read in place);
+        while :meth:`pin` holds one, that one (values always read in place)."""
+        if self._pinned is not None:
+            with self._pin_lock:
+                yield self._pinned
+            return
         with self.gate.reading(), self.env.begin(buffers=buffers) as txn:
             yield txn
+
+    def pin(self) -> None:
+        """Begin the read transaction every read then uses (a reader's snapshot: the pages it
+        sees stay as they are, whatever the writer does, until :meth:`unpin`)."""
+        self.unpin()
+        with self._pin_lock:
+            while True:
+                try:
+                    self._pinned = self.env.begin(buffers=True)
+                    return
+                except lmdb.MapResizedError:  # the writer grew the map: take its size
+                    self.env.set_mapsize(0)
+
+    def unpin(self) -> None:
+        with self._pin_lock:
+            if self._pinned is not None:
+                self._pinned.abort()
+                self._pinned = None
+
+    def clear_dead_readers(self) -> int:
+        """Free the reader slots of processes that died in a read transaction (they would keep
+        the pages of their snapshot from reuse); returns how many."""
+        return int(self.env.reader_check())
 
     def write(self, fn) -> None:
         """Run ``fn(txn)`` in one write transaction; grow the map and retry when full."""
@@ -196,6 +242,10 @@ class LmdbEnv:
                     f"writing to {self.path} failed ({err}); the write was rolled back",
                     "check the disk and the store directory",
                 ) from err
+
+    def close(self) -> None:
+        self.unpin()
+        self.env.close()
 
     def grow_map(self) -> None:
         """Double the map, once no read transaction is open."""

@@ -31,6 +31,7 @@ import numba
 import numpy as np
 
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb.tiers.ssd.codec import SUM_MUL_HI, SUM_MUL_ID, SUM_SEED
 from tiered_emb.tiers.ssd.index import POS_BITS, POS_MASK
 
 #: LMDB 0.9's page header: page number (8 bytes), 2 bytes of padding, flags (2 bytes), 4 more.
@@ -103,30 +104,49 @@ class MappedFile:
             self._old, self._addr, self._length = [], None, 0
 
 
-@numba.njit(cache=True, nogil=True)
-def gather(floats, base, nrows, locs, width, out_rows, at):
-    """``out_rows[at[j]] = `` the row at ``locs[j]`` (segment << POS_BITS | position), for
-    segments whose ``base[seq]`` (float offset of their first row) is known.  The rows a
-    few entries ahead are prefetched: each is a cache miss of its own, as in a memmap gather.
+@numba.njit(cache=True, nogil=True, inline="always")
+def row_sum(words, start, width, row_id, weights):
+    """The checksum of the ``width`` words of ``words`` from ``start`` under ``row_id``
+    (``weights``: :func:`.codec.sum_weights`): the twin of :func:`.codec.row_sums`."""
+    mask = np.uint64(0xFFFFFFFF)
+    h = ((np.uint64(row_id) & mask) ^ np.uint64(SUM_SEED)) * np.uint64(SUM_MUL_ID) & mask
+    h = ((h ^ (np.uint64(row_id) >> np.uint64(32))) * np.uint64(SUM_MUL_HI)) & mask
+    acc = np.uint64(0)
+    for k in range(width):  # (in uint64: a loop the compiler runs in SIMD lanes)
+        acc += np.uint64(words[start + k]) * np.uint64(weights[k])
+    return (h + acc) & mask
 
-    Returns -1, or the first ``j`` whose position is past its segment's rows (a damaged index).
+
+@numba.njit(cache=True, nogil=True)
+def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights, check=True):
+    """``out_rows[at[j]] = `` the row of ``ids[j]`` at ``locs[j]`` (segment << POS_BITS |
+    position), for segments whose ``base[seq]`` (float offset of their first row) is known,
+    checked against the checksum after it where ``summed[seq]`` (unless not ``check``;
+    ``weights``: :func:`.codec.sum_weights` of ``width``).  The rows a few entries
+    ahead are prefetched: each is a cache miss of its own, as in a memmap gather.
+
+    Returns -1, or ``2 * j`` for the first ``j`` whose position is past its segment's rows
+    (a damaged index), ``2 * j + 1`` for the first whose row fails its checksum.
     """
+    words = floats.view(np.uint32)
     n = locs.shape[0]
     for j in range(n):
         if j + PREFETCH_DISTANCE < n:
             ahead = locs[j + PREFETCH_DISTANCE]
             seq_a = ahead >> POS_BITS
             if (ahead & POS_MASK) < nrows[seq_a]:
-                first = base[seq_a] + (ahead & POS_MASK) * width
-                for c in range(0, width, 16):
+                first = base[seq_a] + (ahead & POS_MASK) * (width + summed[seq_a])
+                for c in range(0, width + 1, 16):
                     prefetch_hint(floats, first + c)
         seq = locs[j] >> POS_BITS
         pos = locs[j] & POS_MASK
         if pos >= nrows[seq]:
-            return j
-        start = base[seq] + pos * width
+            return 2 * j
+        start = base[seq] + pos * (width + summed[seq])
+        if check and summed[seq] and row_sum(words, start, width, ids[j], weights) != words[start + width]:
+            return 2 * j + 1
         out_rows[at[j], :] = floats[start : start + width]
     return -1
 
 
-__all__ = ["MappedFile", "gather", "value_offset"]
+__all__ = ["MappedFile", "gather", "row_sum", "value_offset"]

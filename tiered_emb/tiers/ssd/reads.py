@@ -103,7 +103,7 @@ class Reader:
         in_p = locs >= 0
         try:
             if in_p.any():
-                self._segments.read(table, locs[in_p], out_rows, at[in_p])
+                self._segments.read(table, ids[in_p], locs[in_p], out_rows, at[in_p])
                 state[at[in_p]] = FOUND
                 ids, at = ids[~in_p], at[~in_p]
             if ids.shape[0] == 0 or not self._lmdb.records[table]:

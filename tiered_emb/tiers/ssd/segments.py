@@ -21,19 +21,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import zstandard
 
 from tiered_emb.errors import CorruptStoreError
-from tiered_emb.tiers.ssd.codec import (
-    RAW,
-    SEGMENT_HEADER,
-    SEGMENT_MAGIC,
-    SEGMENT_VERSION,
-    ZSTD,
-    last_rows,
-    put_segment,
-    segment_key,
-)
+from tiered_emb.tiers.ssd import decode
+from tiered_emb.tiers.ssd.codec import RAW, last_rows, put_segment, segment_key, sum_weights
 from tiered_emb.tiers.ssd.index import (
     MAX_SEGMENT_ROWS,
     MAX_SEGMENTS,
@@ -89,56 +80,59 @@ class SegmentLog:
         self.base = np.full(64, -1, dtype=np.int64)
         self.nrows = np.zeros(64, dtype=np.int64)
         self.live = np.zeros(64, dtype=np.int64)  # rows of each segment the index names
+        self.summed = np.zeros(64, dtype=np.int64)  # 1: each row is followed by its checksum
         self.gate = TxnGate()
+        #: check each row read by offset against its checksum (off only to measure what checking costs)
+        self.check_sums = True
+        self._weights = {n: sum_weights(w) for n, w in self._widths.items()}
         self.mapped = MappedFile(self._lmdb.path / "data.mdb")
         self._psize = int(self._lmdb.env.stat()["psize"])
 
     # ----------------------------------------------------------------- reading
-    def load(self, table: str) -> None:
-        """Index the segments of ``p:<table>`` (oldest first: a newer copy wins) and set their
-        ids' bits; reads only the ids of each segment (memory: the index)."""
+    def load(self, table: str, below: int | None = None) -> None:
+        """Index the segments of ``p:<table>`` (oldest first: a newer copy wins; those numbered
+        ``below`` and after left out) and set their ids' bits; reads only the ids of each
+        segment (memory: the index)."""
         index, num_rows = self.index[table], self._table_rows[table]
         index.bulk = 16
         with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
             for key, value in cur:
                 seq = int.from_bytes(key, "big")
-                n, tag = self.head(table, seq, value)
-                ids = np.frombuffer(value, dtype="<i8", count=n, offset=SEGMENT_HEADER.size).astype(np.int64)
-                if (
-                    len(key) != 8
-                    or seq >= MAX_SEGMENTS
-                    or n > MAX_SEGMENT_ROWS
-                    or (n > 1 and not (ids[1:] > ids[:-1]).all())
-                    or (n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows)))
-                ):
-                    raise CorruptStoreError(
-                        f"segment {bytes(key).hex()} of table {table!r} in {self._lmdb.path} is "
-                        f"damaged (its key or its ids)",
-                        "restore the store directory from a backup",
-                    )
+                if below is not None and seq >= below:
+                    break
+                if len(key) != 8 or seq >= MAX_SEGMENTS:
+                    raise decode.damaged(self._lmdb.path, table, seq, f"its key {bytes(key).hex()}")
+                h = self.head(table, seq, value)
+                n = h.n
+                if n > MAX_SEGMENT_ROWS:
+                    raise decode.damaged(self._lmdb.path, table, seq, f"{n:,} rows, more than a segment holds")
+                ids = decode.ids_of(self._lmdb.path, table, seq, value, h, num_rows).astype(np.int64)
                 self.next_seq = max(self.next_seq, seq + 1)
-                self._place(seq, n, tag, value)
+                self._place(seq, h, value)
                 self._moved(index.add(seq, ids), seq, n)
                 self.stored_rows[table] += n
                 self._written.set(table, ids)
         index.bulk = 0
         index.merge()
 
-    def _place(self, seq: int, n: int, tag: int, value) -> None:
-        """Note where segment ``seq`` (``n`` rows, ``value`` a buffer of it) lies in the file."""
+    def _place(self, seq: int, h: decode.Head, value) -> None:
+        """Note where segment ``seq`` (layout ``h``, ``value`` a buffer of it) lies in the file."""
         if seq >= self.base.shape[0]:
             size = max(2 * self.base.shape[0], seq + 1)
-            self.base = np.concatenate([self.base, np.full(size - self.base.shape[0], -1, dtype=np.int64)])
-            self.nrows = np.concatenate([self.nrows, np.zeros(size - self.nrows.shape[0], dtype=np.int64)])
-            self.live = np.concatenate([self.live, np.zeros(size - self.live.shape[0], dtype=np.int64)])
-        off = value_offset(value, self._psize) if tag == RAW else -1
-        self.nrows[seq] = n
-        self.base[seq] = -1 if off < 0 else (off + SEGMENT_HEADER.size + 8 * n) // 4
+            grow = size - self.base.shape[0]
+            self.base = np.concatenate([self.base, np.full(grow, -1, dtype=np.int64)])
+            self.nrows = np.concatenate([self.nrows, np.zeros(grow, dtype=np.int64)])
+            self.live = np.concatenate([self.live, np.zeros(grow, dtype=np.int64)])
+            self.summed = np.concatenate([self.summed, np.zeros(grow, dtype=np.int64)])
+        off = value_offset(value, self._psize) if h.tag == RAW else -1
+        self.nrows[seq] = h.n
+        self.summed[seq] = int(h.crc is not None)
+        self.base[seq] = -1 if off < 0 else (off + h.rows_at) // 4
 
     def _unplace(self, seqs) -> None:
         for seq in seqs:
             if seq < self.base.shape[0]:
-                self.base[seq], self.nrows[seq], self.live[seq] = -1, 0, 0
+                self.base[seq], self.nrows[seq], self.live[seq], self.summed[seq] = -1, 0, 0, 0
 
     def _moved(self, old: np.ndarray, seq: int | None = None, n: int = 0, new: np.ndarray | None = None) -> None:
         """Count rows the index named elsewhere before (``old`` locations, -1: none) that it
@@ -159,89 +153,82 @@ class SegmentLog:
                 value = txn.get(segment_key(seq), db=self._lmdb.pending[t])
                 if value is None:  # (not committed after all: the index will not name it)
                     continue
-                n, tag = self.head(t, seq, value)
-                self._place(seq, n, tag, value)
+                self._place(seq, self.head(t, seq, value), value)
 
-    def head(self, table: str, seq: int, value) -> tuple[int, int]:
-        """``(rows, tag)`` of segment ``seq`` of ``table`` after checking its header and length."""
-        width = self._widths[table]
-        try:
-            magic, version, tag, n, w = SEGMENT_HEADER.unpack_from(value)
-        except Exception:  # (struct.error: shorter than a header)
-            magic = None
-        size = SEGMENT_HEADER.size + 8 * n + 4 * n * width if magic is not None else 0
-        if (
-            magic != SEGMENT_MAGIC
-            or version != SEGMENT_VERSION
-            or w != width
-            or tag not in (RAW, ZSTD)
-            or len(value) < size - (4 * n * width if tag == ZSTD else 0)
-            or (tag == RAW and len(value) != size)
-        ):
-            raise CorruptStoreError(
-                f"segment {seq} of table {table!r} in {self._lmdb.path} is damaged (its header or its length)",
-                "restore the store directory from a backup",
-            )
-        return n, tag
+    def head(self, table: str, seq: int, value) -> decode.Head:
+        """The layout of segment ``seq`` of ``table``, its header and length checked."""
+        return decode.head(self._lmdb.path, table, seq, value, self._widths[table])
+
+    def ids_of(self, table: str, seq: int, value) -> np.ndarray:
+        """The ids of segment ``seq`` of ``table``, checked (a view of ``value``)."""
+        h = self.head(table, seq, value)
+        return decode.ids_of(self._lmdb.path, table, seq, value, h, self._table_rows[table])
 
     def rows_of(self, table: str, seq: int, value) -> np.ndarray:
-        """The rows (n, W) float32 of segment ``seq`` of ``table`` (a view of ``value`` when raw)."""
-        n, tag = self.head(table, seq, value)
-        at = SEGMENT_HEADER.size + 8 * n
-        width = self._widths[table]
-        if tag == RAW:
-            return np.frombuffer(value, dtype="<f4", count=n * width, offset=at).reshape(n, width)
-        try:
-            body = self._zd.decompress(bytes(value[at:]), max_output_size=4 * n * width)
-        except zstandard.ZstdError as err:
-            raise CorruptStoreError(
-                f"segment {seq} of table {table!r} in {self._lmdb.path} does not decompress ({err})",
-                "restore from a backup",
-            ) from err
-        if len(body) != 4 * n * width:
-            raise CorruptStoreError(
-                f"segment {seq} of table {table!r} in {self._lmdb.path} holds {len(body)} bytes of "
-                f"rows, expected {4 * n * width}",
-                "restore from a backup",
-            )
-        return np.frombuffer(body, dtype="<f4").reshape(n, width)
+        """The rows (n, W) float32 of segment ``seq`` of ``table``, each checked against its checksum."""
+        args = (self._lmdb.path, table, seq, value, self._widths[table])
+        return decode.rows_of(*args, self._zd, self._table_rows[table])
 
-    def read(self, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
-        """Rows at ``locs`` (index locations, int64) of ``p:<table>`` into ``out_rows[at]``: from
-        the map of the file where the segment's place is known, else one get per segment.
-        Raises :class:`SegmentGone` for a segment no longer there."""
+    def read(self, table: str, ids: np.ndarray, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
+        """Rows of ``ids`` at ``locs`` (index locations, int64) of ``p:<table>`` into
+        ``out_rows[at]``, each checked against its checksum: from the map of the file where the
+        segment's place is known, else one get per segment.  Raises :class:`SegmentGone` for a
+        segment no longer there, :class:`CorruptStoreError` for a row that fails its check."""
+        width = self._widths[table]
         with self.gate.reading():
-            base, nrows = self.base, self.nrows
+            base, nrows, summed = self.base, self.nrows, self.summed
             seqs = locs >> POS_BITS
             fast = seqs < base.shape[0]
             fast[fast] = base[seqs[fast]] >= 0
             if fast.any():
-                floats = self.mapped.cover(4 * int((base[seqs[fast]] + nrows[seqs[fast]] * self._widths[table]).max()))
-                bad = gather(floats, base, nrows, locs[fast], self._widths[table], out_rows, at[fast])
+                end = base[seqs[fast]] + nrows[seqs[fast]] * (width + summed[seqs[fast]])
+                floats = self.mapped.cover(4 * int(end.max()))
+                args = (floats, base, nrows, summed, locs[fast], ids[fast], width, out_rows, at[fast])
+                bad = gather(*args, self._weights[table], self.check_sums)
                 if bad >= 0:
-                    raise self.short(table, int(seqs[fast][bad]))
+                    raise self._bad_gather(table, ids[fast], locs[fast], bad)
                 if fast.all():
                     return
-                locs, at = locs[~fast], at[~fast]
+                ids, locs, at = ids[~fast], locs[~fast], at[~fast]
             with self._lmdb.reading(buffers=True) as txn:
-                self._read_gets(txn, table, locs, out_rows, at)
+                self._read_gets(txn, table, ids, locs, out_rows, at)
 
-    def _read_gets(self, txn, table: str, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
+    def _read_gets(self, txn, table: str, ids, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
         order = np.argsort(locs, kind="stable")
-        locs, at = locs[order], at[order]
+        ids, locs, at = ids[order], locs[order], at[order]
         seqs = locs >> POS_BITS
         cuts = np.flatnonzero(seqs[1:] != seqs[:-1]) + 1
-        db = self._lmdb.pending[table]
+        db, width, path = self._lmdb.pending[table], self._widths[table], self._lmdb.path
         for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, locs.shape[0]].tolist(), strict=False):
             seq = int(seqs[a])
             value = txn.get(segment_key(seq), db=db)
             if value is None:
                 raise SegmentGone(seq)
-            rows = self.rows_of(table, seq, value)
+            h = self.head(table, seq, value)
             pos = locs[a:b] & POS_MASK
-            if pos[-1] >= rows.shape[0]:
+            if pos[-1] >= h.n:
                 raise self.short(table, seq)
-            out_rows[at[a:b]] = rows[pos]
+            records = decode.records_of(path, table, seq, value, h, self._zd)[pos]
+            bad = decode.bad_rows(ids[a:b], records, width)
+            if bad.shape[0]:
+                seg_ids = decode.ids_of(path, table, seq, value, h, self._table_rows[table])
+                raise decode.checksum_error(path, table, seq, seg_ids, pos[bad])
+            out_rows[at[a:b]] = records[:, :width].view(np.float32)
+
+    def _bad_gather(self, table: str, ids: np.ndarray, locs: np.ndarray, code: int) -> CorruptStoreError:
+        """The error of what :func:`.mapped.gather` returned ``code`` for."""
+        seq = int(locs[code >> 1] >> POS_BITS)
+        if code & 1 == 0:
+            return self.short(table, seq)
+        n, base = int(self.nrows[seq]), int(self.base[seq])
+        seg_ids = self.mapped.floats[base - 2 * n : base].view(np.int64)  # (right before the records)
+        lo, hi = int(seg_ids[0]), int(seg_ids[-1])
+        return CorruptStoreError(
+            f"the row of id {int(ids[code >> 1])} in segment {seq} of table {table!r} (ids {lo}..{hi}) at byte "
+            f"{4 * (base + (int(locs[code >> 1]) & POS_MASK) * (self._widths[table] + 1)):,} of "
+            f"{self._lmdb.path / 'data.mdb'} fails its checksum",
+            decode.RESTORE,
+        )
 
     def short(self, table: str, seq: int) -> CorruptStoreError:
         return CorruptStoreError(

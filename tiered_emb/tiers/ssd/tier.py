@@ -29,6 +29,7 @@ from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.reads import Reader
 from tiered_emb.tiers.ssd.segments import SegmentLog
+from tiered_emb.tiers.ssd.verify import verify
 from tiered_emb.tiers.ssd.writer import Writer
 from tiered_emb.tiers.ssd.written import WrittenIds
 
@@ -86,6 +87,7 @@ class SsdTier:
         zd = codec.PerThread(zstandard.ZstdDecompressor)
         self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
         table_rows = {n: (table_rows or {}).get(n) for n in tables}
+        self.table_rows, self._zd = table_rows, zd
         self.written = WrittenIds(self.lmdb)
         self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd, budget_bytes)
         self.reader = Reader(self.lmdb, self.widths, self.held, self.segments, self.written, self._lock, zd)
@@ -269,6 +271,10 @@ class SsdTier:
             return ids.shape[0], (ids[a : a + chunk_rows] for a in range(0, ids.shape[0], chunk_rows))
         n = ix.ids.shape[0]
         return n, (ix.ids[a : a + chunk_rows].copy() for a in range(0, n, chunk_rows))
+
+    def verify(self) -> dict:
+        """Check every stored byte (:func:`.verify.verify`): what was checked and each damaged record."""
+        return verify(self.lmdb, self.widths, self.table_rows, self._zd)
 
     def index_bytes(self) -> int:
         """Bytes of RAM the SSD tier's index takes: the segment index and the written bits."""

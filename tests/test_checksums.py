@@ -1,0 +1,96 @@
+"""Every row the SSD tier holds carries a checksum: damaged bytes are a typed error naming
+the table, the ids and the file, never wrong rows; ``verify`` lists every damaged record."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tiered_emb import SGD, TableConfig, TierConfig, TieredStore
+from tiered_emb.errors import CorruptStoreError
+from tiered_emb.testing import flip_bit
+from tiered_emb.tiers.ssd import codec
+from tiered_emb.tiers.ssd.mapped import row_sum
+
+TABLES = [TableConfig("a", dim=8, optimizer=SGD(lr=0.1)), TableConfig("b", dim=4, optimizer=SGD(lr=0.1))]
+ROWS = 3000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=20), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_the_gather_sums_rows_as_the_writer_does(ids, width, fill):
+    """The Numba twin equals the column-wise NumPy sum for any ids and words."""
+    ids = np.array(ids, dtype=np.int64)
+    words = (np.arange(ids.shape[0] * width, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(fill)).astype(
+        np.uint32
+    )
+    sums = codec.row_sums(ids, words.reshape(-1, width))
+    weights = codec.sum_weights(width)
+    twin = [int(row_sum(words, k * width, width, int(ids[k]), weights)) for k in range(ids.shape[0])]
+    assert sums.tolist() == twin
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**40), st.integers(1, 64), st.data())
+def test_any_change_to_one_word_or_the_id_changes_the_sum(row_id, width, data):
+    words = np.array(data.draw(st.lists(st.integers(0, 2**32 - 1), min_size=width, max_size=width)), np.uint32)
+    at = data.draw(st.integers(0, width - 1))
+    flip = data.draw(st.integers(1, 2**32 - 1))
+    base = codec.row_sums(np.array([row_id]), words[None])[0]
+    changed = words.copy()
+    changed[at] ^= np.uint32(flip)
+    assert codec.row_sums(np.array([row_id]), changed[None])[0] != base
+    assert codec.row_sums(np.array([row_id + flip]), words[None])[0] != base
+
+
+def _store(path, compression=None):
+    tiers = TierConfig(hbm_rows=64, ddr_rows=64, device="cpu", ssd_compression=compression)
+    with TieredStore.create(path, TABLES, tiers, seed=3) as s:
+        for t in TABLES:
+            ids = np.arange(ROWS, dtype=np.int64)
+            s.write(t.name, ids, np.random.default_rng(7).standard_normal((ROWS, t.dim)).astype(np.float32))
+    with TieredStore.open(path) as s:
+        return {t.name: s.peek(t.name, np.arange(ROWS)) for t in TABLES}
+
+
+def test_a_flipped_bit_in_a_row_is_named_never_read(tmp_path):
+    rows = _store(tmp_path / "s")
+    at = flip_bit(tmp_path / "s", "a", 1234)
+    with TieredStore.open(tmp_path / "s") as s:
+        with pytest.raises(CorruptStoreError, match=r"id 1234 .*table 'a'.*data\.mdb fails its checksum") as err:
+            s.lookup("a", np.array([5, 1234]))
+        assert "verify" in err.value.hint
+        others = np.setdiff1d(np.arange(ROWS), [1234])
+        np.testing.assert_array_equal(s.peek("a", others), rows["a"][others])  # the rest reads back
+        np.testing.assert_array_equal(s.peek("b", np.arange(ROWS)), rows["b"])
+        report = s.verify()
+    assert report["segments"] >= 2 and report["rows"] > 0
+    [found] = report["damaged"]
+    assert found["table"] == "a" and found["bad_ids"] == [1234] and found["bad_rows"] == 1
+    assert found["ids"][0] <= 1234 <= found["ids"][1] and found["offset"] < at
+
+
+def test_a_flipped_bit_in_the_ids_stops_the_open(tmp_path):
+    _store(tmp_path / "s")
+    flip_bit(tmp_path / "s", "b", 700, region="ids")
+    with pytest.raises(CorruptStoreError, match=r"table 'b'.*CRC-32"):
+        TieredStore.open(tmp_path / "s")
+
+
+def test_a_damaged_compressed_segment_is_an_error(tmp_path):
+    _store(tmp_path / "s", compression=3)
+    flip_bit(tmp_path / "s", "a", region="compressed")  # (compressed segments are small: the first one)
+    with TieredStore.open(tmp_path / "s") as s:
+        with pytest.raises(CorruptStoreError, match="table 'a'"):
+            s.peek("a", np.arange(ROWS))
+        report = s.verify()
+    assert [f["table"] for f in report["damaged"]] == ["a"]
+    assert report["damaged"][0]["segment"] >= 0
+
+
+def test_verify_of_a_whole_store_finds_nothing(tmp_path):
+    rows = _store(tmp_path / "s")
+    with TieredStore.open(tmp_path / "s") as s:
+        report = s.verify()
+        np.testing.assert_array_equal(s.peek("a", np.arange(ROWS)), rows["a"])
+    assert report["damaged"] == [] and report["rows"] == 2 * ROWS and report["records"] == 0

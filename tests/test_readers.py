@@ -1,0 +1,156 @@
+"""Readers beside the writer: ``TieredStore.open(path, mode="r")`` in other processes sees
+completed checkpoints only, bitwise, and changes nothing; ``tiered-emb verify`` / ``inspect``."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiered_emb import SGD, RowWiseAdagrad, StoreReader, TableConfig, TierConfig, TieredStore
+from tiered_emb.cli import main as cli
+from tiered_emb.errors import ConfigError, ReadOnlyError, StoreNotFoundError
+from tiered_emb.testing import flip_bit, random_updates
+
+TABLES = [
+    TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
+    TableConfig("b", dim=2, num_rows=3000, optimizer=SGD(lr=0.5)),
+]
+IDS = 3000
+REPO = Path(__file__).resolve().parents[1]
+
+# a reader process: refresh, read every row of both tables, note (epoch, digest), until told to stop
+READER = """
+import hashlib, json, os, sys, time
+import numpy as np
+from tiered_emb import TieredStore
+path, out, stop = sys.argv[1:4]
+seen = []
+with TieredStore.open(path, mode="r") as r:
+    while not os.path.exists(stop):
+        epoch = r.refresh()
+        h = hashlib.sha256()
+        for t in ("a", "b"):
+            h.update(r.peek(t, np.arange(3000), with_state=True).tobytes())
+        seen.append([epoch, h.hexdigest()])
+Path = __import__("pathlib").Path
+Path(out).write_text(json.dumps(seen))
+"""
+
+
+def _digest(store) -> str:
+    h = hashlib.sha256()
+    for t in ("a", "b"):
+        h.update(store.peek(t, np.arange(IDS), with_state=True).tobytes())
+    return h.hexdigest()
+
+
+def _tiers():
+    return TierConfig(hbm_rows=64, ddr_rows=64, device="cpu")
+
+
+def _train(path, checkpoints: int, readers: int, tmp: Path) -> tuple[dict, list]:
+    """Train a store at ``path`` through ``checkpoints`` checkpoints with ``readers`` reader
+    processes beside it; returns the digest of every checkpoint and what each reader saw."""
+    digests = {}
+    with TieredStore.create(path, TABLES, _tiers(), seed=5) as s:
+        digests[s.epoch] = _digest(s)
+        stop = tmp / "stop"
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        procs = [
+            subprocess.Popen([sys.executable, "-c", READER, str(path), str(tmp / f"r{k}.json"), str(stop)], env=env)
+            for k in range(readers)
+        ]
+        for k in range(checkpoints):
+            random_updates([s], TABLES, 6, seed=k, n=200, ids_below=IDS)
+            s.checkpoint()
+            digests[s.epoch] = _digest(s)
+        time.sleep(0.5 if readers else 0)
+        stop.touch()
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+        final = _digest(s)
+    seen = [json.loads((tmp / f"r{k}.json").read_text()) for k in range(readers)]
+    return dict(digests, final=final), seen
+
+
+def test_four_readers_see_only_completed_checkpoints_and_change_nothing(tmp_path):
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    digests, seen = _train(tmp_path / "with" / "s", 20, 4, tmp_path / "with")
+    alone, _ = _train(tmp_path / "without" / "s", 20, 0, tmp_path / "without")
+    assert digests == alone  # the writer's run is bitwise the same with readers beside it
+    for reads in seen:
+        assert reads, "a reader read nothing"
+        for epoch, digest in reads:
+            assert digests[epoch] == digest, f"a reader saw epoch {epoch} not as it was checkpointed"
+    assert len({e for reads in seen for e, _ in reads}) > 1  # readers did move with the writer
+
+
+def test_a_reader_cannot_change_a_store(tmp_path):
+    with TieredStore.create(tmp_path / "s", TABLES, _tiers(), seed=1) as s:
+        random_updates([s], TABLES, 3, n=50, ids_below=IDS)
+        want = s.peek("a", np.arange(IDS), with_state=True)
+    stamp = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "lmdb").iterdir() if p.name != "lock.mdb"}
+    with TieredStore.open(tmp_path / "s", mode="r") as r:
+        assert isinstance(r, StoreReader)
+        np.testing.assert_array_equal(r.peek("a", np.arange(IDS), with_state=True), want)
+        for call in (lambda: r.write("a", [1], np.ones((1, 4))), r.checkpoint, r.flush):
+            with pytest.raises(ReadOnlyError, match="read-only"):
+                call()
+        with pytest.raises(ReadOnlyError):
+            r.apply_gradients("a", [1], np.ones((1, 4), np.float32))
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "s" / "lmdb").iterdir() if p.name != "lock.mdb"} == stamp
+    with pytest.raises(ConfigError, match="mode"):
+        TieredStore.open(tmp_path / "s", mode="rw")
+    with pytest.raises(ConfigError, match="tiers"):
+        TieredStore.open(tmp_path / "s", tiers=_tiers(), mode="r")
+    with pytest.raises(StoreNotFoundError):
+        TieredStore.open(tmp_path / "none", mode="r")
+    with TieredStore.open(tmp_path / "s") as s, pytest.raises(ConfigError, match="another process"):
+        TieredStore.open(tmp_path / "s", mode="r")  # (LMDB maps a file once a process)
+
+
+def test_a_reader_killed_in_its_snapshot_leaves_no_stale_slot(tmp_path):
+    with TieredStore.create(tmp_path / "s", TABLES, _tiers(), seed=1) as s:
+        random_updates([s], TABLES, 3, n=50, ids_below=IDS)
+        s.checkpoint()
+        code = "import sys, time\nfrom tiered_emb import TieredStore\nr = TieredStore.open(sys.argv[1], mode='r')\n"
+        code += "print('open', flush=True)\ntime.sleep(600)\n"
+        p = subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "s")],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
+        assert p.stdout.readline().strip() == "open"
+        assert str(p.pid) in s.ssd.lmdb.env.readers()
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        s.checkpoint()  # frees the slots of dead readers
+        assert str(p.pid) not in s.ssd.lmdb.env.readers()
+
+
+def test_verify_and_inspect_from_the_command_line(tmp_path, capsys):
+    with TieredStore.create(tmp_path / "s", TABLES, _tiers(), seed=1) as s:
+        random_updates([s], TABLES, 3, n=50, ids_below=IDS)
+        # beside the writer, from another process: clean
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        run = [sys.executable, "-m", "tiered_emb.cli", "verify", "--json", str(tmp_path / "s")]
+        got = subprocess.run(run, capture_output=True, text=True, env=env, check=False)
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout)["damaged"] == []
+    assert cli(["inspect", "--json", str(tmp_path / "s")]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    with TieredStore.open(tmp_path / "s", mode="r") as r:
+        assert listed["tables"]["b"]["rows"] == r.stats()["b"]["ssd"]["rows"] > 0
+    flip_bit(tmp_path / "s", "b")  # one bit of a row: exit status 1, the table named
+    assert cli(["verify", str(tmp_path / "s")]) == 1
+    assert "fail their checksums" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""One checkpoint of an SSD tier, read beside the store's writer (a *reader*).
+
+A reader opens the LMDB environment read-only, without the store's writer lock, and
+holds one read transaction (:meth:`.LmdbEnv.pin`): LMDB's MVCC keeps every page that
+transaction sees as it is, whatever the writer commits meanwhile, so the reader sees one
+completed checkpoint, the same for every table.  In that transaction it reads the mark
+of the checkpoint and indexes the segments below it, as the writer does when it opens
+(:meth:`.SegmentLog.load`); rows are then gathered from the same segments by offset.
+:meth:`SnapshotTier.refresh` ends the transaction and does all of it again at the
+newest checkpoint.
+
+A reader takes one slot of LMDB's reader table while it holds its snapshot (two while a
+read runs); the writer frees the slots of readers that died (:meth:`.LmdbEnv.clear_dead_readers`
+at each checkpoint).  Pages a snapshot sees cannot be reused by the writer: a reader
+that keeps an old snapshot for long makes the file grow; refresh it now and then.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from tiered_emb.errors import CorruptStoreError
+from tiered_emb.tiers.ssd import codec
+from tiered_emb.tiers.ssd.held import HeldRows
+from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.reads import Reader
+from tiered_emb.tiers.ssd.segments import SegmentGone, SegmentLog
+from tiered_emb.tiers.ssd.verify import verify
+from tiered_emb.tiers.ssd.written import WrittenIds
+
+
+class SnapshotTier:
+    """The rows of the last checkpoint of the SSD tier at ``path`` (tables of ``widths``,
+    ``table_rows`` their ``num_rows``), read-only: :meth:`read`, :meth:`meta`,
+    :attr:`extra`, :meth:`refresh`, :meth:`verify`, :meth:`close`."""
+
+    def __init__(self, path: Path, widths: dict[str, int], table_rows: dict[str, int | None], budget_bytes: int):
+        self.path = Path(path)
+        self.widths = dict(widths)
+        self.table_rows = {n: table_rows.get(n) for n in sorted(self.widths)}
+        self._budget = budget_bytes
+        self._lock = threading.Lock()
+        self._zd = codec.PerThread(zstandard.ZstdDecompressor)
+        self.lmdb = LmdbEnv(self.path, sorted(self.widths), 1 << 20, existing=True, readonly=True)
+        self.segments: SegmentLog | None = None
+        self.mark = 0
+        self.meta: dict = {}
+        self.extra: bytes | None = None
+        try:
+            self.refresh()
+        except BaseException:
+            self.close()
+            raise
+
+    def refresh(self) -> None:
+        """Move to the newest completed checkpoint: a new snapshot, indexed again."""
+        if self.segments is not None:
+            self.segments.close()
+            self.segments = None
+        self.lmdb.pin()
+        with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as txn:
+            meta, mark, extra = (txn.get(k, db=self.lmdb.meta) for k in (b"meta", b"mark", b"extra"))
+            if meta is None:
+                raise CorruptStoreError(f"{self.path} has no meta record", "the store was never checkpointed")
+            if mark is not None and len(mark) != 8:
+                raise CorruptStoreError(f"the checkpoint mark of {self.path} is damaged", "restore from a backup")
+            try:
+                self.meta = json.loads(bytes(meta))
+            except ValueError as err:
+                raise CorruptStoreError(f"the meta record of {self.path} is not JSON", "restore from a backup") from err
+            self.mark = 0 if mark is None else int.from_bytes(mark, "big")
+            self.extra = None if extra is None else bytes(extra)
+        written = WrittenIds(self.lmdb)
+        segments = SegmentLog(
+            self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget
+        )
+        try:
+            with self.lmdb.corrupt_on_error("reading"):
+                for n in sorted(self.widths):
+                    written.load(n, self.table_rows[n])
+                    segments.load(n, below=self.mark)
+        except BaseException:
+            segments.close()
+            raise
+        self.segments = segments
+        self._reader = Reader(
+            self.lmdb, self.widths, HeldRows(self.widths, self._lock), segments, written, self._lock, self._zd
+        )
+
+    def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
+        """Records of ``ids`` (int64, distinct) of the snapshot into ``out_rows``; the found mask."""
+        try:
+            return self._reader.read(table, ids, out_rows)
+        except SegmentGone as gone:  # (nothing deletes a segment of a pinned snapshot)
+            raise self.segments.gone(table, gone) from None
+
+    def rows(self, table: str) -> int:
+        """Ids of ``table`` with a row in the snapshot (its segments; and ``t:`` of a format-2 store)."""
+        n = len(self.segments.index[table])
+        if self.lmdb.records[table]:
+            n += self.lmdb.entries(self.lmdb.main[table])
+        return n
+
+    def verify(self) -> dict:
+        """Check every stored byte (:func:`.verify.verify`); findings beyond the snapshot too."""
+        return verify(self.lmdb, self.widths, self.table_rows, self._zd)
+
+    def close(self) -> None:
+        if self.segments is not None:
+            self.segments.close()
+            self.segments = None
+        self.lmdb.close()
+
+
+__all__ = ["SnapshotTier"]
