@@ -158,3 +158,16 @@ def extra_bytes(extra: object) -> None:
     """``extra`` (a trainer's bytes saved with a checkpoint) checked: None or bytes-like."""
     if extra is not None and not isinstance(extra, (bytes, bytearray, memoryview)):
         raise ConfigError(f"extra of type {type(extra).__name__} is invalid", "pass bytes (e.g. pickle.dumps(state))")
+
+
+def snapshot_arg(snapshot: object, restore: str = "checkpoint") -> None:
+    """ConfigError unless ``snapshot`` is None or a checkpoint's number (an int >= 0) and
+    ``restore`` leaves it the restore point."""
+    if snapshot is None:
+        return
+    if not isinstance(snapshot, int) or isinstance(snapshot, bool) or snapshot < 0:
+        raise ConfigError(f"snapshot={snapshot!r} is invalid", "pass a checkpoint's number (store.snapshots())")
+    if restore != "checkpoint":
+        raise ConfigError(
+            f"snapshot={snapshot} with restore={restore!r}", "a snapshot is a restore point: leave restore out"
+        )

@@ -94,3 +94,7 @@ class MissingExtraError(TieredEmbError, ImportError):
 
 class ReadOnlyError(TieredEmbError, PermissionError):
     """A call that would change a store opened read-only (``TieredStore.open(path, mode="r")``)."""
+
+
+class SnapshotNotFoundError(TieredEmbError, LookupError):
+    """``open(path, snapshot=k)`` of a checkpoint the store no longer keeps (or never took)."""

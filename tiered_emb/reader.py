@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from tiered_emb import _directory
-from tiered_emb._args import table_ids
+from tiered_emb._args import snapshot_arg, table_ids
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import ConfigError, ReadOnlyError, StoreClosedError, UnknownTableError
 from tiered_emb.init import init_rows
@@ -69,7 +69,7 @@ class StoreReader:
 
     mode = "r"
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], snapshot: int | None = None):
         self.path = Path(path)
         manifest, tables, tiers, seed = _directory.read_manifest(self.path)
         if manifest["format"] == _directory.FORMAT_1:
@@ -87,10 +87,13 @@ class StoreReader:
             {t.name: t.record_width for t in tables},
             {t.name: t.num_rows for t in tables},
             tiers.budget_bytes,
+            snapshot,
         )
 
     @classmethod
-    def opened(cls, path: str | os.PathLike[str], mode: str, tiers: object, restore: str) -> StoreReader:
+    def opened(
+        cls, path: str | os.PathLike[str], mode: str, tiers: object, restore: str, snapshot: int | None = None
+    ) -> StoreReader:
         """What ``TieredStore.open(path, tiers, restore, mode)`` gives for a ``mode`` other than "w"."""
         if mode != "r":
             raise ConfigError(f"mode={mode!r} is invalid", "use 'w' (the writer) or 'r' (a reader beside it)")
@@ -99,7 +102,8 @@ class StoreReader:
                 "a reader (mode='r') sees the last checkpoint with no tiers of its own",
                 "leave tiers and restore out with mode='r'",
             )
-        return cls(path)
+        snapshot_arg(snapshot)
+        return cls(path, snapshot)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -126,11 +130,21 @@ class StoreReader:
             )
         return self._ssd
 
-    def refresh(self) -> int:
-        """Move to the newest completed checkpoint; returns its :attr:`epoch`."""
+    def refresh(self, snapshot: int | None = None) -> int:
+        """Move to the newest completed checkpoint (or kept checkpoint ``snapshot``); returns
+        its :attr:`epoch`."""
+        snapshot_arg(snapshot)
         with self._lock:
-            self._open().refresh()
+            self._open().refresh(snapshot)
             return self.epoch
+
+    def snapshots(self) -> list[int]:
+        """The numbers of the checkpoints the store kept when this snapshot was taken."""
+        return [e for e, _ in self._open().kept]
+
+    def kept_checkpoints(self) -> list[dict[str, Any]]:
+        """Each checkpoint kept: ``{"epoch", "extra_bytes"}`` (None: no ``extra``)."""
+        return [{"epoch": e, "extra_bytes": n} for e, n in self._open().kept]
 
     # ------------------------------------------------------------------ reading
     @property

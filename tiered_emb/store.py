@@ -28,7 +28,7 @@ from typing import Any, Literal, overload
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tiered_emb import _directory
+from tiered_emb import _directory, _opening
 from tiered_emb._args import extra_bytes, nonfinite_rule, table_ids, table_rows
 from tiered_emb._backend import resolve_xp, to_xp
 from tiered_emb._version import __version__
@@ -74,6 +74,8 @@ class TieredStore:
         self.xp = resolve_xp(tiers.device)
         #: The SSD tier (LMDB): its public methods report and tune what is on disk.
         self.ssd = ssd
+        #: the rows the last :meth:`checkpoint` wrote
+        self.last_checkpoint_rows = 0
         self._lock_fd = lock_fd
         self._meta = meta
         self._res = Resolver(
@@ -97,41 +99,7 @@ class TieredStore:
         tiers : TierConfig
         seed : int, 0 <= seed < 2**64; with the table name and id it fixes every initial row
         """
-        path = Path(path)
-        tables = list(tables)
-        if not tables or not all(isinstance(t, TableConfig) for t in tables):
-            raise ConfigError(f"tables={tables!r} is invalid", "pass a non-empty list of TableConfig")
-        names = [t.name for t in tables]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"tables have duplicate names {sorted(names)}", "give every table its own name")
-        if not isinstance(tiers, TierConfig):
-            raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig")
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-            raise ConfigError(f"seed={seed!r} is invalid", "use an int in [0, 2**64)")
-        _directory.refuse_existing(path)
-        resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
-        lock_fd = _directory.make(path)
-        ssd = None
-        try:
-            ssd = SsdTier(
-                path / "lmdb",
-                {t.name: t.record_width for t in tables},
-                tiers.ssd_compression,
-                tiers.map_size_bytes,
-                background_writes=tiers.background_writes,
-                table_rows={t.name: t.num_rows for t in tables},
-                budget_bytes=tiers.budget_bytes,
-            )
-            meta = {"format": _directory.FORMAT, "epoch": 0}
-            ssd.checkpoint({}, meta, None)
-            _directory.fsync_dir(path / "lmdb")  # data.mdb's entry (LMDB syncs the file, not its directory)
-            store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
-            store._write_manifest()
-        except BaseException:
-            if ssd is not None:
-                ssd.close()
-            _directory.unmake(path, lock_fd)
-            raise
+        store: TieredStore = _opening.create(cls, path, tables, tiers, seed)
         return store
 
     @overload
@@ -142,12 +110,19 @@ class TieredStore:
         tiers: TierConfig | None = None,
         restore: str = "checkpoint",
         mode: Literal["w"] = "w",
+        snapshot: int | None = None,
     ) -> TieredStore: ...
 
     @overload
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], tiers: None = None, restore: str = "checkpoint", *, mode: Literal["r"]
+        cls,
+        path: str | os.PathLike[str],
+        tiers: None = None,
+        restore: str = "checkpoint",
+        *,
+        mode: Literal["r"],
+        snapshot: int | None = None,
     ) -> StoreReader: ...
 
     @classmethod
@@ -157,6 +132,7 @@ class TieredStore:
         tiers: TierConfig | None = None,
         restore: str = "checkpoint",
         mode: str = "w",
+        snapshot: int | None = None,
     ) -> TieredStore | StoreReader:
         """Open an existing store.
 
@@ -172,48 +148,19 @@ class TieredStore:
             What to find after a crash: the last checkpoint, or also every row flushed
             since and the write-backs of evicted rows that had reached LMDB (they go out
             in groups of ``writeback_rows``; see docs/architecture.md).
+        snapshot : int, optional
+            A kept checkpoint's number (:meth:`snapshots`) to open at instead of the last:
+            a writer restarts the run from it (the later checkpoints are dropped), a reader
+            just reads it.
         """
-        path = Path(path)
         if mode != "w":
-            return StoreReader.opened(path, mode, tiers, restore)
-        if restore not in ("checkpoint", "latest"):
-            raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
-        manifest, tables, stored_tiers, seed = _directory.read_manifest(path)
-        if tiers is not None and not isinstance(tiers, TierConfig):
-            raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
-        _directory.check_data_file(path)
-        tiers = tiers or stored_tiers
-        lock_fd = _directory.lock(path)
-        ssd = None
-        try:
-            resolve_xp(tiers.device)
-            ssd = SsdTier(
-                path / "lmdb",
-                {t.name: t.record_width for t in tables},
-                tiers.ssd_compression,
-                max(tiers.map_size_bytes, stored_tiers.map_size_bytes),
-                background_writes=tiers.background_writes,
-                table_rows={t.name: t.num_rows for t in tables},
-                legacy_pending=manifest["format"] == _directory.FORMAT_1,
-                existing=True,
-                budget_bytes=tiers.budget_bytes,
-            )
-            meta = ssd.read_meta()
-            if restore == "latest":
-                ssd.promote_pending()
-            else:
-                ssd.discard_pending()
-            store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
-            if manifest["format"] != _directory.FORMAT:
-                store._write_manifest()  # before any row is written in this format
-        except BaseException:
-            if ssd is not None:
-                ssd.close()
-            os.close(lock_fd)
-            raise
+            return StoreReader.opened(path, mode, tiers, restore, snapshot)
+        store: TieredStore = _opening.open_writer(cls, path, tiers, restore, snapshot)
         return store
 
-    def _write_manifest(self) -> None:
+    def write_manifest(self) -> None:
+        """Write ``manifest.json`` (format, seed, epoch, tables, tiers) atomically; every
+        checkpoint does, and an open that moves a store to the current format."""
         _directory.write_manifest(
             self.path,
             {
@@ -550,7 +497,8 @@ class TieredStore:
         After it returns, a crash at any instant loses nothing up to here, and
         :meth:`open` restores it bitwise.  ``extra`` (bytes, e.g. a trainer's step and
         dense weights) is saved in the same transaction; read it back as :attr:`extra`.
-        Returns the number of rows written.
+        Returns the checkpoint's number (its :attr:`epoch`); the rows it wrote are
+        :attr:`last_checkpoint_rows`.
         """
         self._check_open()
         extra_bytes(extra)
@@ -558,11 +506,18 @@ class TieredStore:
         with self._res.lock:
             batches = self._res.dirty_rows()
             meta = dict(self._meta, epoch=self.epoch + 1)
-            n = self.ssd.checkpoint(batches, meta, extra)
+            self.last_checkpoint_rows = self.ssd.checkpoint(batches, meta, extra)
             self._meta = meta
             self._res.written(batches)
-            self._write_manifest()
-            return n
+            self.write_manifest()
+            return self.epoch
+
+    def snapshots(self) -> list[int]:
+        """The numbers of the checkpoints this store keeps (``TierConfig.keep_checkpoints``),
+        oldest first: each opens bitwise with ``open(path, snapshot=n)``."""
+        with self._res.lock:
+            self._check_open()
+            return [epoch for epoch, _, _ in self.ssd.snapshots()]
 
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict[str, dict[str, Any]]:

@@ -60,6 +60,7 @@ def inspect_store(path: str) -> dict:
         return {
             "path": str(path),
             "checkpoint": {"epoch": r.epoch, "extra_bytes": None if extra is None else len(extra)},
+            "snapshots": r.kept_checkpoints(),
             "disk_bytes": r.disk_bytes(),
             "tables": {n: dict(cfg.to_dict(), rows=stats[n]["ssd"]["rows"]) for n, cfg in sorted(r.tables.items())},
         }
@@ -72,6 +73,7 @@ def _run_inspect(args) -> int:
         return 0
     ck = out["checkpoint"]
     print(f"{out['path']}: checkpoint {ck['epoch']}, {out['disk_bytes']:,} bytes on disk, extra: {ck['extra_bytes']}")
+    print(f"  checkpoints kept: {', '.join(str(x['epoch']) for x in out['snapshots'])}")
     for name, t in out["tables"].items():
         print(f"  {name}: dim {t['dim']}, {t['rows']:,} rows stored, num_rows {t.get('num_rows')}")
     return 0

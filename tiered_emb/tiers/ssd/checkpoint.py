@@ -19,6 +19,7 @@ import json
 import threading
 
 from tiered_emb.errors import ConfigError, CorruptStoreError
+from tiered_emb.tiers.ssd import snapshots
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.segments import SegmentLog
@@ -51,6 +52,8 @@ class Checkpointer:
         self._writer = writer
         self._lock = lock
         self.legacy_pending = False
+        #: how many checkpoints the store keeps (TierConfig.keep_checkpoints)
+        self.keep = 1
 
     def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
         """Make ``batches`` ({table: (ids, rows)}) and everything pending the new checkpoint,
@@ -59,16 +62,36 @@ class Checkpointer:
         mark = self._segments.next_seq
         self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra))
         self._segments.mark = mark  # (committed: compaction must keep the new checkpoint's copies)
+        self._segments.marks = self.kept_marks()
         self._lmdb.env.sync(True)
         self._lmdb.clear_dead_readers()  # (a dead reader's snapshot would keep its pages from reuse)
         return n
 
     def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None) -> None:
         """The checkpoint's own transaction: its meta record, its mark and the trainer's bytes."""
+        snapshots.put(txn, self._lmdb.meta, meta, mark, extra, self.keep)
         txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._lmdb.meta)
         txn.put(b"mark", int(mark).to_bytes(8, "big"), db=self._lmdb.meta)
         if extra is not None:
             txn.put(b"extra", bytes(extra), db=self._lmdb.meta)
+
+    def snapshots(self) -> list[tuple[int, int, dict]]:
+        """``(epoch, mark, meta)`` of every checkpoint kept, oldest first."""
+        with self._lmdb.corrupt_on_error("listing the checkpoints of"), self._lmdb.reading() as txn:
+            return snapshots.listed(txn, self._lmdb.meta, self._lmdb.path)
+
+    def kept_marks(self) -> list[int]:
+        """The marks of the checkpoints kept, increasing (compaction keeps what each one reads)."""
+        return sorted({mark for _, mark, _ in self.snapshots()} | {self._segments.mark})
+
+    def open_at(self, epoch: int) -> None:
+        """Open at kept checkpoint ``epoch``: it becomes the latest (the records of later ones
+        dropped, in one transaction), then the segments written after it are deleted as by
+        :meth:`discard_pending`."""
+        with self._lmdb.corrupt_on_error("reading the checkpoints of"), self._lmdb.reading() as txn:
+            snapshots.find(txn, self._lmdb.meta, epoch, self._lmdb.path)  # (raises before anything changes)
+        self._lmdb.write(lambda txn: snapshots.back_to(txn, self._lmdb.meta, epoch, self._lmdb.path))
+        self.discard_pending()
 
     def read_mark(self) -> int:
         """The mark of the last checkpoint (0 in a store of the format before marks: every
@@ -131,6 +154,7 @@ class Checkpointer:
                 self._segments.load(table)
         # the numbers from the mark on are the next writes' (below it: the checkpoint's)
         self._segments.next_seq = max(self._segments.next_seq, self._segments.mark)
+        self._segments.marks = self.kept_marks()
 
     def read_meta(self) -> dict:
         """The meta record of the last checkpoint."""

@@ -2,23 +2,24 @@
 
 ``p:`` keeps every copy written, stale ones too: rows written back again and again would
 grow the file without end.  A table whose segments hold far more rows than it has live
-is compacted a *run* at a time: a few consecutive segments (by number, all on one side
-of the checkpoint's mark), at most ``budget_bytes`` of rows, rewritten in one write
+is compacted a *run* at a time: a few consecutive segments (by number, all between the
+same two marks of the checkpoints kept), at most ``budget_bytes`` of rows, rewritten in one write
 transaction that deletes them and puts the rows they still need under the highest of
 their numbers.  Each write-back compacts at most one run, and the next one starts where
 it stopped (:attr:`Compactor.cursor`), so the work is spread over the run and bounded
 in memory.
 
 Which rows a run still needs: each id's newest copy within the run, when the index
-names it (the copy every read takes), or when the run is the checkpoint's and the
-newest copy was written since the mark (the run may hold the checkpoint's copy, which a
-store reopened at its checkpoint reads).  Why consecutive segments and their own
+names it (the copy every read takes), or when the newest copy lies at or past the first
+kept mark after the run (the run may hold the copy that checkpoint reads, when the
+store is reopened at it).  Why consecutive segments and their own
 numbers: a segment reopening reads newer than the run stays newer, an older one stays
 older, so the newest copy of every id is the same before and after.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 
 import numpy as np
@@ -146,7 +147,7 @@ class Compactor:
         """The numbers of the segments of the run from :attr:`cursor`: the first segment worth
         compacting, and those right after it that are too, on its side of the mark, their rows
         within a quarter of the budget."""
-        mark, width = self._segments.mark, self._widths[table]
+        marks, width = self._segments.marks, self._widths[table]
         row_bytes = 8 + 4 * width
         run: list[int] = []
         total = 0
@@ -160,7 +161,8 @@ class Compactor:
                         break
                     continue
                 n = self._segments.nrows_of([seq])
-                if run and ((seq >= mark) != (run[0] >= mark) or 4 * (total + n) * row_bytes > self.budget_bytes):
+                side = bisect.bisect_right(marks, seq) != bisect.bisect_right(marks, run[0]) if run else False
+                if run and (side or 4 * (total + n) * row_bytes > self.budget_bytes):
                     break
                 run.append(seq)
                 total += n
@@ -185,6 +187,8 @@ class Compactor:
         with self._lock:
             now = self._segments.index[table].find(ids)
         named = now == locs
-        keep = named | ((run[0] < self._segments.mark) & ((now >> POS_BITS) >= self._segments.mark))
+        # a kept checkpoint after the run reads the run's copy unless a newer one lies before its mark
+        after = [m for m in self._segments.marks if m > run[0]]
+        keep = named | (bool(after) & ((now >> POS_BITS) >= (after[0] if after else 0)))
         rows = np.concatenate(parts_rows)[last[keep]]
         return ids[keep], np.ascontiguousarray(rows), np.flatnonzero(named[keep])

@@ -77,6 +77,7 @@ class SegmentLog:
         self.stored_rows = dict.fromkeys(sorted(self._widths), 0)
         self.next_seq = 0
         self.mark = 0
+        self.marks = [0]  # the marks of the checkpoints kept, increasing (the last: :attr:`mark`)
         self.base = np.full(64, -1, dtype=np.int64)
         self.nrows = np.zeros(64, dtype=np.int64)
         self.live = np.zeros(64, dtype=np.int64)  # rows of each segment the index names

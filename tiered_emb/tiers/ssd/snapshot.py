@@ -17,7 +17,6 @@ that keeps an old snapshot for long makes the file grow; refresh it now and then
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 import zstandard
 
 from tiered_emb.errors import CorruptStoreError
-from tiered_emb.tiers.ssd import codec
+from tiered_emb.tiers.ssd import codec, snapshots
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.reads import Reader
@@ -39,7 +38,14 @@ class SnapshotTier:
     ``table_rows`` their ``num_rows``), read-only: :meth:`read`, :meth:`meta`,
     :attr:`extra`, :meth:`refresh`, :meth:`verify`, :meth:`close`."""
 
-    def __init__(self, path: Path, widths: dict[str, int], table_rows: dict[str, int | None], budget_bytes: int):
+    def __init__(
+        self,
+        path: Path,
+        widths: dict[str, int],
+        table_rows: dict[str, int | None],
+        budget_bytes: int,
+        epoch: int | None = None,
+    ):
         self.path = Path(path)
         self.widths = dict(widths)
         self.table_rows = {n: table_rows.get(n) for n in sorted(self.widths)}
@@ -51,30 +57,30 @@ class SnapshotTier:
         self.mark = 0
         self.meta: dict = {}
         self.extra: bytes | None = None
+        self.kept: list[tuple[int, int | None]] = []
         try:
-            self.refresh()
+            self.refresh(epoch)
         except BaseException:
             self.close()
             raise
 
-    def refresh(self) -> None:
-        """Move to the newest completed checkpoint: a new snapshot, indexed again."""
+    def refresh(self, epoch: int | None = None) -> None:
+        """Move to the newest completed checkpoint (or kept checkpoint ``epoch``): a new
+        snapshot, indexed again."""
         if self.segments is not None:
             self.segments.close()
             self.segments = None
         self.lmdb.pin()
         with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as txn:
-            meta, mark, extra = (txn.get(k, db=self.lmdb.meta) for k in (b"meta", b"mark", b"extra"))
-            if meta is None:
+            if txn.get(b"meta", db=self.lmdb.meta) is None:
                 raise CorruptStoreError(f"{self.path} has no meta record", "the store was never checkpointed")
-            if mark is not None and len(mark) != 8:
-                raise CorruptStoreError(f"the checkpoint mark of {self.path} is damaged", "restore from a backup")
-            try:
-                self.meta = json.loads(bytes(meta))
-            except ValueError as err:
-                raise CorruptStoreError(f"the meta record of {self.path} is not JSON", "restore from a backup") from err
-            self.mark = 0 if mark is None else int.from_bytes(mark, "big")
-            self.extra = None if extra is None else bytes(extra)
+            if epoch is None:
+                epoch = snapshots.listed(txn, self.lmdb.meta, self.path)[-1][0]
+            self.mark, self.meta, self.extra = snapshots.find(txn, self.lmdb.meta, epoch, self.path)
+            self.kept = []  # (number, bytes of its extra or None) of each checkpoint kept
+            for e, _, _ in snapshots.listed(txn, self.lmdb.meta, self.path):
+                extra = snapshots.find(txn, self.lmdb.meta, e, self.path)[2]
+                self.kept.append((e, None if extra is None else len(extra)))
         written = WrittenIds(self.lmdb)
         segments = SegmentLog(
             self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget

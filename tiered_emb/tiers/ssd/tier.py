@@ -73,6 +73,7 @@ class SsdTier:
         legacy_pending: bool = False,
         existing: bool = False,
         budget_bytes: int = 256 << 20,
+        keep_checkpoints: int = 1,
     ):
         self.path = Path(path)
         self.widths = dict(table_widths)
@@ -106,6 +107,7 @@ class SsdTier:
             budget_bytes,
         )
         self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.writer, self._lock)
+        self.checkpoints.keep = keep_checkpoints
         # ``p:`` is read (SegmentLog.load) by discard_pending or promote_pending, one of which
         # every store runs as it opens.
         try:
@@ -217,6 +219,14 @@ class SsdTier:
     def promote_pending(self) -> None:
         """Keep what was written since the last checkpoint (reopen at the latest flush)."""
         self.checkpoints.promote_pending()
+
+    def open_at(self, epoch: int) -> None:
+        """Open at kept checkpoint ``epoch`` (:meth:`.Checkpointer.open_at`)."""
+        self.checkpoints.open_at(epoch)
+
+    def snapshots(self) -> list[tuple[int, int, dict]]:
+        """``(epoch, mark, meta)`` of every checkpoint kept, oldest first."""
+        return self.checkpoints.snapshots()
 
     def read_meta(self) -> dict:
         """The meta record of the last checkpoint."""

@@ -1,0 +1,102 @@
+"""Making and opening a store's directory and tiers: the bodies of ``TieredStore.create`` and
+``TieredStore.open`` (as its writer), each step in order, every failure undone."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tiered_emb import _directory
+from tiered_emb._args import snapshot_arg
+from tiered_emb._backend import resolve_xp
+from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.errors import ConfigError
+from tiered_emb.tiers import SsdTier
+
+
+def create(cls: Any, path: Any, tables: Any, tiers: Any, seed: Any) -> Any:
+    """A new store of class ``cls`` at ``path`` (see ``TieredStore.create``)."""
+    path = Path(path)
+    tables = list(tables)
+    if not tables or not all(isinstance(t, TableConfig) for t in tables):
+        raise ConfigError(f"tables={tables!r} is invalid", "pass a non-empty list of TableConfig")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"tables have duplicate names {sorted(names)}", "give every table its own name")
+    if not isinstance(tiers, TierConfig):
+        raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+        raise ConfigError(f"seed={seed!r} is invalid", "use an int in [0, 2**64)")
+    _directory.refuse_existing(path)
+    resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
+    lock_fd = _directory.make(path)
+    ssd = None
+    try:
+        ssd = _ssd_tier(path, tables, tiers, tiers.map_size_bytes)
+        meta = {"format": _directory.FORMAT, "epoch": 0}
+        ssd.checkpoint({}, meta, None)
+        _directory.fsync_dir(path / "lmdb")  # data.mdb's entry (LMDB syncs the file, not its directory)
+        store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
+        store.write_manifest()
+    except BaseException:
+        if ssd is not None:
+            ssd.close()
+        _directory.unmake(path, lock_fd)
+        raise
+    return store
+
+
+def open_writer(cls: Any, path: Any, tiers: Any, restore: str, snapshot: int | None) -> Any:
+    """The store at ``path`` opened as its writer, of class ``cls`` (see ``TieredStore.open``)."""
+    path = Path(path)
+    if restore not in ("checkpoint", "latest"):
+        raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
+    snapshot_arg(snapshot, restore)
+    manifest, tables, stored_tiers, seed = _directory.read_manifest(path)
+    if tiers is not None and not isinstance(tiers, TierConfig):
+        raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
+    _directory.check_data_file(path)
+    tiers = tiers or stored_tiers
+    lock_fd = _directory.lock(path)
+    ssd = None
+    try:
+        resolve_xp(tiers.device)
+        map_size = max(tiers.map_size_bytes, stored_tiers.map_size_bytes)
+        legacy = manifest["format"] == _directory.FORMAT_1
+        ssd = _ssd_tier(path, tables, tiers, map_size, legacy_pending=legacy, existing=True)
+        if snapshot is not None:
+            ssd.open_at(snapshot)
+        elif restore == "latest":
+            ssd.promote_pending()
+        else:
+            ssd.discard_pending()
+        meta = ssd.read_meta()
+        store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
+        if manifest["format"] != _directory.FORMAT:
+            store.write_manifest()  # before any row is written in this format
+    except BaseException:
+        if ssd is not None:
+            ssd.close()
+        os.close(lock_fd)
+        raise
+    return store
+
+
+def _ssd_tier(path: Path, tables: list[TableConfig], tiers: TierConfig, map_size: int, **kwargs: Any) -> SsdTier:
+    """The SSD tier of the store at ``path`` (its ``tables``, under ``tiers``)."""
+    widths, rows = {t.name: t.record_width for t in tables}, {t.name: t.num_rows for t in tables}
+    return SsdTier(
+        path / "lmdb",
+        widths,
+        tiers.ssd_compression,
+        map_size,
+        background_writes=tiers.background_writes,
+        table_rows=rows,
+        budget_bytes=tiers.budget_bytes,
+        keep_checkpoints=tiers.keep_checkpoints,
+        **kwargs,
+    )
+
+
+__all__ = ["create", "open_writer"]
