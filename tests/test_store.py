@@ -719,7 +719,7 @@ def test_corrupt_compressed_record_is_corrupt(tmp_path):
 
 
 def test_create_that_fails_leaves_no_directory(tmp_path, monkeypatch):
-    import tiered_emb.store as store_mod
+    import tiered_emb._opening as store_mod
 
     def broken(*a, **k):
         raise OSError("cannot map")
