@@ -178,11 +178,15 @@ def _rot(tmp_path: Path, seed: int) -> str:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_bit_rot_is_an_error_or_harmless_never_wrong_rows(tmp_path, seed):
-    assert _rot(tmp_path, seed) in ("rows", CorruptStoreError.__name__, "signal 6", "signal 11")
+def test_bit_rot_is_an_error_or_harmless_never_wrong_rows(tmp_path, seed, record_property):
+    outcome = _rot(tmp_path, seed)
+    record_property("outcome", outcome)  # (tallied in docs/durability.md: --junitxml)
+    assert outcome in ("rows", CorruptStoreError.__name__, "signal 6", "signal 11")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4, 100))
-def test_much_bit_rot(tmp_path, seed):
-    assert _rot(tmp_path, seed) in ("rows", CorruptStoreError.__name__, "signal 6", "signal 11")
+def test_much_bit_rot(tmp_path, seed, record_property):
+    outcome = _rot(tmp_path, seed)
+    record_property("outcome", outcome)
+    assert outcome in ("rows", CorruptStoreError.__name__, "signal 6", "signal 11")

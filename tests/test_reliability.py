@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +136,37 @@ def test_create_on_a_full_disk_is_store_full_and_leaves_nothing(full_disk):
     assert not path.exists()
     (full_disk / "fill").unlink()
     TieredStore.create(path, [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu")).close()
+
+
+_RACER = r"""
+import os, sys, time
+from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb.errors import TieredEmbError
+path, go = sys.argv[1], sys.argv[2]
+while not os.path.exists(go):
+    time.sleep(0.001)
+try:
+    TieredStore.create(path, [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu")).close()
+    print("created")
+except TieredEmbError as err:
+    print(type(err).__name__)
+"""
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_racing_creates_from_several_processes_make_one_store(tmp_path, round_):
+    """Five processes create() one path at once: one makes it, each other is told it exists
+    (or is being made: locked), and the store that results opens whole."""
+    path, go = tmp_path / "s", tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RACER, str(path), str(go)], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(5)
+    ]
+    time.sleep(2.0)  # (every racer has imported the package and waits)
+    go.touch()
+    outcomes = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    assert outcomes.count("created") == 1, outcomes
+    assert set(outcomes) <= {"created", "StoreExistsError", "StoreLockedError"}, outcomes
+    with TieredStore.open(path) as s:
+        assert s.lookup("t", np.array([1])).shape == (1, 4)
