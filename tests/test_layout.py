@@ -44,6 +44,8 @@ FOREIGN_API: dict[str, str] = {
     "ary._getvalue": "Numba's struct proxy (context.make_array) hands its LLVM value out this way in an intrinsic",
     "torch.autograd.Variable._execution_engine": "the only hook that queues a callback after the whole backward "
     "(FBGEMM and DeepSpeed use it too); torch has no public one",
+    "ddp._get_active_ddp_module": "DistributedDataParallel's own record of the module whose forward runs "
+    "(TorchDynamo reads it the same way); torch has no public one",
 }
 
 # (file relative to the repository root, "<expression>._name"): why it is allowed.  Keep it short:

@@ -90,3 +90,15 @@ class TraceFileError(TieredEmbError, OSError):
 
 class MissingExtraError(TieredEmbError, ImportError):
     """An optional dependency (an extra such as ``bench``) is not installed."""
+
+
+class CopyError(TieredEmbError, TypeError):
+    """Pickling or deep-copying a torch module whose rows live in a store (``torch.save(model)``)."""
+
+
+class DistributedError(TieredEmbError, RuntimeError):
+    """A tiered torch module trained where its rows would diverge across processes (DistributedDataParallel)."""
+
+
+class StaleRowsWarning(UserWarning):
+    """Dense weights loaded beside rows older than those they were saved with."""

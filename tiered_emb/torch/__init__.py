@@ -21,7 +21,17 @@ with it); under ``torch.no_grad()`` it is a plain read.  As with any in-place up
 run a batch's backward before the rows it read are updated by another batch.
 """
 
+from tiered_emb.torch.checkpoint import load, save
 from tiered_emb.torch.modules import TieredEmbedding, TieredEmbeddingBag, TieredEmbeddingBagCollection
+from tiered_emb.torch.optim import TieredOptimizer
 from tiered_emb.torch.pipeline import TrainPipeline
 
-__all__ = ["TieredEmbedding", "TieredEmbeddingBag", "TieredEmbeddingBagCollection", "TrainPipeline"]
+__all__ = [
+    "TieredEmbedding",
+    "TieredEmbeddingBag",
+    "TieredEmbeddingBagCollection",
+    "TieredOptimizer",
+    "TrainPipeline",
+    "load",
+    "save",
+]

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from tiered_emb.errors import BackwardError
-from tiered_emb.step.plan import BagPlan
+from tiered_emb.step.plan import BagPlan, dedupe
+from tiered_emb.step.reduce import reduce_bag_grads, reduce_grads
 
 
 def after_backward(update, ctx, spent: tuple[str, ...]) -> None:
@@ -34,11 +35,44 @@ def after_backward(update, ctx, spent: tuple[str, ...]) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(run)
 
 
-class Batch:
-    """One forward's plan, kept for its backward."""
+#: ``Batch.hold`` of a forward whose update the store applies at the end of its backward pass.
+FUSED = "fused"
 
-    def __init__(self, store, table: str, plan: BagPlan, nonfinite: str):
-        self.store, self.table, self.plan, self.nonfinite = store, table, plan, nonfinite
+
+class Batch:
+    """One forward's plan, kept for its backward, and where its update goes.
+
+    ``hold``: :data:`FUSED` (the store applies the update when the backward pass ends),
+    an object with ``add(store, table, ids, grads, nonfinite)`` that keeps the gradient
+    for a later step (:class:`tiered_emb.torch.TieredOptimizer`), or None: no update (an
+    ``eval()`` or frozen module; only ``per_sample_weights`` get their gradient).
+    """
+
+    def __init__(self, store, table: str, plan: BagPlan, nonfinite: str, hold=FUSED):
+        self.store, self.table, self.plan, self.nonfinite, self.hold = store, table, plan, nonfinite, hold
+
+
+def hand_over(batch: Batch, ctx, spent: tuple[str, ...], fused, reduced) -> None:
+    """The update of ``batch``: ``fused()`` (the store's checked update, as a callable) when
+    the store applies it, ``reduced()`` (``(unique ids, summed gradients)``) when it is held."""
+    if batch.hold is None:
+        return
+    if batch.hold is FUSED:
+        after_backward(fused(), ctx, spent)
+        return
+    ids, grads = reduced()
+    # held at the end of a pass that raised nothing, as the fused update; a held gradient
+    # adds up over backwards (as a torch parameter's), so a second backward is allowed
+    after_backward(lambda: batch.hold.add(batch.store, batch.table, ids, grads, batch.nonfinite), ctx, ())
+
+
+def _spent(what: str) -> BackwardError:
+    return BackwardError(
+        f"a second backward through {what} whose update the store already applied "
+        "(backward(retain_graph=True), then another backward)",
+        "sum the losses and call backward once; the store applies its optimizer in backward "
+        "(or hold the gradients for a step with tiered_emb.torch.TieredOptimizer)",
+    )
 
 
 class FusedBags(torch.autograd.Function):
@@ -46,7 +80,7 @@ class FusedBags(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor, weights_t, batch: Batch):
-        out = batch.store.lookup_pooled(batch.table, batch.plan)
+        out = batch.store.lookup_pooled(batch.table, batch.plan, backward=batch.hold is not None)
         ctx.batch = batch
         ctx.weights_need_grad = weights_t is not None and weights_t.requires_grad
         if ctx.weights_need_grad:
@@ -60,11 +94,7 @@ class FusedBags(torch.autograd.Function):
     def backward(ctx, grad_out):
         batch = ctx.batch
         if batch is None:
-            raise BackwardError(
-                "a second backward through an embedding output whose update the store already "
-                "applied (backward(retain_graph=True), then another backward)",
-                "sum the losses and call backward once; the store applies its optimizer in backward",
-            )
+            raise _spent("an embedding output")
         g = np.ascontiguousarray(grad_out.detach().cpu().numpy(), dtype=np.float32)
         grad_w = None
         if ctx.weights_need_grad:
@@ -73,29 +103,44 @@ class FusedBags(torch.autograd.Function):
             grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
             grad_w = grad_w.reshape(ctx.weights_shape).to(ctx.weights_device)  # the weights' own shape: (n,) or (B, L)
         # ctx.rows go with the update: a pass that fails leaves them for the backward run again
-        after_backward(batch.store.pooled_update(batch.table, batch.plan, g, batch.nonfinite), ctx, ("batch", "rows"))
+        hand_over(
+            batch,
+            ctx,
+            ("batch", "rows"),
+            lambda: batch.store.pooled_update(batch.table, batch.plan, g, batch.nonfinite),
+            lambda: (batch.plan.uids, reduce_bag_grads(batch.plan, g)[0]),
+        )
         return None, grad_w, None
 
 
 class RowsFromStore(torch.autograd.Function):
-    """Rows of ``ids`` as a tensor (DLPack view); backward hands their gradient to the store."""
+    """Rows of a batch's ids as a tensor (DLPack view); backward hands their gradient to the store."""
 
     @staticmethod
-    def forward(ctx, anchor, store, table: str, ids: np.ndarray, nonfinite: str):
-        rows = store.lookup(table, ids)
-        ctx.args = (store, table, ids, nonfinite)
-        return torch.from_dlpack(rows)
+    def forward(ctx, anchor, batch: Batch):
+        rows = batch.store.lookup(batch.table, batch.plan.ids)
+        ctx.batch = batch
+        return torch.from_numpy(rows) if isinstance(rows, np.ndarray) else torch.from_dlpack(rows)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_rows):
-        if ctx.args is None:
-            raise BackwardError(
-                "a second backward through embedding rows whose update the store already applied",
-                "sum the losses and call backward once; the store applies its optimizer in backward",
-            )
-        store, table, ids, nonfinite = ctx.args
+        batch = ctx.batch
+        if batch is None:
+            raise _spent("embedding rows")
+        store = batch.store
         g = grad_rows.detach().contiguous()
-        g = g.cpu().numpy() if store.xp is np else store.xp.from_dlpack(g)
-        after_backward(store.gradient_update(table, ids, g, nonfinite=nonfinite), ctx, ("args",))
-        return None, None, None, None, None
+
+        def reduced():
+            uids, inverse = dedupe(batch.plan.ids)
+            return uids, reduce_grads(np.ascontiguousarray(g.cpu().numpy(), np.float32), inverse, uids.shape[0])
+
+        g_store = g.cpu().numpy() if store.xp is np else store.xp.from_dlpack(g)
+        hand_over(
+            batch,
+            ctx,
+            ("batch",),
+            lambda: store.gradient_update(batch.table, batch.plan.ids, g_store, nonfinite=batch.nonfinite),
+            reduced,
+        )
+        return None, None

@@ -5,74 +5,47 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from tiered_emb._args import nonfinite_rule
 from tiered_emb.errors import ConfigError, IdTypeError
-from tiered_emb.step.plan import BagPlan, plan_bags
-from tiered_emb.torch._autograd import Batch, FusedBags, RowsFromStore
+from tiered_emb.torch._base import StoreModule
 from tiered_emb.torch._inputs import as_numpy_ids, bags_of, weights_of
 
-_MODES = ("sum", "mean")
+_MODES = ("sum", "mean", "max")
 
 
-class _StoreModule(torch.nn.Module):
-    def __init__(self, store, table: str, nonfinite: str):
-        super().__init__()
-        store.table_config(table)  # raises UnknownTableError with a hint
-        nonfinite_rule(nonfinite)
-        self.store = store
-        self.table = table
-        self.nonfinite = nonfinite
-        self.embedding_dim = store.tables[table].dim
-        # Not a Parameter: it only makes outputs require grad so autograd calls our backward.
-        self._anchor = torch.empty(0, requires_grad=True)
-
-    @staticmethod
-    def _needs_backward() -> bool:
-        return torch.is_grad_enabled()
-
-    def _pooled(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None) -> torch.Tensor:
-        """``shape``: the input ids' shape, that of ``weights_t`` (default ``ids.shape``)."""
-        return self._run(self._plan(ids, offsets, weights_t, mode, shape), weights_t, mode)
-
-    @staticmethod
-    def _plan(ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None) -> BagPlan:
-        """The batch's bags, checked (offsets, weights); nothing read yet."""
-        weights = weights_of(weights_t, ids.shape if shape is None else shape, mode)
-        return plan_bags(ids, offsets, weights, mean=(mode == "mean"))
-
-    def _run(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
-        """Pooled rows of a checked plan, with the fused backward when grad is enabled."""
-        if self.store.xp is not np:
-            return self._pooled_device(plan, weights_t, mode)
-        batch = Batch(self.store, self.table, plan, self.nonfinite)
-        if not self._needs_backward():
-            return torch.from_numpy(self.store.lookup_pooled(self.table, plan, backward=False))
-        return FusedBags.apply(self._anchor, weights_t, batch)
-
-    def _pooled_device(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
-        """GPU HBM: rows by DLPack, pooled by torch on the device; backward through autograd."""
-        anchor = self._anchor if self._needs_backward() else self._anchor.detach()
-        rows = RowsFromStore.apply(anchor, self.store, self.table, plan.ids, self.nonfinite)
-        dev = rows.device
-        idx = torch.arange(plan.ids.shape[0], device=dev)
-        off = torch.from_numpy(plan.offsets).to(dev)
-        w = None if weights_t is None else weights_t.reshape(-1).to(dev)
-        return F.embedding_bag(idx, rows, off, mode=mode, per_sample_weights=w, include_last_offset=True)
+def _pretrained_rows(embeddings) -> np.ndarray:
+    """float32 (n, dim) rows from a tensor or array, as ``from_pretrained`` takes them."""
+    if isinstance(embeddings, torch.Tensor):
+        embeddings = embeddings.detach().cpu().numpy()
+    rows = np.asarray(embeddings)
+    if rows.ndim != 2 or rows.dtype.kind != "f":
+        raise ConfigError(
+            f"embeddings of shape {rows.shape} and dtype {rows.dtype} are invalid",
+            "pass a 2-D float tensor (num_embeddings, dim), as torch's from_pretrained",
+        )
+    return np.ascontiguousarray(rows, dtype=np.float32)
 
 
-class TieredEmbeddingBag(_StoreModule):
+class TieredEmbeddingBag(StoreModule):
     """Like :class:`torch.nn.EmbeddingBag`, over one table of a :class:`~tiered_emb.TieredStore`.
 
     Parameters
     ----------
     store : TieredStore
     table : str, a table of ``store``; its optimizer is applied in backward
-    mode : ``"sum"`` or ``"mean"``
+    mode : ``"mean"`` (default, as torch), ``"sum"`` or ``"max"``
     include_last_offset : bool, as in torch (offsets has B + 1 entries)
     nonfinite : ``"raise"`` (default), ``"skip"`` or ``"zero"``: NaN/inf gradients, as
         :meth:`TieredStore.apply_gradients`
+    padding_idx : int or None, as in torch: that id is left out of every bag (its sum, its
+        mean's count, its max), gets no gradient and is never read or updated
+    freeze : bool, True: no forward plans an update (``per_sample_weights`` still get
+        their gradient)
+
+    The rows are updated by the store in backward (fused), or at the step of a
+    :class:`tiered_emb.torch.TieredOptimizer` that holds the gradients (needed for
+    loss scaling, clipping and gradient accumulation; docs/training.md).  In ``eval()``
+    mode and under ``torch.no_grad()`` a forward plans no update.
 
     Examples
     --------
@@ -89,25 +62,57 @@ class TieredEmbeddingBag(_StoreModule):
     """
 
     def __init__(
-        self, store, table: str, mode: str = "sum", include_last_offset: bool = False, nonfinite: str = "raise"
+        self,
+        store,
+        table: str,
+        mode: str = "mean",
+        include_last_offset: bool = False,
+        nonfinite: str = "raise",
+        *,
+        padding_idx: int | None = None,
+        freeze: bool = False,
     ):
-        super().__init__(store, table, nonfinite)
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r} is not supported", f"use one of {_MODES}")
+        super().__init__(store, table, nonfinite, padding_idx, freeze)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        embeddings,
+        store,
+        table: str,
+        freeze: bool = True,
+        mode: str = "mean",
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        nonfinite: str = "raise",
+    ) -> TieredEmbeddingBag:
+        """A module over ``table`` whose rows ``0..n-1`` are ``embeddings`` (float (n, dim)),
+        written into the store (their optimizer state kept); defaults as torch's."""
+        bag = cls(store, table, mode, include_last_offset, nonfinite, padding_idx=padding_idx, freeze=freeze)
+        rows = _pretrained_rows(embeddings)
+        store.write(table, np.arange(rows.shape[0], dtype=np.int64), rows)
+        return bag
 
     def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:
         """Pooled rows, float32 (B, dim); ``input`` 1-D with ``offsets``, or 2-D (B, L)."""
         ids, off, shape = bags_of(input, offsets, self.include_last_offset)
-        return self._pooled(ids, off, per_sample_weights, self.mode, shape)
+        plan, weights_t = self.plan_batch(ids, off, per_sample_weights, self.mode, shape)
+        return self.pool(plan, weights_t, self.mode)
 
     def extra_repr(self) -> str:
-        return f"table={self.table!r}, dim={self.embedding_dim}, mode={self.mode!r}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"table={self.table!r}, dim={self.embedding_dim}, mode={self.mode!r}{pad}"
 
 
-class TieredEmbedding(_StoreModule):
+class TieredEmbedding(StoreModule):
     """Like :class:`torch.nn.Embedding` (one row per id, any input shape), over one table.
+
+    ``padding_idx`` as in torch: that id's row is read as it is but gets no gradient and
+    no update; ``freeze`` as in :class:`TieredEmbeddingBag`.
 
     Examples
     --------
@@ -119,15 +124,43 @@ class TieredEmbedding(_StoreModule):
     >>> s.close()
     """
 
-    def __init__(self, store, table: str, nonfinite: str = "raise"):
-        super().__init__(store, table, nonfinite)
+    def __init__(
+        self, store, table: str, nonfinite: str = "raise", *, padding_idx: int | None = None, freeze: bool = False
+    ):
+        super().__init__(store, table, nonfinite, padding_idx, freeze)
+
+    @classmethod
+    def from_pretrained(
+        cls, embeddings, store, table: str, freeze: bool = True, padding_idx: int | None = None, nonfinite="raise"
+    ) -> TieredEmbedding:
+        """As :meth:`TieredEmbeddingBag.from_pretrained`."""
+        emb = cls(store, table, nonfinite, padding_idx=padding_idx, freeze=freeze)
+        rows = _pretrained_rows(embeddings)
+        store.write(table, np.arange(rows.shape[0], dtype=np.int64), rows)
+        return emb
 
     def forward(self, input) -> torch.Tensor:
         shape = tuple(input.shape) if isinstance(input, torch.Tensor) else np.shape(input)  # () for a 0-d index
         flat = as_numpy_ids(input, "input ids").reshape(-1)
-        # Bags of one id: the pooled path is a gather, with the same fused backward.
-        out = self._pooled(flat, np.arange(flat.shape[0] + 1, dtype=np.int64), None, "sum")
+        pad = None if self.padding_idx is None else flat == self.padding_idx
+        if pad is not None and bool(pad.any()):
+            out = self._with_padding(flat, pad)
+        else:
+            out = self._gathered(flat)
         return out.reshape(*shape, self.embedding_dim)
+
+    def _gathered(self, ids: np.ndarray) -> torch.Tensor:
+        # Bags of one id: the pooled path is a gather, with the same fused backward.
+        plan, _ = self.plan_batch(ids, np.arange(ids.shape[0] + 1, dtype=np.int64), None, "sum")
+        return self.pool(plan, None, "sum")
+
+    def _with_padding(self, ids: np.ndarray, pad: np.ndarray) -> torch.Tensor:
+        """The padding row read without a gradient, the others through the update path."""
+        self.store.check_ids(self.table, ids)  # every id, before anything is read
+        kept = self._gathered(ids[~pad])
+        pad_row = torch.from_numpy(self.store.peek(self.table, np.array([self.padding_idx], dtype=np.int64)))
+        where = np.where(pad, kept.shape[0], np.cumsum(~pad) - 1)  # row of each position in cat(kept, pad_row)
+        return torch.cat([kept, pad_row])[torch.from_numpy(where)]
 
     def extra_repr(self) -> str:
         return f"table={self.table!r}, dim={self.embedding_dim}"
@@ -140,7 +173,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
     ----------
     store : TieredStore
     feature_tables : dict feature name -> table name (a list means feature == table)
-    mode : ``"sum"`` or ``"mean"``
+    mode : ``"sum"`` (default, as torchrec), ``"mean"`` or ``"max"``
 
     ``forward`` takes a dict feature -> ``(values, lengths)`` (values int (n,), lengths int
     (B,) per feature) or, when torchrec is installed, a ``KeyedJaggedTensor``; it returns
@@ -216,13 +249,13 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
                         )
                     weights_of(weights, ids.shape, bag.mode)
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
-            plan = bag._plan(ids, offsets, weights_t, bag.mode)
+            plan, weights_t = bag.plan_batch(ids, offsets, weights_t, bag.mode)
             store = bag.store
             store.check_bags(table, plan)  # the ids' range, before anything is read
             planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
         out = {}
         for bag, plan, weights_t, feats, sizes in planned:
-            pooled = bag._run(plan, weights_t, bag.mode)
+            pooled = bag.pool(plan, weights_t, bag.mode)
             out.update(zip(feats, torch.split(pooled, sizes) if len(feats) > 1 else [pooled], strict=False))
         return {f: out[f] for f in self.bags}
 

@@ -8,6 +8,7 @@ import torch
 
 from tiered_emb.errors import ConfigError
 from tiered_emb.prefetch import lookahead
+from tiered_emb.torch.optim import TieredOptimizer
 
 
 class TrainPipeline:
@@ -26,7 +27,8 @@ class TrainPipeline:
     ----------
     store : TieredStore
     model : torch.nn.Module, holding Tiered* embedding modules over ``store``
-    optimizer : torch.optim.Optimizer for the dense parameters (or None)
+    optimizer : torch.optim.Optimizer for the dense parameters (or None), or a
+        :class:`TieredOptimizer` (the rows then update at its step)
     ids_of : callable, ``ids_of(batch) -> {table: ids}``: the rows a batch will read
     loss_of : callable, ``loss_of(model, batch) -> scalar loss tensor``
     lookahead_batches : int >= 0, the window k
@@ -45,6 +47,9 @@ class TrainPipeline:
         another order on another thread count, so the dense model (and, through its
         gradients, the rows) would differ from a run without the pipeline; the store's own
         results never depend on it.
+    scaler : torch.amp.GradScaler or None: each step runs ``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)`` and ``scaler.update()``; needs a :class:`TieredOptimizer`
+        (ConfigError otherwise: the fused update would apply the scaled gradient)
 
     Examples
     --------
@@ -65,6 +70,7 @@ class TrainPipeline:
         load_ahead: int = 1,
         read_ahead: int = 0,
         step_threads: int | None = None,
+        scaler=None,
     ):
         for name, v in (
             ("lookahead_batches", lookahead_batches),
@@ -77,6 +83,13 @@ class TrainPipeline:
             not isinstance(step_threads, int) or isinstance(step_threads, bool) or step_threads < 1
         ):
             raise ConfigError(f"step_threads={step_threads!r} is invalid", "use an int >= 1, or None")
+        if scaler is not None and not isinstance(optimizer, TieredOptimizer):
+            raise ConfigError(
+                f"scaler with an optimizer of type {type(optimizer).__name__}",
+                "pass optimizer=TieredOptimizer(model, dense_optimizer): the rows must get the unscaled "
+                "gradient, and skip the steps the scaler skips",
+            )
+        self.scaler = scaler
         self.step_threads = step_threads
         self.store = store
         self.model = model
@@ -99,6 +112,12 @@ class TrainPipeline:
                 if self.optimizer is not None:
                     self.optimizer.zero_grad(set_to_none=True)
                 loss = self.loss_of(self.model, batch)
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    yield float(loss.detach())
+                    continue
                 loss.backward()
                 if self.optimizer is not None:
                     self.optimizer.step()
