@@ -66,6 +66,13 @@ def hand_over(batch: Batch, ctx, spent: tuple[str, ...], fused, reduced) -> None
     after_backward(lambda: batch.hold.add(batch.store, batch.table, ids, grads, batch.nonfinite), ctx, ())
 
 
+def weights_grad(plan: BagPlan, rows: np.ndarray, grad_out: np.ndarray) -> np.ndarray:
+    """Gradient of each id's ``per_sample_weights`` entry, float32 (n,): ``rows[i] . grad_out[bag(i)]``
+    (``rows``: the ids' rows as the forward read them, (n, dim))."""
+    bag_of = np.repeat(np.arange(plan.num_bags), np.diff(plan.offsets))
+    return np.einsum("nd,nd->n", rows, grad_out[bag_of]).astype(np.float32)
+
+
 def _spent(what: str) -> BackwardError:
     return BackwardError(
         f"a second backward through {what} whose update the store already applied "
@@ -98,9 +105,7 @@ class FusedBags(torch.autograd.Function):
         g = np.ascontiguousarray(grad_out.detach().cpu().numpy(), dtype=np.float32)
         grad_w = None
         if ctx.weights_need_grad:
-            plan = batch.plan
-            bag_of = np.repeat(np.arange(plan.num_bags), np.diff(plan.offsets))
-            grad_w = torch.from_numpy(np.einsum("nd,nd->n", ctx.rows, g[bag_of]).astype(np.float32))
+            grad_w = torch.from_numpy(weights_grad(batch.plan, ctx.rows, g))
             grad_w = grad_w.reshape(ctx.weights_shape).to(ctx.weights_device)  # the weights' own shape: (n,) or (B, L)
         # ctx.rows go with the update: a pass that fails leaves them for the backward run again
         hand_over(

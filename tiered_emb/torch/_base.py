@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tiered_emb._args import nonfinite_rule
 from tiered_emb.errors import ConfigError, CopyError, DistributedError, StaleRowsWarning
 from tiered_emb.step.plan import BagPlan, plan_bags
+from tiered_emb.torch import compiled
 from tiered_emb.torch._autograd import FUSED, Batch, FusedBags, RowsFromStore
 from tiered_emb.torch._inputs import weights_of
 
@@ -44,6 +45,8 @@ class StoreModule(torch.nn.Module):
         # Not a Parameter: it only makes outputs require grad so autograd calls our backward.
         self._anchor = torch.empty(0, requires_grad=True)
         self._hold = FUSED  # or a TieredOptimizer's held gradients (defer_updates)
+        self._handle = compiled.register(self)  # how the compiled forward's ops find this module
+        self._compiles = store.xp is np  # the ops pool on the host
         self.register_load_state_dict_pre_hook(_accept_a_state_without_reference)
 
     @property
@@ -81,6 +84,22 @@ class StoreModule(torch.nn.Module):
         """Whether a forward now plans an update: gradients enabled, training mode, not frozen."""
         return torch.is_grad_enabled() and self.training and not self.freeze
 
+    @property
+    def update_target(self):
+        """Where a planned update goes: ``_autograd.FUSED`` or a TieredOptimizer's held gradients."""
+        return self._hold
+
+    def check_not_distributed(self) -> None:
+        """Raise DistributedError inside ``DistributedDataParallel`` (each rank would update its own rows)."""
+        if _ddp_wraps_a_forward():
+            raise DistributedError(
+                f"the module over table {self.table!r} runs inside DistributedDataParallel, which "
+                "all-reduces torch parameters only: each process would update its own copy of the rows",
+                "train a model holding tiered modules in one process (its dense layers and the store "
+                "use every core: TrainPipeline(step_threads=...)); sharding the tables over "
+                "torch.distributed is not available yet",
+            )
+
     # ------------------------------------------------------------------ the forward
     def plan_batch(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None):
         """The batch's bags, checked (offsets, weights), without its padding ids; nothing read yet.
@@ -105,14 +124,7 @@ class StoreModule(torch.nn.Module):
     def pool(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
         """Pooled rows of a checked plan, float32 (B, dim), with the update planned when
         :meth:`updates_rows`."""
-        if _ddp_wraps_a_forward():
-            raise DistributedError(
-                f"the module over table {self.table!r} runs inside DistributedDataParallel, which "
-                "all-reduces torch parameters only: each process would update its own copy of the rows",
-                "train a model holding tiered modules in one process (its dense layers and the store "
-                "use every core: TrainPipeline(step_threads=...)); sharding the tables over "
-                "torch.distributed is not available yet",
-            )
+        self.check_not_distributed()
         hold = self._hold if self.updates_rows() else None
         batch = Batch(self.store, self.table, plan, self.nonfinite, hold)
         if self.store.xp is not np or mode == "max":
@@ -121,6 +133,16 @@ class StoreModule(torch.nn.Module):
         if hold is None and not weights_grad:
             return torch.from_numpy(self.store.lookup_pooled(self.table, plan, backward=False))
         return FusedBags.apply(self._anchor, weights_t, batch)
+
+    def compiles(self, mode: str, input) -> bool:
+        """Whether this forward, being compiled, is one custom op (see :mod:`tiered_emb.torch.compiled`)."""
+        return self._compiles and mode != "max" and isinstance(input, torch.Tensor) and torch.compiler.is_compiling()
+
+    def pool_compiled(self, input, offsets, weights, mode: str, include_last_offset: bool) -> torch.Tensor:
+        """The forward under ``torch.compile``: ``tiered_emb::pooled`` on the input tensors."""
+        update = self.updates_rows()
+        anchor = self._anchor if update else self._anchor.detach()
+        return compiled.pooled(input, offsets, weights, anchor, self._handle, mode, include_last_offset, update)
 
     def _pooled_rows(self, batch: Batch, weights_t, mode: str) -> torch.Tensor:
         """Rows gathered (by DLPack from a GPU HBM), pooled by torch: the GPU path, and ``max``."""

@@ -99,6 +99,8 @@ class TieredEmbeddingBag(StoreModule):
 
     def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:
         """Pooled rows, float32 (B, dim); ``input`` 1-D with ``offsets``, or 2-D (B, L)."""
+        if self.compiles(self.mode, input):
+            return self.pool_compiled(input, offsets, per_sample_weights, self.mode, self.include_last_offset)
         ids, off, shape = bags_of(input, offsets, self.include_last_offset)
         plan, weights_t = self.plan_batch(ids, off, per_sample_weights, self.mode, shape)
         return self.pool(plan, weights_t, self.mode)
@@ -140,6 +142,9 @@ class TieredEmbedding(StoreModule):
         return emb
 
     def forward(self, input) -> torch.Tensor:
+        if self.padding_idx is None and self.compiles("sum", input):
+            out = self.pool_compiled(input.reshape(-1, 1), None, None, "sum", False)
+            return out.reshape(*input.shape, self.embedding_dim)
         shape = tuple(input.shape) if isinstance(input, torch.Tensor) else np.shape(input)  # () for a 0-d index
         flat = as_numpy_ids(input, "input ids").reshape(-1)
         pad = None if self.padding_idx is None else flat == self.padding_idx
