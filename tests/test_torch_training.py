@@ -285,3 +285,41 @@ def test_train_pipeline_with_a_scaler_trains_as_without_it(tmp_path):
         assert _state(plain) == _state(scaled)
         with pytest.raises(ConfigError, match="TieredOptimizer"):
             TrainPipeline(plain, net, dense, lambda b: {}, loss_of, scaler=torch.amp.GradScaler("cpu"))
+
+
+def test_a_later_optimizer_takes_the_modules_over_and_release_gives_them_back(tmp_path):
+    with _store(tmp_path, "s", optimizer=SGD(0.5)) as s:
+        bag = TieredEmbeddingBag(s, "t", mode="sum")
+        first, second = TieredOptimizer(bag), TieredOptimizer(bag)
+        before = _state(s)
+        bag(torch.tensor([1, 2]), torch.tensor([0])).sum().backward()
+        first.step()  # holds nothing: the second took the module over
+        assert _state(s) == before
+        second.step()
+        after = _state(s)
+        assert after != before
+        second.release()
+        bag(torch.tensor([1, 2]), torch.tensor([0])).sum().backward()  # fused again
+        assert _state(s) != after
+
+
+def test_autocast_with_a_scaler_trains_as_autocast_without_it(tmp_path):
+    """Mixed precision (bfloat16 autocast on the CPU): the rows stay float32 and get the
+    unscaled gradient, bitwise that of the same autocast run without loss scaling."""
+    with _store(tmp_path, "a") as plain, _store(tmp_path, "b") as scaled:
+        for s, scaler in ((plain, None), (scaled, torch.amp.GradScaler("cpu", init_scale=1024.0))):
+            net = Net(s)
+            opt = TieredOptimizer(net, torch.optim.SGD(net.lin.parameters(), lr=0.1))
+            for step in range(4):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = _loss(net, step)
+                if scaler is None:
+                    loss.backward()
+                    opt.step()
+                else:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+        assert _state(plain) == _state(scaled)
+        assert s.peek("t", np.arange(ROWS)).dtype == np.float32

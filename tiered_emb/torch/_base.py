@@ -72,12 +72,8 @@ class StoreModule(torch.nn.Module):
 
     def defer_updates(self, hold) -> None:
         """Hand each backward's gradient to ``hold`` instead of updating the rows at its end
-        (:class:`tiered_emb.torch.TieredOptimizer` calls this); ``None`` restores the fused update."""
-        if hold is not None and self._hold is not FUSED and self._hold is not hold:
-            raise ConfigError(
-                f"the module over table {self.table!r} already belongs to a TieredOptimizer",
-                "make one TieredOptimizer per model",
-            )
+        (:class:`tiered_emb.torch.TieredOptimizer` calls this: the last one built over a module
+        holds its updates); ``None`` restores the fused update."""
         self._hold = FUSED if hold is None else hold
 
     def updates_rows(self) -> bool:

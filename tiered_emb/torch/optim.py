@@ -85,7 +85,8 @@ class TieredOptimizer:
     """The update of a model's tiered tables held until :meth:`step`, beside its dense optimizer.
 
     Built over ``model``, it switches every tiered module in it to held updates (see the
-    module docstring); with ``dense`` (the torch optimizer of the dense parameters) it is
+    module docstring; a TieredOptimizer built later over the same modules takes them over,
+    and :meth:`release` gives them back the fused update); with ``dense`` (the torch optimizer of the dense parameters) it is
     *one* optimizer for the whole model, so that ``GradScaler`` and clipping treat both
     alike: ``scaler.step(opt)`` unscales the dense and the embedding gradients together and
     skips the whole step, rows included, when any of them holds inf or NaN.
@@ -177,6 +178,13 @@ class TieredOptimizer:
         if scaler is not None:
             scaler.unscale_(self)
         return torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type=norm_type)
+
+    def release(self) -> None:
+        """Give the modules back the fused update (held gradients are dropped)."""
+        self.held.clear()
+        for m in self.modules:
+            if m.update_target is self.held:
+                m.defer_updates(None)
 
     def state_dict(self) -> dict:
         """The dense optimizer's state (the tables' optimizer state lives in the store)."""
