@@ -86,10 +86,11 @@ class TieredOptimizer:
 
     Built over ``model``, it switches every tiered module in it to held updates (see the
     module docstring; a TieredOptimizer built later over the same modules takes them over,
-    and :meth:`release` gives them back the fused update); with ``dense`` (the torch optimizer of the dense parameters) it is
-    *one* optimizer for the whole model, so that ``GradScaler`` and clipping treat both
-    alike: ``scaler.step(opt)`` unscales the dense and the embedding gradients together and
-    skips the whole step, rows included, when any of them holds inf or NaN.
+    and :meth:`release` gives them back the fused update).  With ``dense`` (the torch
+    optimizer of the dense parameters) it is *one* optimizer for the whole model, so that
+    ``GradScaler`` and clipping treat both alike: ``scaler.step(opt)`` unscales the dense
+    and the embedding gradients together and skips the whole step, rows included, when
+    any of them holds inf or NaN.
 
     Parameters
     ----------
