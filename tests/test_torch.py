@@ -75,7 +75,7 @@ def test_bag_2d_input_and_include_last_offset(tmp_path):
     ref = _torch_bag(store, "sum")
     x = torch.tensor([[1, 2, 2], [4, 1, 0]])
     with torch.no_grad():
-        torch.testing.assert_close(TieredEmbeddingBag(store, "t")(x), ref(x), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(TieredEmbeddingBag(store, "t", mode="sum")(x), ref(x), rtol=1e-6, atol=1e-7)
         bag = TieredEmbeddingBag(store, "t", mode="mean", include_last_offset=True)
         ids, offs = torch.tensor([3, 4, 5, 6]), torch.tensor([0, 1, 1, 4])
         ref_m = torch.nn.EmbeddingBag.from_pretrained(ref.weight, mode="mean", include_last_offset=True)
@@ -177,7 +177,7 @@ def test_direct_hbm_reads_rows_written_under_a_smaller_hbm(tmp_path):
     path = tmp_path / "s"
     cfg = TableConfig("t", dim=DIM, num_rows=ROWS, optimizer=RowWiseAdagrad(lr=0.3))
     with TieredStore.create(path, [cfg], TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=3) as s:
-        bag = TieredEmbeddingBag(s, "t")
+        bag = TieredEmbeddingBag(s, "t", mode="sum")
         for step in range(4):
             ids, offsets, _ = _batch(step, bags=9)
             bag(ids, offsets).sum().backward()
@@ -227,7 +227,7 @@ def test_collection_keyed_jagged_tensor(tmp_path):
 
 def test_no_grad_reads_only_and_nonfinite_changes_nothing(tmp_path):
     store = _store(tmp_path)
-    bag = TieredEmbeddingBag(store, "t")
+    bag = TieredEmbeddingBag(store, "t", mode="sum")
     ids, offsets, _ = _batch(1)
     before = store.peek("t", np.arange(ROWS), with_state=True)
     with torch.no_grad():
@@ -242,7 +242,7 @@ def test_no_grad_reads_only_and_nonfinite_changes_nothing(tmp_path):
 
 def test_dense_parameters_keep_their_torch_optimizer(tmp_path):
     store = _store(tmp_path)
-    bag = TieredEmbeddingBag(store, "t")
+    bag = TieredEmbeddingBag(store, "t", mode="sum")
     lin = torch.nn.Linear(DIM, 1)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
     assert list(bag.parameters()) == []  # rows are not torch parameters
@@ -262,7 +262,7 @@ def test_2d_input_per_sample_weights_grad_has_their_shape(tmp_path):
     w = torch.linspace(0.5, 2.0, 6).reshape(2, 3).requires_grad_()
     w_ref = w.detach().clone().requires_grad_()
     grad = torch.linspace(-1.0, 1.0, 2 * DIM).reshape(2, DIM)
-    TieredEmbeddingBag(store, "t")(x, per_sample_weights=w).backward(grad)
+    TieredEmbeddingBag(store, "t", mode="sum")(x, per_sample_weights=w).backward(grad)
     ref(x, per_sample_weights=w_ref).backward(grad)
     assert w.grad.shape == (2, 3)
     torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-6, atol=1e-6)
@@ -287,7 +287,7 @@ def test_meta_device_inputs_are_a_device_error(tmp_path, which):
         w = w.to("meta")
     before = _all_rows(store)
     with pytest.raises(DeviceError, match="'meta' device"):
-        TieredEmbeddingBag(store, "t")(ids, off, w)
+        TieredEmbeddingBag(store, "t", mode="sum")(ids, off, w)
     with pytest.raises(DeviceError, match="'meta' device"):
         TieredEmbedding(store, "t")(torch.tensor([1, 2], device="meta"))
     assert _all_rows(store) == before
@@ -300,7 +300,7 @@ def test_per_sample_weights_must_be_a_tensor(tmp_path, w):
 
     store = _store(tmp_path)
     with pytest.raises(ConfigError, match="per_sample_weights of type"):
-        TieredEmbeddingBag(store, "t")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]), w)
+        TieredEmbeddingBag(store, "t", mode="sum")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]), w)
     store.close()
 
 
@@ -321,7 +321,7 @@ def test_per_sample_weights_of_another_shape_or_dtype_are_refused(tmp_path, x, w
     store = _store(tmp_path)
     off = torch.tensor([0, 2]) if x.ndim == 1 else None
     with pytest.raises(ConfigError, match="per_sample_weights have"):
-        TieredEmbeddingBag(store, "t")(x, off, w)
+        TieredEmbeddingBag(store, "t", mode="sum")(x, off, w)
     store.close()
 
 
@@ -364,7 +364,7 @@ def test_second_backward_through_one_output_is_a_typed_error(tmp_path):
         TierConfig(hbm_rows=32, device="cpu"),
         seed=1,
     ) as s:
-        out = TieredEmbeddingBag(s, "t")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
+        out = TieredEmbeddingBag(s, "t", mode="sum")(torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
         out.sum().backward(retain_graph=True)
         once = s.peek("t", np.arange(20))
         with pytest.raises(BackwardError, match="second backward"):
@@ -381,7 +381,7 @@ def test_inputs_changed_in_place_after_forward_do_not_change_the_update(tmp_path
         seed=1,
     ) as s:
         w0 = s.peek("t", np.arange(20)).copy()
-        bag = TieredEmbeddingBag(s, "t", include_last_offset=True)
+        bag = TieredEmbeddingBag(s, "t", mode="sum", include_last_offset=True)
         ids, off, psw = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2, 4]), torch.ones(4)
         out = bag(ids, off, per_sample_weights=psw)
         {
@@ -456,7 +456,7 @@ def test_nonfinite_in_one_table_updates_no_table(tmp_path, bad, module):
     store = _store(tmp_path, tables=("a", "b"))
     ids, offsets, _ = _batch(4)
     if module == "bags":
-        mods = {t: TieredEmbeddingBag(store, t) for t in ("a", "b")}
+        mods = {t: TieredEmbeddingBag(store, t, mode="sum") for t in ("a", "b")}
         outs = {t: m(ids, offsets) for t, m in mods.items()}
     else:
         mods = {t: TieredEmbedding(store, t) for t in ("a", "b")}
@@ -471,7 +471,9 @@ def test_nonfinite_in_one_table_updates_no_table(tmp_path, bad, module):
     # the same bytes as a store that only ever saw the finite pass
     sum(o.sum() for o in outs.values()).backward()
     ref = _store(tmp_path, name="ref", tables=("a", "b"))
-    ref_mods = {t: (TieredEmbeddingBag if module == "bags" else TieredEmbedding)(ref, t) for t in ("a", "b")}
+    ref_mods = {
+        t: TieredEmbeddingBag(ref, t, mode="sum") if module == "bags" else TieredEmbedding(ref, t) for t in ("a", "b")
+    }
     sum((m(ids, offsets) if module == "bags" else m(ids)).sum() for m in ref_mods.values()).backward()
     for t in ("a", "b"):
         got = store.peek(t, np.arange(ROWS), with_state=True).tobytes()
@@ -516,8 +518,8 @@ def test_a_weighted_bag_can_be_backpropagated_again_after_a_pass_that_raised(tmp
     ids, off = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])
 
     def run(store, psw):
-        out_b = TieredEmbeddingBag(store, "b")(ids, off)  # b first: autograd visits a's backward first
-        out_a = TieredEmbeddingBag(store, "a")(ids, off, per_sample_weights=psw)
+        out_b = TieredEmbeddingBag(store, "b", mode="sum")(ids, off)  # b first: autograd visits a's backward first
+        out_a = TieredEmbeddingBag(store, "a", mode="sum")(ids, off, per_sample_weights=psw)
         return lambda scale: (out_a.sum() + scale * out_b.sum()).backward(retain_graph=True)
 
     s, ref = _store(tmp_path, tables=("a", "b")), _store(tmp_path, name="ref", tables=("a", "b"))

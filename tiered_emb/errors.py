@@ -98,3 +98,15 @@ class ReadOnlyError(TieredEmbError, PermissionError):
 
 class SnapshotNotFoundError(TieredEmbError, LookupError):
     """``open(path, snapshot=k)`` of a checkpoint the store no longer keeps (or never took)."""
+
+
+class CopyError(TieredEmbError, TypeError):
+    """Pickling or deep-copying a torch module whose rows live in a store (``torch.save(model)``)."""
+
+
+class DistributedError(TieredEmbError, RuntimeError):
+    """A tiered torch module trained where its rows would diverge across processes (DistributedDataParallel)."""
+
+
+class StaleRowsWarning(UserWarning):
+    """Dense weights loaded beside rows older than those they were saved with."""
