@@ -43,6 +43,18 @@ def test_any_change_to_one_word_or_the_id_changes_the_sum(row_id, width, data):
     assert codec.row_sums(np.array([row_id + flip]), words[None])[0] != base
 
 
+def test_sign_flips_of_two_words_or_a_negated_row_change_the_sum():
+    """A weighted sum alone misses two flips of bit 31 (2**31 twice is 0 mod 2**32); the
+    shift of each term carries them down."""
+    words = np.arange(1, 65, dtype=np.float32).view(np.uint32)
+    base = codec.row_sums(np.array([500]), words[None])[0]
+    for a, b in ((0, 1), (3, 40), (62, 63)):
+        changed = words.copy()
+        changed[[a, b]] ^= np.uint32(1 << 31)
+        assert codec.row_sums(np.array([500]), changed[None])[0] != base, (a, b)
+    assert codec.row_sums(np.array([500]), (-words.view(np.float32)).view(np.uint32)[None])[0] != base
+
+
 def _store(path, compression=None):
     tiers = TierConfig(hbm_rows=64, ddr_rows=64, device="cpu", ssd_compression=compression)
     with TieredStore.create(path, TABLES, tiers, seed=3) as s:
@@ -94,3 +106,20 @@ def test_verify_of_a_whole_store_finds_nothing(tmp_path):
         report = s.verify()
         np.testing.assert_array_equal(s.peek("a", np.arange(ROWS)), rows["a"])
     assert report["damaged"] == [] and report["rows"] == 2 * ROWS and report["records"] == 0
+
+
+def test_a_segment_under_another_number_stops_the_open(tmp_path):
+    """A damaged key (a B-tree page has no checksum) would reorder the copies of its rows:
+    the header's CRC covers the segment's number too."""
+    import lmdb
+
+    _store(tmp_path / "s")
+    env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=16)
+    db = env.open_db(b"p:a")
+    with env.begin(write=True) as txn:
+        key, value = next(iter(txn.cursor(db=db)))
+        txn.delete(key, db=db)
+        txn.put(codec.segment_key(int.from_bytes(key, "big") + 1000), bytes(value), db=db)
+    env.close()
+    with pytest.raises(CorruptStoreError, match=r"table 'a'.*its number or its ids"):
+        TieredStore.open(tmp_path / "s")

@@ -182,7 +182,7 @@ def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
     with env.begin() as txn:
         got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=env.open_db(b"p:a", txn=txn))]
     env.close()
-    assert got == [(codec.segment_key(0), bytes(codec.encode_segment(ids, rows, None)))]
+    assert got == [(codec.segment_key(0), bytes(codec.encode_segment(ids, rows, None, 0)))]
     # started by a parent already gone: it writes nothing at all
     assert _serve(monkeypatch, frames, parent=777, ppids=[1]) == b""
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ def create(cls: Any, path: Any, tables: Any, tiers: Any, seed: Any) -> Any:
         raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
         raise ConfigError(f"seed={seed!r} is invalid", "use an int in [0, 2**64)")
+    if tiers.keep_checkpoints is None:
+        tiers = dataclasses.replace(tiers, keep_checkpoints=1)
     _directory.refuse_existing(path)
     resolve_xp(tiers.device)  # fail on device="cuda" before anything is written
     lock_fd = _directory.make(path)
@@ -58,6 +61,8 @@ def open_writer(cls: Any, path: Any, tiers: Any, restore: str, snapshot: int | N
         raise ConfigError(f"tiers={tiers!r} is invalid", "pass a TierConfig or None")
     _directory.check_data_file(path)
     tiers = tiers or stored_tiers
+    if tiers.keep_checkpoints is None:  # (the store's own setting)
+        tiers = dataclasses.replace(tiers, keep_checkpoints=stored_tiers.keep_checkpoints or 1)
     lock_fd = _directory.lock(path)
     ssd = None
     try:

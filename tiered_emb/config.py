@@ -175,12 +175,6 @@ class TableConfig:
         """Floats per record: weights then optimizer state."""
         return self.dim + self.state_width
 
-        if not _is_int(self.keep_checkpoints) or not 1 <= self.keep_checkpoints <= 1000:
-            raise ConfigError(
-                f"TierConfig.keep_checkpoints={self.keep_checkpoints!r} is invalid",
-                "use an int in 1..1000: how many of the last checkpoints the store keeps",
-            )
-
     def to_dict(self) -> dict[str, Any]:
         init = {"name": self.init.name, **{k: getattr(self.init, k) for k in self.init.__dataclass_fields__}}
         return {
@@ -233,10 +227,12 @@ class TierConfig:
         rows one of its operations (a checkpoint's transaction, a compaction, an export's
         chunk) holds at once, beyond the tiers, the SSD index and the write-backs waiting
         in memory.  A batch's distinct rows must fit in it (docs/tuning.md).
-    keep_checkpoints : int
-        How many of the last checkpoints the store keeps, 1..1000 (default 1): each one opens
-        bitwise with ``TieredStore.open(path, snapshot=epoch)`` (docs/durability.md).  The
-        rows a kept checkpoint reads stay on disk until it is dropped.
+    keep_checkpoints : int or None
+        How many of the last checkpoints the store keeps, 1..1000: each one opens bitwise
+        with ``TieredStore.open(path, snapshot=epoch)`` (docs/durability.md).  The rows a
+        kept checkpoint reads stay on disk until it is dropped.  None (default): the
+        store's own setting (1 for a new store), so a ``TierConfig`` passed to ``open`` to
+        change the tiers keeps it.
     """
 
     hbm_rows: int
@@ -247,7 +243,7 @@ class TierConfig:
     map_size_bytes: int = 1 << 28
     background_writes: bool = True
     budget_bytes: int = 256 << 20
-    keep_checkpoints: int = 1
+    keep_checkpoints: int | None = None
 
     def __post_init__(self) -> None:
         from tiered_emb.cache.policies import POLICIES
@@ -281,6 +277,12 @@ class TierConfig:
             raise ConfigError(
                 f"TierConfig.budget_bytes={self.budget_bytes!r} is invalid",
                 "use an int from 1 MiB (2**20) up, sized to the memory the SSD tier may use at once",
+            )
+        keep = self.keep_checkpoints
+        if keep is not None and (not _is_int(keep) or not 1 <= keep <= 1000):
+            raise ConfigError(
+                f"TierConfig.keep_checkpoints={keep!r} is invalid",
+                "use an int in 1..1000 (how many of the last checkpoints the store keeps), or None",
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,7 +36,6 @@ WRITES = frozenset(
         "checkpoint",
         "flush",
         "gradient_update",
-        "lookup_pooled",
         "pooled_update",
         "prefetch",
         "read_ahead",

@@ -41,14 +41,20 @@ def _run_verify(args) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(
-            f"{args.path}: {report['segments']:,} segments ({report['rows']:,} rows) and "
-            f"{report['records']:,} records checked, {len(report['damaged'])} damaged"
+            f"{args.path}: {report['segments']:,} segments ({report['rows']:,} rows with checksums, "
+            f"{report['unchecked_rows']:,} written before them) and {report['records']:,} records "
+            f"checked, {len(report['damaged'])} damaged"
         )
         for found in report["damaged"]:
-            where = f"segment {found['segment']}" if "segment" in found else f"record {found.get('record')}"
+            where = (
+                f"segment {found['segment']}"
+                if "segment" in found
+                else (f"record {found['record']}" if "record" in found else "")
+            )
             ids = f" ids {found['ids'][0]}..{found['ids'][1]}" if found.get("ids") else ""
             offset = f" at byte {found['offset']:,} of data.mdb" if found.get("offset", -1) >= 0 else ""
-            print(f"  table {found['table']!r} {where}{ids}{offset}: {found['what']}", file=sys.stderr)
+            table = "the checkpoint records" if found["table"] is None else f"table {found['table']!r}"
+            print(f"  {table} {where}{ids}{offset}: {found['what']}", file=sys.stderr)
     return 1 if report["damaged"] else 0
 
 

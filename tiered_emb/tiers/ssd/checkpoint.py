@@ -15,7 +15,6 @@ ids of each segment only.
 
 from __future__ import annotations
 
-import json
 import threading
 
 from tiered_emb.errors import ConfigError, CorruptStoreError
@@ -70,10 +69,6 @@ class Checkpointer:
     def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None) -> None:
         """The checkpoint's own transaction: its meta record, its mark and the trainer's bytes."""
         snapshots.put(txn, self._lmdb.meta, meta, mark, extra, self.keep)
-        txn.put(b"meta", json.dumps(meta, sort_keys=True).encode(), db=self._lmdb.meta)
-        txn.put(b"mark", int(mark).to_bytes(8, "big"), db=self._lmdb.meta)
-        if extra is not None:
-            txn.put(b"extra", bytes(extra), db=self._lmdb.meta)
 
     def snapshots(self) -> list[tuple[int, int, dict]]:
         """``(epoch, mark, meta)`` of every checkpoint kept, oldest first."""
@@ -97,10 +92,7 @@ class Checkpointer:
         """The mark of the last checkpoint (0 in a store of the format before marks: every
         segment there was written after its checkpoint)."""
         with self._lmdb.corrupt_on_error("reading the mark of"), self._lmdb.reading() as txn:
-            v = txn.get(b"mark", db=self._lmdb.meta)
-        if v is not None and len(v) != 8:
-            raise CorruptStoreError(f"the checkpoint mark of {self._lmdb.path} is damaged", "restore from a backup")
-        return 0 if v is None else int.from_bytes(v, "big")
+            return snapshots.read_mark(txn, self._lmdb.meta, self._lmdb.path)
 
     def discard_pending(self) -> None:
         """Open at the checkpoint: delete the segments written since, newest first, a bounded
@@ -115,7 +107,7 @@ class Checkpointer:
             while True:
                 gone: list[int] = []
 
-                def fn(txn, db=db, gone=gone):
+                def fn(txn, db=db, gone=gone, t=t):
                     gone.clear()
                     with txn.cursor(db=db) as cur:
                         # newest first: a kill meanwhile leaves the writes up to some point
@@ -123,6 +115,8 @@ class Checkpointer:
                             seq = int.from_bytes(cur.key(), "big")
                             if seq < mark:
                                 break
+                            # (a damaged key may be the checkpoint's segment: never deleted)
+                            self._segments.ids_of(t, seq, cur.value())
                             gone.append(seq)
                             cur.delete()
 
@@ -130,6 +124,10 @@ class Checkpointer:
                 if not gone:
                     break
         self.legacy_pending = False
+        with self._lmdb.corrupt_on_error("reading"), self._lmdb.reading() as txn:
+            back = snapshots.going_back(txn, self._lmdb.meta)
+        if back:  # (a going back to a checkpoint has now deleted all that came after it)
+            self._lmdb.write(lambda txn: snapshots.gone_back(txn, self._lmdb.meta))
         self._segments.mark = mark
         self._load()
         with self._lock:
@@ -144,6 +142,11 @@ class Checkpointer:
                 "open it with restore='checkpoint' (those rows are given up), or reopen it with the "
                 "version that wrote it and checkpoint it there",
             )
+        with self._lmdb.corrupt_on_error("reading"), self._lmdb.reading() as txn:
+            back = snapshots.going_back(txn, self._lmdb.meta)
+        if back:  # going back to a checkpoint was cut short: finish it (that checkpoint is the restore point)
+            self.discard_pending()
+            return
         self._segments.mark = self.read_mark()
         self._load()
         self.checkpoint({}, self.read_meta(), None)
@@ -159,21 +162,16 @@ class Checkpointer:
     def read_meta(self) -> dict:
         """The meta record of the last checkpoint."""
         with self._lmdb.corrupt_on_error("reading the meta record of"), self._lmdb.reading() as txn:
-            v = txn.get(b"meta", db=self._lmdb.meta)
-        if v is None:
+            meta = snapshots.read_meta(txn, self._lmdb.meta, self._lmdb.path)
+        if meta is None:
             raise CorruptStoreError(
                 f"the LMDB environment {self._lmdb.path} has no meta record",
                 "the store was never checkpointed; recreate it or restore a backup",
             )
-        try:
-            return json.loads(bytes(v))
-        except ValueError as err:
-            raise CorruptStoreError(
-                f"the meta record of {self._lmdb.path} is not JSON", "restore from a backup"
-            ) from err
+        return meta
 
     def read_extra(self) -> bytes | None:
-        """The trainer's bytes saved with a checkpoint (None if none)."""
+        """The trainer's bytes saved with the last checkpoint or one before it (None if none)."""
         with self._lmdb.corrupt_on_error("reading the extra record of"), self._lmdb.reading() as txn:
-            v = txn.get(b"extra", db=self._lmdb.meta)
-        return None if v is None else bytes(v)
+            kept = snapshots.listed(txn, self._lmdb.meta, self._lmdb.path)
+            return snapshots.find(txn, self._lmdb.meta, kept[-1][0], self._lmdb.path)[2] if kept else None

@@ -45,7 +45,7 @@ def lmdb_keys(ids: np.ndarray) -> list[bytes]:
 # A segment: rows written back together, one LMDB value in ``p:<table>`` under its
 # sequence number (8 big-endian bytes: keys only ever grow, so each put appends).
 #   header, 24 bytes little-endian: b"TSEG", version (u8: 2), tag (u8: RAW or ZSTD), 2 zero
-#   bytes, rows n (u32), width W (u32), the CRC-32 of the ids (u32), 4 zero bytes;
+#   bytes, rows n (u32), width W (u32), the CRC-32 of its number and ids (u32), 4 zero bytes;
 #   ids: n int64 little-endian, increasing;
 #   records: n * (W + 1) words little-endian, raw, or with ZSTD one zstd frame of them: each
 #   row's W float32 then its checksum (:func:`row_sums`), so a read checks every row it copies.
@@ -72,9 +72,12 @@ def sum_weights(width: int) -> np.ndarray:
 
 def row_sums(ids: np.ndarray, words: np.ndarray, chunk_rows: int = 1 << 14) -> np.ndarray:
     """The checksum (uint32 (n,)) of each row of ``words`` (n, W) uint32 under its id: the id
-    mixed, plus each word times its odd weight (:func:`sum_weights`), mod 2**32.  A change
-    to any one word changes the sum by that change times an odd number, never 0 mod 2**32,
-    so it is always seen; the terms do not wait on each other, so the gather's twin
+    mixed, plus a term per word, mod 2**32.  A word's term is the word mixed by four steps,
+    each a bijection of 32 bits: times its odd weight (:func:`sum_weights`), xor-shift right
+    16, times an odd constant, xor-shift right 13.  So a change to any one word changes its
+    term and the sum, always; and a change of any bit (a float's sign too) reaches every
+    bit of the term, depending on the word's value, so changes to several words cancel only
+    by chance (about 2**-32).  The terms do not wait on each other: the gather's twin
     (:func:`.mapped.row_sum`) runs them side by side.  ``chunk_rows`` rows at a time."""
     ids = np.asarray(ids, dtype=np.int64)
     h = (ids & 0xFFFFFFFF).astype(np.uint32) ^ np.uint32(SUM_SEED)
@@ -83,8 +86,18 @@ def row_sums(ids: np.ndarray, words: np.ndarray, chunk_rows: int = 1 << 14) -> n
     h *= np.uint32(SUM_MUL_HI)
     weights = sum_weights(words.shape[1])
     for a in range(0, words.shape[0], chunk_rows):
-        h[a : a + chunk_rows] += (words[a : a + chunk_rows] * weights).sum(axis=1, dtype=np.uint32)
+        terms = words[a : a + chunk_rows] * weights
+        terms ^= terms >> np.uint32(16)
+        terms *= np.uint32(SUM_MUL_ID)
+        terms ^= terms >> np.uint32(13)
+        h[a : a + chunk_rows] += terms.sum(axis=1, dtype=np.uint32)
     return h
+
+
+def ids_crc(seq: int, ids: np.ndarray) -> int:
+    """The CRC-32 a segment's header holds: of its number (8 bytes little-endian, so that a
+    segment found under another key is damage) and its ids."""
+    return zlib.crc32(ids, zlib.crc32(int(seq).to_bytes(8, "little")))
 
 
 def segment_key(seq: int) -> bytes:
@@ -101,13 +114,13 @@ def last_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids, np.ascontiguousarray(rows, dtype=np.float32)
 
 
-def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor):
+def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0):
     """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
     id's last row kept, each row followed by its checksum (raw: one array, one copy of the rows)."""
     ids, rows = last_rows(ids, rows)
     n, width = rows.shape
     ids = ids.astype("<i8", copy=False)
-    crc = zlib.crc32(ids)
+    crc = ids_crc(seq, ids)
     head = SEGMENT_HEADER.size + 8 * n
     out = np.empty(head + 4 * n * (width + 1), dtype=np.uint8)
     SEGMENT_HEADER.pack_into(out, 0, SEGMENT_MAGIC, SEGMENT_VERSION, RAW, n, width, crc)
@@ -124,7 +137,7 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor):
 def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True) -> None:
     """Put the segment of ``rows`` under ``ids`` as number ``seq``: appended (above every one in
     ``db``), or with ``append=False`` in a place a compaction freed in the same transaction."""
-    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor), db=db, append=append):
+    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor, seq), db=db, append=append):
         import lmdb
 
         raise lmdb.KeyExistsError(f"segment {seq} is not above the last one")

@@ -148,7 +148,7 @@ class Compactor:
         compacting, and those right after it that are too, on its side of the mark, their rows
         within a quarter of the budget."""
         marks, width = self._segments.marks, self._widths[table]
-        row_bytes = 8 + 4 * width
+        row_bytes = 8 + 4 * (width + 1)  # (its id, its words and their checksum)
         run: list[int] = []
         total = 0
         with self._lmdb.reading() as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:

@@ -8,7 +8,6 @@ segment, its ids and the file; :mod:`.verify` collects the same findings instead
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +22,7 @@ from tiered_emb.tiers.ssd.codec import (
     SEGMENT_MAGIC,
     SEGMENT_VERSION,
     ZSTD,
+    ids_crc,
     row_sums,
 )
 
@@ -70,8 +70,8 @@ def ids_of(path: Path, table: str, seq: int, value, h: Head, num_rows: int | Non
     """The ids (int64, a view of ``value``) of segment ``seq``, checked: increasing, in
     ``0 .. num_rows``, and (version 2) matching their CRC-32."""
     ids = np.frombuffer(value, dtype="<i8", count=h.n, offset=h.ids_at)
-    if h.crc is not None and zlib.crc32(ids) != h.crc:
-        raise damaged(path, table, seq, "its ids do not match their CRC-32")
+    if h.crc is not None and ids_crc(seq, ids) != h.crc:
+        raise damaged(path, table, seq, "its number or its ids do not match their CRC-32")
     if (h.n > 1 and not (ids[1:] > ids[:-1]).all()) or (
         h.n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows))
     ):

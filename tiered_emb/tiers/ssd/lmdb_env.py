@@ -200,17 +200,26 @@ class LmdbEnv:
         with self.gate.reading(), self.env.begin(buffers=buffers) as txn:
             yield txn
 
-    def pin(self) -> None:
-        """Begin the read transaction every read then uses (a reader's snapshot: the pages it
-        sees stay as they are, whatever the writer does, until :meth:`unpin`)."""
-        self.unpin()
+    def begin_read(self, buffers: bool = True):
+        """A read transaction of this environment's own (a map the writer grew is taken up)."""
+        while True:
+            try:
+                return self.env.begin(buffers=buffers)
+            except lmdb.MapResizedError:  # the writer grew the map: take its size
+                self.env.set_mapsize(0)
+            except lmdb.ReadersFullError as err:
+                raise CorruptStoreError(
+                    f"LMDB's reader table of {self.path} is full ({err})",
+                    "close readers that are not needed, or end stuck ones (docs/durability.md)",
+                ) from err
+
+    def pin(self, txn=None):
+        """Make ``txn`` (a new read transaction by default) the one every read uses: a reader's
+        snapshot, whose pages stay as they are whatever the writer does.  Returns the one
+        pinned before (still open: the caller ends it, or pins it back)."""
         with self._pin_lock:
-            while True:
-                try:
-                    self._pinned = self.env.begin(buffers=True)
-                    return
-                except lmdb.MapResizedError:  # the writer grew the map: take its size
-                    self.env.set_mapsize(0)
+            old, self._pinned = self._pinned, txn if txn is not None else self.begin_read()
+            return old
 
     def unpin(self) -> None:
         with self._pin_lock:

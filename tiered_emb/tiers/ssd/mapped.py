@@ -112,8 +112,11 @@ def row_sum(words, start, width, row_id, weights):
     h = ((np.uint64(row_id) & mask) ^ np.uint64(SUM_SEED)) * np.uint64(SUM_MUL_ID) & mask
     h = ((h ^ (np.uint64(row_id) >> np.uint64(32))) * np.uint64(SUM_MUL_HI)) & mask
     acc = np.uint64(0)
-    for k in range(width):  # (in uint64: a loop the compiler runs in SIMD lanes)
-        acc += np.uint64(words[start + k]) * np.uint64(weights[k])
+    for k in range(width):  # (the terms are independent: a loop the compiler runs in SIMD lanes)
+        term = (np.uint64(words[start + k]) * np.uint64(weights[k])) & mask
+        term ^= term >> np.uint64(16)
+        term = (term * np.uint64(SUM_MUL_ID)) & mask
+        acc += term ^ (term >> np.uint64(13))
     return (h + acc) & mask
 
 

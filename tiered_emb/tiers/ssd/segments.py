@@ -292,10 +292,11 @@ class SegmentLog:
         return out
 
     def rows_per_segment(self, table: str) -> int:
-        """Rows a segment of ``table`` holds at most: 2**16 and 64 MiB, 1,024 with compression
+        """Rows a segment of ``table`` holds at most: 2**16 and 64 MiB (ids, rows and their
+        checksums), 1,024 with compression
         (a read decompresses every segment it needs whole)."""
         cap = 1 << 10 if self._zc is not None else 1 << 16
-        return max(1, min(cap, (64 << 20) // (8 + 4 * self._widths[table])))
+        return max(1, min(cap, (64 << 20) // (8 + 4 * (self._widths[table] + 1))))
 
     def put(self, txn, segments: list) -> None:
         """Append ``segments`` (:meth:`cut`) to ``p:`` in ``txn``, their ids' bits set first."""

@@ -66,34 +66,40 @@ class SnapshotTier:
 
     def refresh(self, epoch: int | None = None) -> None:
         """Move to the newest completed checkpoint (or kept checkpoint ``epoch``): a new
-        snapshot, indexed again."""
-        if self.segments is not None:
-            self.segments.close()
-            self.segments = None
-        self.lmdb.pin()
-        with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as txn:
-            if txn.get(b"meta", db=self.lmdb.meta) is None:
-                raise CorruptStoreError(f"{self.path} has no meta record", "the store was never checkpointed")
-            if epoch is None:
-                epoch = snapshots.listed(txn, self.lmdb.meta, self.path)[-1][0]
-            self.mark, self.meta, self.extra = snapshots.find(txn, self.lmdb.meta, epoch, self.path)
-            self.kept = []  # (number, bytes of its extra or None) of each checkpoint kept
-            for e, _, _ in snapshots.listed(txn, self.lmdb.meta, self.path):
-                extra = snapshots.find(txn, self.lmdb.meta, e, self.path)[2]
-                self.kept.append((e, None if extra is None else len(extra)))
-        written = WrittenIds(self.lmdb)
-        segments = SegmentLog(
-            self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget
-        )
+        snapshot, indexed again.  The old one stays, pinned, until the new one is built
+        (memory: both indexes meanwhile); if building it fails, the old one is kept."""
+        txn = self.lmdb.begin_read()
+        old = self.lmdb.pin(txn)
+        segments = None
         try:
+            with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as pinned:
+                db = self.lmdb.meta
+                kept = snapshots.listed(pinned, db, self.path)
+                if not kept:
+                    raise CorruptStoreError(f"{self.path} has no meta record", "the store was never checkpointed")
+                chosen = kept[-1][0] if epoch is None else epoch
+                mark, meta, extra = snapshots.find(pinned, db, chosen, self.path, kept)
+                info = [(e, snapshots.find(pinned, db, e, self.path, kept)[2]) for e, _, _ in kept]
+            written = WrittenIds(self.lmdb)
+            segments = SegmentLog(
+                self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget
+            )
             with self.lmdb.corrupt_on_error("reading"):
                 for n in sorted(self.widths):
                     written.load(n, self.table_rows[n])
-                    segments.load(n, below=self.mark)
+                    segments.load(n, below=mark)
         except BaseException:
-            segments.close()
+            if segments is not None:
+                segments.close()
+            self.lmdb.pin(old)
+            txn.abort()
             raise
-        self.segments = segments
+        if old is not None:
+            old.abort()
+        if self.segments is not None:
+            self.segments.close()
+        self.segments, self.mark, self.meta, self.extra = segments, mark, meta, extra
+        self.kept = [(e, None if x is None else len(x)) for e, x in info]
         self._reader = Reader(
             self.lmdb, self.widths, HeldRows(self.widths, self._lock), segments, written, self._lock, self._zd
         )

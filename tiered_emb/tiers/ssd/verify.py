@@ -1,7 +1,7 @@
 """Every byte of an SSD tier checked, and every damaged record listed: ``tiered-emb verify``.
 
-:func:`verify` walks each table's segments in one read transaction (a reader: a writer
-may run meanwhile), one segment at a time, so its memory is one segment (at most 64 MiB)
+:func:`verify` walks the ``meta`` database and each table's segments in one read
+transaction (a reader: a writer may run meanwhile), one segment at a time, so its memory is one segment (at most 64 MiB)
 whatever the store's size.  Each segment's header, length, ids (order, range, CRC-32) and
 every row's checksum are checked (:mod:`.decode`), and the records of ``t:`` of stores
 of format 2 (no checksums: their tag and length).  A page LMDB cannot read ends the walk
@@ -16,7 +16,7 @@ import lmdb
 import zstandard
 
 from tiered_emb.errors import CorruptStoreError
-from tiered_emb.tiers.ssd import decode
+from tiered_emb.tiers.ssd import decode, snapshots
 from tiered_emb.tiers.ssd.codec import RAW, ZSTD, PerThread
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.mapped import value_offset
@@ -26,17 +26,25 @@ NAMED_ROWS = 16
 
 
 def verify(env: LmdbEnv, widths: dict[str, int], table_rows: dict[str, int | None], decompressor) -> dict:
-    """``{"segments", "rows", "records", "damaged": [finding, ...]}``: what was checked, and
+    """``{"segments", "rows", "unchecked_rows", "records", "damaged": [finding, ...]}``: what
+    was checked (``unchecked_rows``: rows of segments written before checksums), and
     each damaged segment or record (a dict: ``table``, ``segment`` or ``record``, ``what``,
     and where known ``ids`` (its first and last), ``bad_ids``, ``bad_rows``, ``offset`` in
     ``data.mdb``)."""
-    out: dict = {"segments": 0, "rows": 0, "records": 0, "damaged": []}
+    out: dict = {"segments": 0, "rows": 0, "unchecked_rows": 0, "records": 0, "damaged": []}
     psize = int(env.env.stat()["psize"])
-    for table in sorted(widths):
-        with env.gate.reading(), env.env.begin(buffers=True) as txn:
-            _segments(txn, env, table, widths[table], table_rows.get(table), decompressor, psize, out)
-            if env.records[table]:
-                _records(txn, env, table, widths[table], decompressor, out)
+    with env.gate.reading():  # (held against this process's map growth while the walk runs)
+        txn = env.begin_read()
+        try:
+            with env.corrupt_on_error("reading the meta database of"):
+                for what in snapshots.problems(txn, env.meta, env.path):
+                    out["damaged"].append({"table": None, "what": what})
+            for table in sorted(widths):
+                _segments(txn, env, table, widths[table], table_rows.get(table), decompressor, psize, out)
+                if env.records[table]:
+                    _records(txn, env, table, widths[table], decompressor, out)
+        finally:
+            txn.abort()
     return out
 
 
@@ -62,7 +70,8 @@ def _segments(txn, env: LmdbEnv, table: str, width: int, num_rows, decompressor,
                     found["offset"] = value_offset(value, psize)
                     out["damaged"].append(found)
                 else:
-                    out["rows"] += decode.head(env.path, table, seq, value, width).n
+                    h = decode.head(env.path, table, seq, value, width)
+                    out["rows" if h.crc is not None else "unchecked_rows"] += h.n
     except lmdb.Error as err:
         out["damaged"].append(
             {"table": table, "segment": seq, "what": f"LMDB cannot read p:{table} after this segment: {err}"}
