@@ -108,18 +108,29 @@ def test_verify_of_a_whole_store_finds_nothing(tmp_path):
     assert report["damaged"] == [] and report["rows"] == 2 * ROWS and report["records"] == 0
 
 
-def test_a_segment_under_another_number_stops_the_open(tmp_path):
-    """A damaged key (a B-tree page has no checksum) would reorder the copies of its rows:
-    the header's CRC covers the segment's number too."""
+@pytest.mark.parametrize("move", ["above the mark", "swapped"])
+def test_a_segment_under_another_number_stops_the_open(tmp_path, move):
+    """A damaged key (a B-tree page has no checksum) would reorder the copies of its rows,
+    or, above the checkpoint's mark, have the open delete the checkpoint's own rows: the
+    header's CRC covers the segment's number too, and nothing is deleted."""
     import lmdb
 
     _store(tmp_path / "s")
+    with TieredStore.open(tmp_path / "s") as s:  # (a second segment)
+        s.write("a", np.arange(ROWS, 2 * ROWS), np.ones((ROWS, 8), np.float32))
     env = lmdb.open(str(tmp_path / "s" / "lmdb"), max_dbs=16)
     db = env.open_db(b"p:a")
     with env.begin(write=True) as txn:
-        key, value = next(iter(txn.cursor(db=db)))
-        txn.delete(key, db=db)
-        txn.put(codec.segment_key(int.from_bytes(key, "big") + 1000), bytes(value), db=db)
+        (k0, v0), (k1, v1) = [(bytes(k), bytes(v)) for k, v in list(txn.cursor(db=db))[:2]]
+        if move == "swapped":
+            txn.put(k0, v1, db=db)
+            txn.put(k1, v0, db=db)
+        else:
+            txn.delete(k0, db=db)
+            txn.put(codec.segment_key(int.from_bytes(k0, "big") + 1000), v0, db=db)
     env.close()
-    with pytest.raises(CorruptStoreError, match=r"table 'a'.*its number or its ids"):
+    before = (tmp_path / "s" / "lmdb" / "data.mdb").read_bytes()
+    want = "under another number" if move != "swapped" else "its number or its ids"
+    with pytest.raises(CorruptStoreError, match=rf"table 'a'.*{want}"):
         TieredStore.open(tmp_path / "s")
+    assert (tmp_path / "s" / "lmdb" / "data.mdb").read_bytes() == before  # nothing deleted

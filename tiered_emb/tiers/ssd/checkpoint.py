@@ -115,8 +115,9 @@ class Checkpointer:
                             seq = int.from_bytes(cur.key(), "big")
                             if seq < mark:
                                 break
-                            # (a damaged key may be the checkpoint's segment: never deleted)
-                            self._segments.ids_of(t, seq, cur.value())
+                            if self._segments.moved_here(t, seq, cur.key(), cur.value()):
+                                # (a damaged key may hide the checkpoint's own segment: never deleted)
+                                raise self._segments.misplaced(t, seq)
                             gone.append(seq)
                             cur.delete()
 

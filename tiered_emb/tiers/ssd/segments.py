@@ -24,7 +24,7 @@ import numpy as np
 
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import decode
-from tiered_emb.tiers.ssd.codec import RAW, last_rows, put_segment, segment_key, sum_weights
+from tiered_emb.tiers.ssd.codec import RAW, ids_crc, last_rows, put_segment, segment_key, sum_weights
 from tiered_emb.tiers.ssd.index import (
     MAX_SEGMENT_ROWS,
     MAX_SEGMENTS,
@@ -164,6 +164,30 @@ class SegmentLog:
         """The ids of segment ``seq`` of ``table``, checked (a view of ``value``)."""
         h = self.head(table, seq, value)
         return decode.ids_of(self._lmdb.path, table, seq, value, h, self._table_rows[table])
+
+    def moved_here(self, table: str, seq: int, key, value) -> bool:
+        """Whether segment ``seq`` is whole but stored under another number (its header, length
+        and ids are sound, the CRC of its number and ids is not): a damaged key."""
+        if len(key) != 8:
+            return False
+        try:
+            h = self.head(table, seq, value)
+            ids = np.frombuffer(value, dtype="<i8", count=h.n, offset=h.ids_at)
+        except CorruptStoreError:
+            return False
+        num_rows = self._table_rows[table]
+        sound = (h.n < 2 or bool((ids[1:] > ids[:-1]).all())) and (
+            h.n == 0 or (ids[0] >= 0 and (num_rows is None or ids[-1] < num_rows))
+        )
+        return sound and h.crc is not None and ids_crc(seq, ids) != h.crc
+
+    def misplaced(self, table: str, seq: int) -> CorruptStoreError:
+        return decode.damaged(
+            self._lmdb.path,
+            table,
+            seq,
+            "whole, but under another number: its key is damaged, and it may be the checkpoint's; nothing was deleted",
+        )
 
     def rows_of(self, table: str, seq: int, value) -> np.ndarray:
         """The rows (n, W) float32 of segment ``seq`` of ``table``, each checked against its checksum."""
