@@ -4,6 +4,7 @@ TorchRec's DLRM trained over it against the built-in DLRM job."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,22 @@ else:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def _doc_blocks():
+    text = (ROOT / "docs" / "torchrec.md").read_text(encoding="utf-8")
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+@needs_torchrec
+@pytest.mark.parametrize("index", range(len(_doc_blocks())))
+def test_the_docs_example_trains_torchrecs_dlrm(index, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    code = _doc_blocks()[index]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"docs/torchrec.md block {index} failed:\n{code}\n{proc.stdout}\n{proc.stderr}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -228,6 +245,22 @@ def test_a_feature_in_two_tables_is_named_as_torchrec_names_it(tmp_path):
         out, out_ref = ours(kjt), ref(kjt)
         assert out.keys() == out_ref.keys() == ["f@a", "f@b", "g"]
         assert _bytes(out.values()) == _bytes(out_ref.values())
+
+
+@needs_torchrec
+def test_variable_batch_features_with_inverse_indices_are_torchrecs(tmp_path):
+    """A feature of 2 bags and one of 3, each spread over a batch of 4 by its inverse indices."""
+    store, ours, ref = _pair(tmp_path, SGD(0.5))
+    kjt = KeyedJaggedTensor(
+        keys=["f1", "f2", "f3"],
+        values=torch.tensor([1, 2, 3, 4, 5, 6, 7, 8]),
+        lengths=torch.tensor([2, 1, 1, 2, 1, 1]),
+        stride_per_key_per_rank=[[2], [3], [1]],
+        inverse_indices=(["f1", "f2", "f3"], torch.tensor([[0, 1, 0, 1], [2, 1, 0, 0], [0, 0, 0, 0]])),
+    )
+    out, out_ref = ours(kjt), ref(kjt)
+    assert tuple(out.values().shape) == (4, 16) and _bytes(out.values()) == _bytes(out_ref.values())
+    store.close()
 
 
 # ---------------------------------------------------------------------------------------------------------
