@@ -334,6 +334,8 @@ def test_bad_input_is_a_typed_error_that_changes_nothing(tmp_path):
     store, ours, _ = _pair(tmp_path, SGD(0.5))
     with pytest.raises(ConfigError, match="pooling"):
         TieredEmbeddingBagCollection(store, cfgs, mode="mean")
+    with pytest.raises(ConfigError, match="no tables"):
+        TieredEmbeddingBagCollection(store, [])
     before = _rows(store, cfgs)
     with pytest.raises(ConfigError, match="missing"):
         ours(KeyedJaggedTensor.from_lengths_sync(["f1"], torch.tensor([1]), torch.tensor([1])))

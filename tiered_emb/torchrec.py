@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy as np
 import torch
 
 from tiered_emb.config import MAX_ID, TableConfig, Uniform
@@ -175,7 +176,7 @@ def _check_against_store(store, configs: list) -> None:
             )
 
 
-class TieredEmbeddingBagCollection(_Interface):  # type: ignore[misc,valid-type]
+class TieredEmbeddingBagCollection(_Interface):
     """TorchRec's ``EmbeddingBagCollection`` over the tables of a :class:`~tiered_emb.TieredStore`.
 
     Parameters
@@ -219,6 +220,8 @@ class TieredEmbeddingBagCollection(_Interface):  # type: ignore[misc,valid-type]
         super().__init__()
         if not isinstance(tables, (dict, list)):  # a list is kept as given: embedding_bag_configs() returns it
             tables = list(tables)
+        if not tables:
+            raise ConfigError("no tables were given", "give one EmbeddingBagConfig (or feature) per table at least")
         if isinstance(tables, dict) or all(isinstance(t, str) for t in tables):
             configs = _configs_of(store, tables, "sum" if mode is None else mode)
         else:
@@ -240,7 +243,9 @@ class TieredEmbeddingBagCollection(_Interface):  # type: ignore[misc,valid-type]
         if device is not None and torch.device(device).type != self.device.type:
             raise ConfigError(f"device={device!r}, the store's is {self.device}", "leave device=None")
         # One dict collection per pooling mode, keyed by embedding name (a feature of two
-        # tables is "feature@table" in both, as TorchRec names them).
+        # tables is "feature@table" in both, as TorchRec names them).  Each checks its own
+        # features before it reads a row; with both modes, bad input to the second raises
+        # after the first has read rows (no row changes: nothing is updated without a backward).
         groups: dict[str, dict[str, str]] = {}
         for cfg, per_table in zip(configs, names, strict=True):
             groups.setdefault(_MODES[cfg.pooling.value], {}).update(dict.fromkeys(per_table, cfg.name))
@@ -251,7 +256,7 @@ class TieredEmbeddingBagCollection(_Interface):  # type: ignore[misc,valid-type]
     @property
     def device(self) -> torch.device:
         """Where the pooled rows are: the CPU, or the GPU of a CuPy HBM tier."""
-        return torch.device("cpu" if self.store.xp.__name__ == "numpy" else "cuda")
+        return torch.device("cpu" if self.store.xp is np else "cuda")
 
     def embedding_bag_configs(self) -> list:
         """The ``EmbeddingBagConfig`` s, one per table (as given, or made from the store's tables)."""
