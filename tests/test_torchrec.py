@@ -7,10 +7,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -148,7 +151,7 @@ def test_kjt_in_keyed_tensor_out_bitwise_torchrecs_and_so_is_the_sgd_step(tmp_pa
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     assert isinstance(ours, EmbeddingBagCollectionInterface) and not ours.is_weighted()
     for step in range(3):
-        kjt = _kjt(step)
+        kjt = _kjt(step, bags=4)  # at most 16 ids a feature: see test_any_batch_is_torchrecs_bitwise
         out, out_ref = ours(kjt), ref(kjt)
         assert out.keys() == out_ref.keys() == ["f1", "f2", "f3"]
         assert out.length_per_key() == out_ref.length_per_key() == [8, 4, 4]
@@ -167,6 +170,38 @@ def test_kjt_in_keyed_tensor_out_bitwise_torchrecs_and_so_is_the_sgd_step(tmp_pa
         with torch.no_grad():  # the next step starts from the same rows again
             ref.embedding_bags["t2"].weight.copy_(torch.from_numpy(rows["t2"]))
     store.close()
+
+
+@needs_torchrec
+@given(
+    hbm_rows=st.sampled_from([64, 20, 3]),
+    bags=st.lists(st.lists(st.integers(0, 39), max_size=5), min_size=3, max_size=3 * 6).filter(
+        lambda b: len(b) % 3 == 0
+    ),
+)
+def test_any_batch_is_torchrecs_bitwise(hbm_rows, bags):
+    """Any bags (empty ones, repeats, every tier size): the pooled rows bitwise, and the SGD step
+    of a table of one feature too while its feature holds at most 16 ids (torch's CPU backward sorts
+    the ids with a sort that permutes equal ones past 16, so it sums a row's gradients in another
+    order; then, and for a table of two features, to rounding)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store, ours, ref = _pair(Path(tmp), SGD(0.5), hbm_rows=hbm_rows)
+        opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+        values = torch.tensor([i for bag in bags for i in bag], dtype=torch.int64)
+        lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.int64)
+        kjt = KeyedJaggedTensor.from_lengths_sync(["f1", "f2", "f3"], values, lengths)
+        out, out_ref = ours(kjt), ref(kjt)
+        assert _bytes(out.values()) == _bytes(out_ref.values())
+        grad = torch.sin(torch.arange(out.values().numel(), dtype=torch.float32)).reshape(out.values().shape)
+        out.values().backward(grad)
+        out_ref.values().backward(grad)
+        opt.step()
+        rows, weight = store.peek("t1", np.arange(50)), ref.embedding_bags["t1"].weight.detach()
+        if sum(len(bag) for bag in bags[: len(bags) // 3]) <= 16:
+            assert rows.tobytes() == weight.numpy().tobytes()
+        else:  # torch sorts the ids before it sums each row's gradients, unstably past 16 ids
+            torch.testing.assert_close(torch.from_numpy(rows), weight, rtol=1e-6, atol=1e-7)
+        store.close()
 
 
 @needs_torchrec
