@@ -2,6 +2,7 @@
 TorchRec's DLRM trained over it against the built-in DLRM job."""
 
 import dataclasses
+import io
 import json
 import os
 import re
@@ -36,7 +37,7 @@ from tiered_emb.torchrec import TieredEmbeddingBagCollection, table_configs  # n
 
 if tiered_rec.HAS_TORCHREC:
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
-    from torchrec.models.dlrm import DLRM
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
     from torchrec.modules.embedding_configs import DataType
     from torchrec.modules.embedding_modules import EmbeddingBagCollectionInterface
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad as TorchRecRowWiseAdagrad
@@ -388,15 +389,19 @@ def test_bad_input_is_a_typed_error_that_changes_nothing(tmp_path):
 
 
 @needs_torchrec
-def test_torchrecs_dlrm_trains_with_the_rows_updated_in_the_store(tmp_path):
+@pytest.mark.parametrize("arch", ["DLRM", "DLRM_DCN"])
+def test_torchrecs_dlrm_trains_with_the_rows_updated_in_the_store(tmp_path, arch):
     cfgs = [EmbeddingBagConfig(100, 4, f"t{i}", feature_names=[f"f{i}"]) for i in range(3)]
     with TieredStore.create(
         tmp_path / "s", table_configs(cfgs, RowWiseAdagrad(0.1)), TierConfig(64, device="cpu")
     ) as s:
         torch.manual_seed(0)
         ebc = TieredEmbeddingBagCollection(s, cfgs)
-        model = DLRM(embedding_bag_collection=ebc, dense_in_features=5, dense_arch_layer_sizes=[8, 4],
-                     over_arch_layer_sizes=[8, 1])  # fmt: skip
+        sizes = {"dense_in_features": 5, "dense_arch_layer_sizes": [8, 4], "over_arch_layer_sizes": [8, 1]}
+        if arch == "DLRM":
+            model = DLRM(embedding_bag_collection=ebc, **sizes)
+        else:
+            model = DLRM_DCN(embedding_bag_collection=ebc, dcn_num_layers=2, dcn_low_rank_dim=2, **sizes)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         dense = torch.linspace(-1, 1, 40).reshape(8, 5)
         kjt = KeyedJaggedTensor.from_lengths_sync(
@@ -483,3 +488,17 @@ def test_train_model_torchrec_runs_resumes_and_keeps_its_model(tmp_path):
         main(["train", "--run-dir", str(run), "--resume", "--model", "dlrm", "--steps", "8", *tiny])
     assert main(["train", "--run-dir", str(run), "--resume", "--steps", "8", *tiny]) == 0
     assert json.loads((run / "report.json").read_text())["steps"] == 8
+    # the resumed run is bitwise one of 8 steps: rows, optimizer state, dense weights
+    whole = tmp_path / "whole"
+    assert main(["train", "--run-dir", str(whole), "--model", "torchrec", "--steps", "8", *tiny]) == 0
+    assert _saved(run) == _saved(whole)
+
+
+def _saved(run):
+    """Every row with its state, and the dense weights and their optimizer's state, of a finished run."""
+    with TieredStore.open(run / "store", restore="checkpoint") as store:
+        rows = {t: store.peek(t, np.arange(500), with_state=True).tobytes() for t in store.tables}
+        state = torch.load(io.BytesIO(store.extra), weights_only=True)
+    dense = {k: _bytes(v) for k, v in state["model"].items()}
+    adagrad = {(k, n): _bytes(t) for k, v in state["opt"]["state"].items() for n, t in v.items()}
+    return state["step"], rows, dense, adagrad
