@@ -486,6 +486,11 @@ def test_train_model_torchrec_runs_resumes_and_keeps_its_model(tmp_path):
     assert json.loads((run / "config.json").read_text())["model"] == "torchrec"
     with pytest.raises(ConfigError, match="--model"):
         main(["train", "--run-dir", str(run), "--resume", "--model", "dlrm", "--steps", "8", *tiny])
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps(dict(config, model="other")))
+    with pytest.raises(ConfigError, match="--model 'other' is unknown"):
+        main(["train", "--run-dir", str(run), "--resume", "--steps", "8", *tiny])
+    (run / "config.json").write_text(json.dumps(config))
     assert main(["train", "--run-dir", str(run), "--resume", "--steps", "8", *tiny]) == 0
     assert json.loads((run / "report.json").read_text())["steps"] == 8
     # the resumed run is bitwise one of 8 steps: rows, optimizer state, dense weights

@@ -285,7 +285,9 @@ def _run_config(args) -> dict:
 
 
 def _check_model(cfg: dict) -> None:
-    """``--model torchrec`` needs torchrec, checked before the run directory is touched."""
+    """``--model`` is known, and ``torchrec`` importable for it; checked before the run directory is touched."""
+    if cfg["model"] not in ("dlrm", "torchrec"):
+        raise ConfigError(f"--model {cfg['model']!r} is unknown", "use dlrm or torchrec")
     if cfg["model"] == "torchrec":
         from tiered_emb.torchrec import INSTALL, TORCHREC_ERROR
 
