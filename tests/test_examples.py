@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # Optional dependencies: a module that cannot be imported for want of one of these is skipped, not failed.
 OPTIONAL = {"torch", "cupy", "cupyx", "matplotlib", "libcachesim", "fbgemm_gpu"}
-NEEDS_TORCH = re.compile(r"^tiered_emb\.(torch|apps)(\.|$)")
+NEEDS_TORCH = re.compile(r"^tiered_emb\.(torch|torchrec|apps)(\.|$)")
 
 
 def _env() -> dict[str, str]:
@@ -65,11 +65,14 @@ def _import(name: str) -> ModuleType | str:
     if NEEDS_TORCH.match(name) and not HAS_TORCH:
         return "needs torch, which is not installed"
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in OPTIONAL:
             return f"needs {err.name}, which is not installed"
         raise
+    if getattr(module, "TORCHREC_ERROR", None):  # imports without torchrec; its examples need it
+        return f"needs torchrec, which cannot be imported ({module.TORCHREC_ERROR})"
+    return module
 
 
 def examples(module: ModuleType) -> list[doctest.DocTest]:

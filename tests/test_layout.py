@@ -3,8 +3,9 @@
 - (a) ``cache/`` and ``tiers/`` never import ``step/``, the store, ``prefetch/``, ``apps/`` or ``sim/``;
 - (b) ``sim/`` never imports the store, ``tiers/``, ``apps/``, the prefetch thread or the torch front end
   (it runs the prefetch window's own rules, ``prefetch/window.py``);
-- (c) torch is imported only by ``torch/``, ``distributed/`` and ``apps/``; ``torch.distributed``
-  only by ``distributed/``; cupy at import time only by ``_backend.py``;
+- (c) torch is imported only by ``torch/``, ``torchrec.py``, ``distributed/`` and ``apps/``;
+  ``torch.distributed`` only by ``distributed/``; torchrec only by ``torchrec.py`` and ``apps/``, and at
+  import time only by ``torchrec.py``; cupy at import time only by ``_backend.py``;
 - (d) no module reads another module's underscored members;
 - (e) every module is 30-600 lines;
 - (f) tests read no private member of the store or a tier.
@@ -206,10 +207,13 @@ def test_sim_imports_neither_the_store_nor_the_tiers() -> None:
 # ---------------------------------------------------------------------------------------------------------
 # (c): optional dependencies stay optional
 
-# torch/ is the torch front end; distributed/ shards over torch.distributed; apps/dlrm.py builds its
-# dense MLPs with torch (the apps use the public API, torch included)
-TORCH_HOMES = ("tiered_emb/torch", "tiered_emb/distributed", "tiered_emb/apps")
+# torch/ is the torch front end; torchrec.py its TorchRec collection; distributed/ shards over
+# torch.distributed; apps/dlrm.py builds its dense MLPs with torch (the apps use the public API, torch included)
+TORCH_HOMES = ("tiered_emb/torch", "tiered_emb/torchrec.py", "tiered_emb/distributed", "tiered_emb/apps")
 TORCH_DISTRIBUTED_HOMES = ("tiered_emb/distributed",)
+# torchrec.py imports torchrec when it is imported (its classes derive from TorchRec's); the apps when they run
+TORCHREC_HOMES = ("tiered_emb/torchrec.py", "tiered_emb/apps")
+TORCHREC_IMPORT_TIME_HOMES = ("tiered_emb/torchrec.py",)
 CUPY_HOMES = ("tiered_emb/_backend.py",)  # every other module gets cupy as `xp` from it
 
 
@@ -221,6 +225,16 @@ def test_optional_imports_stay_in_their_homes() -> None:
                 found.append((_rel(path), f"line {imp.line}: imports {imp.module} (only distributed/ may)"))
             elif _under(imp.module, ("torch",)) and not _in(path, *TORCH_HOMES):
                 found.append((_rel(path), f"line {imp.line}: imports {imp.module} (only {', '.join(TORCH_HOMES)} may)"))
+            if _under(imp.module, ("torchrec",)) and not _in(path, *TORCHREC_HOMES):
+                found.append(
+                    (_rel(path), f"line {imp.line}: imports {imp.module} (only {', '.join(TORCHREC_HOMES)} may)")
+                )
+            elif (
+                _under(imp.module, ("torchrec",)) and imp.at_import_time and not _in(path, *TORCHREC_IMPORT_TIME_HOMES)
+            ):
+                found.append(
+                    (_rel(path), f"line {imp.line}: imports {imp.module} at import time (only torchrec.py may)")
+                )
             if _under(imp.module, ("cupy", "cupyx")) and imp.at_import_time and not _in(path, *CUPY_HOMES):
                 why = "at import time (take it from tiered_emb._backend)"
                 found.append((_rel(path), f"line {imp.line}: imports {imp.module} {why}"))

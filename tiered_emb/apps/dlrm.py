@@ -31,13 +31,13 @@ from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClic
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
 from tiered_emb.config import TableConfig, TierConfig
-from tiered_emb.errors import ConfigError, CorruptStoreError, StoreNotFoundError, TieredEmbError
+from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError, StoreNotFoundError, TieredEmbError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.store import TieredStore
 
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
-_RUN_KEYS = ("data", "rows", "dim", "batch", "alpha", "bottom", "top", "optimizer", "lr", "dense_lr", "seed")
+_RUN_KEYS = ("data", "rows", "dim", "batch", "alpha", "bottom", "top", "optimizer", "lr", "dense_lr", "seed", "model")
 # Their defaults.  The parser's defaults are None, so that ``--resume`` knows which flags
 # were given (and refuses those that differ from the run's config.json).
 _RUN_DEFAULTS = {
@@ -52,6 +52,7 @@ _RUN_DEFAULTS = {
     "lr": 0.05,
     "dense_lr": 0.05,
     "seed": 0,
+    "model": "dlrm",
 }
 
 
@@ -102,6 +103,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
     p.add_argument("--seed", type=int, help="seed of the rows, the MLPs and the synthetic data (default 0)")
+    p.add_argument(
+        "--model",
+        choices=["dlrm", "torchrec"],
+        help="dlrm: the built-in model (default); torchrec: torchrec.models.dlrm.DLRM over the tiered "
+        "collection, from the same weights (needs torchrec, see docs/torchrec.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--lookahead",
@@ -273,7 +280,19 @@ def _run_config(args) -> dict:
         raise ConfigError(f"--optimizer {cfg['optimizer']!r} is unknown", f"use one of {sorted(_EMB_OPTIMIZERS)}")
     _sizes(cfg["bottom"])
     _sizes(cfg["top"])
+    _check_model(cfg)
     return cfg
+
+
+def _check_model(cfg: dict) -> None:
+    """``--model`` is known, and ``torchrec`` importable for it; checked before the run directory is touched."""
+    if cfg["model"] not in ("dlrm", "torchrec"):
+        raise ConfigError(f"--model {cfg['model']!r} is unknown", "use dlrm or torchrec")
+    if cfg["model"] == "torchrec":
+        from tiered_emb.torchrec import INSTALL, TORCHREC_ERROR
+
+        if TORCHREC_ERROR is not None:
+            raise MissingExtraError(f"--model torchrec: torchrec cannot be imported ({TORCHREC_ERROR})", INSTALL)
 
 
 def _tables(cfg: dict) -> list[TableConfig]:
@@ -302,6 +321,8 @@ def _read_run_config(config_path: Path) -> dict:
             f"the run's {str(config_path)!r} cannot be read ({err})",
             "restore it from a backup, or start a new run without --resume",
         ) from err
+    if isinstance(cfg, dict):
+        cfg.setdefault("model", "dlrm")  # a run kept before --model was
     if not isinstance(cfg, dict) or any(k not in cfg for k in _RUN_KEYS):
         raise CorruptStoreError(
             f"the run's {str(config_path)!r} is not a run config (needs {list(_RUN_KEYS)})",
@@ -376,6 +397,7 @@ def train(args) -> dict:
         if not config_path.is_file():
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
         cfg = _read_run_config(config_path)
+        _check_model(cfg)
         conflicts = _conflicts(args, cfg)
         given, had = getattr(args, "step_threads", None), cfg.get("step_threads")
         if given is not None and had is not None and given != had:  # (a run from before it was kept has none)
@@ -428,7 +450,10 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     from tiered_emb.torch import TrainPipeline
 
     torch.manual_seed(cfg["seed"])
-    model = build_model(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
+    build = build_model
+    if cfg["model"] == "torchrec":
+        from tiered_emb.apps.torchrec_dlrm import build_torchrec_model as build
+    model = build(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
     dense_params = list(model.parameters())
     opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
     start = 0

@@ -1,0 +1,301 @@
+"""TorchRec drop-in: an ``EmbeddingBagCollection`` whose rows live in a :class:`~tiered_emb.TieredStore`.
+
+:class:`TieredEmbeddingBagCollection` goes where TorchRec's ``EmbeddingBagCollection``
+goes (``torchrec.models.dlrm.DLRM(embedding_bag_collection=...)``, for one): it is built
+from ``torchrec.EmbeddingBagConfig`` s over a store holding their tables, takes a
+``KeyedJaggedTensor``, returns a ``KeyedTensor`` and implements TorchRec's
+``EmbeddingBagCollectionInterface``.  As with every tiered module, the rows are not torch
+parameters: the backward hands their gradients to the store, whose optimizer (each
+table's ``TableConfig.optimizer``) updates the rows in place (fused).
+:func:`table_configs` turns the ``EmbeddingBagConfig`` s into the store's tables::
+
+    store = TieredStore.create(path, table_configs(configs, RowWiseAdagrad(lr=0.05)), tiers)
+    ebc = TieredEmbeddingBagCollection(store, configs)
+    model = DLRM(embedding_bag_collection=ebc, ...)
+
+Importing this module needs torch, not torchrec: without torchrec (or with one that
+cannot be imported) the module imports, and building the collection raises
+:class:`~tiered_emb.errors.MissingExtraError` with the install recipe (docs/torchrec.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import torch
+
+from tiered_emb.config import MAX_ID, TableConfig, Uniform
+from tiered_emb.errors import ConfigError, MissingExtraError
+from tiered_emb.torch import TieredEmbeddingBagCollection as _DictCollection
+
+INSTALL = (
+    "install torchrec for CPU beside fbgemm-gpu-cpu: python -m pip install -e '.[torchrec]' && "
+    "python -m pip install --no-deps torchrec==1.8.0 (plain `pip install torchrec` pulls the CUDA "
+    "fbgemm-gpu); see docs/torchrec.md"
+)
+
+try:
+    with warnings.catch_warnings():
+        # fbgemm-gpu-cpu warns at import about the GPU-only SSD kernels it does not ship
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"fbgemm_gpu(\.|$)")
+        from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
+        from torchrec.modules.embedding_modules import (
+            EmbeddingBagCollectionInterface,
+            get_embedding_names_by_table,
+            process_pooled_embeddings,
+            reorder_inverse_indices,
+        )
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+        from torchrec.sparse.tensor_dict import maybe_td_to_kjt
+    TORCHREC_ERROR: str | None = None
+    _Interface: type = EmbeddingBagCollectionInterface
+except (ImportError, OSError, RuntimeError) as err:  # absent, or its native libraries do not load
+    TORCHREC_ERROR = f"{type(err).__name__}: {err}"
+    _Interface = torch.nn.Module
+
+HAS_TORCHREC = TORCHREC_ERROR is None
+_MODES = {"SUM": "sum", "MEAN": "mean"}
+
+
+def _need_torchrec() -> None:
+    if TORCHREC_ERROR is not None:
+        raise MissingExtraError(f"torchrec cannot be imported ({TORCHREC_ERROR})", INSTALL)
+
+
+def _check_config(cfg) -> None:
+    """What a store-backed table can be: float32 rows, sum or mean pooling, named."""
+    if not isinstance(cfg, EmbeddingBagConfig):
+        raise ConfigError(
+            f"a table config of type {type(cfg).__name__} is invalid", "pass torchrec.EmbeddingBagConfig objects"
+        )
+    if not cfg.name:
+        raise ConfigError("an EmbeddingBagConfig has name=''", "name every table: the name is the store's table")
+    if cfg.data_type != DataType.FP32:
+        raise ConfigError(
+            f"EmbeddingBagConfig {cfg.name!r} has data_type={cfg.data_type}", "use DataType.FP32: rows are float32"
+        )
+    if cfg.pooling.value not in _MODES:
+        raise ConfigError(
+            f"EmbeddingBagConfig {cfg.name!r} has pooling={cfg.pooling}", "use PoolingType.SUM or PoolingType.MEAN"
+        )
+
+
+def table_configs(configs, optimizer) -> list[TableConfig]:
+    """The store's tables for TorchRec's ``EmbeddingBagConfig`` s, each with ``optimizer``.
+
+    ``name``, ``embedding_dim`` and ``num_embeddings`` become the table's name, ``dim`` and
+    ``num_rows``; rows start uniform in ``[weight_init_min, weight_init_max]``, by default
+    ``+-sqrt(1 / num_embeddings)`` as in TorchRec (the same law, not the same values: a
+    row's first value is a pure function of the store's seed, the table and the id).  An
+    ``init_fn`` other than TorchRec's uniform one cannot be honoured that way and is refused.
+
+    Parameters
+    ----------
+    configs : list of torchrec.EmbeddingBagConfig
+    optimizer : SGD | Adagrad | RowWiseAdagrad | Adam, applied by the store in backward
+
+    Returns
+    -------
+    list of TableConfig, in the order of ``configs``
+    """
+    _need_torchrec()
+    out = []
+    for cfg in configs:
+        _check_config(cfg)
+        out.append(
+            TableConfig(cfg.name, cfg.embedding_dim, cfg.num_embeddings, init=_init_of(cfg), optimizer=optimizer)
+        )
+    return out
+
+
+def _init_of(cfg) -> Uniform:
+    """The store's initialiser for a config's ``init_fn``: TorchRec's default (uniform between
+    the config's bounds, ``+-sqrt(1 / num_embeddings)`` unless given) or another uniform."""
+    fn = cfg.init_fn
+    if isinstance(fn, functools.partial) and fn.func is torch.nn.init.uniform_ and not fn.args:
+        return Uniform(fn.keywords.get("a", 0.0), fn.keywords.get("b", 1.0))
+    raise ConfigError(
+        f"EmbeddingBagConfig {cfg.name!r} has init_fn={fn!r}; the store draws a row's first value "
+        "from a uniform or normal law by (seed, table, id)",
+        "leave init_fn out and give weight_init_min / weight_init_max, or write the rows with store.write",
+    )
+
+
+def _configs_of(store, feature_tables, mode: str) -> list:
+    """``EmbeddingBagConfig`` s of today's arguments: one per table, its features in the order given."""
+    if mode not in _MODES.values():
+        raise ConfigError(f"mode={mode!r} is not supported", f"use one of {sorted(_MODES.values())}")
+    if not isinstance(feature_tables, dict):
+        feature_tables = {f: f for f in feature_tables}
+    features: dict[str, list[str]] = {}
+    for f, t in feature_tables.items():
+        if not isinstance(f, str) or not isinstance(t, str):
+            raise ConfigError(f"feature {f!r} -> table {t!r} is invalid", "name features and tables with str")
+        features.setdefault(t, []).append(f)
+    out = []
+    for t, feats in features.items():
+        table = store.table_config(t)  # UnknownTableError with a hint
+        init = table.init
+        out.append(
+            EmbeddingBagConfig(
+                # a table of unbounded ids takes any int64 id >= 0: MAX_ID says that in TorchRec's field
+                num_embeddings=MAX_ID if table.num_rows is None else table.num_rows,
+                embedding_dim=table.dim,
+                name=t,
+                feature_names=feats,
+                pooling=PoolingType.SUM if mode == "sum" else PoolingType.MEAN,
+                weight_init_min=init.low if isinstance(init, Uniform) else None,
+                weight_init_max=init.high if isinstance(init, Uniform) else None,
+            )
+        )
+    return out
+
+
+def _check_against_store(store, configs: list) -> None:
+    """Every config names a table of ``store`` of its width and size; no table twice."""
+    seen = set()
+    for cfg in configs:
+        _check_config(cfg)
+        if cfg.name in seen:
+            raise ConfigError(f"table {cfg.name!r} is configured twice", "give each EmbeddingBagConfig its own name")
+        seen.add(cfg.name)
+        table = store.table_config(cfg.name)  # UnknownTableError with a hint
+        if cfg.embedding_dim != table.dim:
+            raise ConfigError(
+                f"EmbeddingBagConfig {cfg.name!r} has embedding_dim={cfg.embedding_dim}, "
+                f"the store's table dim={table.dim}",
+                "give the table's dim, or create the store from these configs (table_configs)",
+            )
+        if table.num_rows is not None and cfg.num_embeddings != table.num_rows:
+            raise ConfigError(
+                f"EmbeddingBagConfig {cfg.name!r} has num_embeddings={cfg.num_embeddings}, "
+                f"the store's table num_rows={table.num_rows}",
+                "give the table's num_rows, or create the store from these configs (table_configs)",
+            )
+
+
+class TieredEmbeddingBagCollection(_Interface):
+    """TorchRec's ``EmbeddingBagCollection`` over the tables of a :class:`~tiered_emb.TieredStore`.
+
+    Parameters
+    ----------
+    store : TieredStore, holding a table per config (:func:`table_configs` makes them)
+    tables : list of torchrec.EmbeddingBagConfig, as TorchRec's ``EmbeddingBagCollection``
+        (each config's ``name`` is a table of ``store``, with its ``embedding_dim`` and, for a
+        table of bounded ids, its ``num_embeddings``; ``pooling`` SUM or MEAN); or, as
+        :class:`tiered_emb.torch.TieredEmbeddingBagCollection`, a dict feature -> table (a
+        list: feature == table), whose configs are then made from the store's tables
+    is_weighted : bool, pool with the ``KeyedJaggedTensor`` 's weights (as TorchRec)
+    device : None, or the store's device (``cpu``, or ``cuda`` with a CuPy HBM tier)
+    mode : ``"sum"`` or ``"mean"``, only with a dict / list of features (configs say their pooling)
+    nonfinite : ``"raise"`` (default), ``"skip"`` or ``"zero"``: NaN/inf gradients, as
+        :meth:`TieredStore.apply_gradients`
+
+    ``forward`` takes a ``KeyedJaggedTensor`` (or a ``TensorDict``, as TorchRec) and returns a
+    ``KeyedTensor`` of float32 values (B, sum of dims), keys in the order of the configs'
+    features.  Features of one table are pooled as one batch: one optimizer step per row on
+    their summed gradient, as a torch optimizer over TorchRec's collection takes.
+
+    Examples
+    --------
+    >>> import tempfile, torch
+    >>> from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
+    >>> from tiered_emb import TieredStore, TierConfig, SGD
+    >>> configs = [EmbeddingBagConfig(num_embeddings=100, embedding_dim=4, name="t", feature_names=["f", "g"])]
+    >>> store = TieredStore.create(tempfile.mkdtemp() + "/s", table_configs(configs, SGD(lr=0.1)),
+    ...                            TierConfig(hbm_rows=16, device="cpu"))
+    >>> ebc = TieredEmbeddingBagCollection(store, configs)
+    >>> kjt = KeyedJaggedTensor.from_lengths_sync(["f", "g"], torch.tensor([1, 2, 3]), torch.tensor([2, 0, 1, 0]))
+    >>> kt = ebc(kjt)
+    >>> kt.keys(), tuple(kt.values().shape)
+    (['f', 'g'], (2, 8))
+    >>> kt.values().sum().backward()  # rows 1, 2, 3 updated by the store's SGD
+    >>> store.close()
+    """
+
+    def __init__(self, store, tables, is_weighted: bool = False, device=None, *, mode=None, nonfinite: str = "raise"):
+        _need_torchrec()
+        super().__init__()
+        if not isinstance(tables, (dict, list)):  # a list is kept as given: embedding_bag_configs() returns it
+            tables = list(tables)
+        if not tables:
+            raise ConfigError("no tables were given", "give one EmbeddingBagConfig (or feature) per table at least")
+        if isinstance(tables, dict) or all(isinstance(t, str) for t in tables):
+            configs = _configs_of(store, tables, "sum" if mode is None else mode)
+        else:
+            if mode is not None:
+                raise ConfigError(f"mode={mode!r} with EmbeddingBagConfigs", "set each config's pooling instead")
+            configs = tables
+            for cfg in configs:
+                _check_config(cfg)
+                if not cfg.feature_names:  # as TorchRec: a table without features is its own feature
+                    cfg.feature_names = [cfg.name]
+        _check_against_store(store, configs)
+        self.store = store
+        self.weighted = bool(is_weighted)
+        self.configs = configs
+        names = get_embedding_names_by_table(configs)
+        self.embedding_names = [n for per_table in names for n in per_table]
+        self.feature_names = [f for cfg in configs for f in cfg.feature_names]
+        self.dims = [cfg.embedding_dim for cfg in configs for _ in cfg.feature_names]
+        if device is not None and torch.device(device).type != self.device.type:
+            raise ConfigError(f"device={device!r}, the store's is {self.device}", "leave device=None")
+        # One dict collection per pooling mode, keyed by embedding name (a feature of two
+        # tables is "feature@table" in both, as TorchRec names them).  Each checks its own
+        # features before it reads a row; with both modes, bad input to the second raises
+        # after the first has read rows (no row changes: nothing is updated without a backward).
+        groups: dict[str, dict[str, str]] = {}
+        for cfg, per_table in zip(configs, names, strict=True):
+            groups.setdefault(_MODES[cfg.pooling.value], {}).update(dict.fromkeys(per_table, cfg.name))
+        self.collections = torch.nn.ModuleDict(
+            {m: _DictCollection(store, tabs, mode=m, nonfinite=nonfinite) for m, tabs in groups.items()}
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the pooled rows are: the CPU, or the GPU of a CuPy HBM tier."""
+        return torch.device("cpu" if self.store.xp is np else "cuda")
+
+    def embedding_bag_configs(self) -> list:
+        """The ``EmbeddingBagConfig`` s, one per table (as given, or made from the store's tables)."""
+        return self.configs
+
+    def is_weighted(self) -> bool:
+        """Whether the bags are pooled with the ``KeyedJaggedTensor`` 's weights."""
+        return self.weighted
+
+    def forward(self, features):
+        """Pooled rows per feature, a ``KeyedTensor``; see the class docstring."""
+        features = maybe_td_to_kjt(features, None)
+        if not isinstance(features, KeyedJaggedTensor):
+            raise ConfigError(
+                f"features of type {type(features).__name__} are not supported", "pass a torchrec KeyedJaggedTensor"
+            )
+        keys = set(features.keys())  # a KeyedJaggedTensor has no `in`
+        missing = [f for f in dict.fromkeys(self.feature_names) if f not in keys]
+        if missing:
+            raise ConfigError(
+                f"features {missing} are missing from the batch", f"give every one of {self.feature_names}"
+            )
+        if self.weighted and features.weights_or_none() is None:
+            raise ConfigError("is_weighted=True and the batch has no weights", "pass a KeyedJaggedTensor with weights")
+        jagged = features.to_dict()
+        by_name = dict(zip(self.embedding_names, self.feature_names, strict=True))
+        pooled: dict[str, torch.Tensor] = {}
+        for collection in self.collections.values():
+            batch = {}
+            for name in collection.feature_tables:
+                jt = jagged[by_name[name]]
+                batch[name] = (jt.values(), jt.lengths(), jt.weights() if self.weighted else None)
+            pooled.update(collection(batch))
+        inverse = reorder_inverse_indices(features.inverse_indices_or_none(), self.feature_names)
+        values = process_pooled_embeddings([pooled[n] for n in self.embedding_names], inverse)
+        return KeyedTensor(keys=list(self.embedding_names), length_per_key=list(self.dims), values=values)
+
+    def extra_repr(self) -> str:
+        return f"tables={[c.name for c in self.configs]}, is_weighted={self.weighted}"
+
+
+__all__ = ["HAS_TORCHREC", "INSTALL", "TieredEmbeddingBagCollection", "table_configs"]
