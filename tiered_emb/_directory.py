@@ -182,6 +182,8 @@ def _holds_nothing(lmdb_dir: Path) -> bool:
     record past epoch 0; False when it has, or cannot be read (then nothing is replaced)."""
     import lmdb
 
+    from tiered_emb.tiers.ssd.snapshots import unseal
+
     try:
         env = lmdb.open(str(lmdb_dir), readonly=True, lock=False, max_dbs=4096, subdir=True)
     except lmdb.Error:
@@ -193,12 +195,12 @@ def _holds_nothing(lmdb_dir: Path) -> bool:
                 db = env.open_db(name, txn=txn, create=False)
                 if name == b"meta":
                     meta = txn.get(b"meta", db=db)
-                    if meta is not None and json.loads(bytes(meta)).get("epoch", 0) != 0:
+                    if meta is not None and json.loads(unseal(meta, "meta", lmdb_dir)).get("epoch", 0) != 0:
                         return False
                 elif txn.stat(db)["entries"]:
                     return False
         return True
-    except (lmdb.Error, ValueError, AttributeError):
+    except (lmdb.Error, ValueError, AttributeError, CorruptStoreError):
         return False
     finally:
         env.close()
