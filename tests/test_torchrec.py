@@ -504,6 +504,7 @@ def _saved(run):
     with TieredStore.open(run / "store", restore="checkpoint") as store:
         rows = {t: store.peek(t, np.arange(500), with_state=True).tobytes() for t in store.tables}
         state = torch.load(io.BytesIO(store.extra), weights_only=True)
-    dense = {k: _bytes(v) for k, v in state["model"].items()}
+    # (a tiered module's entry is a reference to its rows: store path, table, checkpoint)
+    dense = {k: v["table"] if k.endswith("_extra_state") else _bytes(v) for k, v in state["model"].items()}
     adagrad = {(k, n): _bytes(t) for k, v in state["opt"]["state"].items() for n, t in v.items()}
     return state["step"], rows, dense, adagrad
