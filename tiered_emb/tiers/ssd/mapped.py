@@ -132,6 +132,7 @@ def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights,
     (a damaged index), ``2 * j + 1`` for the first whose row fails its checksum.
     """
     words = floats.view(np.uint32)
+    out_words = out_rows.view(np.uint32)
     n = locs.shape[0]
     for j in range(n):
         if j + PREFETCH_DISTANCE < n:
@@ -146,9 +147,10 @@ def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights,
         if pos >= nrows[seq]:
             return 2 * j
         start = base[seq] + pos * (width + summed[seq])
-        if check and summed[seq] and row_sum(words, start, width, ids[j], weights) != words[start + width]:
-            return 2 * j + 1
         out_rows[at[j], :] = floats[start : start + width]
+        # (summed from the copy: a row in cache, contiguous, while the next rows' loads run)
+        if check and summed[seq] and row_sum(out_words[at[j]], 0, width, ids[j], weights) != words[start + width]:
+            return 2 * j + 1
     return -1
 
 
