@@ -68,14 +68,19 @@ def _train(store, steps, scaler=None, held=True, skip_at=None):
         loss = _loss(net, step)
         if step == skip_at:
             loss = loss + (net.emb(*_batch(step)[:2]) * float("inf")).sum()
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        _backward_and_step(loss, opt, scaler)
     return net
+
+
+def _backward_and_step(loss, opt, scaler) -> None:
+    """One step's backward and optimizer step, through ``scaler`` when there is one."""
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
 
 def test_held_updates_are_bitwise_the_fused_ones(tmp_path):
@@ -314,12 +319,6 @@ def test_autocast_with_a_scaler_trains_as_autocast_without_it(tmp_path):
                 opt.zero_grad()
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = _loss(net, step)
-                if scaler is None:
-                    loss.backward()
-                    opt.step()
-                else:
-                    scaler.scale(loss).backward()
-                    scaler.step(opt)
-                    scaler.update()
+                _backward_and_step(loss, opt, scaler)
         assert _state(plain) == _state(scaled)
         assert s.peek("t", np.arange(ROWS)).dtype == np.float32

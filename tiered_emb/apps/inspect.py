@@ -17,22 +17,14 @@ from tiered_emb.reader import StoreReader, verify_store
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "verify",
-        help="check every byte a store holds; exit status 1 when anything is damaged",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("path", help="the store (a writer may be training it meanwhile)")
-    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
-    p.set_defaults(func=_run_verify)
-    p = sub.add_parser(
-        "inspect",
-        help="list a store's tables, rows, bytes and last checkpoint",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("path", help="the store (a writer may be training it meanwhile)")
-    p.add_argument("--json", action="store_true", help="print it as JSON")
-    p.set_defaults(func=_run_inspect)
+    for name, run, what in (
+        ("verify", _run_verify, "check every byte a store holds; exit status 1 when anything is damaged"),
+        ("inspect", _run_inspect, "list a store's tables, rows, bytes and the checkpoints it keeps"),
+    ):
+        p = sub.add_parser(name, help=what, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p.add_argument("path", help="the store (a writer may be training it meanwhile)")
+        p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+        p.set_defaults(func=run)
 
 
 def _run_verify(args) -> int:

@@ -72,11 +72,16 @@ def ids_of(path: Path, table: str, seq: int, value, h: Head, num_rows: int | Non
     ids = np.frombuffer(value, dtype="<i8", count=h.n, offset=h.ids_at)
     if h.crc is not None and ids_crc(seq, ids) != h.crc:
         raise damaged(path, table, seq, "its number or its ids do not match their CRC-32")
-    if (h.n > 1 and not (ids[1:] > ids[:-1]).all()) or (
-        h.n and (ids[0] < 0 or (num_rows is not None and ids[-1] >= num_rows))
-    ):
+    if not ids_sound(ids, num_rows):
         raise damaged(path, table, seq, "its ids are out of order or out of range")
     return ids
+
+
+def ids_sound(ids: np.ndarray, num_rows: int | None) -> bool:
+    """Whether a segment's ``ids`` are increasing and in ``0 .. num_rows``."""
+    n = ids.shape[0]
+    ordered = n < 2 or bool((ids[1:] > ids[:-1]).all())
+    return ordered and (n == 0 or (ids[0] >= 0 and (num_rows is None or ids[-1] < num_rows)))
 
 
 def records_of(path: Path, table: str, seq: int, value, h: Head, decompressor) -> np.ndarray:
@@ -121,4 +126,4 @@ def rows_of(path: Path, table: str, seq: int, value, width: int, decompressor, n
     return records[:, :width].view(np.float32)
 
 
-__all__ = ["Head", "bad_rows", "checksum_error", "damaged", "head", "ids_of", "records_of", "rows_of"]
+__all__ = ["Head", "bad_rows", "checksum_error", "damaged", "head", "ids_of", "ids_sound", "records_of", "rows_of"]

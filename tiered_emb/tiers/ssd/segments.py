@@ -175,10 +175,7 @@ class SegmentLog:
             ids = np.frombuffer(value, dtype="<i8", count=h.n, offset=h.ids_at)
         except CorruptStoreError:
             return False
-        num_rows = self._table_rows[table]
-        sound = (h.n < 2 or bool((ids[1:] > ids[:-1]).all())) and (
-            h.n == 0 or (ids[0] >= 0 and (num_rows is None or ids[-1] < num_rows))
-        )
+        sound = decode.ids_sound(ids, self._table_rows[table])
         return sound and h.crc is not None and ids_crc(seq, ids) != h.crc
 
     def misplaced(self, table: str, seq: int) -> CorruptStoreError:
