@@ -11,8 +11,8 @@ Two parts, one JSON:
   ``--checkpoint-every`` steps) for ``--steps`` steps, alone and then with ``--readers``
   reader processes beside it (``TieredStore.open(path, mode="r")``: each looks up
   ``--reader-batch`` random ids, ``--reader-pause`` seconds between lookups, and refreshes
-  to the newest checkpoint every ``--reader-refresh-every`` lookups; a refresh indexes the
-  whole store again).  Reported: the writer's steps/s in both runs and their ratio,
+  to the newest checkpoint every ``--reader-refresh-every`` lookups; a refresh reads the
+  segments written or rewritten since its snapshot).  Reported: the writer's steps/s in both runs and their ratio,
   and the readers' lookups/s and rows/s.  Readers and writer share the machine's cores:
   on a machine with fewer cores than processes the ratio measures that sharing.
 

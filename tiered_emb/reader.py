@@ -137,6 +137,14 @@ class StoreReader:
             self._open().refresh(snapshot)
             return self.epoch
 
+    @property
+    def refreshes(self) -> dict[str, int]:
+        """How this reader's refreshes went: ``caught_up`` moved its index on to the newer
+        checkpoint (reading ``segments_read`` segments, forgetting ``segments_gone``),
+        ``indexed`` built it from scratch (the first snapshot counts one)."""
+        with self._lock:
+            return dict(self._open().refreshes)
+
     def snapshots(self) -> list[int]:
         """The numbers of the checkpoints the store kept when this snapshot was taken."""
         return [e for e, _ in self._open().kept]

@@ -89,6 +89,42 @@ class SegmentLog:
         self.mapped = MappedFile(self._lmdb.path / "data.mdb")
         self._psize = int(self._lmdb.env.stat()["psize"])
 
+    @property
+    def lmdb(self) -> LmdbEnv:
+        return self._lmdb
+
+    @property
+    def table_rows(self) -> dict[str, int | None]:
+        """Each table's ``num_rows`` (None: ids unbounded)."""
+        return self._table_rows
+
+    @property
+    def page_size(self) -> int:
+        return self._psize
+
+    def catch_up(self, plan) -> None:
+        """Apply ``plan`` (:func:`.catchup.plan`, worked out in the snapshot now pinned), under
+        the tier's lock: the fresh segments indexed, oldest first (a copy replaces the one the
+        index names unless that one is newer: each id placed in a gone segment has a copy at
+        least as new among the fresh ones, the plan checked), the gone ones forgotten."""
+        table, gone, fresh = plan
+        index = self.index[table]
+        with self._lock:
+            self.stored_rows[table] -= self.nrows_of([int(q) for q in gone])
+            for f in fresh:
+                n = f.ids.shape[0]
+                locs = (np.int64(f.seq) << np.int64(POS_BITS)) + np.arange(n, dtype=np.int64)
+                held = index.find(f.ids)
+                newer = (held < 0) | ((held >> POS_BITS) <= f.seq)
+                self._moved(index.set(f.ids[newer], locs[newer]), new=locs[newer])
+                self._written.set(table, f.ids)
+                self.next_seq = max(self.next_seq, f.seq + 1)
+                self.stored_rows[table] += n
+            self._unplace(sorted({int(q) for q in gone} - {f.seq for f in fresh}))  # (rewritten: placed again)
+            for f in fresh:
+                self._place(f.seq, f.head, f.value)
+            index.merge()
+
     # ----------------------------------------------------------------- reading
     def load(self, table: str, below: int | None = None) -> None:
         """Index the segments of ``p:<table>`` (oldest first: a newer copy wins; those numbered

@@ -6,8 +6,8 @@ transaction sees as it is, whatever the writer commits meanwhile, so the reader 
 completed checkpoint, the same for every table.  In that transaction it reads the mark
 of the checkpoint and indexes the segments below it, as the writer does when it opens
 (:meth:`.SegmentLog.load`); rows are then gathered from the same segments by offset.
-:meth:`SnapshotTier.refresh` ends the transaction and does all of it again at the
-newest checkpoint.
+:meth:`SnapshotTier.refresh` pins a transaction at the newest checkpoint and moves the
+index on to it, reading only the segments written or rewritten since (:mod:`.catchup`).
 
 A reader takes one slot of LMDB's reader table while it holds its snapshot (two while a
 read runs); the writer frees the slots of readers that died (:meth:`.LmdbEnv.clear_dead_readers`
@@ -24,7 +24,7 @@ import numpy as np
 import zstandard
 
 from tiered_emb.errors import CorruptStoreError
-from tiered_emb.tiers.ssd import codec, snapshots
+from tiered_emb.tiers.ssd import catchup, codec, snapshots
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.reads import Reader
@@ -58,6 +58,9 @@ class SnapshotTier:
         self.meta: dict = {}
         self.extra: bytes | None = None
         self.kept: list[tuple[int, int | None]] = []
+        #: refreshes that moved the index on (``caught_up``; the segments they read and forgot)
+        #: and that built it from scratch (``indexed``)
+        self.refreshes = {"caught_up": 0, "indexed": 0, "segments_read": 0, "segments_gone": 0}
         try:
             self.refresh(epoch)
         except BaseException:
@@ -66,11 +69,13 @@ class SnapshotTier:
 
     def refresh(self, epoch: int | None = None) -> None:
         """Move to the newest completed checkpoint (or kept checkpoint ``epoch``): a new
-        snapshot, indexed again.  The old one stays, pinned, until the new one is built
-        (memory: both indexes meanwhile); if building it fails, the old one is kept."""
+        snapshot, its index moved on from the old one's (:mod:`.catchup`: the segments
+        written or rewritten since are read) or, where that cannot be, built again.  The old
+        snapshot stays pinned until the new one is worked out (memory: both indexes while one
+        is built again); if that fails, the old one is kept."""
         txn = self.lmdb.begin_read()
         old = self.lmdb.pin(txn)
-        segments = None
+        segments = plans = None
         try:
             with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as pinned:
                 db = self.lmdb.meta
@@ -80,29 +85,55 @@ class SnapshotTier:
                 chosen = kept[-1][0] if epoch is None else epoch
                 mark, meta, extra = snapshots.find(pinned, db, chosen, self.path, kept)
                 info = [(e, snapshots.find(pinned, db, e, self.path, kept)[2]) for e, _, _ in kept]
-            written = WrittenIds(self.lmdb)
-            segments = SegmentLog(
-                self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget
-            )
             with self.lmdb.corrupt_on_error("reading"):
-                for n in sorted(self.widths):
-                    written.load(n, self.table_rows[n])
-                    segments.load(n, below=mark)
+                plans = self._plans(old, txn, mark)
+                if plans is None:
+                    written = WrittenIds(self.lmdb)
+                    segments = SegmentLog(
+                        self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget
+                    )
+                    for n in sorted(self.widths):
+                        written.load(n, self.table_rows[n])
+                        segments.load(n, below=mark)
         except BaseException:
             if segments is not None:
                 segments.close()
             self.lmdb.pin(old)
             txn.abort()
             raise
+        if plans is not None:
+            for p in plans:
+                self.segments.catch_up(p)
+                self.refreshes["segments_read"] += len(p.fresh)
+                self.refreshes["segments_gone"] += p.gone.shape[0]
+            self.refreshes["caught_up"] += 1
+        else:
+            if self.segments is not None:
+                self.segments.close()
+            self.segments = segments
+            self._reader = Reader(
+                self.lmdb, self.widths, HeldRows(self.widths, self._lock), segments, written, self._lock, self._zd
+            )
+            self.refreshes["indexed"] += 1
         if old is not None:
             old.abort()
-        if self.segments is not None:
-            self.segments.close()
-        self.segments, self.mark, self.meta, self.extra = segments, mark, meta, extra
+        self.mark, self.meta, self.extra = mark, meta, extra
         self.kept = [(e, None if x is None else len(x)) for e, x in info]
-        self._reader = Reader(
-            self.lmdb, self.widths, HeldRows(self.widths, self._lock), segments, written, self._lock, self._zd
-        )
+
+    def _plans(self, old_txn, new_txn, mark: int) -> list | None:
+        """Plans (:func:`.catchup.plan`) moving every table's index from the snapshot of
+        ``old_txn`` to ``new_txn`` at ``mark``; None when it must be built from scratch (the
+        first snapshot, an older checkpoint, a store that holds rows in ``t:``, or a plan
+        that finds rows it cannot place)."""
+        if self.segments is None or old_txn is None or any(self.lmdb.records[n] for n in self.widths):
+            return None
+        plans = []
+        for n in sorted(self.widths):
+            p = catchup.plan(self.segments, n, old_txn, new_txn, self.mark, mark)
+            if p is None:
+                return None
+            plans.append(p)
+        return plans
 
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         """Records of ``ids`` (int64, distinct) of the snapshot into ``out_rows``; the found mask."""
