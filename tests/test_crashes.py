@@ -27,7 +27,8 @@ TABLES = [
 EVERY = 5  # steps between checkpoints
 
 # trains with checkpoints every EVERY steps (write-backs of 32 rows, compaction of small
-# stores on), printing each completed checkpoint's step; "open" only reopens the store
+# stores on; argv[3]: the checkpoints kept), printing each completed checkpoint's step;
+# "open" only reopens the store, "back N" reopens it at kept checkpoint N (dropping the later ones)
 _TRAIN = r"""
 import sys
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
@@ -40,10 +41,11 @@ tables = [
     TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
     TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5)),
 ]
-tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu")
-if phase == "open":
+keep = int(sys.argv[3]) if phase == "train" and len(sys.argv) > 3 else None
+tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", keep_checkpoints=keep)
+if phase in ("open", "back"):
     print("opening", flush=True)
-    TieredStore.open(path, tiers).close(checkpoint=False)
+    TieredStore.open(path, tiers, snapshot=int(sys.argv[3]) if phase == "back" else None).close(checkpoint=False)
     print("opened", flush=True)
     sys.exit(0)
 s = TieredStore.create(path, tables, tiers, seed=4)
@@ -119,6 +121,42 @@ def test_a_kill_at_a_random_instant_reopens_at_a_completed_checkpoint(tmp_path, 
 @pytest.mark.parametrize("seed", range(3, 40))
 def test_many_kills_at_random_instants(tmp_path, seed):
     _crash_and_recover(tmp_path, seed)
+
+
+def _crash_going_back(tmp_path: Path, seed: int) -> None:
+    """Kills while a store that keeps 3 checkpoints trains (each checkpoint drops the oldest),
+    then while it reopens at one of them (dropping the later ones): every checkpoint it
+    still lists reads back bitwise, and it opens at one of them."""
+    rng = np.random.default_rng(seed)
+    path = tmp_path / "s"
+    lines = _killed_at([str(path), "train", "3"], "start", float(rng.uniform(0.5, 3.0)))
+    done = [int(x) for x in lines if x.isdigit()]
+    with TieredStore.open(path, mode="r") as r:  # (epoch k is step k * EVERY: one checkpoint each)
+        kept = r.snapshots()
+    assert kept[-1] * EVERY >= (done[-1] if done else 0)
+    back = int(rng.choice(kept))
+    _killed_at([str(path), "back", str(back)], "opening", float(rng.uniform(0.0, 0.3)))
+    s = TieredStore.open(path)
+    epoch, listed = s.epoch, s.snapshots()
+    got = {t.name: s.peek(t.name, np.arange(300), with_state=True) for t in TABLES}
+    s.close(checkpoint=False)  # (a checkpoint would drop the oldest)
+    assert epoch in (back, kept[-1]) and set(listed) <= set(kept), (seed, epoch, listed, kept)
+    assert all(np.array_equal(got[t], w) for t, w in _reference(epoch * EVERY).items()), (seed, epoch)
+    for e in listed:
+        with TieredStore.open(path, mode="r", snapshot=e) as r:
+            rows = {t.name: r.peek(t.name, np.arange(300), with_state=True) for t in TABLES}
+        assert all(np.array_equal(rows[t], w) for t, w in _reference(e * EVERY).items()), (seed, e)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_kill_while_checkpoints_are_dropped_keeps_every_listed_one(tmp_path, seed):
+    _crash_going_back(tmp_path, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2, 30))
+def test_many_kills_while_checkpoints_are_dropped(tmp_path, seed):
+    _crash_going_back(tmp_path, seed)
 
 
 # reads a damaged store: prints "rows <digest>" when it opened and read every row,
