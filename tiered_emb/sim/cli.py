@@ -59,7 +59,10 @@ def _common(p) -> None:
 
 
 def add_parser(sub) -> None:
-    b = add_command(sub, "bench", "cache-policy simulator: policies and miss-ratio curves on an id stream")
+    what = "cache-policy simulator: policies and miss-ratio curves on an id stream"
+    # the shared options go to each bench command, after its name: argparse would let the
+    # subcommand's defaults overwrite them if given before it (`bench --quiet mrc`)
+    b = sub.add_parser("bench", help=what, description=what)
     bsub = b.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     p = add_command(bsub, "policies", "hit ratio and speed of each policy at each cache size")
     _common(p)
