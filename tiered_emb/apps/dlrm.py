@@ -567,7 +567,7 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, report)
     print(format_report(report))
-    LOG.info("\nreport: %s", out)
+    LOG.info("report: %s", out)
     return 0
 
 

@@ -221,62 +221,61 @@ def run_policies(
     _warm_up(policies)
     n = int(trace.shape[0])
     rows = []
-    bar = progress_bar(len(policies) * len(sizes) * repeats, "runs", quiet=not show_progress)
-    for p in policies:
-        for label, cap in sizes:
-            secs, hits, peer_secs, peer_hits = [], None, [], None
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                h = simulate(trace, cap, p)
-                secs.append(time.perf_counter() - t0)
-                if hits is not None and h != hits:  # a kernel must be deterministic
-                    raise RuntimeError(f"{p} gave {h} then {hits} hits on the same trace")
-                hits = h
-                got = peer(p, cap) if peer is not None else None
-                if got is not None:
-                    if peer_hits is not None and got[1] != peer_hits:
-                        raise RuntimeError(f"the peer's {p} gave {got[1]} then {peer_hits} hits on the same trace")
-                    peer_secs.append(got[0])
-                    peer_hits = got[1]
-                bar.set_postfix_str(f"{p}, {label}", refresh=False)
-                bar.update(1)
-            med = statistics.median(secs)
-            row = {
-                "engine": "tiered_emb",
-                "policy": p,
-                "cache": label,
-                "cache_objects": cap,
-                "hits": hits,
-                "requests": n,
-                "hit_ratio": hits / max(n, 1),
-                "seconds": secs,
-                "median_s": med,
-                "mreq_per_s": n / med / 1e6,
-            }
-            if check_policy(p).offline:
-                row["includes_next_use"] = True
-            rows.append(row)
-            if peer_secs:
-                row["speedups"] = [b / a for a, b in zip(secs, peer_secs, strict=False)]
-                row["speedup_median"] = statistics.median(row["speedups"])
-                pmed = statistics.median(peer_secs)
-                rows.append(
-                    {
-                        "engine": "libcachesim",
-                        "policy": p,
-                        "cache": label,
-                        "cache_objects": cap,
-                        "hits": peer_hits,
-                        "requests": n,
-                        "hit_ratio": peer_hits / max(n, 1),
-                        "seconds": peer_secs,
-                        "median_s": pmed,
-                        "mreq_per_s": n / pmed / 1e6,
-                        "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
-                        "same_hits": peer_hits == hits,
-                    }
-                )
-    bar.close()
+    with progress_bar(len(policies) * len(sizes) * repeats, "runs", quiet=not show_progress) as bar:
+        for p in policies:
+            for label, cap in sizes:
+                secs, hits, peer_secs, peer_hits = [], None, [], None
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    h = simulate(trace, cap, p)
+                    secs.append(time.perf_counter() - t0)
+                    if hits is not None and h != hits:  # a kernel must be deterministic
+                        raise RuntimeError(f"{p} gave {h} then {hits} hits on the same trace")
+                    hits = h
+                    got = peer(p, cap) if peer is not None else None
+                    if got is not None:
+                        if peer_hits is not None and got[1] != peer_hits:
+                            raise RuntimeError(f"the peer's {p} gave {got[1]} then {peer_hits} hits on the same trace")
+                        peer_secs.append(got[0])
+                        peer_hits = got[1]
+                    bar.set_postfix_str(f"{p}, {label}", refresh=False)
+                    bar.update(1)
+                med = statistics.median(secs)
+                row = {
+                    "engine": "tiered_emb",
+                    "policy": p,
+                    "cache": label,
+                    "cache_objects": cap,
+                    "hits": hits,
+                    "requests": n,
+                    "hit_ratio": hits / max(n, 1),
+                    "seconds": secs,
+                    "median_s": med,
+                    "mreq_per_s": n / med / 1e6,
+                }
+                if check_policy(p).offline:
+                    row["includes_next_use"] = True
+                rows.append(row)
+                if peer_secs:
+                    row["speedups"] = [b / a for a, b in zip(secs, peer_secs, strict=False)]
+                    row["speedup_median"] = statistics.median(row["speedups"])
+                    pmed = statistics.median(peer_secs)
+                    rows.append(
+                        {
+                            "engine": "libcachesim",
+                            "policy": p,
+                            "cache": label,
+                            "cache_objects": cap,
+                            "hits": peer_hits,
+                            "requests": n,
+                            "hit_ratio": peer_hits / max(n, 1),
+                            "seconds": peer_secs,
+                            "median_s": pmed,
+                            "mreq_per_s": n / pmed / 1e6,
+                            "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
+                            "same_hits": peer_hits == hits,
+                        }
+                    )
     return rows
 
 
@@ -293,16 +292,15 @@ def run_mrc(
     lru_curve(trace[:16])
     mid = sizes[len(sizes) // 2]
     secs, one, curve = [], [], None
-    bar = progress_bar(repeats, "LRU curves", quiet=not show_progress)
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        curve = lru_curve(trace)
-        secs.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        h = simulate(trace, mid[1], "lru")
-        one.append(time.perf_counter() - t0)
-        bar.update(1)
-    bar.close()
+    with progress_bar(repeats, "LRU curves", quiet=not show_progress) as bar:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            curve = lru_curve(trace)
+            secs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            h = simulate(trace, mid[1], "lru")
+            one.append(time.perf_counter() - t0)
+            bar.update(1)
     if h != int(curve.hits[min(mid[1], curve.distinct_ids)]):
         raise RuntimeError("the LRU curve disagrees with the LRU simulation")  # tested; never expected
     caps = [c for _, c in sizes]
