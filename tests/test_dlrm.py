@@ -126,7 +126,7 @@ def test_checkpoint_every_is_documented_with_its_default(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--checkpoint-every CHECKPOINT_EVERY steps between checkpoints" in out and "(default 100;" in out
+    assert "--checkpoint-every CHECKPOINT_EVERY steps between checkpoints" in out and "(default: 100)" in out
 
 
 def test_resume_needs_a_run(tmp_path):
@@ -227,7 +227,7 @@ def test_a_run_dir_that_is_not_a_run_is_not_replaced(tmp_path):
     d = tmp_path / "other"
     d.mkdir()
     (d / "keep.txt").write_text("not a run")
-    with pytest.raises(ConfigError, match=r"no config\.json"):
+    with pytest.raises(ConfigError, match=r"no run that `tiered-emb train` made"):
         _small(d, "--steps", "1")
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
     with pytest.raises(ConfigError, match="cannot be made"):

@@ -1,7 +1,11 @@
 """tiered_emb: embedding tables across HBM, host DDR and LMDB on SSD, for recommendation training.
 
-Importing this package never imports torch or cupy.
+Importing this package never imports torch or cupy.  Its messages go to the ``tiered_emb``
+logger (:mod:`logging`), which shows nothing unless the application adds a handler (the
+``tiered-emb`` command shows them on standard error).
 """
+
+import logging
 
 from tiered_emb._version import __version__
 from tiered_emb.cache.policies import POLICIES
@@ -10,6 +14,8 @@ from tiered_emb.errors import *  # noqa: F403
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.reader import StoreReader, verify_store
 from tiered_emb.store import TieredStore
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "POLICIES",

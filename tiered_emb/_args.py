@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,35 @@ from tiered_emb._backend import to_host
 from tiered_emb.errors import ConfigError, IdRangeError, IdTypeError, RowDtypeError, RowShapeError
 
 _INT64_MAX = 2**63 - 1
+_COUNT_SUFFIX = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_count(text: object) -> int:
+    """A count in the command line's syntax: ``"20M"`` -> 20_000_000; ``"10k"``, ``"1.5G"``,
+    ``"2_000"``, ``"1e6"`` and plain integers too.  A count that is not a whole number
+    (``"1.0001K"``, ``"2.5"``) or beyond int64 is a :class:`ConfigError`, never rounded.
+
+    Examples
+    --------
+    >>> parse_count("1.5M"), parse_count("2K"), parse_count("-1")
+    (1500000, 2000, -1)
+    """
+    t = str(text).strip().replace("_", "")
+    scale = 1
+    if t and t[-1] in _COUNT_SUFFIX:
+        t, scale = t[:-1], _COUNT_SUFFIX[t[-1]]
+    try:
+        d = Decimal(t)
+        # bounded by the exponent first: 1e999999999 would take ages to expand, and a product
+        # below the context's range would round to 0
+        whole = d.is_finite() and (d == 0 or -13 < d.adjusted() < 19)
+        value = d * scale if whole else Decimal(0)
+        whole = whole and abs(value) <= _INT64_MAX and value == value.to_integral_value()
+    except ArithmeticError:  # not a number (decimal.InvalidOperation)
+        whole = False
+    if not whole:
+        raise ConfigError(f"not a count: {text!r}", "write a whole number, e.g. 20M, 1.5K, 10k or 5000")
+    return int(value)
 
 
 def int_arg(name: str, value: Any, lo: int | None = None, hi: int | None = None, hint: str | None = None) -> int:

@@ -1,32 +1,35 @@
-"""A one-line progress bar on stderr, shared by the apps and the simulator's benchmarks.
+"""The progress bar of the commands' long loops (tqdm), shared by the apps and the simulator.
 
 It lives apart from both so that :mod:`tiered_emb.sim` can draw it without importing the
 apps, which import the store (the simulator stands alone: DESIGN.md, "Layout").
+
+The bar goes to standard error, with a rate and an ETA, and only when standard error is a
+terminal: redirected to a file or a pipe (a log, CI), it writes nothing at all, so no
+``\\r``-rewritten lines end up in the log.  ``--quiet`` turns it off everywhere.
 """
 
 from __future__ import annotations
 
 import sys
-import time
+from typing import Any, TextIO
 
 
-def progress(i: int, n: int, t0: float, extra: str = "", width: int = 30, stream=None) -> None:
-    """One-line progress bar (rewritten in place): ``i`` of ``n`` done since ``t0``
-    (a :func:`time.perf_counter` reading), then ``extra``; a newline once ``i >= n``.
-    ``stream``: standard error by default.
+def progress_bar(total: int, unit: str, quiet: bool = False, stream: TextIO | None = None) -> Any:
+    """A :class:`tqdm.tqdm` bar for ``total`` ``unit``s (use it as a context manager, then
+    ``bar.update(n)`` and ``bar.set_postfix_str(text)``): on ``stream`` (standard error by
+    default), off when ``quiet`` or when ``stream`` is not a terminal.
 
     Examples
     --------
     >>> import io
-    >>> out = io.StringIO()
-    >>> progress(2, 4, time.perf_counter(), "steps", width=4, stream=out)
-    >>> out.getvalue().startswith("\\r[##..] 2/4 ")
-    True
+    >>> out = io.StringIO()  # not a terminal: no bar, nothing written
+    >>> with progress_bar(4, "steps", stream=out) as bar:
+    ...     bar.update(4)
+    >>> out.getvalue()
+    ''
     """
+    from tqdm import tqdm
+
     stream = sys.stderr if stream is None else stream  # looked up now: it may have been replaced since import
-    done = int(width * i / max(n, 1))
-    rate = i / max(time.perf_counter() - t0, 1e-9)
-    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {rate:,.1f}/s {extra}")
-    if i >= n:
-        stream.write("\n")
-    stream.flush()
+    # disable=None: tqdm draws only on a terminal
+    return tqdm(total=total, unit=unit, file=stream, disable=True if quiet else None, dynamic_ncols=True, leave=True)

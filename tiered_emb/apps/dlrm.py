@@ -16,24 +16,28 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
-import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tiered_emb._progress import progress
+from tiered_emb._options import STDOUT, add_command, check_run_dir, count, make_run_dir, print_json, require
+from tiered_emb._progress import progress_bar
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
+from tiered_emb.cache.policies import POLICIES
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError, StoreNotFoundError, TieredEmbError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from tiered_emb.sim.bench import check_output, write_json
 from tiered_emb.store import TieredStore
+
+LOG = logging.getLogger(__name__)
 
 _EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
@@ -57,16 +61,17 @@ _RUN_DEFAULTS = {
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "train",
-        help="train a DLRM whose embedding tables are 12x larger than HBM+DDR",
+        "train a DLRM whose embedding tables are 12x larger than HBM+DDR",
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument(
         "--run-dir",
         default="runs/dlrm",
-        help="run directory holding the store (replaced unless --resume; only an empty one or one "
-        "holding a run's config.json is replaced)",
+        help="run directory: the store, config.json, report.json (an earlier run of `tiered-emb train` "
+        "there is replaced unless --resume; any other non-empty directory is refused)",
     )
     p.add_argument(
         "--resume",
@@ -74,42 +79,41 @@ def add_parser(sub) -> None:
         help="continue from the store's last checkpoint in --run-dir (the model and data flags are "
         "the run's; giving one that differs is an error)",
     )
-    p.add_argument("--steps", type=int, default=200, help="train steps in total (a resumed run stops here too)")
-    p.add_argument("--batch", type=int, help="samples per step (default 2048)")
-    p.add_argument("--rows", type=int, help="rows per table (26 tables; default 100000)")
-    p.add_argument("--dim", type=int, help="embedding dim (default 16)")
-    p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (default 1.05)")
-    p.add_argument("--hbm-rows", type=int, default=4096, help="HBM-tier rows per table")
-    p.add_argument("--ddr-rows", type=int, default=4096, help="DDR-tier rows per table")
+    p.add_argument("--steps", type=count, default=200, help="train steps in total (a resumed run stops here too)")
+    p.add_argument("--batch", type=count, help="samples per step; each looks up one id in every table (default: 2048)")
+    p.add_argument("--rows", type=count, help="rows per table (its num_rows; 26 tables; default: 100000)")
+    p.add_argument("--dim", type=count, help="embedding dimension (default: 16)")
+    p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (0: uniform; default: 1.05)")
+    p.add_argument("--hbm-rows", type=count, default=4096, help="HBM rows per table")
+    p.add_argument("--ddr-rows", type=count, default=4096, help="DDR rows per table")
     p.add_argument(
-        "--policy", default="lookahead+lru", help="cache policy of the tiers (lru, lfu, lookahead+lru, lookahead+lfu)"
+        "--policy", default="lookahead+lru", help=f"eviction policy of the tiers: {', '.join(sorted(POLICIES))}"
     )
     p.add_argument(
         "--optimizer",
         choices=sorted(_EMB_OPTIMIZERS),
-        help="the store's optimizer for the embedding rows (default rowwise_adagrad)",
+        help="the store's optimizer for the embedding rows (default: rowwise_adagrad)",
     )
-    p.add_argument("--lr", type=float, help="embedding learning rate (default 0.05)")
-    p.add_argument("--dense-lr", type=float, help="learning rate of the MLPs (torch Adagrad; default 0.05)")
-    p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default 64)")
-    p.add_argument("--top", help="top MLP hidden sizes, comma separated (then 1; default 64)")
-    p.add_argument("--eval-batches", type=int, default=8, help="held-out (and train) batches for the report")
+    p.add_argument("--lr", type=float, help="embedding learning rate (default: 0.05)")
+    p.add_argument("--dense-lr", type=float, help="learning rate of the MLPs (torch Adagrad; default: 0.05)")
+    p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default: 64)")
+    p.add_argument("--top", help="top MLP hidden sizes, comma separated (then 1; default: 64)")
+    p.add_argument("--eval-batches", type=count, default=8, help="held-out (and train) batches for the report")
     p.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=count,
         default=100,
-        help="steps between checkpoints, each one --resume can continue from (default 100; 0: only the "
+        help="steps between checkpoints, each one --resume can continue from (0: only the "
         "one at the end, which every run takes)",
     )
     p.add_argument("--data", default=None, help="a Criteo-format TSV instead of synthetic data")
-    p.add_argument("--seed", type=int, help="seed of the rows, the MLPs and the synthetic data (default 0)")
+    p.add_argument("--seed", type=count, help="seed of the rows, the MLPs and the synthetic data (default: 0)")
     p.add_argument(
         "--model",
         choices=["dlrm", "torchrec"],
-        help="dlrm: the built-in model (default); torchrec: torchrec.models.dlrm.DLRM over the tiered "
+        help="dlrm: the built-in model (the default); torchrec: torchrec.models.dlrm.DLRM over the tiered "
         "collection, from the same weights (needs torchrec, see docs/torchrec.md)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--lookahead",
         type=int,
@@ -121,7 +125,7 @@ def add_parser(sub) -> None:
         type=int,
         default=1,
         help="of the window, how many batches ahead the background thread brings rows up and pins "
-        "them (default 1: the step then finds every row pinned for it and runs without the "
+        "them (1: the step then finds every row pinned for it and runs without the "
         "store's lock; 0: the window only protects rows, the step places its own; see "
         "docs/training.md)",
     )
@@ -130,7 +134,7 @@ def add_parser(sub) -> None:
         type=int,
         default=0,
         help="of the window, how many batches ahead the background thread reads rows from LMDB into "
-        "host memory (default 0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
+        "host memory (0: the step reads LMDB itself; reading ahead did not pay on 2 CPU "
         "cores with LMDB in the page cache, see docs/benchmarks.md)",
     )
     p.add_argument(
@@ -144,7 +148,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--sync-writes",
         action="store_true",
-        help="write evicted rows to LMDB on the step's thread (default: on a writer thread)",
+        help="write evicted rows to LMDB on the step's thread (without it: on a writer thread)",
     )
     p.set_defaults(func=run)
 
@@ -356,36 +360,24 @@ def _conflicts(args, stored: dict) -> list[str]:
     return out
 
 
-def _replaceable(run_dir: Path) -> None:
-    """Refuse to replace a path that is not a run directory (a file, a link, a folder of other things)."""
-    if not (run_dir.exists() or run_dir.is_symlink()):
-        return
-    if run_dir.is_symlink() or not run_dir.is_dir():
-        raise ConfigError(
-            f"--run-dir {str(run_dir)!r} exists and is not a directory",
-            "choose another --run-dir (it is replaced by the new run)",
-        )
-    if any(run_dir.iterdir()) and not (run_dir / "config.json").is_file():
-        raise ConfigError(
-            f"--run-dir {str(run_dir)!r} holds files but no run (no config.json); not replaced",
-            "choose a new or empty --run-dir, or remove that one yourself",
-        )
-
-
 def train(args) -> dict:
     """Run the job described by the parsed ``args``; returns the report as a dict.
 
-    Every flag is checked before the run directory is touched.  A step that fails (or a
-    Ctrl-C) closes the store without a checkpoint, so the rows stay those of the last
+    The run directory is checked first (only an empty one or an earlier run of this command
+    is replaced), then that torch imports, then every flag, all before anything on disk
+    changes.  A step that fails (or a Ctrl-C) closes the store without a checkpoint, so the rows stay those of the last
     checkpoint, saved with the step and dense weights of that instant: ``--resume``
     continues from there as if never interrupted.
     """
-    import torch
-
     run_dir = Path(args.run_dir)
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
+    if not args.resume:
+        check_run_dir(run_dir, "train")
+    torch = require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
     _check_run_flags(args)
+    if args.json not in (None, STDOUT):
+        check_output(args.json, "--json")
     tiers = TierConfig(
         hbm_rows=args.hbm_rows,
         ddr_rows=args.ddr_rows,
@@ -423,16 +415,7 @@ def train(args) -> dict:
         cfg["step_threads"] = _step_threads(args)
         tables = _tables(cfg)
         data = _load_data(cfg)
-        _replaceable(run_dir)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        try:
-            run_dir.mkdir(parents=True)
-        except OSError as err:
-            raise ConfigError(
-                f"--run-dir {str(run_dir)!r} cannot be made ({err})",
-                "choose a --run-dir under a directory you can write",
-            ) from err
+        make_run_dir(run_dir, "train")
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
         store = TieredStore.create(store_dir, tables, tiers, seed=cfg["seed"])
     try:
@@ -492,12 +475,13 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         step_threads=_step_threads(args, cfg),
     )
     checkpoints = []  # this run's, one record each: step, seconds, rows written
-    for step, loss in enumerate(pipeline.run(batches), start=start):
-        ema = loss if ema is None else 0.98 * ema + 0.02 * loss
-        if checkpoint_due(step + 1, args.checkpoint_every, args.steps):
-            checkpoints.append(_save_state(torch, store, step + 1, model, opt))
-        if not args.quiet and ((step + 1 - start) % 5 == 0 or step + 1 == args.steps):
-            progress(step + 1 - start, args.steps - start, t0, f"steps  loss {ema:.4f}")
+    with progress_bar(max(args.steps - start, 0), "steps", args.quiet) as bar:
+        for step, loss in enumerate(pipeline.run(batches), start=start):
+            ema = loss if ema is None else 0.98 * ema + 0.02 * loss
+            if checkpoint_due(step + 1, args.checkpoint_every, args.steps):
+                checkpoints.append(_save_state(torch, store, step + 1, model, opt))
+            bar.set_postfix_str(f"loss {ema:.4f}", refresh=False)
+            bar.update(1)
     train_s = time.perf_counter() - t0
     done = max(args.steps - start, 0)
     thread_cpu = thread_cpu_per_step(cpu0, thread_cpu_s(store), done)
@@ -575,10 +559,15 @@ def format_report(r: dict) -> str:
 
 def run(args) -> int:
     report = train(args)
-    print(format_report(report))
     out = Path(args.run_dir) / "report.json"
     out.write_text(json.dumps(report, indent=2, sort_keys=True))
-    print(f"\nreport: {out}", file=sys.stderr)
+    if args.json == STDOUT:
+        print_json(report)
+        return 0
+    if args.json:
+        write_json(args.json, report)
+    print(format_report(report))
+    LOG.info("report: %s", out)
     return 0
 
 

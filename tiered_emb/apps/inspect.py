@@ -9,10 +9,10 @@ tables, their rows and bytes, and the checkpoint with its ``extra``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+from tiered_emb._options import add_command
 from tiered_emb.reader import StoreReader, verify_store
 
 
@@ -21,9 +21,8 @@ def add_parser(sub) -> None:
         ("verify", _run_verify, "check every byte a store holds; exit status 1 when anything is damaged"),
         ("inspect", _run_inspect, "list a store's tables, rows, bytes and the checkpoints it keeps"),
     ):
-        p = sub.add_parser(name, help=what, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p = add_command(sub, name, what, json_file=False)
         p.add_argument("path", help="the store (a writer may be training it meanwhile)")
-        p.add_argument("--json", action="store_true", help="print the whole report as JSON")
         p.set_defaults(func=run)
 
 

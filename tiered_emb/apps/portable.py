@@ -16,13 +16,13 @@ made when the export turns out damaged).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 
+from tiered_emb._options import add_command, count
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import CorruptStoreError, StoreExistsError
 from tiered_emb.store import TieredStore
@@ -48,9 +48,9 @@ def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint"
             cfg = store.table_config(name)
             width = cfg.record_width
             step = _chunk_rows(store.tiers, width)
-            count, chunks = store.ssd.stored_ids(name, step)
-            out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (count,))
-            out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (count, width))
+            stored, chunks = store.ssd.stored_ids(name, step)
+            out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (stored,))
+            out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (stored, width))
             a = 0
             for chunk in chunks:
                 rows = np.empty((chunk.shape[0], width), dtype=np.float32)
@@ -66,7 +66,7 @@ def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint"
             out_ids.flush()
             out_rows.flush()
             del out_ids, out_rows
-            counts[name] = int(count)
+            counts[name] = int(stored)
         meta = {
             "format": EXPORT_FORMAT,
             "seed": store.seed,
@@ -128,10 +128,8 @@ def _import_table(store: TieredStore, src: Path, t: TableConfig, ids, rows, tier
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write a store (its last checkpoint by default) as .npy files (streaming)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = add_command(
+        sub, "export", "write a store (its last checkpoint by default) as .npy files (streaming)", json_file=False
     )
     p.add_argument("path", help="the store")
     p.add_argument("dest", help="a new directory for the export")
@@ -142,22 +140,30 @@ def add_parser(sub) -> None:
         help="where to open the store: its last checkpoint, or also the rows a run wrote after it",
     )
     p.set_defaults(func=_run_export)
-    p = sub.add_parser(
-        "import",
-        help="make a new store from an export (streaming)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = add_command(sub, "import", "make a new store from an export (streaming)", json_file=False)
     p.add_argument("src", help="an export directory")
     p.add_argument("path", help="the new store")
-    p.add_argument("--hbm-rows", type=int, default=65536, help="HBM rows per table of the new store")
-    p.add_argument("--ddr-rows", type=int, default=0, help="DDR rows per table of the new store")
-    p.add_argument("--budget-bytes", type=int, default=256 << 20, help="TierConfig.budget_bytes")
+    p.add_argument("--hbm-rows", type=count, default=65536, help="HBM rows per table of the new store")
+    p.add_argument("--ddr-rows", type=count, default=0, help="DDR rows per table of the new store")
+    p.add_argument(
+        "--budget-bytes",
+        type=count,
+        default=256 << 20,
+        help="the SSD tier's memory budget in bytes (TierConfig.budget_bytes; 256M is 256,000,000)",
+    )
     p.set_defaults(func=_run_import)
+
+
+def _report(args, what: str, counts: dict, where: str) -> None:
+    if args.json:
+        print(json.dumps({what: counts}))
+    else:
+        print(f"{what} {len(counts)} tables, {sum(counts.values()):,} rows {where}")
 
 
 def _run_export(args) -> int:
     counts = export_store(args.path, args.dest, args.restore)
-    print(json.dumps({"exported": counts}))
+    _report(args, "exported", counts, f"to {args.dest}")
     return 0
 
 
@@ -166,5 +172,5 @@ def _run_import(args) -> int:
         raise StoreExistsError(f"store path {args.path!r} already exists", "choose a new path")
     tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget_bytes)
     counts = import_store(args.src, args.path, tiers)
-    print(json.dumps({"imported": counts}))
+    _report(args, "imported", counts, f"into {args.path}")
     return 0

@@ -17,32 +17,21 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tiered_emb._args import as_ids, int_arg
-from tiered_emb._progress import progress
+from tiered_emb._args import as_ids, int_arg, parse_count
+from tiered_emb._progress import progress_bar
 from tiered_emb.errors import ConfigError, MissingExtraError, TraceFileError
 from tiered_emb.sim import traces
 from tiered_emb.sim.compare import libcachesim_hashpower
 from tiered_emb.sim.engine import check_policy, simulate
 from tiered_emb.sim.mrc import lru_curve, opt_curve
 
-_SUFFIX = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}
-
-
-def parse_count(text: str) -> int:
-    """``"20M"`` -> 20_000_000; ``"10k"``, ``"1.5M"`` and plain integers too."""
-    t = str(text).strip().replace("_", "")
-    try:
-        if t and t[-1] in _SUFFIX:
-            return round(float(t[:-1]) * _SUFFIX[t[-1]])
-        return int(t)
-    except (ValueError, OverflowError):  # not a number, NaN, infinity
-        raise ConfigError(f"not a count: {text!r}", "write e.g. 20M, 10k or 5000") from None
+#: The trace specs that read a file (``KIND:PATH``); the others are synthetic.
+FILE_TRACES = ("npy", "csv", "tsv", "txt", "criteo", "oracle")
 
 
 def parse_sizes(text: str, universe: int) -> list[tuple[str, int]]:
@@ -140,7 +129,7 @@ def load_trace(
         n_batches = max(1, requests // per_batch)
         tr = traces.table_batches([ids] * len(alphas), alphas, batch, pf, n_batches, seed)
         return tr, ids * len(alphas), f"{len(alphas)} tables (skews {alphas}), batch {batch}, pooling {pf}"
-    if kind in ("npy", "csv", "tsv", "txt", "criteo", "oracle"):
+    if kind in FILE_TRACES:
         path, col = rest, 0
         if kind in ("csv", "tsv", "txt") and ":" in rest:
             head, _, tail = rest.rpartition(":")
@@ -232,62 +221,61 @@ def run_policies(
     _warm_up(policies)
     n = int(trace.shape[0])
     rows = []
-    total, done, t_start = len(policies) * len(sizes) * repeats, 0, time.perf_counter()
-    for p in policies:
-        for label, cap in sizes:
-            secs, hits, peer_secs, peer_hits = [], None, [], None
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                h = simulate(trace, cap, p)
-                secs.append(time.perf_counter() - t0)
-                if hits is not None and h != hits:  # a kernel must be deterministic
-                    raise RuntimeError(f"{p} gave {h} then {hits} hits on the same trace")
-                hits = h
-                got = peer(p, cap) if peer is not None else None
-                if got is not None:
-                    if peer_hits is not None and got[1] != peer_hits:
-                        raise RuntimeError(f"the peer's {p} gave {got[1]} then {peer_hits} hits on the same trace")
-                    peer_secs.append(got[0])
-                    peer_hits = got[1]
-                done += 1
-                if show_progress:
-                    progress(done, total, t_start, f"runs ({p}, {label})     ")
-            med = statistics.median(secs)
-            row = {
-                "engine": "tiered_emb",
-                "policy": p,
-                "cache": label,
-                "cache_objects": cap,
-                "hits": hits,
-                "requests": n,
-                "hit_ratio": hits / max(n, 1),
-                "seconds": secs,
-                "median_s": med,
-                "mreq_per_s": n / med / 1e6,
-            }
-            if check_policy(p).offline:
-                row["includes_next_use"] = True
-            rows.append(row)
-            if peer_secs:
-                row["speedups"] = [b / a for a, b in zip(secs, peer_secs, strict=False)]
-                row["speedup_median"] = statistics.median(row["speedups"])
-                pmed = statistics.median(peer_secs)
-                rows.append(
-                    {
-                        "engine": "libcachesim",
-                        "policy": p,
-                        "cache": label,
-                        "cache_objects": cap,
-                        "hits": peer_hits,
-                        "requests": n,
-                        "hit_ratio": peer_hits / max(n, 1),
-                        "seconds": peer_secs,
-                        "median_s": pmed,
-                        "mreq_per_s": n / pmed / 1e6,
-                        "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
-                        "same_hits": peer_hits == hits,
-                    }
-                )
+    with progress_bar(len(policies) * len(sizes) * repeats, "runs", quiet=not show_progress) as bar:
+        for p in policies:
+            for label, cap in sizes:
+                secs, hits, peer_secs, peer_hits = [], None, [], None
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    h = simulate(trace, cap, p)
+                    secs.append(time.perf_counter() - t0)
+                    if hits is not None and h != hits:  # a kernel must be deterministic
+                        raise RuntimeError(f"{p} gave {h} then {hits} hits on the same trace")
+                    hits = h
+                    got = peer(p, cap) if peer is not None else None
+                    if got is not None:
+                        if peer_hits is not None and got[1] != peer_hits:
+                            raise RuntimeError(f"the peer's {p} gave {got[1]} then {peer_hits} hits on the same trace")
+                        peer_secs.append(got[0])
+                        peer_hits = got[1]
+                    bar.set_postfix_str(f"{p}, {label}", refresh=False)
+                    bar.update(1)
+                med = statistics.median(secs)
+                row = {
+                    "engine": "tiered_emb",
+                    "policy": p,
+                    "cache": label,
+                    "cache_objects": cap,
+                    "hits": hits,
+                    "requests": n,
+                    "hit_ratio": hits / max(n, 1),
+                    "seconds": secs,
+                    "median_s": med,
+                    "mreq_per_s": n / med / 1e6,
+                }
+                if check_policy(p).offline:
+                    row["includes_next_use"] = True
+                rows.append(row)
+                if peer_secs:
+                    row["speedups"] = [b / a for a, b in zip(secs, peer_secs, strict=False)]
+                    row["speedup_median"] = statistics.median(row["speedups"])
+                    pmed = statistics.median(peer_secs)
+                    rows.append(
+                        {
+                            "engine": "libcachesim",
+                            "policy": p,
+                            "cache": label,
+                            "cache_objects": cap,
+                            "hits": peer_hits,
+                            "requests": n,
+                            "hit_ratio": peer_hits / max(n, 1),
+                            "seconds": peer_secs,
+                            "median_s": pmed,
+                            "mreq_per_s": n / pmed / 1e6,
+                            "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
+                            "same_hits": peer_hits == hits,
+                        }
+                    )
     return rows
 
 
@@ -304,16 +292,15 @@ def run_mrc(
     lru_curve(trace[:16])
     mid = sizes[len(sizes) // 2]
     secs, one, curve = [], [], None
-    t_start = time.perf_counter()
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        curve = lru_curve(trace)
-        secs.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        h = simulate(trace, mid[1], "lru")
-        one.append(time.perf_counter() - t0)
-        if show_progress:
-            progress(r + 1, repeats, t_start, "LRU curves")
+    with progress_bar(repeats, "LRU curves", quiet=not show_progress) as bar:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            curve = lru_curve(trace)
+            secs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            h = simulate(trace, mid[1], "lru")
+            one.append(time.perf_counter() - t0)
+            bar.update(1)
     if h != int(curve.hits[min(mid[1], curve.distinct_ids)]):
         raise RuntimeError("the LRU curve disagrees with the LRU simulation")  # tested; never expected
     caps = [c for _, c in sizes]
@@ -480,7 +467,3 @@ def plot_mrc(mrc: dict, path, title: str) -> None:
         _write(Path(path), lambda p: fig.savefig(p, dpi=120), "--plot")
     finally:
         plt.close(fig)
-
-
-def print_err(msg: str) -> None:
-    sys.stderr.write(msg + "\n")

@@ -8,6 +8,7 @@ own C loop: the fastest path its Python binding offers.  Cache sizes are object 
 
 from __future__ import annotations
 
+import logging
 import sys
 import tempfile
 import time
@@ -19,6 +20,8 @@ import numpy as np
 from tiered_emb.errors import ConfigError, MissingExtraError
 from tiered_emb.sim.engine import check_policy
 from tiered_emb.sim.traces import write_oracle_general
+
+LOG = logging.getLogger(__name__)
 
 _S3FIFO_MIN_OBJECTS = 20
 
@@ -100,7 +103,7 @@ def libcachesim_peer(trace: np.ndarray, workdir=None, table: str = "sized"):
             if policy == "s3fifo" and cap < _S3FIFO_MIN_OBJECTS:
                 if cap not in warned:  # libCacheSim would abort the process
                     warned.add(cap)
-                    sys.stderr.write(f"libCacheSim S3FIFO skipped at {cap} objects (needs >= 20)\n")
+                    LOG.warning("libCacheSim S3FIFO skipped at %d objects (needs >= 20)", cap)
                 return None
             proc.stdin.write(f"{name} {int(cap)}\n")
             proc.stdin.flush()
