@@ -1,4 +1,5 @@
-"""The examples users copy run: the README's Python blocks, and every docstring example in the package."""
+"""The examples users copy run: the Python blocks of the README and of docs/getting-started.md, and every
+docstring example in the package."""
 
 from __future__ import annotations
 
@@ -36,9 +37,19 @@ def _env() -> dict[str, str]:
 # the README
 
 
-def readme_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def python_blocks(page: Path) -> list[str]:
+    text = page.read_text(encoding="utf-8")
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def readme_blocks() -> list[str]:
+    return python_blocks(ROOT / "README.md")
+
+
+def _run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_readme_has_python_blocks() -> None:
@@ -50,10 +61,26 @@ def test_readme_python_block_runs(index: int, tmp_path: Path) -> None:
     if not HAS_TORCH:
         pytest.skip("the README's example trains with torch, which is not installed")
     code = readme_blocks()[index]
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False
-    )
+    proc = _run_python(code, tmp_path)
     assert proc.returncode == 0, f"README block {index} failed:\n{code}\n{proc.stdout}\n{proc.stderr}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# docs/getting-started.md: its blocks build on each other, so they run in order as one script
+
+
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+
+
+def test_getting_started_runs(tmp_path: Path) -> None:
+    blocks = python_blocks(GETTING_STARTED)
+    assert len(blocks) >= 4, "docs/getting-started.md lost its ```python blocks: the first code a newcomer runs"
+    if not HAS_TORCH:
+        pytest.skip("docs/getting-started.md trains with torch, which is not installed")
+    code = "\n".join(blocks)
+    proc = _run_python(code, tmp_path)
+    numbered = "\n".join(f"{i + 1:4d}  {line}" for i, line in enumerate(code.splitlines()))
+    assert proc.returncode == 0, f"docs/getting-started.md failed:\n{numbered}\n{proc.stdout}\n{proc.stderr}"
 
 
 # ---------------------------------------------------------------------------------------------------------

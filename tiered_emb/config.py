@@ -168,6 +168,7 @@ class TableConfig:
 
     @property
     def state_width(self) -> int:
+        """Floats of optimizer state per record, after the ``dim`` weights."""
         return self.optimizer.state_width(self.dim)
 
     @property
@@ -176,6 +177,7 @@ class TableConfig:
         return self.dim + self.state_width
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON values (the store's manifest keeps it so); :meth:`from_dict` reads it."""
         init = {"name": self.init.name, **{k: getattr(self.init, k) for k in self.init.__dataclass_fields__}}
         return {
             "name": self.name,
@@ -188,6 +190,7 @@ class TableConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TableConfig:
+        """The config :meth:`to_dict` wrote, validated again."""
         init = dict(d["init"])
         init_cls = INITS[init.pop("name")]
         return cls(
@@ -286,4 +289,5 @@ class TierConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict of plain values."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

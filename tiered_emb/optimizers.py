@@ -53,9 +53,11 @@ class SGD:
         _check_positive("SGD", "lr", self.lr)
 
     def state_width(self, dim: int) -> int:
+        """Floats of optimizer state per row of ``dim`` weights: 0 (SGD keeps none)."""
         return 0
 
     def params(self) -> np.ndarray:
+        """The hyper-parameters as the update kernel takes them: float32 (1,), ``[lr]``."""
         return np.array([self.lr], dtype=np.float32)
 
 
@@ -72,9 +74,11 @@ class Adagrad:
         _check_positive("Adagrad", "eps", self.eps, allow_zero=True)
 
     def state_width(self, dim: int) -> int:
+        """Floats of optimizer state per row of ``dim`` weights: ``dim`` (the sum of g*g per weight)."""
         return dim
 
     def params(self) -> np.ndarray:
+        """The hyper-parameters as the update kernel takes them: float32 (2,), ``[lr, eps]``."""
         return np.array([self.lr, self.eps], dtype=np.float32)
 
 
@@ -95,9 +99,11 @@ class RowWiseAdagrad:
         _check_positive("RowWiseAdagrad", "eps", self.eps, allow_zero=True)
 
     def state_width(self, dim: int) -> int:
+        """Floats of optimizer state per row of ``dim`` weights: 1 (the sum of mean(g*g))."""
         return 1
 
     def params(self) -> np.ndarray:
+        """The hyper-parameters as the update kernel takes them: float32 (2,), ``[lr, eps]``."""
         return np.array([self.lr, self.eps], dtype=np.float32)
 
 
@@ -123,9 +129,11 @@ class Adam:
         object.__setattr__(self, "betas", (float(b[0]), float(b[1])))
 
     def state_width(self, dim: int) -> int:
+        """Floats of optimizer state per row of ``dim`` weights: ``2 * dim + 1`` (m, v, the row's step)."""
         return 2 * dim + 1
 
     def params(self) -> np.ndarray:
+        """The hyper-parameters as the update kernel takes them: float32 (4,), ``[lr, beta1, beta2, eps]``."""
         return np.array([self.lr, self.betas[0], self.betas[1], self.eps], dtype=np.float32)
 
 

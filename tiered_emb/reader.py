@@ -120,6 +120,7 @@ class StoreReader:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
         return self._ssd is None
 
     def _open(self) -> SnapshotTier:
@@ -156,6 +157,7 @@ class StoreReader:
     # ------------------------------------------------------------------ reading
     @property
     def tables(self) -> dict[str, TableConfig]:
+        """The store's tables by name (a copy)."""
         return dict(self._tables)
 
     def table_config(self, table: str) -> TableConfig:

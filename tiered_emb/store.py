@@ -216,6 +216,7 @@ class TieredStore:
 
     @property
     def tables(self) -> dict[str, TableConfig]:
+        """The store's tables by name (a new dict)."""
         return {n: t.cfg for n, t in self._res.tables.items()}
 
     @property

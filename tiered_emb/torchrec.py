@@ -30,6 +30,7 @@ from tiered_emb.config import MAX_ID, TableConfig, Uniform
 from tiered_emb.errors import ConfigError, MissingExtraError
 from tiered_emb.torch import TieredEmbeddingBagCollection as _DictCollection
 
+#: How to install torchrec for CPU beside ``fbgemm-gpu-cpu``: the hint of a :class:`MissingExtraError`.
 INSTALL = (
     "install torchrec for CPU beside fbgemm-gpu-cpu: python -m pip install -e '.[torchrec]' && "
     "python -m pip install --no-deps torchrec==1.8.0 (plain `pip install torchrec` pulls the CUDA "
@@ -55,6 +56,7 @@ except (ImportError, OSError, RuntimeError) as err:  # absent, or its native lib
     TORCHREC_ERROR = f"{type(err).__name__}: {err}"
     _Interface = torch.nn.Module
 
+#: Whether torchrec imported: without it the collection takes the ``tiered_emb.torch`` arguments only.
 HAS_TORCHREC = TORCHREC_ERROR is None
 _MODES = {"SUM": "sum", "MEAN": "mean"}
 

@@ -35,12 +35,16 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
         page cache) on a host whose cores the step already uses, the thread's work slows
         the step more than it saves (docs/benchmarks.md), hence the default 0.
 
-    Yields each batch after its rows are up (a failure to bring them up is raised here,
-    as PrefetchError, in the step that needs them).  An error fetching a batch (from
-    ``batches``, from ``ids_of`` or its ids' checks) is raised when the loop reaches that
-    batch, after the batches fetched before it have run, as without lookahead.  Control
-    returning to the generator means the batch's update is applied: its pins are released
-    then.  Closing the generator early (break, exception) releases every outstanding pin.
+    Yields
+    ------
+    batch
+        Each batch after its rows are up (a failure to bring them up is raised here, as
+        PrefetchError, in the step that needs them).  An error fetching a batch (from
+        ``batches``, from ``ids_of`` or its ids' checks) is raised when the loop reaches
+        that batch, after the batches fetched before it have run, as without lookahead.
+        Control returning to the generator means the batch's update is applied: its pins
+        are released then.  Closing the generator early (break, exception) releases every
+        outstanding pin.
 
     Examples
     --------

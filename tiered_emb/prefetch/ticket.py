@@ -36,6 +36,7 @@ class Ticket:
 
     @property
     def done(self) -> bool:
+        """Whether the thread has finished bringing the batch's rows up (or failed to: :meth:`wait` raises)."""
         return self.up_event.is_set()
 
     def wait(self) -> None:

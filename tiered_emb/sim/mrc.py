@@ -392,10 +392,12 @@ class MissRatioCurve:
 
     @property
     def hit_ratio(self) -> np.ndarray:
+        """Hits over requests at each size: float64 (m,)."""
         return self.hits / max(self.requests, 1)
 
     @property
     def miss_ratio(self) -> np.ndarray:
+        """``1 - hit_ratio``: float64 (m,)."""
         return 1.0 - self.hit_ratio
 
     def at(self, sizes) -> np.ndarray:

@@ -49,9 +49,15 @@ def save(model: torch.nn.Module, optimizer=None, extra: dict | None = None) -> i
     optimizer : torch optimizer (or :class:`TieredOptimizer`) whose ``state_dict`` to keep, or None
     extra : dict of plain values (step, epoch...) to keep beside them, or None
 
-    Returns the number of rows written.  Uses the store's checkpoint ``extra`` bytes
-    (:meth:`TieredStore.checkpoint`); a model over several stores checkpoints each with the
-    same state, one after the other.
+    Returns
+    -------
+    int
+        The number of rows written.
+
+    Notes
+    -----
+    Uses the store's checkpoint ``extra`` bytes (:meth:`TieredStore.checkpoint`); a model
+    over several stores checkpoints each with the same state, one after the other.
 
     Examples
     --------

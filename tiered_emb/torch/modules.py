@@ -42,6 +42,8 @@ class TieredEmbeddingBag(StoreModule):
     freeze : bool, True: no forward plans an update (``per_sample_weights`` still get
         their gradient)
 
+    Notes
+    -----
     The rows are updated by the store in backward (fused), or at the step of a
     :class:`tiered_emb.torch.TieredOptimizer` that holds the gradients (needed for
     loss scaling, clipping and gradient accumulation; docs/training.md).  In ``eval()``
@@ -142,6 +144,7 @@ class TieredEmbedding(StoreModule):
         return emb
 
     def forward(self, input) -> torch.Tensor:
+        """The rows of ``input``'s ids, float32 ``(*input.shape, dim)``."""
         if self.padding_idx is None and self.compiles("sum", input):
             out = self.pool_compiled(input.reshape(-1, 1), None, None, "sum", False)
             return out.reshape(*input.shape, self.embedding_dim)
@@ -180,6 +183,8 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
     feature_tables : dict feature name -> table name (a list means feature == table)
     mode : ``"sum"`` (default, as torchrec), ``"mean"`` or ``"max"``
 
+    Notes
+    -----
     ``forward`` takes a dict feature -> ``(values, lengths)`` (values int (n,), lengths int
     (B,) per feature) or, when torchrec is installed, a ``KeyedJaggedTensor``; it returns
     a dict feature -> float32 (B, dim), in the order of ``feature_tables``.

@@ -97,6 +97,8 @@ class TieredOptimizer:
     model : torch.nn.Module holding Tiered* modules (at least one)
     dense : torch.optim.Optimizer or None, the optimizer of the dense parameters
 
+    Notes
+    -----
     Semantics: gradients add up over backwards until :meth:`zero_grad` (gradient
     accumulation: one update per row on the summed gradient, as a torch optimizer);
     :meth:`step` applies the table's optimizer (``TableConfig.optimizer``) to each row
@@ -192,5 +194,6 @@ class TieredOptimizer:
         return self.dense.state_dict() if self.dense is not None else {}
 
     def load_state_dict(self, state: dict) -> None:
+        """Load the dense optimizer's state that :meth:`state_dict` returned."""
         if self.dense is not None:
             self.dense.load_state_dict(state)
