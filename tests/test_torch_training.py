@@ -322,3 +322,32 @@ def test_autocast_with_a_scaler_trains_as_autocast_without_it(tmp_path):
                 _backward_and_step(loss, opt, scaler)
         assert _state(plain) == _state(scaled)
         assert s.peek("t", np.arange(ROWS)).dtype == np.float32
+
+
+def test_float16_autocast_without_a_tiered_optimizer_is_refused_before_any_update(tmp_path):
+    """float16 training scales its loss; a backward that updated the rows itself would apply
+    the scaled gradient, so such a forward is a ConfigError that says how, and changes nothing.
+    With a TieredOptimizer, or under bfloat16 (no scaling needed), it trains."""
+    with _store(tmp_path, "a") as s:
+        net = Net(s)
+        before = _state(s)
+        with torch.autocast("cpu", dtype=torch.float16), pytest.raises(ConfigError, match="TieredOptimizer"):
+            _loss(net, 0)
+        assert _state(s) == before
+        with torch.autocast("cpu", dtype=torch.float16), torch.no_grad():
+            _loss(net, 0)  # (no update planned: nothing to scale)
+        net.eval()
+        with torch.autocast("cpu", dtype=torch.float16):
+            _loss(net, 0)
+        net.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _loss(net, 0).backward()
+        assert _state(s) != before
+        opt = TieredOptimizer(net, torch.optim.SGD(net.lin.parameters(), lr=0.1))
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        held = _state(s)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = _loss(net, 1)
+        _backward_and_step(loss, opt, scaler)
+        assert _state(s) != held

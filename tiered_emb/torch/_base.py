@@ -96,6 +96,23 @@ class StoreModule(torch.nn.Module):
                 "torch.distributed is not available yet",
             )
 
+    def check_scaled(self) -> None:
+        """Raise ConfigError for a forward under float16 autocast whose backward would update
+        the rows itself: float16 training scales its loss (``GradScaler``), and the fused
+        update would apply the scaled gradient.  A :class:`TieredOptimizer` unscales it."""
+        if self._hold is not FUSED or not self.updates_rows():
+            return
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+                raise ConfigError(
+                    f"the module over table {self.table!r} runs under float16 autocast ({device}) "
+                    "and would update its rows in the backward with the gradient it gets: under a "
+                    "GradScaler, the scaled one (the rows would move scale times too far)",
+                    "build a tiered_emb.torch.TieredOptimizer(model, dense_optimizer) and step it "
+                    "through the scaler (scaler.step(opt)): it applies the unscaled gradient, and "
+                    "skips the rows' update with the step the scaler skips (docs/faq.md)",
+                )
+
     # ------------------------------------------------------------------ the forward
     def plan_batch(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None):
         """The batch's bags, checked (offsets, weights), without its padding ids; nothing read yet.
@@ -121,6 +138,7 @@ class StoreModule(torch.nn.Module):
         """Pooled rows of a checked plan, float32 (B, dim), with the update planned when
         :meth:`updates_rows`."""
         self.check_not_distributed()
+        self.check_scaled()
         hold = self._hold if self.updates_rows() else None
         batch = Batch(self.store, self.table, plan, self.nonfinite, hold)
         if self.store.xp is not np or mode == "max":
@@ -136,6 +154,7 @@ class StoreModule(torch.nn.Module):
 
     def pool_compiled(self, input, offsets, weights, mode: str, include_last_offset: bool) -> torch.Tensor:
         """The forward under ``torch.compile``: ``tiered_emb::pooled`` on the input tensors."""
+        self.check_scaled()
         update = self.updates_rows()
         anchor = self._anchor if update else self._anchor.detach()
         return compiled.pooled(input, offsets, weights, anchor, self._handle, mode, include_last_offset, update)
