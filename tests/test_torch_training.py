@@ -272,6 +272,56 @@ def test_ddp_is_refused_with_a_typed_error(tmp_path):
         dist.destroy_process_group()
 
 
+# one rank of two (gloo): a store of its own, the model in DDP; prints what its forward did
+_RANK = r"""
+import sys
+import numpy as np, torch, torch.distributed as dist
+from tiered_emb import TableConfig, TierConfig, TieredStore, DistributedError
+from tiered_emb.torch import TieredEmbeddingBag
+rank, where = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{where}/pg", rank=rank, world_size=2)
+with TieredStore.create(f"{where}/s{rank}", [TableConfig("t", dim=4, num_rows=40)],
+                        TierConfig(hbm_rows=64, device="cpu"), seed=7) as s:
+    before = s.peek("t", np.arange(40), with_state=True).tobytes()
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin = TieredEmbeddingBag(s, "t"), torch.nn.Linear(4, 1)
+        def forward(self, ids, offsets):
+            return self.lin(self.emb(ids, offsets))
+    ddp = torch.nn.parallel.DistributedDataParallel(Net())
+    try:
+        ddp(torch.tensor([1, 2, 3]), torch.tensor([0, 1])).sum().backward()
+        print("trained")
+    except DistributedError as err:
+        same = s.peek("t", np.arange(40), with_state=True).tobytes() == before
+        print("refused", "unchanged" if same else "changed", "hint:", err.hint)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_over_two_processes_is_refused_on_every_rank(tmp_path):
+    """The trial's case: two gloo ranks, a store each, the model in DDP: every rank's forward
+    raises DistributedError (rows unchanged) instead of each rank training its own rows."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(rank), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert out.startswith("refused unchanged"), out
+        assert "one process" in out
+
+
 def test_train_pipeline_with_a_scaler_trains_as_without_it(tmp_path):
     from tiered_emb.torch import TrainPipeline
 
