@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_emb._options import STDOUT, add_command, check_run_dir, count, make_run_dir, print_json, require
+from tiered_emb._options import STDOUT, add_command, check_run_dir, count, make_run_dir, require
 from tiered_emb._progress import progress_bar
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
@@ -34,7 +34,7 @@ from tiered_emb.cache.policies import POLICIES
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError, StoreNotFoundError, TieredEmbError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
-from tiered_emb.sim.bench import check_output, write_json
+from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
 
 LOG = logging.getLogger(__name__)
@@ -561,11 +561,8 @@ def run(args) -> int:
     report = train(args)
     out = Path(args.run_dir) / "report.json"
     out.write_text(json.dumps(report, indent=2, sort_keys=True))
-    if args.json == STDOUT:
-        print_json(report)
+    if emit_json(args.json, report):
         return 0
-    if args.json:
-        write_json(args.json, report)
     print(format_report(report))
     LOG.info("report: %s", out)
     return 0

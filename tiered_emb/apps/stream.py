@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from tiered_emb._args import finite_arg
-from tiered_emb._options import STDOUT, add_alias, add_command, check_run_dir, count, make_run_dir, print_json
+from tiered_emb._options import STDOUT, add_alias, add_command, check_run_dir, count, make_run_dir
 from tiered_emb._progress import progress_bar
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.cache.policies import POLICIES
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError
 from tiered_emb.optimizers import RowWiseAdagrad
-from tiered_emb.sim.bench import check_output, write_json
+from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.store import TieredStore
 
@@ -132,11 +132,8 @@ def run(args) -> int:
         }
     # the figures printed, and a record a checkpoint (whose seconds vary from run to run)
     (run_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-    if args.json == STDOUT:
-        print_json(report)
+    if emit_json(args.json, report):
         return 0
-    if args.json:
-        write_json(args.json, report)
     print(format_tier_table(stats))
     print(
         f"\n{args.steps} steps x {args.tables} tables x {args.batch} ids in {elapsed:.1f} s "

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tiered_emb._args import as_ids, int_arg, parse_count
+from tiered_emb._options import STDOUT, print_json
 from tiered_emb._progress import progress_bar
 from tiered_emb.errors import ConfigError, MissingExtraError, TraceFileError
 from tiered_emb.sim import traces
@@ -399,6 +400,17 @@ def _write(path: Path, write, flag: str) -> None:
 def write_json(path, payload: dict) -> None:
     text = json.dumps(payload, indent=1) + "\n"
     _write(Path(path), lambda p: p.write_text(text, encoding="utf-8"), "--json")
+
+
+def emit_json(json_arg: str | None, payload: dict) -> bool:
+    """A command's results as ``--json`` asks: alone on stdout (``--json`` bare: True, the
+    caller prints nothing else), or into the file it names; False but for the bare flag."""
+    if json_arg == STDOUT:
+        print_json(payload)
+        return True
+    if json_arg:
+        write_json(json_arg, payload)
+    return False
 
 
 def _pyplot():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from tiered_emb._options import STDOUT, add_alias, add_command, count, print_json, require
+from tiered_emb._options import STDOUT, add_alias, add_command, count, require
 from tiered_emb.errors import ConfigError
 from tiered_emb.sim import bench
 from tiered_emb.sim.engine import SIM_POLICIES, check_policy
@@ -166,12 +166,8 @@ def _header(args, trace, universe, desc) -> dict:
 
 def _output(args, payload: dict, table: str) -> None:
     """The results: JSON alone on stdout (``--json``), or the table there and JSON in the file."""
-    if args.json == STDOUT:
-        print_json(payload)
-        return
-    print(table)
-    if args.json:
-        bench.write_json(args.json, payload)
+    if not bench.emit_json(args.json, payload):
+        print(table)
 
 
 def run_policies_cmd(args) -> int:
