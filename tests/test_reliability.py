@@ -1,5 +1,6 @@
 """Defects found by trying the store's promises (issue: trust the bytes), each a regression test."""
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -101,18 +102,33 @@ def test_a_training_loop_that_crashes_exits(tmp_path):
     assert "Exception ignored" not in p.stderr
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 2 MiB tmpfs filled to the last block (root only: mounting needs it)."""
-    mnt = tmp_path / "full"
+def _tmpfs(tmp_path, size: str):
+    """A tmpfs of ``size`` at ``tmp_path / "disk"`` (root only: mounting needs it)."""
+    mnt = tmp_path / "disk"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)]).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode
+    ):
         pytest.skip("mounting a small tmpfs needs root")
     try:
-        subprocess.run(["dd", "if=/dev/zero", f"of={mnt / 'fill'}", "bs=4k", "count=1000"], capture_output=True)
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 2 MiB tmpfs filled to the last block."""
+    for mnt in _tmpfs(tmp_path, "2m"):
+        subprocess.run(["dd", "if=/dev/zero", f"of={mnt / 'fill'}", "bs=4k", "count=1000"], capture_output=True)
+        yield mnt
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs, empty."""
+    yield from _tmpfs(tmp_path, "16m")
 
 
 _CREATE = r"""
@@ -136,6 +152,85 @@ def test_create_on_a_full_disk_is_store_full_and_leaves_nothing(full_disk):
     assert not path.exists()
     (full_disk / "fill").unlink()
     TieredStore.create(path, [TableConfig("t", dim=4)], TierConfig(hbm_rows=4, device="cpu")).close()
+
+
+# trains a store on the disk at argv[1], checkpoints, fills the disk, trains on: prints
+# each checkpoint's digest and the error; "free" then frees the disk and checkpoints again,
+# "kill" dies (os._exit) after the error
+_FILLS_UP = r"""
+import hashlib, os, sys
+import numpy as np
+from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.errors import StoreFullError
+from tiered_emb.testing import random_updates
+from tiered_emb.testing.reference import ReferenceStore
+disk, then, where = sys.argv[1:4]
+tables = [TableConfig("t", dim=16, num_rows=200_000, optimizer=RowWiseAdagrad(lr=0.1))]
+rows = 60_000 if where == "checkpoint" else 256  # (the rows stay in HBM and DDR, or are written back)
+s = TieredStore.create(f"{disk}/s", tables, TierConfig(hbm_rows=rows, ddr_rows=rows, device="cpu"), seed=3)
+s.ssd.writeback_rows = 256 if where == "write-back" else s.ssd.writeback_rows
+ref = ReferenceStore(tables, seed=3)
+everything = np.arange(200_000)
+def digest():
+    return hashlib.sha256(s.peek("t", everything, with_state=True).tobytes()).hexdigest()
+random_updates([s, ref], tables, 5, seed=1, n=2000, ids_below=200_000)
+s.checkpoint()
+print("checkpoint", digest(), flush=True)
+with open(f"{disk}/fill", "wb") as f:
+    try:
+        while True:
+            f.write(bytes(65536))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        pass
+at = "training"
+try:
+    random_updates([s, ref], tables, 20, seed=2, n=2000, ids_below=200_000)
+    at = "checkpoint"
+    s.checkpoint()
+    print("no error", flush=True)
+except StoreFullError:
+    print("StoreFullError", at, flush=True)
+if then == "kill":
+    os._exit(1)
+os.unlink(f"{disk}/fill")
+s.checkpoint()
+print("after", digest(), np.array_equal(s.peek("t", everything, with_state=True), ref.peek_records("t", everything)))
+s.close()
+"""
+
+
+def _fill_up(disk, then: str, where: str) -> list[str]:
+    run = [sys.executable, "-c", _FILLS_UP, str(disk), then, where]
+    p = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert p.returncode == (1 if then == "kill" else 0), p.stderr[-2000:]
+    return p.stdout.split("\n")
+
+
+def test_a_disk_that_fills_at_a_checkpoint_loses_nothing(small_disk):
+    """The disk fills while the rows changed since the checkpoint are written: StoreFullError
+    (rolled back), the store goes on; once there is room the next checkpoint has every update,
+    and the store reopens at it bitwise."""
+    out = _fill_up(small_disk, "free", "checkpoint")
+    assert out[1] == "StoreFullError checkpoint", out
+    assert out[2].startswith("after ") and out[2].endswith(" True"), out
+    with TieredStore.open(small_disk / "s") as s:
+        got = hashlib.sha256(s.peek("t", np.arange(200_000), with_state=True).tobytes()).hexdigest()
+    assert got == out[2].split()[1]
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "write-back"])
+def test_a_process_that_dies_on_a_full_disk_reopens_at_its_last_checkpoint(small_disk, where):
+    """Full while checkpointing, or while writing evicted rows back: after the error the
+    process dies; the store reopens bitwise at the checkpoint before."""
+    where_error = {"checkpoint": "checkpoint", "write-back": "training"}
+    out = _fill_up(small_disk, "kill", where)
+    assert out[0].startswith("checkpoint ") and out[1] == f"StoreFullError {where_error[where]}", out
+    (small_disk / "fill").unlink()
+    with TieredStore.open(small_disk / "s") as s:
+        got = hashlib.sha256(s.peek("t", np.arange(200_000), with_state=True).tobytes()).hexdigest()
+    assert got == out[0].split()[1]
 
 
 _RACER = r"""
