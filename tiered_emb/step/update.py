@@ -95,6 +95,24 @@ def _rowwise_adagrad_update(records, slots, grads, params):
                     r[j] = r[j] - step * grads[u, j]
 
 
+@numba.njit(cache=True, nogil=True)
+def pow_by_squaring(base, n):
+    """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring, IEEE multiplies only.
+
+    Adam's bias corrections use it rather than ``pow``: a libm's ``pow`` and CUDA's differ
+    in their last bits, products do not, so the GPU twin
+    (:func:`tiered_emb.step.cuda_kernels.pow_by_squaring`) gets the same bytes.
+    """
+    result = 1.0
+    b = base
+    while n > 0:
+        if n & 1:
+            result = result * b
+        b = b * b
+        n >>= 1
+    return result
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _adam_update(records, slots, grads, params):
     lr = params[0]
@@ -107,8 +125,8 @@ def _adam_update(records, slots, grads, params):
         r = records[slots[k]]
         t = r[3 * dim] + one
         r[3 * dim] = t
-        c1 = one - np.float32(np.float64(b1) ** np.float64(t))
-        c2 = one - np.float32(np.float64(b2) ** np.float64(t))
+        c1 = one - np.float32(pow_by_squaring(np.float64(b1), np.int64(t)))
+        c2 = one - np.float32(pow_by_squaring(np.float64(b2), np.int64(t)))
         for j in range(dim):
             g = grads[k, j]
             m = b1 * r[dim + j] + (one - b1) * g
