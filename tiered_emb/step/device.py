@@ -1,0 +1,147 @@
+"""The step's device operations: launches of :mod:`tiered_emb.step.cuda_kernels` over one array module.
+
+:class:`DeviceKernels` is what a :class:`~tiered_emb.step.resolve.Resolver` holds as
+``kernels`` when the HBM tier lives on a GPU (``xp`` is CuPy): the pooled forward, the
+gather, the backward's reduce and the optimizer updates then run as CUDA kernels on the
+HBM records, bitwise the host's Numba kernels.  ``None`` is the host path.
+
+``TIERED_EMB_DEVICE_KERNELS=1`` makes a store whose HBM tier is in host memory (NumPy)
+run every step through the same launches too.  Under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) that is how CI trains, checkpoints and reopens a whole store
+on the GPU's code path without a GPU (tests/test_device_path.py); on a machine with a GPU
+and no simulator Numba copies the host arrays to the device and back for each launch
+(slow; a check, not a mode to train in).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from tiered_emb._backend import to_host
+from tiered_emb.errors import DeviceError
+
+_EMPTY_F32 = np.empty(0, dtype=np.float32)
+
+
+class DeviceKernels:
+    """The step's kernels launched on arrays of ``xp`` (CuPy; NumPy under the simulator).
+
+    Every method takes the tier's ``records`` (float32 (cap, W)) where it reads or writes
+    rows, host or ``xp`` index arrays (copied to the device when they are host arrays), and
+    returns ``xp`` arrays; launches go to the current stream of ``xp`` (the legacy default
+    stream unless the caller set one), so they are ordered with CuPy's copies in and out.
+    """
+
+    def __init__(self, xp):
+        from tiered_emb.step import cuda_kernels  # imports numba.cuda: only where it is used
+
+        self.xp = xp
+        self.cuda = cuda_kernels
+        self.simulated = cuda_kernels.SIMULATED
+
+    def threads(self, dim: int) -> int:
+        """Threads per block for rows of ``dim`` floats: whole warps on a GPU, a few under the
+        simulator (one Python thread each; fewer than ``dim`` so the column loops stride)."""
+        if self.simulated:
+            return max(1, min(dim, 3))
+        return min(256, max(32, -(-dim // 32) * 32))
+
+    def asarray(self, a, dtype=None):
+        """``a`` on the device (itself when it is already an ``xp`` array of ``dtype``)."""
+        if self.xp is np:
+            return np.ascontiguousarray(a, dtype=dtype)
+        return self.xp.ascontiguousarray(self.xp.asarray(a, dtype=dtype))
+
+    def to_host(self, a) -> np.ndarray:
+        return to_host(a)
+
+    def pool(self, records, slots, inverse, offsets, weights, mean: bool, dim: int):
+        """Bags pooled from ``records[slots[inverse]]``: float32 (B, dim) on the device.
+
+        ``offsets`` int64 (B+1,); ``weights`` float32 (n,) or None; ``mean`` divides by the
+        bag length.  Bitwise :func:`tiered_emb.step.gather.pool_kernel`.
+        """
+        num_bags = offsets.shape[0] - 1
+        out = self.xp.empty((num_bags, dim), dtype=self.xp.float32)
+        if num_bags:
+            use_w = weights is not None
+            self.cuda.pool_bags[num_bags, self.threads(dim)](
+                records,
+                self.asarray(slots, np.int64),
+                self.asarray(inverse, np.int64),
+                self.asarray(offsets, np.int64),
+                self.asarray(weights if use_w else _EMPTY_F32, np.float32),
+                use_w,
+                bool(mean),
+                out,
+            )
+        return out
+
+    def gather(self, records, slots, inverse, dim: int):
+        """Rows ``records[slots[inverse], :dim]``: float32 (n, dim) on the device."""
+        n = inverse.shape[0]
+        out = self.xp.empty((n, dim), dtype=self.xp.float32)
+        if n:
+            self.cuda.gather_rows[n, self.threads(dim)](
+                records, self.asarray(slots, np.int64), self.asarray(inverse, np.int64), out
+            )
+        return out
+
+    def reduce_bags(self, grad_out, grouped: tuple[np.ndarray, np.ndarray, np.ndarray]):
+        """Each unique id's gradient from the bags' ``grad_out`` (B, dim; host or device).
+
+        ``grouped``: :func:`tiered_emb.step.reduce.group_bag_positions`.  Returns
+        ``(summed, bad)``: float32 (k, dim) on the device and uint8 (k,) on the host (1 where
+        a sum is not finite), bitwise :func:`tiered_emb.step.reduce.reduce_bag_grads`.
+        """
+        starts, bag, scale = grouped
+        k = starts.shape[0] - 1
+        dim = grad_out.shape[1]
+        out = self.xp.empty((k, dim), dtype=self.xp.float32)
+        bad = self.xp.zeros(k, dtype=self.xp.uint8)
+        if k:
+            self.cuda.reduce_bags[k, self.threads(dim)](
+                self.asarray(grad_out, np.float32),
+                self.asarray(starts, np.int64),
+                self.asarray(bag),
+                self.asarray(scale, np.float32),
+                out,
+                bad,
+            )
+        return out, self.to_host(bad)
+
+    def update(self, opt, records, slots, grads) -> None:
+        """The optimizer ``opt`` once per row: ``records[slots[k]]`` with ``grads[k]`` (host or
+        device, float32 (k, dim)); ``slots`` distinct.  Bitwise :data:`tiered_emb.step.update.CPU_KERNELS`."""
+        k = slots.shape[0]
+        if k:
+            self.cuda.UPDATE_KERNELS[opt.name][k, self.threads(grads.shape[1])](
+                records,
+                self.asarray(slots, np.int64),
+                self.asarray(grads, np.float32),
+                self.asarray(opt.params(), np.float32),
+            )
+
+
+def kernels_for(xp) -> DeviceKernels | None:
+    """The step's device kernels for an HBM tier on ``xp``: always on a GPU, on the host only with
+    ``TIERED_EMB_DEVICE_KERNELS=1`` (see the module docstring); None is the host's Numba path."""
+    if xp is np and os.environ.get("TIERED_EMB_DEVICE_KERNELS", "") in ("", "0"):
+        return None
+    kernels = DeviceKernels(xp)
+    if not kernels.simulated:
+        from numba import cuda
+
+        if not cuda.is_available():
+            raise DeviceError(
+                "the step's CUDA kernels were asked for (a GPU HBM tier or TIERED_EMB_DEVICE_KERNELS=1) "
+                "but Numba's CUDA target finds no usable GPU",
+                "install the extra matching your CUDA (tiered-emb[gpu-cuda12] or [gpu-cuda13], docs/gpu.md), "
+                "or set NUMBA_ENABLE_CUDASIM=1 to run the kernels in Numba's simulator",
+            )
+    return kernels
+
+
+__all__ = ["DeviceKernels", "kernels_for"]
