@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from tiered_emb._backend import to_host
+from tiered_emb._backend import GPU_HINT, to_host
 from tiered_emb.errors import DeviceError
 
 _EMPTY_F32 = np.empty(0, dtype=np.float32)
@@ -131,6 +131,11 @@ def kernels_for(xp) -> DeviceKernels | None:
     if xp is np and os.environ.get("TIERED_EMB_DEVICE_KERNELS", "") in ("", "0"):
         return None
     kernels = DeviceKernels(xp)
+    if kernels.simulated and xp is not np:
+        raise DeviceError(
+            "NUMBA_ENABLE_CUDASIM=1 runs the step's kernels in Numba's simulator, which cannot read GPU arrays",
+            "unset NUMBA_ENABLE_CUDASIM, or use device='cpu' with TIERED_EMB_DEVICE_KERNELS=1",
+        )
     if not kernels.simulated:
         from numba import cuda
 
@@ -138,8 +143,7 @@ def kernels_for(xp) -> DeviceKernels | None:
             raise DeviceError(
                 "the step's CUDA kernels were asked for (a GPU HBM tier or TIERED_EMB_DEVICE_KERNELS=1) "
                 "but Numba's CUDA target finds no usable GPU",
-                "install the extra matching your CUDA (tiered-emb[gpu-cuda12] or [gpu-cuda13], docs/gpu.md), "
-                "or set NUMBA_ENABLE_CUDASIM=1 to run the kernels in Numba's simulator",
+                GPU_HINT + ", or NUMBA_ENABLE_CUDASIM=1 to run the kernels in Numba's simulator",
             )
     return kernels
 
