@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._backend import to_host
 from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
 from tiered_emb.errors import NonFiniteGradientError
 from tiered_emb.step.plan import BagPlan
@@ -208,12 +209,16 @@ def group_bag_positions(plan: BagPlan) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return starts, bag, scale
 
 
-def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def reduce_bag_grads(plan: BagPlan, grad_out, kernels=None) -> tuple[np.ndarray, np.ndarray]:
     """Gradient of every unique id of ``plan`` from the bags' gradient ``grad_out`` (B, dim).
 
     Returns ``(summed, bad)``: float32 (k, dim) summed in batch order per id, and uint8
-    (k,) flags of the ids whose sum holds NaN or infinity.
+    (k,) flags of the ids whose sum holds NaN or infinity.  With ``kernels``
+    (:class:`~tiered_emb.step.device.DeviceKernels`) the sums are made on the device and
+    stay there (``grad_out`` host or device), bitwise the host's.
     """
+    if kernels is not None:
+        return kernels.reduce_bags(grad_out, group_bag_positions(plan))
     k = plan.uids.shape[0]
     n = plan.ids.shape[0]
     starts, bag, scale = group_bag_positions(plan)
@@ -238,6 +243,7 @@ def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.n
     """
     if bad is None or not bad.any():
         return uids, summed
+    summed = to_host(summed)  # sums made on a GPU: the rare non-finite case is settled on the host
     if nonfinite == "raise":
         raise NonFiniteGradientError(
             f"gradients of table {table!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
