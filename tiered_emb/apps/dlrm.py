@@ -31,7 +31,14 @@ from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClic
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
 from tiered_emb.config import TableConfig, TierConfig
-from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError, StoreNotFoundError, TieredEmbError
+from tiered_emb.errors import (
+    ConfigError,
+    CorruptStoreError,
+    DeviceError,
+    MissingExtraError,
+    StoreNotFoundError,
+    TieredEmbError,
+)
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.store import TieredStore
 
@@ -80,6 +87,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dim", type=int, help="embedding dim (default 16)")
     p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (default 1.05)")
     p.add_argument("--hbm-rows", type=int, default=4096, help="HBM-tier rows per table")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="HBM tier and MLPs on a GPU (docs/gpu.md)")
     p.add_argument("--ddr-rows", type=int, default=4096, help="DDR-tier rows per table")
     p.add_argument(
         "--policy", default="lookahead+lru", help="cache policy of the tiers (lru, lfu, lookahead+lru, lookahead+lfu)"
@@ -198,10 +206,11 @@ def _data(cfg: dict):
     return SyntheticClicks(cfg["rows"], cfg["batch"], alpha=cfg["alpha"], seed=cfg["seed"])
 
 
-def _to_torch(torch, dense, cats):
+def _to_torch(torch, dense, cats, device="cpu"):
+    """The batch as the model takes it: dense features on ``device``, ids on the host (the store plans there)."""
     lengths = torch.ones(cats.shape[0], dtype=torch.int64)
     feats = {f: (torch.from_numpy(np.ascontiguousarray(cats[:, i])), lengths) for i, f in enumerate(_features())}
-    return torch.from_numpy(dense), feats
+    return torch.from_numpy(dense).to(device), feats
 
 
 def _sizes(text: str) -> list[int]:
@@ -386,11 +395,13 @@ def train(args) -> dict:
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
     _check_run_flags(args)
+    if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():  # before the run dir is touched
+        raise DeviceError("--device cuda was given but torch sees no CUDA GPU", "drop --device cuda (docs/gpu.md)")
     tiers = TierConfig(
         hbm_rows=args.hbm_rows,
         ddr_rows=args.ddr_rows,
         policy=args.policy,
-        device="cpu",
+        device=getattr(args, "device", "cpu"),
         background_writes=not getattr(args, "sync_writes", False),
     )
     if args.resume:
@@ -453,13 +464,14 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     build = build_model
     if cfg["model"] == "torchrec":
         from tiered_emb.apps.torchrec_dlrm import build_torchrec_model as build
-    model = build(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
+    dev = torch.device(getattr(args, "device", "cpu"))
+    model = build(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"])).to(dev)
     dense_params = list(model.parameters())
     opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
     start = 0
     saved = store.extra if args.resume else None
     if saved:
-        state = torch.load(io.BytesIO(saved), weights_only=True)
+        state = torch.load(io.BytesIO(saved), weights_only=True, map_location=dev)
         start = int(state["step"])
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -476,8 +488,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
     def loss_of(model, batch):
         dense, cats, labels = batch
-        x, feats = _to_torch(torch, dense, cats)
-        return loss_fn(model(x, feats), torch.from_numpy(labels))  # backward updates the rows in the store
+        x, feats = _to_torch(torch, dense, cats, dev)
+        return loss_fn(model(x, feats), torch.from_numpy(labels).to(dev))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     pipeline = TrainPipeline(
@@ -520,8 +532,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             ys, ps = [], []
             for i in range(args.eval_batches):
                 dense, cats, labels = data.batch(i, split)
-                x, feats = _to_torch(torch, dense, cats)
-                ps.append(torch.sigmoid(model(x, feats)).numpy())
+                x, feats = _to_torch(torch, dense, cats, dev)
+                ps.append(torch.sigmoid(model(x, feats)).cpu().numpy())
                 ys.append(labels)
             y, p = np.concatenate(ys), np.concatenate(ps)
             report[f"{split}_logloss"] = log_loss(y, p)
