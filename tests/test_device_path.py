@@ -8,11 +8,15 @@ window's pinned batches, checkpoints and reopening) against the host's on every 
 Sizes stay tiny: the simulator runs each CUDA thread as a Python thread.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
-from tiered_emb.errors import NonFiniteGradientError
+from tiered_emb.errors import DeviceError, NonFiniteGradientError
 from tiered_emb.step.device import DeviceKernels, kernels_for
 from tiered_emb.step.plan import plan_bags
 
@@ -134,3 +138,34 @@ def test_nonfinite_gradients_on_the_device_path(tmp_path, monkeypatch, nonfinite
     host = run(tmp_path / "host")
     monkeypatch.setenv("TIERED_EMB_DEVICE_KERNELS", "1")
     assert _same_bytes(run(tmp_path / "device"), host)
+
+
+def test_cuda_without_a_gpu_names_the_extras(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    with pytest.raises(DeviceError) as err:
+        TieredStore.create(tmp_path / "g", TABLES, TierConfig(hbm_rows=2, device="cuda"))
+    assert "gpu-cuda12" in err.value.hint and "gpu-cuda13" in err.value.hint
+    assert not (tmp_path / "g").exists()
+
+
+def test_device_kernels_without_a_gpu_or_the_simulator_are_a_device_error():
+    """The hook outside the simulator, on a machine without a GPU: a typed error, not a crash."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("an NVIDIA driver is here")
+    code = (
+        "import numpy as np\n"
+        "from tiered_emb.errors import DeviceError\n"
+        "from tiered_emb.step.device import kernels_for\n"
+        "try:\n"
+        "    kernels_for(np)\n"
+        "except DeviceError as err:\n"
+        "    print('DeviceError', err.hint)\n"
+    )
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", TIERED_EMB_DEVICE_KERNELS="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("DeviceError") and "NUMBA_ENABLE_CUDASIM" in out.stdout

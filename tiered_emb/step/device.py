@@ -16,6 +16,7 @@ and no simulator Numba copies the host arrays to the device and back for each la
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -23,6 +24,10 @@ from tiered_emb._backend import GPU_HINT, to_host
 from tiered_emb.errors import DeviceError
 
 _EMPTY_F32 = np.empty(0, dtype=np.float32)
+
+# Numba's performance hints that the step accepts: a small batch launches few blocks, and the
+# host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.
+_ACCEPTED_HINTS = r"(Grid size \d+ will likely result in GPU under-utilization|Host array used in CUDA kernel)"
 
 
 class DeviceKernels:
@@ -40,6 +45,15 @@ class DeviceKernels:
         self.xp = xp
         self.cuda = cuda_kernels
         self.simulated = cuda_kernels.SIMULATED
+
+    def launch(self, kernel, blocks: int, threads: int, *args) -> None:
+        """``kernel[blocks, threads](*args)``, without Numba's hints the step accepts (above)."""
+        if self.simulated:
+            kernel[blocks, threads](*args)
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ACCEPTED_HINTS)
+            kernel[blocks, threads](*args)
 
     def threads(self, dim: int) -> int:
         """Threads per block for rows of ``dim`` floats: whole warps on a GPU, a few under the
@@ -67,7 +81,10 @@ class DeviceKernels:
         out = self.xp.empty((num_bags, dim), dtype=self.xp.float32)
         if num_bags:
             use_w = weights is not None
-            self.cuda.pool_bags[num_bags, self.threads(dim)](
+            self.launch(
+                self.cuda.pool_bags,
+                num_bags,
+                self.threads(dim),
                 records,
                 self.asarray(slots, np.int64),
                 self.asarray(inverse, np.int64),
@@ -84,8 +101,14 @@ class DeviceKernels:
         n = inverse.shape[0]
         out = self.xp.empty((n, dim), dtype=self.xp.float32)
         if n:
-            self.cuda.gather_rows[n, self.threads(dim)](
-                records, self.asarray(slots, np.int64), self.asarray(inverse, np.int64), out
+            self.launch(
+                self.cuda.gather_rows,
+                n,
+                self.threads(dim),
+                records,
+                self.asarray(slots, np.int64),
+                self.asarray(inverse, np.int64),
+                out,
             )
         return out
 
@@ -102,7 +125,10 @@ class DeviceKernels:
         out = self.xp.empty((k, dim), dtype=self.xp.float32)
         bad = self.xp.zeros(k, dtype=self.xp.uint8)
         if k:
-            self.cuda.reduce_bags[k, self.threads(dim)](
+            self.launch(
+                self.cuda.reduce_bags,
+                k,
+                self.threads(dim),
                 self.asarray(grad_out, np.float32),
                 self.asarray(starts, np.int64),
                 self.asarray(bag),
@@ -117,7 +143,10 @@ class DeviceKernels:
         device, float32 (k, dim)); ``slots`` distinct.  Bitwise :data:`tiered_emb.step.update.CPU_KERNELS`."""
         k = slots.shape[0]
         if k:
-            self.cuda.UPDATE_KERNELS[opt.name][k, self.threads(grads.shape[1])](
+            self.launch(
+                self.cuda.UPDATE_KERNELS[opt.name],
+                k,
+                self.threads(grads.shape[1]),
                 records,
                 self.asarray(slots, np.int64),
                 self.asarray(grads, np.float32),
