@@ -17,6 +17,7 @@ import pytest
 
 from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.errors import DeviceError, NonFiniteGradientError
+from tiered_emb.prefetch import lookahead
 from tiered_emb.step.device import DeviceKernels, kernels_for
 from tiered_emb.step.plan import plan_bags
 
@@ -100,19 +101,19 @@ def test_the_device_path_takes_the_kernels(tmp_path, monkeypatch):
 
 
 def test_prefetched_batches_on_the_device_path(tmp_path, monkeypatch):
-    """Batches pinned by the prefetch window are pooled and updated by the kernels too, bitwise."""
+    """Batches pinned by the prefetch window are pooled and updated by the kernels too, without
+    the lock while the thread places the next batches' rows, bitwise."""
+    if not DeviceKernels(np).simulated:
+        pytest.skip("on a GPU host arrays are copied back whole after each launch (step/device.py)")
 
     def run(path):
         rng = np.random.default_rng(5)
         plans = [_bags(rng, step) for step in range(5)]
         outs = []
-        with TieredStore.create(path, TABLES[2:3], TierConfig(8, 4, "lru", "cpu"), seed=1) as s:
-            for plan in plans:
-                ticket = s.prefetch({"r": plan.ids})
-                with s.stepping(ticket):
-                    out = np.array(s.lookup_pooled("r", plan))
-                    s.apply_pooled_gradients("r", plan, np.tanh(out + np.float32(0.5)))
-                s.release(ticket)
+        with TieredStore.create(path, TABLES[2:3], TierConfig(16, 4, "lru", "cpu"), seed=1) as s:
+            for plan in lookahead(s, plans, lambda p: {"r": p.ids}, 2, load_ahead=1):
+                out = np.array(s.lookup_pooled("r", plan))
+                s.apply_pooled_gradients("r", plan, np.tanh(out + np.float32(0.5)))
                 outs.append(out)
             return outs + [s.peek("r", np.arange(12), with_state=True)]
 

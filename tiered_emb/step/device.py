@@ -8,9 +8,11 @@ HBM records, bitwise the host's Numba kernels.  ``None`` is the host path.
 ``TIERED_EMB_DEVICE_KERNELS=1`` makes a store whose HBM tier is in host memory (NumPy)
 run every step through the same launches too.  Under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) that is how CI trains, checkpoints and reopens a whole store
-on the GPU's code path without a GPU (tests/test_device_path.py); on a machine with a GPU
-and no simulator Numba copies the host arrays to the device and back for each launch
-(slow; a check, not a mode to train in).
+on the GPU's code path without a GPU (tests/test_device_path.py); the kernels then work on
+the host arrays in place, as on device memory.  On a machine with a GPU and no simulator
+Numba copies each host array to the device and the whole of it back after each launch:
+slow, and a prefetch thread's rows placed meanwhile would be overwritten, so there it is a
+check for one thread with no prefetch, not a mode to train in.
 """
 
 from __future__ import annotations
@@ -45,11 +47,19 @@ class DeviceKernels:
         self.xp = xp
         self.cuda = cuda_kernels
         self.simulated = cuda_kernels.SIMULATED
+        self.in_place = None
+        if self.simulated:
+            # The simulator copies a NumPy argument in and the whole of it back out after the
+            # kernel, which would write stale rows over those a prefetch thread placed meanwhile;
+            # its device-array wrapper hands the kernel the array itself, as device memory is.
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+            self.in_place = FakeCUDAArray
 
     def launch(self, kernel, blocks: int, threads: int, *args) -> None:
         """``kernel[blocks, threads](*args)``, without Numba's hints the step accepts (above)."""
         if self.simulated:
-            kernel[blocks, threads](*args)
+            kernel[blocks, threads](*(self.in_place(a) if isinstance(a, np.ndarray) else a for a in args))
             return
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ACCEPTED_HINTS)
