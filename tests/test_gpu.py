@@ -23,7 +23,7 @@ TABLES = [
     TableConfig("s", dim=7, optimizer=SGD(lr=0.5)),
     TableConfig("a", dim=33, optimizer=Adagrad(lr=0.2)),
     TableConfig("r", dim=128, optimizer=RowWiseAdagrad(lr=0.3)),
-    TableConfig("m", dim=16, optimizer=Adam(lr=0.05), num_rows=500),  # the direct tier
+    TableConfig("m", dim=16, optimizer=Adam(lr=0.05), num_rows=90),  # HBM holds it whole: the direct tier
 ]
 
 
@@ -40,8 +40,8 @@ def _train(path, device: str, steps: int = 8, seed: int = 0):
     store = TieredStore.create(path, TABLES, tiers, seed=3)
     for step in range(steps):
         for cfg in TABLES:
-            n = 160
-            ids = rng.zipf(1.2, n).astype(np.int64) % 500
+            n, hi = 160, cfg.num_rows or 500
+            ids = rng.zipf(1.2, n).astype(np.int64) % hi
             offsets = np.concatenate([[0, 0], np.sort(rng.integers(0, n, 30)), [n]]).astype(np.int64)
             mode = ("sum", "mean", "weighted")[step % 3]
             w = rng.standard_normal(n).astype(np.float32) if mode == "weighted" else None
@@ -49,7 +49,7 @@ def _train(path, device: str, steps: int = 8, seed: int = 0):
             out = _host(store.lookup_pooled(cfg.name, plan))
             outputs.append(out.copy())
             store.apply_pooled_gradients(cfg.name, plan, np.sin(out * np.float32(3.0)) + np.float32(0.1))
-            few = rng.integers(0, 500, 40)
+            few = rng.integers(0, hi, 40)
             rows = _host(store.lookup(cfg.name, few))
             outputs.append(rows.copy())
             store.apply_gradients(cfg.name, few, np.cos(rows))
@@ -57,7 +57,7 @@ def _train(path, device: str, steps: int = 8, seed: int = 0):
             store.checkpoint()
             store.close()
             store = TieredStore.open(path, tiers=tiers)
-    rows = [store.peek(cfg.name, np.arange(500), with_state=True) for cfg in TABLES]
+    rows = [store.peek(cfg.name, np.arange(cfg.num_rows or 500), with_state=True) for cfg in TABLES]
     store.close()
     return outputs, rows
 
