@@ -37,8 +37,9 @@ class DeviceKernels:
 
     Every method takes the tier's ``records`` (float32 (cap, W)) where it reads or writes
     rows, host or ``xp`` index arrays (copied to the device when they are host arrays), and
-    returns ``xp`` arrays; launches go to the current stream of ``xp`` (the legacy default
-    stream unless the caller set one), so they are ordered with CuPy's copies in and out.
+    returns ``xp`` arrays.  Launches go to Numba's default stream, the legacy default
+    stream, where CuPy's copies in and out and torch's kernels go too unless a caller makes
+    another stream current: so they run in the order they are issued.
     """
 
     def __init__(self, xp):
