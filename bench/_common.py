@@ -15,7 +15,18 @@ from pathlib import Path
 
 def machine() -> dict:
     versions = {}
-    for pkg in ("numpy", "numba", "lmdb", "zstandard", "torch", "fbgemm-gpu-cpu", "libcachesim", "cupy-cuda12x"):
+    for pkg in (
+        "numpy",
+        "numba",
+        "lmdb",
+        "zstandard",
+        "torch",
+        "fbgemm-gpu-cpu",
+        "libcachesim",
+        "cupy-cuda12x",
+        "cupy-cuda13x",
+        "numba-cuda",
+    ):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
     return {

@@ -158,3 +158,17 @@ def test_the_cli_tells_its_version_and_stream_documents_every_flag(capsys):
     out = capsys.readouterr().out
     # argparse shows a default only beside a help text: 12 defaults, every flag documented
     assert out.count("(default:") == 12, out
+
+
+def test_bench_gpu_without_a_gpu_exits_cleanly_having_measured_nothing(tmp_path, capsys):
+    """bench/bench_gpu.py imports without a GPU and says why it stops (tests/test_gpu.py runs it on one)."""
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH.parent / "bench_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if mod.gpu_or_reason() is None:
+        pytest.skip("a GPU is usable here: tests/test_gpu.py runs the benchmark")
+    with pytest.raises(SystemExit) as exit_info:
+        mod.main(["--json", str(tmp_path / "gpu.json")])
+    assert exit_info.value.code == 2
+    assert "no usable GPU here" in capsys.readouterr().err
+    assert not (tmp_path / "gpu.json").exists()

@@ -134,6 +134,15 @@ def test_resume_needs_a_run(tmp_path):
         main(["train", "--run-dir", str(tmp_path / "none"), "--resume", *TINY])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is usable here: tests/test_gpu.py trains on it")
+def test_device_cuda_without_a_gpu_is_a_device_error_before_the_run_dir_is_touched(tmp_path):
+    from tiered_emb.errors import DeviceError
+
+    with pytest.raises(DeviceError, match="--device cuda"):
+        main(["train", "--run-dir", str(tmp_path / "run"), "--device", "cuda", *TINY])
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(not CRITEO_SAMPLE.is_file(), reason=f"{CRITEO_SAMPLE} is absent")
 def test_real_criteo_sample(tmp_path):
     r = _train(tmp_path / "criteo", "--steps", "4", "--data", str(CRITEO_SAMPLE))

@@ -161,10 +161,15 @@ def table_ids(table: str, ids: object, num_rows: int | None) -> np.ndarray:
     return a
 
 
-def table_rows(table: str, rows: object, n: int, dim: int, what: str) -> np.ndarray:
+def table_rows(table: str, rows: object, n: int, dim: int, what: str, keep_device: bool = False) -> np.ndarray:
     """``rows`` (host NumPy or a device array) as contiguous float32 (n, dim), or
-    RowDtypeError / RowShapeError naming ``what`` (gradients, rows...)."""
-    r = to_host(rows) if not isinstance(rows, np.ndarray) and hasattr(rows, "get") else np.asarray(rows)
+    RowDtypeError / RowShapeError naming ``what`` (gradients, rows...).  ``keep_device``: a
+    device array (CuPy) is checked where it is and returned as it is, not copied to the host."""
+    on_device = not isinstance(rows, np.ndarray) and hasattr(rows, "get")
+    if keep_device and on_device:
+        r: Any = rows
+    else:
+        r = to_host(rows) if on_device else np.asarray(rows)
     if r.dtype != np.float32:
         raise RowDtypeError(
             f"{what} for table {table!r} have dtype {r.dtype}", "pass float32, e.g. np.asarray(x, dtype=np.float32)"
@@ -174,7 +179,7 @@ def table_rows(table: str, rows: object, n: int, dim: int, what: str) -> np.ndar
             f"{what} for table {table!r} have shape {r.shape}, expected {(n, dim)}",
             "pass one row of the table's dim per id",
         )
-    return np.ascontiguousarray(r)
+    return r if keep_device and on_device else np.ascontiguousarray(r)
 
 
 def nonfinite_rule(nonfinite: object) -> str:

@@ -2,7 +2,10 @@
 
 ``TIERED_EMB_DEVICE=cpu`` (or ``TierConfig(device="cpu")``) forces NumPy;
 ``device="cuda"`` without a usable GPU raises :class:`DeviceError`; ``"auto"`` falls
-back to NumPy with one :class:`DeviceFallbackWarning` per process.
+back to NumPy with one :class:`DeviceFallbackWarning` per process.  A GPU is usable when
+CuPy sees a device and Numba's CUDA target (numba-cuda), which runs the step's kernels
+(:mod:`tiered_emb.step.cuda_kernels`), does too; both come with the ``gpu-cuda12`` /
+``gpu-cuda13`` extras (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -35,9 +38,23 @@ def _cupy_or_reason() -> tuple[ModuleType | None, str | None]:
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None, "CuPy sees no CUDA device"
-    except Exception as err:
+    except Exception as err:  # no driver, or a driver older than the CUDA CuPy was built for
         return None, f"CUDA is not usable ({type(err).__name__}: {err})"
+    try:
+        from numba import cuda
+
+        usable: bool = cuda.is_available()  # type: ignore[no-untyped-call]  # numba's API is untyped
+        if not usable:
+            return None, "Numba's CUDA target (numba-cuda) sees no usable GPU"
+    except Exception as err:
+        return None, f"Numba's CUDA target is not importable ({type(err).__name__}: {err})"
     return cupy, None
+
+
+GPU_HINT = (
+    "install the extra that matches the CUDA major version your driver runs (`nvidia-smi` shows it): "
+    "pip install 'tiered-emb[gpu-cuda12]' or 'tiered-emb[gpu-cuda13]' (docs/gpu.md); or use device='cpu'"
+)
 
 
 def resolve_xp(device: str) -> ModuleType:
@@ -51,7 +68,7 @@ def resolve_xp(device: str) -> ModuleType:
     if device == "cuda":
         raise DeviceError(
             f"device='cuda' was asked for but {reason}",
-            "install the 'gpu' extra on a machine with an NVIDIA GPU, or use device='cpu'",
+            GPU_HINT,
         )
     if not _warned:
         _warned = True

@@ -216,7 +216,8 @@ class TierConfig:
     policy : str
         Eviction policy name from :data:`tiered_emb.cache.policies.POLICIES` (``"lru"``, ``"lfu"``).
     device : str
-        ``"auto"`` (CuPy when a GPU is usable, else NumPy with one warning), ``"cpu"`` or ``"cuda"``.
+        ``"auto"`` (CuPy when a GPU is usable, else NumPy with one warning), ``"cpu"`` or ``"cuda"``
+        (a GPU: the ``gpu-cuda12`` / ``gpu-cuda13`` extra, docs/gpu.md).
     ssd_compression : int or None
         zstd level (1..22) for LMDB records, or None for raw float32 bytes.
     map_size_bytes : int

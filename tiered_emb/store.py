@@ -371,8 +371,9 @@ class TieredStore:
             out = self._res.peek(t, uids)[inverse]
             return out if with_state else np.ascontiguousarray(out[:, : t.cfg.dim])
 
-    def lookup_pooled(self, table: str, bags: plan.BagPlan, backward: bool = True) -> np.ndarray:
-        """Pooled rows of every bag of ``bags`` (:func:`tiered_emb.step.plan.plan_bags`): float32 (B, dim), host.
+    def lookup_pooled(self, table: str, bags: plan.BagPlan, backward: bool = True) -> Any:
+        """Pooled rows of every bag of ``bags`` (:func:`tiered_emb.step.plan.plan_bags`): float32 (B, dim),
+        host NumPy, or a CuPy array when the HBM tier is on a GPU.
 
         Bitwise equal to pooling ``lookup(table, bags.ids)`` bag by bag, with no gathered
         copy (see :func:`tiered_emb.step.gather.lookup_pooled`).  ``backward=False``
@@ -394,13 +395,14 @@ class TieredStore:
         """:meth:`apply_pooled_gradients` in two halves, as :meth:`gradient_update`."""
         t = self._table(table)
         nonfinite_rule(nonfinite)
-        grad_out = table_rows(table, grad_out, bags.num_bags, t.cfg.dim, "bag gradients")
+        kernels = self._res.kernels  # with the step's CUDA kernels a device gradient stays on the device
+        grad_out = table_rows(table, grad_out, bags.num_bags, t.cfg.dim, "bag gradients", kernels is not None)
         if bags.checked is not t:  # not already checked by lookup_pooled for this table
             table_ids(table, bags.ids, t.cfg.num_rows)
         if bags.ids.shape[0] == 0:
             return update.no_update
         work = bags.ids.shape[0] * t.cfg.dim
-        summed, bad = reduce.reduce_bag_grads(bags, grad_out)
+        summed, bad = reduce.reduce_bag_grads(bags, grad_out, kernels)
         uids, summed = reduce.screen_nonfinite(table, bags.uids, summed, bad.astype(bool), nonfinite)
         self.raise_failed_write()
         return lambda: update.update_pooled(self._res, self.window, t, bags, uids, summed, work)

@@ -32,7 +32,14 @@ from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_p
 from tiered_emb.apps.stream import format_tier_table
 from tiered_emb.cache.policies import POLICIES
 from tiered_emb.config import TableConfig, TierConfig
-from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError, StoreNotFoundError, TieredEmbError
+from tiered_emb.errors import (
+    ConfigError,
+    CorruptStoreError,
+    DeviceError,
+    MissingExtraError,
+    StoreNotFoundError,
+    TieredEmbError,
+)
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
@@ -85,6 +92,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dim", type=count, help="embedding dimension (default: 16)")
     p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (0: uniform; default: 1.05)")
     p.add_argument("--hbm-rows", type=count, default=4096, help="HBM rows per table")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="HBM tier and MLPs on a GPU (docs/gpu.md)")
     p.add_argument("--ddr-rows", type=count, default=4096, help="DDR rows per table")
     p.add_argument(
         "--policy", default="lookahead+lru", help=f"eviction policy of the tiers: {', '.join(sorted(POLICIES))}"
@@ -202,10 +210,11 @@ def _data(cfg: dict):
     return SyntheticClicks(cfg["rows"], cfg["batch"], alpha=cfg["alpha"], seed=cfg["seed"])
 
 
-def _to_torch(torch, dense, cats):
+def _to_torch(torch, dense, cats, device="cpu"):
+    """The batch as the model takes it: dense features on ``device``, ids on the host (the store plans there)."""
     lengths = torch.ones(cats.shape[0], dtype=torch.int64)
     feats = {f: (torch.from_numpy(np.ascontiguousarray(cats[:, i])), lengths) for i, f in enumerate(_features())}
-    return torch.from_numpy(dense), feats
+    return torch.from_numpy(dense).to(device), feats
 
 
 def _sizes(text: str) -> list[int]:
@@ -378,11 +387,13 @@ def train(args) -> dict:
     _check_run_flags(args)
     if args.json not in (None, STDOUT):
         check_output(args.json, "--json")
+    if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():  # before the run dir is touched
+        raise DeviceError("--device cuda was given but torch sees no CUDA GPU", "drop --device cuda (docs/gpu.md)")
     tiers = TierConfig(
         hbm_rows=args.hbm_rows,
         ddr_rows=args.ddr_rows,
         policy=args.policy,
-        device="cpu",
+        device=getattr(args, "device", "cpu"),
         background_writes=not getattr(args, "sync_writes", False),
     )
     if args.resume:
@@ -436,13 +447,14 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     build = build_model
     if cfg["model"] == "torchrec":
         from tiered_emb.apps.torchrec_dlrm import build_torchrec_model as build
-    model = build(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"]))
+    dev = torch.device(getattr(args, "device", "cpu"))
+    model = build(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"])).to(dev)
     dense_params = list(model.parameters())
     opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
     start = 0
     saved = store.extra if args.resume else None
     if saved:
-        state = torch.load(io.BytesIO(saved), weights_only=True)
+        state = torch.load(io.BytesIO(saved), weights_only=True, map_location=dev)
         start = int(state["step"])
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -459,8 +471,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
     def loss_of(model, batch):
         dense, cats, labels = batch
-        x, feats = _to_torch(torch, dense, cats)
-        return loss_fn(model(x, feats), torch.from_numpy(labels))  # backward updates the rows in the store
+        x, feats = _to_torch(torch, dense, cats, dev)
+        return loss_fn(model(x, feats), torch.from_numpy(labels).to(dev))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     pipeline = TrainPipeline(
@@ -504,8 +516,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             ys, ps = [], []
             for i in range(args.eval_batches):
                 dense, cats, labels = data.batch(i, split)
-                x, feats = _to_torch(torch, dense, cats)
-                ps.append(torch.sigmoid(model(x, feats)).numpy())
+                x, feats = _to_torch(torch, dense, cats, dev)
+                ps.append(torch.sigmoid(model(x, feats)).cpu().numpy())
                 ys.append(labels)
             y, p = np.concatenate(ys), np.concatenate(ps)
             report[f"{split}_logloss"] = log_loss(y, p)

@@ -168,14 +168,14 @@ class Window:
 
     def pinned_batch(self, table: str, ids: np.ndarray):
         """``(ticket, uids, inverse, slots)`` when ``ids`` are the stepping batch's ids of ``table`` and
-        every one of its rows is pinned in (host) HBM for it; else None.
+        every one of its rows is pinned in HBM for it; else None.
 
         Pinned rows stay in their slots until the ticket is released after the step, and
         nothing else reads or writes them meanwhile (the thread only places other rows),
         so the step may pool and update them without the lock.
         """
         ticket = self.stepping
-        if ticket is None or self.res.xp is not np or ticket.error is not None:
+        if ticket is None or ticket.error is not None:
             return None
         handed = ticket.batch.get(table)
         if handed is None or handed[0].shape != ids.shape or not np.array_equal(handed[0], ids):

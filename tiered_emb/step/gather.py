@@ -117,14 +117,14 @@ _NO_SLOTS = np.empty(0, dtype=np.int64)
 def gather(res, t, uids: np.ndarray, inverse: np.ndarray):
     """Rows of ``uids[inverse]`` (float32 (n, dim)) on the HBM backend, resolved chunk by chunk."""
     n, dim = inverse.shape[0], t.cfg.dim
-    xp = res.xp
+    xp, kernels = res.xp, res.kernels
     if uids.shape[0] <= t.hbm.unpinned_capacity:
         for _, slots in res.chunks(t, uids):
-            if xp is np:
+            if kernels is not None:
+                out = kernels.gather(t.hbm.records, slots, inverse, dim)
+            else:
                 out = np.empty((n, dim), dtype=np.float32)
                 _gather_rows(t.hbm.records, slots, inverse, out)
-            else:
-                out = t.hbm.records[xp.asarray(slots[inverse]), :dim]
         return out if uids.shape[0] else xp.empty((0, dim), dtype=xp.float32)
     # Spill path: more unique ids than HBM holds; positions grouped by chunk.
     out_host = np.empty((n, dim), dtype=np.float32)
@@ -134,10 +134,11 @@ def gather(res, t, uids: np.ndarray, inverse: np.ndarray):
     for start, slots in res.chunks(t, uids):
         ci = start // cap
         positions = by_chunk[bounds[ci] : bounds[ci + 1]]
-        if xp is np:
-            _gather_positions(t.hbm.records, slots, inverse, positions, start, out_host)
+        if kernels is not None:
+            rows = kernels.gather(t.hbm.records, slots, inverse[positions] - start, dim)
+            out_host[positions] = kernels.to_host(rows)
         else:
-            out_host[positions] = t.hbm.rows_at(slots[inverse[positions] - start])[:, :dim]
+            _gather_positions(t.hbm.records, slots, inverse, positions, start, out_host)
     return to_xp(xp, out_host)
 
 
@@ -149,8 +150,9 @@ def pool_rows(rows: np.ndarray, plan, weights: np.ndarray, out: np.ndarray) -> N
     )
 
 
-def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
-    """Pooled rows of every bag of ``plan``: float32 (B, dim), host NumPy.
+def lookup_pooled(res, window, t, plan, backward: bool = True):
+    """Pooled rows of every bag of ``plan``: float32 (B, dim), host NumPy, or on the device
+    (``res.xp``) when the step's CUDA kernels run there (``res.kernels``).
 
     ``res``: the store's :class:`~tiered_emb.step.resolve.Resolver`; ``window``: its
     prefetch window (the batch's rows may be pinned for it there).  Bitwise equal to
@@ -174,13 +176,16 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
             plan.use_unique(uids, inverse)
             plan.slots, plan.pinned = slots, ticket
             plan.checked = t  # the same ids as handed to prefetch(), which checked them
+            t.count_hits(uids.shape[0])
+            if res.kernels is not None:
+                return res.kernels.pool(t.hbm.records, slots, inverse, plan.offsets, plan.weights, plan.mean, dim)
             with threads_for(plan.ids.shape[0] * dim):
                 pool_kernel(dim, False, use_w)(
                     t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out
                 )
-            t.count_hits(uids.shape[0])
             return out
-    direct = t.hbm.direct and res.xp is np
+    kernels = res.kernels
+    direct = t.hbm.direct and kernels is None
     # The lock (re-entrant) for the whole read: a prefetch thread must not pin or evict
     # between the capacity check and the pooling (one chunk, so ``inverse`` indexes ``slots``).
     with res.lock, threads_for(plan.ids.shape[0] * dim):
@@ -193,7 +198,9 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
         if plan.checked is not t:  # (a collection checks every feature before reading any)
             table_ids(t.cfg.name, plan.ids, t.cfg.num_rows)
             plan.checked = t
-        if res.xp is np and plan.uids.shape[0] <= t.hbm.unpinned_capacity:
+        if kernels is not None:
+            return _pool_on_device(res, t, plan)
+        if plan.uids.shape[0] <= t.hbm.unpinned_capacity:
             if plan.uids.shape[0] == 0:
                 out[:] = 0.0
                 return out
@@ -208,11 +215,25 @@ def lookup_pooled(res, window, t, plan, backward: bool = True) -> np.ndarray:
                     )
                 plan.slots = slots
             return out
-        # Spill path (or a GPU HBM): rows gathered, pooled on the host.
-        rows = gather(res, t, plan.uids, plan.inverse)
-        rows = rows if isinstance(rows, np.ndarray) else rows.get()
-        pool_rows(rows, plan, weights, out)
+        # Spill path: rows gathered, pooled on the host.
+        pool_rows(gather(res, t, plan.uids, plan.inverse), plan, weights, out)
     return out
+
+
+def _pool_on_device(res, t, plan):
+    """:func:`lookup_pooled` by the step's CUDA kernels: float32 (B, dim) on ``res.xp``."""
+    kernels, dim = res.kernels, t.cfg.dim
+    if plan.uids.shape[0] == 0:
+        return res.xp.zeros((plan.num_bags, dim), dtype=res.xp.float32)
+    if plan.uids.shape[0] <= t.hbm.unpinned_capacity:
+        for _, slots in res.chunks(t, plan.uids):
+            out = kernels.pool(t.hbm.records, slots, plan.inverse, plan.offsets, plan.weights, plan.mean, dim)
+            plan.slots = slots
+        return out
+    # Spill path: rows gathered chunk by chunk, then pooled as rows of their own (slot i = position i).
+    rows = kernels.asarray(gather(res, t, plan.uids, plan.inverse))
+    positions = np.arange(plan.ids.shape[0], dtype=np.int64)
+    return kernels.pool(rows, positions, positions, plan.offsets, plan.weights, plan.mean, dim)
 
 
 def _pooled_by_id(t, plan, weights: np.ndarray, out: np.ndarray) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._backend import to_host
 from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
 from tiered_emb.errors import NonFiniteGradientError
 from tiered_emb.step.plan import BagPlan
@@ -181,11 +182,12 @@ def _reduce_kernel(dim: int):
 _REDUCE_KERNELS: dict = {}
 
 
-def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Gradient of every unique id of ``plan`` from the bags' gradient ``grad_out`` (B, dim).
+def group_bag_positions(plan: BagPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch's positions grouped by unique id, in batch order: ``(starts, bag, scale)``.
 
-    Returns ``(summed, bad)``: float32 (k, dim) summed in batch order per id, and uint8
-    (k,) flags of the ids whose sum holds NaN or infinity.
+    ``starts`` int64 (k+1,); for q in ``starts[u]:starts[u+1]``, ``bag[q]`` (int32, int64
+    past 2**31 bags) is the bag of unique id u's next position and ``scale[q]`` (float32)
+    its weight times 1/len for a mean bag.  What the host's and the GPU's reduce walk.
     """
     k = plan.uids.shape[0]
     n = plan.ids.shape[0]
@@ -204,6 +206,22 @@ def reduce_bag_grads(plan: BagPlan, grad_out: np.ndarray) -> tuple[np.ndarray, n
         bag,
         scale,
     )
+    return starts, bag, scale
+
+
+def reduce_bag_grads(plan: BagPlan, grad_out, kernels=None) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient of every unique id of ``plan`` from the bags' gradient ``grad_out`` (B, dim).
+
+    Returns ``(summed, bad)``: float32 (k, dim) summed in batch order per id, and uint8
+    (k,) flags of the ids whose sum holds NaN or infinity.  With ``kernels``
+    (:class:`~tiered_emb.step.device.DeviceKernels`) the sums are made on the device and
+    stay there (``grad_out`` host or device), bitwise the host's.
+    """
+    if kernels is not None:
+        return kernels.reduce_bags(grad_out, group_bag_positions(plan))
+    k = plan.uids.shape[0]
+    n = plan.ids.shape[0]
+    starts, bag, scale = group_bag_positions(plan)
     bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
     _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
     out = np.empty((k, grad_out.shape[1]), dtype=np.float32)
@@ -225,6 +243,7 @@ def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.n
     """
     if bad is None or not bad.any():
         return uids, summed
+    summed = to_host(summed)  # sums made on a GPU: the rare non-finite case is settled on the host
     if nonfinite == "raise":
         raise NonFiniteGradientError(
             f"gradients of table {table!r} hold NaN/inf for {int(bad.sum())} ids (first id {int(uids[bad][0])})",
@@ -236,4 +255,4 @@ def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.n
     return uids, summed
 
 
-__all__ = ["all_finite", "reduce_bag_grads", "reduce_grads", "screen_nonfinite"]
+__all__ = ["all_finite", "group_bag_positions", "reduce_bag_grads", "reduce_grads", "screen_nonfinite"]

@@ -20,6 +20,7 @@ import numpy as np
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.init import init_rows
+from tiered_emb.step.device import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
 
 TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
@@ -81,6 +82,8 @@ class Resolver:
         self.ssd = ssd
         self.seed = seed
         self.xp = xp
+        # the step's CUDA kernels when HBM is on a GPU (step/device.py); None: the host's Numba kernels
+        self.kernels = kernels_for(xp)
         self.lock = threading.RLock()
         self.closed = False
 

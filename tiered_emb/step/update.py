@@ -1,8 +1,9 @@
 """Update: the table's optimizer applied once per unique id, in place on its HBM slots (the
 backward's last stage).
 
-Each optimizer has one body, a Numba kernel over ``records[slots[k]]`` (CPU); the CuPy
-backend runs the same arithmetic in array form (:func:`apply_update` with ``xp=cupy``).
+Each optimizer has one body, a Numba kernel over ``records[slots[k]]`` (CPU), and a CUDA
+twin that gives the same bytes (:mod:`tiered_emb.step.cuda_kernels`), launched by the
+resolver's ``kernels`` when the HBM tier is on a GPU (:func:`apply_update`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,24 @@ def _rowwise_adagrad_update(records, slots, grads, params):
                     r[j] = r[j] - step * grads[u, j]
 
 
+@numba.njit(cache=True, nogil=True)
+def pow_by_squaring(base, n):
+    """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring, IEEE multiplies only.
+
+    Adam's bias corrections use it rather than ``pow``: a libm's ``pow`` and CUDA's differ
+    in their last bits, products do not, so the GPU twin
+    (:func:`tiered_emb.step.cuda_kernels.pow_by_squaring`) gets the same bytes.
+    """
+    result = 1.0
+    b = base
+    while n > 0:
+        if n & 1:
+            result = result * b
+        b = b * b
+        n >>= 1
+    return result
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _adam_update(records, slots, grads, params):
     lr = params[0]
@@ -107,8 +126,8 @@ def _adam_update(records, slots, grads, params):
         r = records[slots[k]]
         t = r[3 * dim] + one
         r[3 * dim] = t
-        c1 = one - np.float32(np.float64(b1) ** np.float64(t))
-        c2 = one - np.float32(np.float64(b2) ** np.float64(t))
+        c1 = one - np.float32(pow_by_squaring(np.float64(b1), np.int64(t)))
+        c2 = one - np.float32(pow_by_squaring(np.float64(b2), np.int64(t)))
         for j in range(dim):
             g = grads[k, j]
             m = b1 * r[dim + j] + (one - b1) * g
@@ -130,54 +149,21 @@ def no_update() -> None:
     """The update of an empty batch (what a prepared update is when there is nothing to do)."""
 
 
-def apply_update(opt, records, slots, grads, xp=np) -> None:
+def apply_update(opt, records, slots, grads, kernels=None) -> None:
     """Update ``records[slots]`` in place with ``grads`` (one row per distinct slot).
 
     Parameters
     ----------
     opt : SGD | Adagrad | RowWiseAdagrad | Adam
-    records : float32 array (capacity, dim + state_width) on the ``xp`` device
+    records : float32 array (capacity, dim + state_width), on the device of ``kernels``
     slots : int64 array (k,), distinct
-    grads : float32 array (k, dim), host (numpy) for the CPU path
+    grads : float32 array (k, dim), host, or device with ``kernels``
+    kernels : :class:`~tiered_emb.step.device.DeviceKernels` or None (the host's Numba kernels)
     """
-    if xp is np:
-        CPU_KERNELS[opt.name](records, slots, grads, opt.params())
+    if kernels is not None:
+        kernels.update(opt, records, slots, grads)
         return
-    _apply_update_xp(opt, records, slots, grads, xp)
-
-
-def _apply_update_xp(opt, records, slots, grads, xp) -> None:
-    """The same arithmetic in array form, for the CuPy backend (float32 throughout)."""
-    p = [xp.float32(x) for x in opt.params()]
-    dim = grads.shape[1]
-    g = xp.asarray(grads, dtype=xp.float32)
-    s = xp.asarray(slots)
-    r = records[s]
-    w = r[:, :dim]
-    if opt.name == "sgd":
-        w = w - p[0] * g
-    elif opt.name == "adagrad":
-        st = r[:, dim : 2 * dim] + g * g
-        r[:, dim : 2 * dim] = st
-        w = w - p[0] * (g / (xp.sqrt(st) + p[1]))
-    elif opt.name == "rowwise_adagrad":
-        acc = (g.astype(xp.float64) ** 2).sum(axis=1) / dim
-        st = r[:, dim] + acc.astype(xp.float32)
-        r[:, dim] = st
-        w = w - (p[0] / (xp.sqrt(st) + p[1]))[:, None] * g
-    else:
-        one = xp.float32(1.0)
-        t = r[:, 3 * dim] + one
-        r[:, 3 * dim] = t
-        c1 = (one - (xp.float64(p[1]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
-        c2 = (one - (xp.float64(p[2]) ** t.astype(xp.float64)).astype(xp.float32))[:, None]
-        m = p[1] * r[:, dim : 2 * dim] + (one - p[1]) * g
-        v = p[2] * r[:, 2 * dim : 3 * dim] + (one - p[2]) * g * g
-        r[:, dim : 2 * dim] = m
-        r[:, 2 * dim : 3 * dim] = v
-        w = w - p[0] * ((m / c1) / (xp.sqrt(v / c2) + p[3]))
-    r[:, :dim] = w
-    records[s] = r
+    CPU_KERNELS[opt.name](records, slots, grads, opt.params())
 
 
 @numba.njit(cache=True, nogil=True)
@@ -195,7 +181,7 @@ def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = Fa
     opt = t.cfg.optimizer
     for start, slots in res.chunks(t, uids, checked):
         chunk = summed[start : start + slots.shape[0]]
-        apply_update(opt, t.hbm.records, slots if res.xp is np else res.xp.asarray(slots), chunk, res.xp)
+        apply_update(opt, t.hbm.records, slots, chunk, res.kernels)
         t.hbm.dirty[slots] = 1
 
 
@@ -221,12 +207,11 @@ def _update_in_place(res, t, plan, uids, summed, pinned: bool = False) -> bool:
     """Update the forward's slots in place when they still hold ``uids`` (always, when
     ``pinned``); False, with nothing changed, where the rows must be resolved again."""
     slots = plan.slots if plan.checked is t else None  # slots of this table's forward only
-    if res.xp is not np or slots is None or uids is not plan.uids:
+    if slots is None or uids is not plan.uids:
         return False
     if not pinned and not _still_resident(t.hbm.slot_ids, slots, uids):
         return False
-    opt = t.cfg.optimizer
-    CPU_KERNELS[opt.name](t.hbm.records, slots, summed, opt.params())
+    apply_update(t.cfg.optimizer, t.hbm.records, slots, summed, res.kernels)
     t.hbm.dirty[slots] = 1
     return True
 

@@ -120,6 +120,17 @@ class ReferenceStore:
             _update_row(cfg, self.record(table, i), g)
 
 
+def _power(base: float, n: int) -> float:
+    """``base ** n`` by binary powering in Python floats (IEEE doubles): the optimizers' rule."""
+    result = 1.0
+    while n > 0:
+        if n & 1:
+            result *= base
+        base *= base
+        n >>= 1
+    return result
+
+
 def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
     opt, dim = cfg.optimizer, cfg.dim
     f32 = np.float32
@@ -143,8 +154,8 @@ def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
         one = f32(1.0)
         t = f32(r[3 * dim] + one)
         r[3 * dim] = t
-        c1 = one - f32(np.float64(p[1]) ** np.float64(t))
-        c2 = one - f32(np.float64(p[2]) ** np.float64(t))
+        c1 = one - f32(_power(float(p[1]), int(t)))
+        c2 = one - f32(_power(float(p[2]), int(t)))
         m = p[1] * r[dim : 2 * dim] + (one - p[1]) * g
         v = p[2] * r[2 * dim : 3 * dim] + (one - p[2]) * g * g
         r[dim : 2 * dim] = m

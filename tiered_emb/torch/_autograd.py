@@ -82,8 +82,19 @@ def _spent(what: str) -> BackwardError:
     )
 
 
+def as_tensor(a) -> torch.Tensor:
+    """A tensor viewing ``a``, no copy: host NumPy, or a CuPy array on the GPU (by DLPack)."""
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else torch.from_dlpack(a)
+
+
 class FusedBags(torch.autograd.Function):
-    """Pooled rows from the store; backward = the store's optimizer (host NumPy HBM)."""
+    """Pooled rows from the store; backward = the store's optimizer.
+
+    With the HBM tier on a GPU the output is a CUDA tensor viewing the pooled CuPy array,
+    and the gradient goes back to the store's kernels as a CuPy view of the CUDA tensor:
+    the backward never leaves the device (only per-sample weights' gradient and a held
+    update read it on the host).
+    """
 
     @staticmethod
     def forward(ctx, anchor, weights_t, batch: Batch):
@@ -94,7 +105,7 @@ class FusedBags(torch.autograd.Function):
             ctx.weights_shape, ctx.weights_device = weights_t.shape, weights_t.device
             # d out[b] / d w_i = row_i: rows as read now (before the backward updates them).
             ctx.rows = batch.store.peek(batch.table, batch.plan.ids)
-        return torch.from_numpy(out)
+        return as_tensor(out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -102,7 +113,9 @@ class FusedBags(torch.autograd.Function):
         batch = ctx.batch
         if batch is None:
             raise _spent("an embedding output")
-        g = np.ascontiguousarray(grad_out.detach().cpu().numpy(), dtype=np.float32)
+        g_t = grad_out.detach().contiguous()
+        store = batch.store
+        g = None if store.xp is not np and not ctx.weights_need_grad else _host(g_t)
         grad_w = None
         if ctx.weights_need_grad:
             grad_w = torch.from_numpy(weights_grad(batch.plan, ctx.rows, g))
@@ -112,10 +125,16 @@ class FusedBags(torch.autograd.Function):
             batch,
             ctx,
             ("batch", "rows"),
-            lambda: batch.store.pooled_update(batch.table, batch.plan, g, batch.nonfinite),
-            lambda: (batch.plan.uids, reduce_bag_grads(batch.plan, g)[0]),
+            lambda: store.pooled_update(
+                batch.table, batch.plan, g if g is not None else store.xp.from_dlpack(g_t), batch.nonfinite
+            ),
+            lambda: (batch.plan.uids, reduce_bag_grads(batch.plan, g if g is not None else _host(g_t))[0]),
         )
         return None, grad_w, None
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.cpu().numpy(), dtype=np.float32)
 
 
 class RowsFromStore(torch.autograd.Function):
@@ -125,7 +144,7 @@ class RowsFromStore(torch.autograd.Function):
     def forward(ctx, anchor, batch: Batch):
         rows = batch.store.lookup(batch.table, batch.plan.ids)
         ctx.batch = batch
-        return torch.from_numpy(rows) if isinstance(rows, np.ndarray) else torch.from_dlpack(rows)
+        return as_tensor(rows)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -14,7 +14,7 @@ from tiered_emb._args import nonfinite_rule
 from tiered_emb.errors import ConfigError, CopyError, DistributedError, StaleRowsWarning
 from tiered_emb.step.plan import BagPlan, plan_bags
 from tiered_emb.torch import compiled
-from tiered_emb.torch._autograd import FUSED, Batch, FusedBags, RowsFromStore
+from tiered_emb.torch._autograd import FUSED, Batch, FusedBags, RowsFromStore, as_tensor
 from tiered_emb.torch._inputs import weights_of
 
 #: The largest table ``weight`` reads whole (bytes of float32 rows); read more with ``store.peek``.
@@ -141,11 +141,11 @@ class StoreModule(torch.nn.Module):
         self.check_scaled()
         hold = self._hold if self.updates_rows() else None
         batch = Batch(self.store, self.table, plan, self.nonfinite, hold)
-        if self.store.xp is not np or mode == "max":
+        if mode == "max":
             return self._pooled_rows(batch, weights_t, mode)
         weights_grad = weights_t is not None and weights_t.requires_grad and torch.is_grad_enabled()
         if hold is None and not weights_grad:
-            return torch.from_numpy(self.store.lookup_pooled(self.table, plan, backward=False))
+            return as_tensor(self.store.lookup_pooled(self.table, plan, backward=False))
         return FusedBags.apply(self._anchor, weights_t, batch)
 
     def compiles(self, mode: str, input) -> bool:
@@ -160,7 +160,7 @@ class StoreModule(torch.nn.Module):
         return compiled.pooled(input, offsets, weights, anchor, self._handle, mode, include_last_offset, update)
 
     def _pooled_rows(self, batch: Batch, weights_t, mode: str) -> torch.Tensor:
-        """Rows gathered (by DLPack from a GPU HBM), pooled by torch: the GPU path, and ``max``."""
+        """Rows gathered (by DLPack from a GPU HBM), pooled by torch: ``max``."""
         anchor = self._anchor if batch.hold is not None else self._anchor.detach()
         rows = RowsFromStore.apply(anchor, batch)
         dev = rows.device

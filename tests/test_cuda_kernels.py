@@ -1,0 +1,130 @@
+"""The step's CUDA kernels (tiered_emb/step/cuda_kernels.py) against their host twins, bitwise.
+
+Without a GPU they run in Numba's CUDA simulator (tests/conftest.py sets
+``NUMBA_ENABLE_CUDASIM=1``), so every CI run checks their logic: indexing, the order of
+every sum, which rounding where.  On a machine with a GPU the same tests run the compiled
+kernels (through NumPy arrays Numba copies to the device and back).  Sizes stay tiny: the
+simulator runs each CUDA thread as a Python thread.
+"""
+
+import numpy as np
+import pytest
+
+from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from tiered_emb.step.device import DeviceKernels
+from tiered_emb.step.gather import pool_kernel
+from tiered_emb.step.plan import plan_bags
+from tiered_emb.step.reduce import group_bag_positions, reduce_bag_grads
+from tiered_emb.step.update import CPU_KERNELS, pow_by_squaring
+
+SEEDS = range(3)
+
+
+def _bits(a) -> np.ndarray:
+    return np.ascontiguousarray(DeviceKernels(np).to_host(a)).view(np.uint32)
+
+
+def _batch(seed: int, num_ids: int = 12, num_bags: int = 5, id_range: int = 7):
+    """Ids with duplicates and bag offsets with empty bags (the first and a middle one)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, id_range, num_ids).astype(np.int64)
+    cuts = np.sort(rng.integers(0, num_ids + 1, num_bags - 3))
+    offsets = np.concatenate([[0, 0], cuts, [cuts[-1] if cuts.size else 0, num_ids]]).astype(np.int64)
+    return rng, ids, offsets
+
+
+@pytest.fixture(scope="module")
+def kernels() -> DeviceKernels:
+    return DeviceKernels(np)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted"])
+def test_pool_equals_the_host_kernel(kernels, seed, mode):
+    rng, ids, offsets = _batch(seed)
+    weights = rng.standard_normal(ids.shape[0]).astype(np.float32) if mode == "weighted" else None
+    plan = plan_bags(ids, offsets, weights, mean=mode == "mean")
+    dim, width = 5, 11  # records wider than dim: state and padding after the weights
+    records = (rng.standard_normal((16, width)) * 100).astype(np.float32)
+    slots = rng.permutation(16)[: plan.uids.shape[0]].astype(np.int64)
+    want = np.empty((plan.num_bags, dim), dtype=np.float32)
+    w = weights if weights is not None else np.empty(0, dtype=np.float32)
+    pool_kernel(dim, False, weights is not None)(records, slots, plan.inverse, False, 0, offsets, w, plan.mean, want)
+    got = kernels.pool(records, slots, plan.inverse, offsets, weights, plan.mean, dim)
+    assert np.array_equal(_bits(got), want.view(np.uint32))
+    assert not want[0].any()  # an empty bag pools to zeros, on both
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gather_copies_rows(kernels, seed):
+    rng, ids, _ = _batch(seed)
+    plan = plan_bags(ids, np.array([0, ids.shape[0]], dtype=np.int64))
+    records = rng.standard_normal((9, 6)).astype(np.float32)
+    slots = rng.permutation(9)[: plan.uids.shape[0]].astype(np.int64)
+    got = kernels.gather(records, slots, plan.inverse, 4)
+    assert np.array_equal(_bits(got), records[slots[plan.inverse], :4].view(np.uint32))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted"])
+def test_reduce_equals_the_host_kernel(kernels, seed, mode):
+    rng, ids, offsets = _batch(seed, num_ids=14)
+    weights = rng.standard_normal(ids.shape[0]).astype(np.float32) if mode == "weighted" else None
+    plan = plan_bags(ids, offsets, weights, mean=mode == "mean")
+    grad_out = (rng.standard_normal((plan.num_bags, 5)) * 10).astype(np.float32)
+    if seed == 1:  # non-finite sums are flagged alike
+        grad_out[2, 1] = np.inf
+        grad_out[3, 0] = np.nan
+    want, want_bad = reduce_bag_grads(plan, grad_out)
+    got, bad = kernels.reduce_bags(grad_out, group_bag_positions(plan))
+    assert np.array_equal(_bits(got), want.view(np.uint32))
+    assert bad.tolist() == want_bad.tolist()
+
+
+OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.05, eps=1e-8), RowWiseAdagrad(lr=0.3, eps=1e-6), Adam(lr=0.01)]
+
+
+def _records_for(opt, rng, cap: int, dim: int) -> np.ndarray:
+    """Rows with state an earlier run could have left: sums of squares >= 0, Adam's count an integer."""
+    width = dim + opt.state_width(dim) + 3  # + padding, never touched
+    records = rng.standard_normal((cap, width)).astype(np.float32)
+    if opt.name in ("adagrad", "rowwise_adagrad"):
+        records[:, dim : dim + opt.state_width(dim)] **= 2
+    if opt.name == "adam":
+        records[:, 2 * dim : 3 * dim] **= 2
+        records[:, 3 * dim] = rng.choice([0, 1, 7, 999, 123_456], cap)  # the count, before this step
+    return records
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_update_equals_the_host_kernel(kernels, opt, seed):
+    rng = np.random.default_rng(seed)
+    dim, cap = 7, 10
+    records = _records_for(opt, rng, cap, dim)
+    slots = rng.permutation(cap)[:6].astype(np.int64)
+    grads = (rng.standard_normal((6, dim)) * 3).astype(np.float32)
+    grads[0] = 0.0  # a row with a zero gradient still advances its state
+    want = records.copy()
+    CPU_KERNELS[opt.name](want, slots, grads, opt.params())
+    got = records.copy()
+    kernels.update(opt, got, slots, grads)
+    assert np.array_equal(_bits(got), want.view(np.uint32))
+    assert not np.array_equal(got, records)  # it did something
+
+
+def test_empty_launches_do_nothing(kernels):
+    records = np.ones((4, 3), dtype=np.float32)
+    none = np.empty(0, dtype=np.int64)
+    assert kernels.gather(records, none, none, 3).shape == (0, 3)
+    assert kernels.pool(records, none, none, np.zeros(1, dtype=np.int64), None, False, 3).shape == (0, 3)
+    kernels.update(SGD(), records, none, np.empty((0, 3), dtype=np.float32))
+    assert (records == 1).all()
+
+
+@pytest.mark.parametrize("base", [0.9, 0.999, 0.5, 0.0, 1.0 - 2.0**-30])
+def test_power_by_squaring_is_close_to_pow(base):
+    """Adam's bias correction: the same multiplies on both sides, and within float32 of libm's ``pow``."""
+    for n in (0, 1, 2, 3, 10, 1000, 2**24):
+        got = pow_by_squaring(base, n)
+        assert np.float32(got) == pytest.approx(np.float32(base**n), rel=1e-6, abs=1e-45)

@@ -1,0 +1,240 @@
+"""The step's GPU kernels, in Numba's CUDA target: pool, gather, reduce, the four optimizer updates.
+
+Each kernel is the device twin of a CPU kernel in :mod:`tiered_emb.step.gather`,
+:mod:`tiered_emb.step.reduce` or :mod:`tiered_emb.step.update`, and gives the same bytes:
+
+- the same order of every sum: one block per bag (pool), per unique id (reduce) or per
+  row (update), its threads striding over the row's columns, each thread summing its
+  column in position order, as the CPU loops do; no atomics, no tree reductions;
+- the same roundings: every operation is a libdevice ``*_rn`` intrinsic (``fmul_rn``,
+  ``fadd_rn``, ...).  NVVM contracts ``a * b + c`` into one fused multiply-add unless told
+  otherwise, and the CPU twin never does; an ``_rn`` intrinsic is a PTX ``mul.rn`` /
+  ``add.rn``, which the compiler may not fuse.  Division and square root are the IEEE
+  ones (``fdiv_rn``, ``fsqrt_rn``), as NumPy's and LLVM's on the host.
+
+Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, how CI runs them on a machine
+without a GPU) libdevice has no implementations; the same names are then NumPy scalar
+operations, which round each result to float32 (or float64) exactly as the intrinsics do.
+The kernels' logic (indexing, order, which operation where) is what the simulator runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numba
+import numpy as np
+from numba import cuda
+
+# The variable both Numba's bundled CUDA target and numba-cuda read when first imported.
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+if SIMULATED:
+    _f32 = np.float32
+    _f64 = np.float64
+
+    def f_add(a, b):
+        return _f32(a) + _f32(b)
+
+    def f_sub(a, b):
+        return _f32(a) - _f32(b)
+
+    def f_mul(a, b):
+        return _f32(a) * _f32(b)
+
+    def f_div(a, b):
+        return _f32(a) / _f32(b)
+
+    def f_sqrt(a):
+        return np.sqrt(_f32(a))
+
+    def d_add(a, b):
+        return _f64(a) + _f64(b)
+
+    def d_mul(a, b):
+        return _f64(a) * _f64(b)
+
+    def d_div(a, b):
+        return _f64(a) / _f64(b)
+
+    def d_to_f(a):
+        return _f32(a)
+
+else:  # pragma: no cover - needs a GPU
+    from numba.cuda.libdevice import dadd_rn as d_add
+    from numba.cuda.libdevice import ddiv_rn as d_div
+    from numba.cuda.libdevice import dmul_rn as d_mul
+    from numba.cuda.libdevice import double2float_rn as d_to_f
+    from numba.cuda.libdevice import fadd_rn as f_add
+    from numba.cuda.libdevice import fdiv_rn as f_div
+    from numba.cuda.libdevice import fmul_rn as f_mul
+    from numba.cuda.libdevice import fsqrt_rn as f_sqrt
+    from numba.cuda.libdevice import fsub_rn as f_sub
+
+
+@cuda.jit(device=True)
+def pow_by_squaring(base, n):
+    """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring: IEEE multiplies only, so the
+    host (:func:`tiered_emb.step.update.pow_by_squaring`) gets the same bits."""
+    result = np.float64(1.0)
+    b = np.float64(base)
+    while n > 0:
+        if n & 1:
+            result = d_mul(result, b)
+        b = d_mul(b, b)
+        n >>= 1
+    return result
+
+
+@cuda.jit
+def pool_bags(records, slots, inverse, offsets, weights, use_weights, mean, out):
+    """``out[b, j] = sum_i w_i * records[slots[inverse[i]], j]`` over bag ``b``, in position order.
+
+    One block per bag (grid = B), threads over columns.  ``records`` float32 (cap, W >= dim);
+    ``slots`` int64 (k,); ``inverse`` int64 (n,); ``offsets`` int64 (B+1,); ``weights``
+    float32 (n,) read when ``use_weights``; ``mean`` divides by the bag length (an empty bag
+    gives zeros); ``out`` float32 (B, dim).  Bitwise :func:`tiered_emb.step.gather.pool_kernel`.
+    """
+    b = cuda.blockIdx.x
+    dim = out.shape[1]
+    lo = offsets[b]
+    hi = offsets[b + 1]
+    for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+        acc = np.float32(0.0)
+        for i in range(lo, hi):
+            x = records[slots[inverse[i]], j]
+            if use_weights:
+                acc = f_add(acc, f_mul(weights[i], x))
+            else:
+                acc = f_add(acc, x)
+        if mean and hi > lo:
+            acc = f_mul(acc, f_div(np.float32(1.0), np.float32(hi - lo)))
+        out[b, j] = acc
+
+
+@cuda.jit
+def gather_rows(records, slots, inverse, out):
+    """``out[i] = records[slots[inverse[i]], :dim]``: one block per output row, threads over columns."""
+    i = cuda.blockIdx.x
+    r = slots[inverse[i]]
+    for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+        out[i, j] = records[r, j]
+
+
+@cuda.jit
+def reduce_bags(grad_out, starts, bag, scale, out, bad):
+    """``out[u, j] = sum_q scale[q] * grad_out[bag[q], j]`` for q in ``starts[u]:starts[u+1]``, in order.
+
+    One block per unique id (grid = k), threads over columns; ``starts``, ``bag`` and
+    ``scale`` are :func:`tiered_emb.step.reduce.group_bag_positions`' (each id's positions in
+    batch order).  ``bad`` uint8 (k,), zeroed by the caller, gets 1 where a sum is not
+    finite (every thread that sees one writes the same 1).  Bitwise the CPU reduce.
+    """
+    u = cuda.blockIdx.x
+    for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+        acc = np.float32(0.0)
+        for q in range(starts[u], starts[u + 1]):
+            acc = f_add(acc, f_mul(scale[q], grad_out[bag[q], j]))
+        out[u, j] = acc
+        if math.isinf(acc) or math.isnan(acc):
+            bad[u] = 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the optimizers: one block per unique row, ``records[slots[k]]`` updated with ``grads[k]``
+# (float32 (k, dim)); ``params`` float32 as :meth:`tiered_emb.optimizers.SGD.params` and the rest.
+
+
+@cuda.jit
+def sgd_update(records, slots, grads, params):
+    """``w -= lr * g``."""
+    k = cuda.blockIdx.x
+    s = slots[k]
+    lr = params[0]
+    for j in range(cuda.threadIdx.x, grads.shape[1], cuda.blockDim.x):
+        records[s, j] = f_sub(records[s, j], f_mul(lr, grads[k, j]))
+
+
+@cuda.jit
+def adagrad_update(records, slots, grads, params):
+    """``s += g*g; w -= lr * (g / (sqrt(s) + eps))``, element-wise."""
+    k = cuda.blockIdx.x
+    s = slots[k]
+    lr = params[0]
+    eps = params[1]
+    dim = grads.shape[1]
+    for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+        g = grads[k, j]
+        st = f_add(records[s, dim + j], f_mul(g, g))
+        records[s, dim + j] = st
+        records[s, j] = f_sub(records[s, j], f_mul(lr, f_div(g, f_add(f_sqrt(st), eps))))
+
+
+@cuda.jit
+def rowwise_adagrad_update(records, slots, grads, params):
+    """``s += float32(sum(g*g) / dim)`` (float64, column order); ``w -= (lr / (sqrt(s) + eps)) * g``.
+
+    The float64 sum is one serial chain, as on the host: thread 0 runs it and hands the
+    step size to the block through shared memory.
+    """
+    k = cuda.blockIdx.x
+    s = slots[k]
+    dim = grads.shape[1]
+    step = cuda.shared.array(1, numba.float32)
+    if cuda.threadIdx.x == 0:
+        acc = np.float64(0.0)
+        for j in range(dim):
+            g = np.float64(grads[k, j])
+            acc = d_add(acc, d_mul(g, g))
+        st = f_add(records[s, dim], d_to_f(d_div(acc, np.float64(dim))))
+        records[s, dim] = st
+        step[0] = f_div(params[0], f_add(f_sqrt(st), params[1]))
+    cuda.syncthreads()
+    lr_row = step[0]
+    for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+        records[s, j] = f_sub(records[s, j], f_mul(lr_row, grads[k, j]))
+
+
+@cuda.jit
+def adam_update(records, slots, grads, params):
+    """Lazy Adam with the row's own step count (see :class:`tiered_emb.optimizers.Adam`).
+
+    Thread 0 advances the count and the bias corrections (shared); every thread then
+    updates its columns' moments and weights.
+    """
+    k = cuda.blockIdx.x
+    s = slots[k]
+    dim = grads.shape[1]
+    lr = params[0]
+    b1 = params[1]
+    b2 = params[2]
+    eps = params[3]
+    one = np.float32(1.0)
+    corr = cuda.shared.array(2, numba.float32)
+    if cuda.threadIdx.x == 0:
+        t = f_add(records[s, 3 * dim], one)
+        records[s, 3 * dim] = t
+        n = np.int64(t)
+        corr[0] = f_sub(one, d_to_f(pow_by_squaring(np.float64(b1), n)))
+        corr[1] = f_sub(one, d_to_f(pow_by_squaring(np.float64(b2), n)))
+    cuda.syncthreads()
+    c1 = corr[0]
+    c2 = corr[1]
+    for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+        g = grads[k, j]
+        m = f_add(f_mul(b1, records[s, dim + j]), f_mul(f_sub(one, b1), g))
+        v = f_add(f_mul(b2, records[s, 2 * dim + j]), f_mul(f_mul(f_sub(one, b2), g), g))
+        records[s, dim + j] = m
+        records[s, 2 * dim + j] = v
+        records[s, j] = f_sub(records[s, j], f_mul(lr, f_div(f_div(m, c1), f_add(f_sqrt(f_div(v, c2)), eps))))
+
+
+UPDATE_KERNELS = {
+    "sgd": sgd_update,
+    "adagrad": adagrad_update,
+    "rowwise_adagrad": rowwise_adagrad_update,
+    "adam": adam_update,
+}
+
+__all__ = ["SIMULATED", "UPDATE_KERNELS", "gather_rows", "pool_bags", "pow_by_squaring", "reduce_bags"]

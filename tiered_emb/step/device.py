@@ -1,0 +1,191 @@
+"""The step's device operations: launches of :mod:`tiered_emb.step.cuda_kernels` over one array module.
+
+:class:`DeviceKernels` is what a :class:`~tiered_emb.step.resolve.Resolver` holds as
+``kernels`` when the HBM tier lives on a GPU (``xp`` is CuPy): the pooled forward, the
+gather, the backward's reduce and the optimizer updates then run as CUDA kernels on the
+HBM records, bitwise the host's Numba kernels.  ``None`` is the host path.
+
+``TIERED_EMB_DEVICE_KERNELS=1`` makes a store whose HBM tier is in host memory (NumPy)
+run every step through the same launches too.  Under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) that is how CI trains, checkpoints and reopens a whole store
+on the GPU's code path without a GPU (tests/test_device_path.py); the kernels then work on
+the host arrays in place, as on device memory.  On a machine with a GPU and no simulator
+Numba copies each host array to the device and the whole of it back after each launch:
+slow, and a prefetch thread's rows placed meanwhile would be overwritten, so there it is a
+check for one thread with no prefetch, not a mode to train in.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from tiered_emb._backend import GPU_HINT, to_host
+from tiered_emb.errors import DeviceError
+
+_EMPTY_F32 = np.empty(0, dtype=np.float32)
+
+# Numba's performance hints that the step accepts: a small batch launches few blocks, and the
+# host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.
+_ACCEPTED_HINTS = r"(Grid size \d+ will likely result in GPU under-utilization|Host array used in CUDA kernel)"
+
+
+class DeviceKernels:
+    """The step's kernels launched on arrays of ``xp`` (CuPy; NumPy under the simulator).
+
+    Every method takes the tier's ``records`` (float32 (cap, W)) where it reads or writes
+    rows, host or ``xp`` index arrays (copied to the device when they are host arrays), and
+    returns ``xp`` arrays.  Launches go to Numba's default stream, the legacy default
+    stream, where CuPy's copies in and out and torch's kernels go too unless a caller makes
+    another stream current: so they run in the order they are issued.
+    """
+
+    def __init__(self, xp):
+        from tiered_emb.step import cuda_kernels  # imports numba.cuda: only where it is used
+
+        self.xp = xp
+        self.cuda = cuda_kernels
+        self.simulated = cuda_kernels.SIMULATED
+        self.in_place = None
+        if self.simulated:
+            # The simulator copies a NumPy argument in and the whole of it back out after the
+            # kernel, which would write stale rows over those a prefetch thread placed meanwhile;
+            # its device-array wrapper hands the kernel the array itself, as device memory is.
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+            self.in_place = FakeCUDAArray
+
+    def launch(self, kernel, blocks: int, threads: int, *args) -> None:
+        """``kernel[blocks, threads](*args)``, without Numba's hints the step accepts (above)."""
+        if self.simulated:
+            kernel[blocks, threads](*(self.in_place(a) if isinstance(a, np.ndarray) else a for a in args))
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ACCEPTED_HINTS)
+            kernel[blocks, threads](*args)
+
+    def threads(self, dim: int) -> int:
+        """Threads per block for rows of ``dim`` floats: whole warps on a GPU, a few under the
+        simulator (one Python thread each; fewer than ``dim`` so the column loops stride)."""
+        if self.simulated:
+            return max(1, min(dim, 3))
+        return min(256, max(32, -(-dim // 32) * 32))
+
+    def asarray(self, a, dtype=None):
+        """``a`` on the device (itself when it is already an ``xp`` array of ``dtype``)."""
+        if self.xp is np:
+            return np.ascontiguousarray(a, dtype=dtype)
+        return self.xp.ascontiguousarray(self.xp.asarray(a, dtype=dtype))
+
+    def to_host(self, a) -> np.ndarray:
+        return to_host(a)
+
+    def pool(self, records, slots, inverse, offsets, weights, mean: bool, dim: int):
+        """Bags pooled from ``records[slots[inverse]]``: float32 (B, dim) on the device.
+
+        ``offsets`` int64 (B+1,); ``weights`` float32 (n,) or None; ``mean`` divides by the
+        bag length.  Bitwise :func:`tiered_emb.step.gather.pool_kernel`.
+        """
+        num_bags = offsets.shape[0] - 1
+        out = self.xp.empty((num_bags, dim), dtype=self.xp.float32)
+        if num_bags:
+            use_w = weights is not None
+            self.launch(
+                self.cuda.pool_bags,
+                num_bags,
+                self.threads(dim),
+                records,
+                self.asarray(slots, np.int64),
+                self.asarray(inverse, np.int64),
+                self.asarray(offsets, np.int64),
+                self.asarray(weights if use_w else _EMPTY_F32, np.float32),
+                use_w,
+                bool(mean),
+                out,
+            )
+        return out
+
+    def gather(self, records, slots, inverse, dim: int):
+        """Rows ``records[slots[inverse], :dim]``: float32 (n, dim) on the device."""
+        n = inverse.shape[0]
+        out = self.xp.empty((n, dim), dtype=self.xp.float32)
+        if n:
+            self.launch(
+                self.cuda.gather_rows,
+                n,
+                self.threads(dim),
+                records,
+                self.asarray(slots, np.int64),
+                self.asarray(inverse, np.int64),
+                out,
+            )
+        return out
+
+    def reduce_bags(self, grad_out, grouped: tuple[np.ndarray, np.ndarray, np.ndarray]):
+        """Each unique id's gradient from the bags' ``grad_out`` (B, dim; host or device).
+
+        ``grouped``: :func:`tiered_emb.step.reduce.group_bag_positions`.  Returns
+        ``(summed, bad)``: float32 (k, dim) on the device and uint8 (k,) on the host (1 where
+        a sum is not finite), bitwise :func:`tiered_emb.step.reduce.reduce_bag_grads`.
+        """
+        starts, bag, scale = grouped
+        k = starts.shape[0] - 1
+        dim = grad_out.shape[1]
+        out = self.xp.empty((k, dim), dtype=self.xp.float32)
+        bad = self.xp.zeros(k, dtype=self.xp.uint8)
+        if k:
+            self.launch(
+                self.cuda.reduce_bags,
+                k,
+                self.threads(dim),
+                self.asarray(grad_out, np.float32),
+                self.asarray(starts, np.int64),
+                self.asarray(bag),
+                self.asarray(scale, np.float32),
+                out,
+                bad,
+            )
+        return out, self.to_host(bad)
+
+    def update(self, opt, records, slots, grads) -> None:
+        """The optimizer ``opt`` once per row: ``records[slots[k]]`` with ``grads[k]`` (host or
+        device, float32 (k, dim)); ``slots`` distinct.  Bitwise :data:`tiered_emb.step.update.CPU_KERNELS`."""
+        k = slots.shape[0]
+        if k:
+            self.launch(
+                self.cuda.UPDATE_KERNELS[opt.name],
+                k,
+                self.threads(grads.shape[1]),
+                records,
+                self.asarray(slots, np.int64),
+                self.asarray(grads, np.float32),
+                self.asarray(opt.params(), np.float32),
+            )
+
+
+def kernels_for(xp) -> DeviceKernels | None:
+    """The step's device kernels for an HBM tier on ``xp``: always on a GPU, on the host only with
+    ``TIERED_EMB_DEVICE_KERNELS=1`` (see the module docstring); None is the host's Numba path."""
+    if xp is np and os.environ.get("TIERED_EMB_DEVICE_KERNELS", "") in ("", "0"):
+        return None
+    kernels = DeviceKernels(xp)
+    if kernels.simulated and xp is not np:
+        raise DeviceError(
+            "NUMBA_ENABLE_CUDASIM=1 runs the step's kernels in Numba's simulator, which cannot read GPU arrays",
+            "unset NUMBA_ENABLE_CUDASIM, or use device='cpu' with TIERED_EMB_DEVICE_KERNELS=1",
+        )
+    if not kernels.simulated:
+        from numba import cuda
+
+        if not cuda.is_available():
+            raise DeviceError(
+                "the step's CUDA kernels were asked for (a GPU HBM tier or TIERED_EMB_DEVICE_KERNELS=1) "
+                "but Numba's CUDA target finds no usable GPU",
+                GPU_HINT + ", or NUMBA_ENABLE_CUDASIM=1 to run the kernels in Numba's simulator",
+            )
+    return kernels
+
+
+__all__ = ["DeviceKernels", "kernels_for"]
