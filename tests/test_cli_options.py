@@ -129,7 +129,7 @@ def test_a_directory_the_command_did_not_make_is_never_removed(tmp_path):
     make_run_dir(tmp_path / "run", "stream")
     with pytest.raises(ConfigError, match="holds a run of `tiered-emb stream`, not of `tiered-emb train`"):
         make_run_dir(tmp_path / "run", "train")
-    (tmp_path / "run" / "data").write_text("of the run")
+    (tmp_path / "run" / "report.json").write_text("of the run")
     make_run_dir(tmp_path / "run", "stream")  # its own: replaced
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [RUN_MARKER]
     assert sorted(p.name for p in mine.iterdir()) == ["config.json", "notes.txt"]
@@ -137,6 +137,29 @@ def test_a_directory_the_command_did_not_make_is_never_removed(tmp_path):
     link.symlink_to(tmp_path / "run")
     with pytest.raises(ConfigError, match="not a directory"):
         check_run_dir(link, "stream")
+
+
+def test_a_run_dir_keeps_what_its_runs_did_not_make(tmp_path):
+    """A run directory of `train` holding the user's data (`--data run/day0.tsv`) lost it to
+    the next run: the whole directory was removed.  Only what a run makes is replaced; an
+    empty directory is used as it is (not removed and made again)."""
+    run = tmp_path / "run"
+    make_run_dir(run, "train")
+    (run / "config.json").write_text("{}")
+    (run / "store").mkdir()
+    (run / "store" / "data.mdb").write_text("of the run")
+    (run / "day0.tsv").write_text("the user's data")
+    with pytest.raises(ConfigError, match=r"day0\.tsv.*nothing was removed"):
+        make_run_dir(run, "train")
+    assert (run / "day0.tsv").read_text() == "the user's data" and (run / "store" / "data.mdb").exists()
+    (run / "day0.tsv").unlink()
+    make_run_dir(run, "train")
+    assert sorted(p.name for p in run.iterdir()) == [RUN_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    inode = empty.stat().st_ino
+    make_run_dir(empty, "stream")
+    assert empty.stat().st_ino == inode and sorted(p.name for p in empty.iterdir()) == [RUN_MARKER]
 
 
 def test_stream_refuses_before_anything_else(tmp_path, monkeypatch, capsys):

@@ -4,9 +4,10 @@
   ``--json`` and ``--version`` on every command (:func:`add_command`); an old spelling kept
   working, out of the help, where scripts may use it (:func:`add_alias`); every default
   shown in ``--help`` (:func:`show_defaults`).
-- **Run directories**: a command replaces only a directory it made itself for a run of the
-  same command, known by the file :data:`RUN_MARKER` written when it made it
-  (:func:`check_run_dir`, then :func:`make_run_dir` once every flag has been checked).
+- **Run directories**: a command replaces only what a run of the same command made in a
+  directory it made itself, known by the file :data:`RUN_MARKER` written when it made it
+  (:func:`check_run_dir`, then :func:`make_run_dir` once every flag has been checked); a
+  file of the user's in there (a ``--data`` file, notes) stops it, with nothing removed.
 - **Optional packages**: a run that needs one fails before it starts (:func:`require`).
 - **Messages**: library messages go to the ``tiered_emb`` logger; :func:`log_to_stderr`
   shows them on standard error while a command runs (none but warnings with ``--quiet``).
@@ -35,6 +36,13 @@ from tiered_emb.errors import ConfigError, MissingExtraError, TieredEmbError
 #: The file a command writes into a run directory it makes: only a directory holding it
 #: (for the same command), or an empty one, is replaced by the next run.
 RUN_MARKER = ".tiered-emb-run"
+
+#: What a run of each command makes in its run directory, besides :data:`RUN_MARKER`: all
+#: that a later run removes (anything else there is the user's).
+RUN_ENTRIES = {
+    "stream": frozenset({"stream.json", "store", "report.json"}),
+    "train": frozenset({"config.json", "store", "report.json"}),
+}
 
 #: The JSON destination that means standard output (``--json`` with no file name).
 STDOUT = "-"
@@ -137,16 +145,32 @@ def check_run_dir(run_dir: Path, command: str, flag: str = "--run-dir") -> None:
         raise ConfigError(
             f"{where} {what}; nothing was removed", f"choose a new or empty {flag}, or remove that one yourself"
         )
+    # (a run's directory may hold the user's files too, a --data file say: they are not the run's)
+    others = sorted(
+        p.name for p in run_dir.iterdir() if p.name != RUN_MARKER and p.name not in RUN_ENTRIES.get(command, ())
+    )
+    if others:
+        raise ConfigError(
+            f"{where} holds a run of `tiered-emb {command}` and files it did not make: "
+            f"{', '.join(others[:5])}{', ...' if len(others) > 5 else ''}; nothing was removed",
+            f"move them out of {flag}, or choose a new or empty {flag}",
+        )
 
 
 def make_run_dir(run_dir: Path, command: str, flag: str = "--run-dir") -> None:
-    """Make ``run_dir`` a new, empty run directory of ``command``: an earlier run of it there
-    is removed (after :func:`check_run_dir` once more), and :data:`RUN_MARKER` written."""
+    """Make ``run_dir`` a new, empty run directory of ``command``: what an earlier run of it
+    made there is removed (after :func:`check_run_dir` once more; the directory itself is
+    kept, as an empty one the user made is), and :data:`RUN_MARKER` written."""
     check_run_dir(run_dir, command, flag)
-    if run_dir.is_dir():
-        shutil.rmtree(run_dir)
     try:
-        run_dir.mkdir(parents=True)
+        if run_dir.is_dir():
+            for name in sorted(RUN_ENTRIES.get(command, ())):
+                entry = run_dir / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif entry.exists() or entry.is_symlink():
+                    entry.unlink()
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / RUN_MARKER).write_text(
             json.dumps({"command": command, "tiered_emb": __version__}) + "\n", encoding="utf-8"
         )
