@@ -247,3 +247,32 @@ def test_refresh_reads_only_what_changed_and_reads_it_right(tmp_path):
         reader.close()
     with TieredStore.open(path, mode="r") as fresh:  # a reader built from scratch agrees
         assert _digest(fresh) == want
+
+
+def test_refresh_over_segment_numbers_past_the_ones_indexed_before(tmp_path):
+    """The reader's per-segment arrays are sized by the numbers it has indexed (64 at least);
+    a catch-up over newer numbers counted their rows before growing them (a ValueError, the
+    index half moved on).  Many checkpoints between two refreshes take the numbers past it."""
+    path = tmp_path / "s"
+    tables = [TableConfig("a", dim=128, optimizer=SGD(lr=0.5)), TABLES[1]]
+    s = TieredStore.create(path, tables, _tiers(), seed=3)
+    random_updates([s], tables, 1, seed=0, n=50, ids_below=IDS)
+    s.checkpoint()
+    reader = _SteppedReader(path)
+    try:
+        # past the map the reader took at its start (taking up a bigger one builds the index again)
+        for k in range(4):
+            random_updates([s], tables, 1, seed=100 + k, n=IDS, ids_below=IDS)
+            s.checkpoint()
+        epoch, digest, went = reader.refresh()
+        assert (epoch, digest) == (s.epoch, _digest(s)), went
+        indexed = went["indexed"]
+        for k in range(1, 70):  # a segment a table a checkpoint: numbers past the arrays' 64 or 128
+            random_updates([s], tables, 1, seed=k, n=20, ids_below=IDS)
+            s.checkpoint()
+        epoch, digest, went = reader.refresh()
+        assert (epoch, digest) == (s.epoch, _digest(s)), went
+        assert went["indexed"] == indexed and went["segments_read"] >= 2 * 69, went
+    finally:
+        s.close()
+        reader.close()

@@ -110,6 +110,8 @@ class SegmentLog:
         table, gone, fresh = plan
         index = self.index[table]
         with self._lock:
+            if fresh:  # (before the rows are counted in :attr:`live`: numbers past those indexed so far)
+                self._grow(max(f.seq for f in fresh))
             self.stored_rows[table] -= self.nrows_of([int(q) for q in gone])
             for f in fresh:
                 n = f.ids.shape[0]
@@ -152,8 +154,8 @@ class SegmentLog:
         index.bulk = 0
         index.merge()
 
-    def _place(self, seq: int, h: decode.Head, value) -> None:
-        """Note where segment ``seq`` (layout ``h``, ``value`` a buffer of it) lies in the file."""
+    def _grow(self, seq: int) -> None:
+        """Make the per-segment arrays hold segment ``seq``."""
         if seq >= self.base.shape[0]:
             size = max(2 * self.base.shape[0], seq + 1)
             grow = size - self.base.shape[0]
@@ -161,6 +163,10 @@ class SegmentLog:
             self.nrows = np.concatenate([self.nrows, np.zeros(grow, dtype=np.int64)])
             self.live = np.concatenate([self.live, np.zeros(grow, dtype=np.int64)])
             self.summed = np.concatenate([self.summed, np.zeros(grow, dtype=np.int64)])
+
+    def _place(self, seq: int, h: decode.Head, value) -> None:
+        """Note where segment ``seq`` (layout ``h``, ``value`` a buffer of it) lies in the file."""
+        self._grow(seq)
         off = value_offset(value, self._psize) if h.tag == RAW else -1
         self.nrows[seq] = h.n
         self.summed[seq] = int(h.crc is not None)
