@@ -105,6 +105,26 @@ def test_torch_module_on_cuda_stays_on_the_device(tmp_path):
     assert gpu[1].tobytes() == cpu[1].tobytes()
 
 
+def test_torch_embedding_with_padding_on_cuda_is_the_cpus(tmp_path):
+    """The padding row (read on the host) joins the CUDA rows on the device."""
+    torch = pytest.importorskip("torch")
+    from tiered_emb.torch import TieredEmbedding
+
+    def run(device):
+        cfg = TableConfig("t", dim=8, num_rows=50, optimizer=SGD(lr=0.5))
+        store = TieredStore.create(tmp_path / device, [cfg], TierConfig(16, 16, device=device), seed=1)
+        emb = TieredEmbedding(store, "t", padding_idx=3)
+        out = emb(torch.tensor([[1, 3, 9], [3, 3, 7]]))
+        assert out.device.type == device
+        out.backward(torch.ones_like(out))
+        rows = store.peek("t", np.arange(50), with_state=True)
+        store.close()
+        return out.detach().cpu().numpy(), rows
+
+    gpu, cpu = run("cuda"), run("cpu")
+    assert gpu[0].tobytes() == cpu[0].tobytes() and gpu[1].tobytes() == cpu[1].tobytes()
+
+
 def test_dlrm_job_end_to_end_on_cuda(tmp_path):
     pytest.importorskip("torch")
     from tiered_emb.cli import main

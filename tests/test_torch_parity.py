@@ -159,3 +159,16 @@ def test_num_embeddings_weight_and_default_mode_as_torch(store, tmp_path):
         assert big.num_embeddings is None
         with pytest.raises(ConfigError, match="too large to read whole"):
             _ = big.weight
+
+
+def test_embedding_padding_row_goes_to_the_device_of_the_rows(store, monkeypatch):
+    """With a GPU store the looked-up rows are a CUDA tensor; the padding row was read to the
+    host and joined to them as it was (torch.cat of a CUDA and a CPU tensor raises).  Rows on
+    another device (``meta`` standing in for CUDA) must get the padding row there too."""
+    from tiered_emb.torch import _base
+
+    monkeypatch.setattr(_base, "as_tensor", lambda a: torch.from_numpy(a).to("meta"))
+    emb = TieredEmbedding(store, "t", padding_idx=3).eval()
+    with torch.no_grad():
+        out = emb(torch.tensor([[1, 3], [3, 7]]))
+    assert out.device.type == "meta" and out.shape == (2, 2, DIM)

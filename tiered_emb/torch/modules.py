@@ -168,7 +168,8 @@ class TieredEmbedding(StoreModule):
         kept = self._gathered(ids[~pad])
         pad_row = torch.from_numpy(self.store.peek(self.table, np.array([self.padding_idx], dtype=np.int64)))
         where = np.where(pad, kept.shape[0], np.cumsum(~pad) - 1)  # row of each position in cat(kept, pad_row)
-        return torch.cat([kept, pad_row])[torch.from_numpy(where)]
+        # (the rows of a GPU store are a CUDA tensor: the padding row, read on the host, joins them there)
+        return torch.cat([kept, pad_row.to(kept.device)])[torch.from_numpy(where).to(kept.device)]
 
     def extra_repr(self) -> str:
         return f"table={self.table!r}, dim={self.embedding_dim}"
