@@ -276,3 +276,78 @@ def test_refresh_over_segment_numbers_past_the_ones_indexed_before(tmp_path):
     finally:
         s.close()
         reader.close()
+
+
+# a reader process whose catch-up fails midway (after its first table) on the refreshes named
+FAILING_READER = """
+import hashlib, json, sys
+import numpy as np
+from tiered_emb import TieredStore
+from tiered_emb.tiers.ssd.segments import SegmentLog
+plain, calls = SegmentLog.catch_up, [0]
+fail = {"once": None}
+def catch_up(self, plan):
+    calls[0] += 1
+    if fail["once"] is not None and calls[0] % 2 == 0:
+        kind, fail["once"] = fail["once"], None
+        raise (MemoryError if kind == "error" else KeyboardInterrupt)()
+    plain(self, plan)
+SegmentLog.catch_up = catch_up
+def digest(r):
+    h = hashlib.sha256()
+    for t in ("a", "b"):
+        h.update(r.peek(t, np.arange(3000), with_state=True).tobytes())
+    return h.hexdigest()
+with TieredStore.open(sys.argv[1], mode="r") as r:
+    for line in sys.stdin:
+        fail["once"] = line.strip() or None
+        try:
+            epoch = r.refresh()
+        except BaseException as err:
+            try:
+                digest(r)
+                after = "read"
+            except Exception as e:
+                after = type(e).__name__
+            print(json.dumps([type(err).__name__, after, r.refreshes]), flush=True)
+            continue
+        print(json.dumps([epoch, digest(r), r.refreshes]), flush=True)
+"""
+
+
+def test_a_catch_up_that_fails_midway_never_mixes_two_checkpoints(tmp_path):
+    """A refresh whose catch-up failed after its first table left that table at the new
+    checkpoint and the other at the old one, and the snapshot's mark at the old: reads mixed
+    two checkpoints.  A failed catch-up is now followed by a build from scratch; one that is
+    interrupted drops the snapshot (reads refuse) until the next refresh."""
+    path = tmp_path / "s"
+    s = TieredStore.create(path, TABLES, _tiers(), seed=3)
+    random_updates([s], TABLES, 3, seed=0, n=200, ids_below=IDS)
+    s.checkpoint()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-c", FAILING_READER, str(path)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def refresh(fail: str = "") -> list:
+        proc.stdin.write(fail + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, "the reader process ended"
+        return json.loads(line)
+
+    try:
+        refresh()
+        random_updates([s], TABLES, 3, seed=1, n=200, ids_below=IDS)
+        s.checkpoint()
+        epoch, digest, went = refresh("error")  # built from scratch instead
+        assert (epoch, digest) == (s.epoch, _digest(s)) and went["indexed"] == 2, went
+        random_updates([s], TABLES, 3, seed=2, n=200, ids_below=IDS)
+        s.checkpoint()
+        assert refresh("interrupt")[:2] == ["KeyboardInterrupt", "StoreClosedError"]
+        epoch, digest, went = refresh()
+        assert (epoch, digest) == (s.epoch, _digest(s)) and went["indexed"] == 3, went
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        proc.stdout.close()
+        s.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from tiered_emb.errors import CorruptStoreError
+from tiered_emb.errors import CorruptStoreError, StoreClosedError
 from tiered_emb.tiers.ssd import catchup, codec, snapshots
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
@@ -54,6 +54,7 @@ class SnapshotTier:
         self._zd = codec.PerThread(zstandard.ZstdDecompressor)
         self.lmdb = LmdbEnv(self.path, sorted(self.widths), 1 << 20, existing=True, readonly=True)
         self.segments: SegmentLog | None = None
+        self._reader: Reader | None = None
         self.mark = 0
         self.meta: dict = {}
         self.extra: bytes | None = None
@@ -72,10 +73,14 @@ class SnapshotTier:
         snapshot, its index moved on from the old one's (:mod:`.catchup`: the segments
         written or rewritten since are read) or, where that cannot be, built again.  The old
         snapshot stays pinned until the new one is worked out (memory: both indexes while one
-        is built again); if that fails, the old one is kept."""
+        is built again); if that fails, the old one is kept.  A catch-up that fails midway
+        (some tables moved on) is followed by a build from scratch; if that is interrupted
+        too, there is no old index to go back to: the snapshot is dropped, reads raise
+        :class:`~tiered_emb.errors.StoreClosedError` and the next refresh builds one again."""
         txn = self.lmdb.begin_read()
         old = self.lmdb.pin(txn)
         segments = plans = None
+        moved = False  # whether the index began moving on in place (the old one is then gone)
         try:
             with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as pinned:
                 db = self.lmdb.meta
@@ -87,6 +92,12 @@ class SnapshotTier:
                 info = [(e, snapshots.find(pinned, db, e, self.path, kept)[2]) for e, _, _ in kept]
             with self.lmdb.corrupt_on_error("reading"):
                 plans = self._plans(old, txn, mark)
+                if plans is not None:
+                    moved = True
+                    try:
+                        self._catch_up(plans)
+                    except Exception:  # (half moved on, some tables at the new snapshot: built again below)
+                        plans = None
                 if plans is None:
                     written = WrittenIds(self.lmdb)
                     segments = SegmentLog(
@@ -98,16 +109,15 @@ class SnapshotTier:
         except BaseException:
             if segments is not None:
                 segments.close()
+            if moved:  # the old index is gone with its snapshot: reads refuse until a refresh succeeds
+                self._drop()  # (ends ``txn``, pinned)
+                if old is not None:
+                    old.abort()
+                raise
             self.lmdb.pin(old)
             txn.abort()
             raise
-        if plans is not None:
-            for p in plans:
-                self.segments.catch_up(p)
-                self.refreshes["segments_read"] += len(p.fresh)
-                self.refreshes["segments_gone"] += p.gone.shape[0]
-            self.refreshes["caught_up"] += 1
-        else:
+        if plans is None:
             if self.segments is not None:
                 self.segments.close()
             self.segments = segments
@@ -119,6 +129,22 @@ class SnapshotTier:
             old.abort()
         self.mark, self.meta, self.extra = mark, meta, extra
         self.kept = [(e, None if x is None else len(x)) for e, x in info]
+
+    def _catch_up(self, plans: list) -> None:
+        """Move the index on in place by ``plans`` (:meth:`_plans`)."""
+        for p in plans:
+            self.segments.catch_up(p)
+            self.refreshes["segments_read"] += len(p.fresh)
+            self.refreshes["segments_gone"] += p.gone.shape[0]
+        self.refreshes["caught_up"] += 1
+
+    def _drop(self) -> None:
+        """Forget the snapshot (a refresh failed after its index began moving on): nothing pinned,
+        no index; :meth:`read` refuses and the next :meth:`refresh` indexes from scratch."""
+        self.lmdb.unpin()
+        if self.segments is not None:
+            self.segments.close()
+        self.segments = self._reader = None
 
     def _plans(self, old_txn, new_txn, mark: int) -> list | None:
         """Plans (:func:`.catchup.plan`) moving every table's index from the snapshot of
@@ -137,13 +163,23 @@ class SnapshotTier:
 
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         """Records of ``ids`` (int64, distinct) of the snapshot into ``out_rows``; the found mask."""
+        if self._reader is None:
+            raise self._dropped()
         try:
             return self._reader.read(table, ids, out_rows)
         except SegmentGone as gone:  # (nothing deletes a segment of a pinned snapshot)
             raise self.segments.gone(table, gone) from None
 
+    def _dropped(self) -> StoreClosedError:
+        return StoreClosedError(
+            f"the reader of {self.path} has no snapshot: a refresh failed after it began moving its index on",
+            "refresh it again (StoreReader.refresh), or open it again",
+        )
+
     def rows(self, table: str) -> int:
         """Ids of ``table`` with a row in the snapshot (its segments; and ``t:`` of a format-2 store)."""
+        if self.segments is None:
+            raise self._dropped()
         n = len(self.segments.index[table])
         if self.lmdb.records[table]:
             n += self.lmdb.entries(self.lmdb.main[table])
