@@ -260,6 +260,7 @@ def test_refresh_over_segment_numbers_past_the_ones_indexed_before(tmp_path):
     s.checkpoint()
     reader = _SteppedReader(path)
     try:
+        reader.refresh()  # (the reader has opened: its map is the file's size now)
         # past the map the reader took at its start (taking up a bigger one builds the index again)
         for k in range(4):
             random_updates([s], tables, 1, seed=100 + k, n=IDS, ids_below=IDS)
@@ -278,7 +279,8 @@ def test_refresh_over_segment_numbers_past_the_ones_indexed_before(tmp_path):
         reader.close()
 
 
-# a reader process whose catch-up fails midway (after its first table) on the refreshes named
+# a reader process whose catch-up fails midway (after its first table), or whose index build
+# fails ("load"), on the refreshes named
 FAILING_READER = """
 import hashlib, json, sys
 import numpy as np
@@ -293,6 +295,13 @@ def catch_up(self, plan):
         raise (MemoryError if kind == "error" else KeyboardInterrupt)()
     plain(self, plan)
 SegmentLog.catch_up = catch_up
+plain_load = SegmentLog.load
+def load(self, table, below=None):
+    if fail["once"] == "load":
+        fail["once"] = None
+        raise MemoryError()
+    plain_load(self, table, below)
+SegmentLog.load = load
 def digest(r):
     h = hashlib.sha256()
     for t in ("a", "b"):
@@ -346,6 +355,42 @@ def test_a_catch_up_that_fails_midway_never_mixes_two_checkpoints(tmp_path):
         assert refresh("interrupt")[:2] == ["KeyboardInterrupt", "StoreClosedError"]
         epoch, digest, went = refresh()
         assert (epoch, digest) == (s.epoch, _digest(s)) and went["indexed"] == 3, went
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        proc.stdout.close()
+        s.close()
+
+
+def test_a_refresh_that_took_up_a_grown_map_and_failed_keeps_no_dead_snapshot(tmp_path):
+    """Taking up a map the writer grew ends every transaction of the reader's process, the old
+    snapshot's too; a refresh that then failed pinned that ended transaction back: reads
+    through it raised CorruptStoreError ("restore from a backup") of a sound store, and reads
+    by offset went on in pages the writer was free to reuse.  It now drops the snapshot."""
+    path = tmp_path / "s"
+    tables = [TableConfig("a", dim=128, optimizer=SGD(lr=0.5)), TABLES[1]]
+    s = TieredStore.create(path, tables, _tiers(), seed=3)
+    random_updates([s], tables, 1, seed=0, n=50, ids_below=IDS)
+    s.checkpoint()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-c", FAILING_READER, str(path)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def refresh(fail: str = "") -> list:
+        proc.stdin.write(fail + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, "the reader process ended"
+        return json.loads(line)
+
+    try:
+        refresh()  # (the reader has opened: its map is the file's size now)
+        for k in range(4):  # past the map the reader took at its start
+            random_updates([s], tables, 1, seed=100 + k, n=IDS, ids_below=IDS)
+            s.checkpoint()
+        assert refresh("load")[:2] == ["MemoryError", "StoreClosedError"]
+        epoch, digest, _ = refresh()
+        assert (epoch, digest) == (s.epoch, _digest(s))
     finally:
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0

@@ -90,6 +90,8 @@ class LmdbEnv:
         self.readonly = readonly
         self._pinned = None  # a reader's read transaction: its snapshot (:meth:`pin`)
         self._pin_lock = threading.RLock()
+        #: maps taken up (:meth:`begin_read`): each ended every transaction of the process
+        self.map_resizes = 0
         if not readonly:
             reserve_lock_file(self.path)
         try:
@@ -207,6 +209,7 @@ class LmdbEnv:
                 return self.env.begin(buffers=buffers)
             except lmdb.MapResizedError:  # the writer grew the map: take its size
                 self.env.set_mapsize(0)
+                self.map_resizes += 1
             except lmdb.ReadersFullError as err:
                 raise CorruptStoreError(
                     f"LMDB's reader table of {self.path} is full ({err})",

@@ -74,13 +74,18 @@ class SnapshotTier:
         written or rewritten since are read) or, where that cannot be, built again.  The old
         snapshot stays pinned until the new one is worked out (memory: both indexes while one
         is built again); if that fails, the old one is kept.  A catch-up that fails midway
-        (some tables moved on) is followed by a build from scratch; if that is interrupted
-        too, there is no old index to go back to: the snapshot is dropped, reads raise
-        :class:`~tiered_emb.errors.StoreClosedError` and the next refresh builds one again."""
+        (some tables moved on) is followed by a build from scratch.  Where there is no old
+        snapshot to go back to (that build failed too, or taking up a map the writer grew
+        ended the old transaction, whose pages the writer may then reuse), the snapshot is
+        dropped: reads raise :class:`~tiered_emb.errors.StoreClosedError` and the next
+        refresh builds one again."""
+        resizes = self.lmdb.map_resizes
         txn = self.lmdb.begin_read()
         old = self.lmdb.pin(txn)
         segments = plans = None
-        moved = False  # whether the index began moving on in place (the old one is then gone)
+        # whether the old snapshot is gone: ended by taking up a map the writer grew (its pages
+        # may be reused from now on), or its index began moving on in place
+        moved = self.lmdb.map_resizes != resizes and old is not None
         try:
             with self.lmdb.corrupt_on_error("reading a snapshot of"), self.lmdb.reading() as pinned:
                 db = self.lmdb.meta
@@ -109,7 +114,7 @@ class SnapshotTier:
         except BaseException:
             if segments is not None:
                 segments.close()
-            if moved:  # the old index is gone with its snapshot: reads refuse until a refresh succeeds
+            if moved:  # nothing to go back to: reads refuse until a refresh succeeds
                 self._drop()  # (ends ``txn``, pinned)
                 if old is not None:
                     old.abort()
