@@ -75,3 +75,29 @@ def test_compiled_model_is_one_graph_and_trains_as_eager(tmp_path, held):
             before = _rows(s_comp)
             compiled(*_batch(9))
             assert _rows(s_comp) == before
+
+
+def test_compiled_float16_autocast_refusal_is_the_typed_error(tmp_path):
+    """Under torch.compile(fullgraph=True) the float16-autocast refusal was raised while Dynamo
+    traced, and reached the caller as Dynamo's ``Unsupported`` (it cannot trace the error's
+    constructor), its message and hint lost.  The op checks when it runs: a ConfigError."""
+    from tiered_emb import ConfigError
+
+    class Bag(torch.nn.Module):
+        def __init__(self, store):
+            super().__init__()
+            self.emb = TieredEmbeddingBag(store, "a", mode="sum")
+
+        def forward(self, ids, offsets):
+            return self.emb(ids, offsets).sum()
+
+    with _create(tmp_path / "s") as s:
+        compiled = torch.compile(Bag(s), backend="eager", fullgraph=True)
+        ids, offsets = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])
+        compiled(ids, offsets).backward()
+        before = _rows(s)
+        with torch.autocast("cpu", dtype=torch.float16), pytest.raises(ConfigError, match="TieredOptimizer"):
+            compiled(ids, offsets)
+        assert _rows(s) == before
+        with torch.autocast("cpu", dtype=torch.float16), torch.no_grad():
+            compiled(ids, offsets)  # (no update planned: nothing to refuse)

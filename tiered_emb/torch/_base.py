@@ -96,11 +96,12 @@ class StoreModule(torch.nn.Module):
                 "torch.distributed is not available yet",
             )
 
-    def check_scaled(self) -> None:
+    def check_scaled(self, updates: bool | None = None) -> None:
         """Raise ConfigError for a forward under float16 autocast whose backward would update
         the rows itself: float16 training scales its loss (``GradScaler``), and the fused
-        update would apply the scaled gradient.  A :class:`TieredOptimizer` unscales it."""
-        if self._hold is not FUSED or not self.updates_rows():
+        update would apply the scaled gradient.  A :class:`TieredOptimizer` unscales it.
+        ``updates``: whether the forward plans an update (default: :meth:`updates_rows`)."""
+        if self._hold is not FUSED or not (self.updates_rows() if updates is None else updates):
             return
         for device in ("cpu", "cuda"):
             if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
@@ -153,8 +154,9 @@ class StoreModule(torch.nn.Module):
         return self._compiles and mode != "max" and isinstance(input, torch.Tensor) and torch.compiler.is_compiling()
 
     def pool_compiled(self, input, offsets, weights, mode: str, include_last_offset: bool) -> torch.Tensor:
-        """The forward under ``torch.compile``: ``tiered_emb::pooled`` on the input tensors."""
-        self.check_scaled()
+        """The forward under ``torch.compile``: ``tiered_emb::pooled`` on the input tensors
+        (which checks the autocast, :meth:`check_scaled`, when it runs: an error raised while
+        Dynamo traces would reach the caller as Dynamo's own, its message and hint lost)."""
         update = self.updates_rows()
         anchor = self._anchor if update else self._anchor.detach()
         return compiled.pooled(input, offsets, weights, anchor, self._handle, mode, include_last_offset, update)

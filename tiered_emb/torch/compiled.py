@@ -61,6 +61,7 @@ def pooled(
     module's, requiring grad when the forward plans an update)."""
     m = _module(handle)
     m.check_not_distributed()
+    m.check_scaled(update)
     _, plan, _ = _plan(m, ids, offsets, weights, mode, include_last_offset)
     return torch.from_numpy(m.store.lookup_pooled(m.table, plan, backward=update))
 
