@@ -77,10 +77,13 @@ def test_compiled_model_is_one_graph_and_trains_as_eager(tmp_path, held):
             assert _rows(s_comp) == before
 
 
-def test_compiled_float16_autocast_refusal_is_the_typed_error(tmp_path):
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_float16_autocast_refusal_is_the_typed_error(tmp_path, backend):
     """Under torch.compile(fullgraph=True) the float16-autocast refusal was raised while Dynamo
     traced, and reached the caller as Dynamo's ``Unsupported`` (it cannot trace the error's
-    constructor), its message and hint lost.  The op checks when it runs: a ConfigError."""
+    constructor), its message and hint lost.  The op checks when it runs, with the autocast
+    read while tracing (inductor's graph runs its ops with autocast off): a ConfigError."""
     from tiered_emb import ConfigError
 
     class Bag(torch.nn.Module):
@@ -92,7 +95,7 @@ def test_compiled_float16_autocast_refusal_is_the_typed_error(tmp_path):
             return self.emb(ids, offsets).sum()
 
     with _create(tmp_path / "s") as s:
-        compiled = torch.compile(Bag(s), backend="eager", fullgraph=True)
+        compiled = torch.compile(Bag(s), backend=backend, fullgraph=True)
         ids, offsets = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 2])
         compiled(ids, offsets).backward()
         before = _rows(s)

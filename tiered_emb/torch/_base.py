@@ -96,23 +96,33 @@ class StoreModule(torch.nn.Module):
                 "torch.distributed is not available yet",
             )
 
-    def check_scaled(self, updates: bool | None = None) -> None:
+    @staticmethod
+    def float16_autocast() -> str:
+        """The device type (``"cpu"``, ``"cuda"``) a float16 autocast is on for, or ``""``."""
+        for device in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+                return device
+        return ""
+
+    def check_scaled(self, updates: bool | None = None, autocast: str | None = None) -> None:
         """Raise ConfigError for a forward under float16 autocast whose backward would update
         the rows itself: float16 training scales its loss (``GradScaler``), and the fused
         update would apply the scaled gradient.  A :class:`TieredOptimizer` unscales it.
-        ``updates``: whether the forward plans an update (default: :meth:`updates_rows`)."""
+        ``updates``: whether the forward plans an update (default: :meth:`updates_rows`);
+        ``autocast``: :meth:`float16_autocast` as it was when the forward was traced (a compiled
+        graph may run its ops with autocast off), by default as it is now."""
         if self._hold is not FUSED or not (self.updates_rows() if updates is None else updates):
             return
-        for device in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
-                raise ConfigError(
-                    f"the module over table {self.table!r} runs under float16 autocast ({device}) "
-                    "and would update its rows in the backward with the gradient it gets: under a "
-                    "GradScaler, the scaled one (the rows would move scale times too far)",
-                    "build a tiered_emb.torch.TieredOptimizer(model, dense_optimizer) and step it "
-                    "through the scaler (scaler.step(opt)): it applies the unscaled gradient, and "
-                    "skips the rows' update with the step the scaler skips (docs/faq.md)",
-                )
+        device = self.float16_autocast() if autocast is None else autocast
+        if device:
+            raise ConfigError(
+                f"the module over table {self.table!r} runs under float16 autocast ({device}) "
+                "and would update its rows in the backward with the gradient it gets: under a "
+                "GradScaler, the scaled one (the rows would move scale times too far)",
+                "build a tiered_emb.torch.TieredOptimizer(model, dense_optimizer) and step it "
+                "through the scaler (scaler.step(opt)): it applies the unscaled gradient, and "
+                "skips the rows' update with the step the scaler skips (docs/faq.md)",
+            )
 
     # ------------------------------------------------------------------ the forward
     def plan_batch(self, ids: np.ndarray, offsets: np.ndarray, weights_t, mode: str, shape=None):
@@ -154,12 +164,18 @@ class StoreModule(torch.nn.Module):
         return self._compiles and mode != "max" and isinstance(input, torch.Tensor) and torch.compiler.is_compiling()
 
     def pool_compiled(self, input, offsets, weights, mode: str, include_last_offset: bool) -> torch.Tensor:
-        """The forward under ``torch.compile``: ``tiered_emb::pooled`` on the input tensors
-        (which checks the autocast, :meth:`check_scaled`, when it runs: an error raised while
-        Dynamo traces would reach the caller as Dynamo's own, its message and hint lost)."""
+        """The forward under ``torch.compile``: ``tiered_emb::pooled`` on the input tensors.
+
+        The autocast is read while Dynamo traces (it recompiles when the autocast changes) and
+        checked by the op when it runs (:meth:`check_scaled`): an error raised while Dynamo
+        traces reaches the caller as Dynamo's own, its message and hint lost, and a graph
+        compiled by inductor runs its ops with autocast off."""
         update = self.updates_rows()
         anchor = self._anchor if update else self._anchor.detach()
-        return compiled.pooled(input, offsets, weights, anchor, self._handle, mode, include_last_offset, update)
+        autocast = self.float16_autocast()
+        return compiled.pooled(
+            input, offsets, weights, anchor, self._handle, mode, include_last_offset, update, autocast
+        )
 
     def _pooled_rows(self, batch: Batch, weights_t, mode: str) -> torch.Tensor:
         """Rows gathered (by DLPack from a GPU HBM), pooled by torch: ``max``."""

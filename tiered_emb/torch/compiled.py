@@ -56,18 +56,20 @@ def pooled(
     mode: str,
     include_last_offset: bool,
     update: bool,
+    autocast: str,
 ) -> torch.Tensor:
     """Pooled rows, float32 (B, dim), as ``TieredEmbeddingBag.forward`` (``anchor``: the
-    module's, requiring grad when the forward plans an update)."""
+    module's, requiring grad when the forward plans an update; ``autocast``: the device type
+    under a float16 autocast when the forward was traced, or "", :meth:`StoreModule.check_scaled`)."""
     m = _module(handle)
     m.check_not_distributed()
-    m.check_scaled(update)
+    m.check_scaled(update, autocast)
     _, plan, _ = _plan(m, ids, offsets, weights, mode, include_last_offset)
     return torch.from_numpy(m.store.lookup_pooled(m.table, plan, backward=update))
 
 
 @pooled.register_fake
-def _pooled_fake(ids, offsets, weights, anchor, handle, mode, include_last_offset, update):
+def _pooled_fake(ids, offsets, weights, anchor, handle, mode, include_last_offset, update, autocast):
     bags = ids.shape[0] if ids.dim() == 2 or offsets is None else offsets.shape[0] - int(include_last_offset)
     return ids.new_empty((bags, _module(handle).embedding_dim), dtype=torch.float32)
 
@@ -114,7 +116,7 @@ def _pooled_backward_fake(grad, ids, offsets, weights, handle, mode, include_las
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    ids, offsets, weights, _anchor, handle, mode, include_last_offset, update = inputs
+    ids, offsets, weights, _anchor, handle, mode, include_last_offset, update, _autocast = inputs
     ctx.save_for_backward(ids, offsets, weights)
     need = weights is not None and weights.requires_grad
     ctx.args = (handle, mode, include_last_offset, update, need)
@@ -126,7 +128,7 @@ def _backward(ctx, grad):
     grad_w, grad_anchor = pooled_backward(
         grad.contiguous(), ids, offsets, weights, handle, mode, include_last_offset, update, need
     )
-    return None, None, grad_w if need else None, grad_anchor, None, None, None, None
+    return None, None, grad_w if need else None, grad_anchor, None, None, None, None, None
 
 
 torch.library.register_autograd("tiered_emb::pooled", _backward, setup_context=_setup_context)
