@@ -125,6 +125,29 @@ def test_torch_embedding_with_padding_on_cuda_is_the_cpus(tmp_path):
     assert gpu[0].tobytes() == cpu[0].tobytes() and gpu[1].tobytes() == cpu[1].tobytes()
 
 
+def test_collection_joins_weighted_and_plain_cuda_features(tmp_path):
+    """Two features of one table, one with CUDA per-sample weights and one without: the
+    weights of 1 made for the second go to the first's device (torch.cat of both)."""
+    torch = pytest.importorskip("torch")
+    from tiered_emb.torch import TieredEmbeddingBagCollection
+
+    def run(device):
+        cfg = TableConfig("t", dim=8, num_rows=50, optimizer=SGD(lr=0.5))
+        store = TieredStore.create(tmp_path / device, [cfg], TierConfig(16, 16, device=device), seed=1)
+        ebc = TieredEmbeddingBagCollection(store, {"f": "t", "g": "t"})
+        w = torch.tensor([0.5, 2.0, -1.0], device=device)
+        out = ebc(
+            {"f": (torch.tensor([1, 2, 3]), torch.tensor([2, 1]), w), "g": (torch.tensor([3, 9]), torch.tensor([1, 1]))}
+        )
+        (out["f"].sum() + out["g"].sum()).backward()
+        rows = store.peek("t", np.arange(50), with_state=True)
+        store.close()
+        return out["f"].detach().cpu().numpy(), rows
+
+    gpu, cpu = run("cuda"), run("cpu")
+    assert gpu[0].tobytes() == cpu[0].tobytes() and gpu[1].tobytes() == cpu[1].tobytes()
+
+
 def test_dlrm_job_end_to_end_on_cuda(tmp_path):
     pytest.importorskip("torch")
     from tiered_emb.cli import main

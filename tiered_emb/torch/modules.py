@@ -279,7 +279,8 @@ def _joined(parts: list[tuple]) -> tuple:
     offsets = np.concatenate([parts[0][1][:1]] + [p[1][1:] + s for p, s in zip(parts, starts, strict=False)])
     if all(p[2] is None for p in parts):
         return ids, offsets, None
-    weights = [p[2] if p[2] is not None else torch.ones(p[0].shape[0]) for p in parts]  # each checked
+    device = next(p[2].device for p in parts if p[2] is not None)  # (CUDA weights: the ones go there too)
+    weights = [p[2] if p[2] is not None else torch.ones(p[0].shape[0], device=device) for p in parts]  # each checked
     return ids, offsets, torch.cat([w.reshape(-1).to(torch.float32) for w in weights])
 
 
