@@ -111,13 +111,16 @@ def row_sum(words, start, width, row_id, weights):
     mask = np.uint64(0xFFFFFFFF)
     h = ((np.uint64(row_id) & mask) ^ np.uint64(SUM_SEED)) * np.uint64(SUM_MUL_ID) & mask
     h = ((h ^ (np.uint64(row_id) >> np.uint64(32))) * np.uint64(SUM_MUL_HI)) & mask
-    acc = np.uint64(0)
-    for k in range(width):  # (the terms are independent: a loop the compiler runs in SIMD lanes)
-        term = (np.uint64(words[start + k]) * np.uint64(weights[k])) & mask
-        term ^= term >> np.uint64(16)
-        term = (term * np.uint64(SUM_MUL_ID)) & mask
-        acc += term ^ (term >> np.uint64(13))
-    return (h + acc) & mask
+    # (the terms are independent: a loop the compiler runs in SIMD lanes, of 32 bits each:
+    # every step is mod 2**32, and 64-bit lanes would take twice the time)
+    acc = np.uint32(0)
+    mul = np.uint32(SUM_MUL_ID)
+    for k in range(width):
+        term = np.uint32(words[start + k] * weights[k])
+        term = np.uint32(term ^ (term >> np.uint32(16)))
+        term = np.uint32(term * mul)
+        acc = np.uint32(acc + np.uint32(term ^ (term >> np.uint32(13))))
+    return (h + np.uint64(acc)) & mask
 
 
 @numba.njit(cache=True, nogil=True)
