@@ -12,9 +12,12 @@ Two parts, one JSON:
   reader processes beside it (``TieredStore.open(path, mode="r")``: each looks up
   ``--reader-batch`` random ids, ``--reader-pause`` seconds between lookups, and refreshes
   to the newest checkpoint every ``--reader-refresh-every`` lookups; a refresh reads the
-  segments written or rewritten since its snapshot).  Reported: the writer's steps/s in both runs and their ratio,
-  and the readers' lookups/s and rows/s.  Readers and writer share the machine's cores:
-  on a machine with fewer cores than processes the ratio measures that sharing.
+  segments written or rewritten since its snapshot).  Reported: the writer's steps/s in both
+  runs and their ratio, the readers' lookups/s and rows/s, and the share of a core each
+  reader took.  Readers and writer share the machine's cores, so a third run is the
+  control: as many processes that take the same share of a core each (working while behind
+  it, else asleep) and touch no store.  The writer's ratio beside them is what sharing the
+  cores costs; beside the readers, what sharing the cores and the store costs.
 
 Run from the repository root::
 
@@ -47,14 +50,37 @@ with TieredStore.open(path, mode="r") as r:
     size = r.table_config("t").num_rows
     r.lookup("t", rng.integers(0, size, batch))  # (compiles)
     open(out + ".ready", "w").close()
-    n, rows, t0 = 0, 0, time.perf_counter()
+    n, rows, t0, c0 = 0, 0, time.perf_counter(), time.process_time()
     while not __import__("os").path.exists(stop):
         if n % refresh_every == 0:
             r.refresh()
         r.lookup("t", rng.integers(0, size, batch))
         n, rows = n + 1, rows + batch
         time.sleep(pause)
-open(out, "w").write(json.dumps({"lookups": n, "rows": rows, "seconds": time.perf_counter() - t0}))
+seconds = time.perf_counter() - t0
+cpu = time.process_time() - c0
+open(out, "w").write(json.dumps({"lookups": n, "rows": rows, "seconds": seconds, "cpu_share": cpu / seconds}))
+"""
+
+# the control: a process that takes ``share`` of a core (it works while its CPU time is behind
+# ``share`` of the time gone, else sleeps 1 ms) and touches no store, so the writer shares
+# the cores as it does with a reader
+BURNER = """
+import json, os, sys, time
+import numpy as np
+stop, out, share = sys.argv[1], sys.argv[2], float(sys.argv[3])
+a = np.random.default_rng(0).standard_normal((64, 64))
+open(out + ".ready", "w").close()
+t0, c0 = time.perf_counter(), time.process_time()
+n = 0
+while n % 64 or not os.path.exists(stop):
+    n += 1
+    if time.process_time() - c0 < share * (time.perf_counter() - t0):
+        a = np.tanh(a @ a.T / 64)  # (behind its share: work)
+    else:
+        time.sleep(0.001)
+seconds = time.perf_counter() - t0
+open(out, "w").write(json.dumps({"seconds": seconds, "cpu_share": (time.process_time() - c0) / seconds}))
 """
 
 
@@ -85,7 +111,9 @@ def checksums(path: Path, args) -> dict:
     return {"rows_per_s": med, "cost": 1 - med["checked"] / med["unchecked"], "rows": args.rows, "dim": args.dim}
 
 
-def _train(path: Path, args, readers: int) -> dict:
+def _train(path: Path, args, readers: int, burn: float | None = None) -> dict:
+    """The writer's run with ``readers`` reader processes beside it, or (``burn``) as many
+    processes that take that share of a core each and touch no store."""
     table = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=0.05))
     tiers = TierConfig(hbm_rows=args.rows // 10, device="cpu")
     rng = np.random.default_rng(3)
@@ -99,11 +127,14 @@ def _train(path: Path, args, readers: int) -> dict:
     stop = path.parent / f"stop-{readers}"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     outs = [path.parent / f"reader-{readers}-{k}.json" for k in range(readers)]
+    reader = [READER, str(path), str(stop)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", READER, str(path), str(stop), str(o), str(args.reader_batch)]
-            + [str(args.reader_pause), str(k), str(args.reader_refresh_every)],
-            env=env,
+            [sys.executable, "-c", BURNER, str(stop), str(o), str(burn)]
+            if burn is not None
+            else [sys.executable, "-c", *reader, str(o), str(args.reader_batch), str(args.reader_pause)]
+            + [str(k), str(args.reader_refresh_every)],
+            env=env if burn is None else dict(env, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"),
         )
         for k, o in enumerate(outs)
     ]
@@ -124,6 +155,8 @@ def _train(path: Path, args, readers: int) -> dict:
     got = [json.loads(o.read_text()) for o in outs]
     out: dict = {"steps_per_s": len(step_s) / sum(step_s), "median_step_s": statistics.median(step_s)}
     if got:
+        out["cpu_share_each"] = statistics.mean(g["cpu_share"] for g in got)
+    if got and burn is None:
         out["reader_lookups_per_s"] = sum(g["lookups"] / g["seconds"] for g in got)
         out["reader_rows_per_s"] = sum(g["rows"] / g["seconds"] for g in got)
     return out
@@ -132,11 +165,14 @@ def _train(path: Path, args, readers: int) -> dict:
 def readers_part(path: Path, args) -> dict:
     alone = _train(path / "alone" / "s", args, 0)
     beside = _train(path / "beside" / "s", args, args.readers)
+    control = _train(path / "control" / "s", args, args.readers, burn=beside["cpu_share_each"])
     return {
         "alone": alone,
         "with_readers": beside,
+        "with_cpu_burners": control,
         "readers": args.readers,
         "writer_steps_ratio": beside["steps_per_s"] / alone["steps_per_s"],
+        "burners_steps_ratio": control["steps_per_s"] / alone["steps_per_s"],
         "cpus": os.cpu_count(),
     }
 
@@ -165,8 +201,8 @@ def main() -> None:
             result["checksums"] = checksums(Path(tmp), args)
             print(json.dumps(result["checksums"]))
         if args.part in ("readers", "both"):
-            (Path(tmp) / "alone").mkdir()
-            (Path(tmp) / "beside").mkdir()
+            for arm in ("alone", "beside", "control"):
+                (Path(tmp) / arm).mkdir()
             result["readers"] = readers_part(Path(tmp), args)
             print(json.dumps(result["readers"]))
     if args.json:

@@ -1,4 +1,4 @@
-"""bench/bench_train.py and bench/bench_prefetch.py at tiny size, so they never rot."""
+"""The bench scripts at tiny size (train, prefetch, reliability), so they never rot."""
 
 import importlib.util
 import json
@@ -172,3 +172,22 @@ def test_bench_gpu_without_a_gpu_exits_cleanly_having_measured_nothing(tmp_path,
     assert exit_info.value.code == 2
     assert "no usable GPU here" in capsys.readouterr().err
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_bench_reliability_smoke(tmp_path):
+    """``--quick``: both parts run, and the readers' part has its control (processes taking
+    the readers' share of a core) beside the runs with and without readers."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "rel.json"
+    run = [sys.executable, str(root / "bench" / "bench_reliability.py"), "--quick", "--json", str(out)]
+    subprocess.run(run, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(root)), timeout=600)
+    got = json.loads(out.read_text())
+    assert set(got["checksums"]["rows_per_s"]) == {"checked", "unchecked"}
+    readers = got["readers"]
+    assert readers["with_readers"]["reader_lookups_per_s"] > 0
+    assert readers["with_cpu_burners"]["cpu_share_each"] > 0
+    assert {"writer_steps_ratio", "burners_steps_ratio"} <= set(readers)
