@@ -175,17 +175,23 @@ with TieredStore.open(sys.argv[1], mode="r") as r:
 
 
 class _SteppedReader:
-    def __init__(self, path: Path):
+    """A reader process running ``script`` on the store at ``path``, a line of stdin a step."""
+
+    def __init__(self, path: Path, script: str = STEPPED_READER):
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        cmd = [sys.executable, "-c", STEPPED_READER, str(path)]
+        cmd = [sys.executable, "-c", script, str(path)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    def refresh(self, snapshot: int | None = None) -> tuple[int, str, dict]:
-        self.proc.stdin.write(f"{'' if snapshot is None else snapshot}\n")
+    def step(self, line: str = "") -> list:
+        """Send ``line``; the JSON line the reader answers."""
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, "the reader process ended"
-        epoch, digest, refreshes = json.loads(line)
+        answer = self.proc.stdout.readline()
+        assert answer, "the reader process ended"
+        return json.loads(answer)
+
+    def refresh(self, snapshot: int | None = None) -> tuple[int, str, dict]:
+        epoch, digest, refreshes = self.step("" if snapshot is None else str(snapshot))
         return epoch, digest, refreshes
 
     def close(self) -> None:
@@ -333,16 +339,8 @@ def test_a_catch_up_that_fails_midway_never_mixes_two_checkpoints(tmp_path):
     s = TieredStore.create(path, TABLES, _tiers(), seed=3)
     random_updates([s], TABLES, 3, seed=0, n=200, ids_below=IDS)
     s.checkpoint()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-c", FAILING_READER, str(path)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-
-    def refresh(fail: str = "") -> list:
-        proc.stdin.write(fail + "\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        assert line, "the reader process ended"
-        return json.loads(line)
+    reader = _SteppedReader(path, FAILING_READER)
+    refresh = reader.step
 
     try:
         refresh()
@@ -356,10 +354,8 @@ def test_a_catch_up_that_fails_midway_never_mixes_two_checkpoints(tmp_path):
         epoch, digest, went = refresh()
         assert (epoch, digest) == (s.epoch, _digest(s)) and went["indexed"] == 3, went
     finally:
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
-        proc.stdout.close()
         s.close()
+        reader.close()
 
 
 def test_a_refresh_that_took_up_a_grown_map_and_failed_keeps_no_dead_snapshot(tmp_path):
@@ -372,16 +368,8 @@ def test_a_refresh_that_took_up_a_grown_map_and_failed_keeps_no_dead_snapshot(tm
     s = TieredStore.create(path, tables, _tiers(), seed=3)
     random_updates([s], tables, 1, seed=0, n=50, ids_below=IDS)
     s.checkpoint()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-c", FAILING_READER, str(path)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-
-    def refresh(fail: str = "") -> list:
-        proc.stdin.write(fail + "\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        assert line, "the reader process ended"
-        return json.loads(line)
+    reader = _SteppedReader(path, FAILING_READER)
+    refresh = reader.step
 
     try:
         refresh()  # (the reader has opened: its map is the file's size now)
@@ -392,7 +380,5 @@ def test_a_refresh_that_took_up_a_grown_map_and_failed_keeps_no_dead_snapshot(tm
         epoch, digest, _ = refresh()
         assert (epoch, digest) == (s.epoch, _digest(s))
     finally:
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
-        proc.stdout.close()
         s.close()
+        reader.close()
