@@ -58,3 +58,26 @@ def write_json(path: str | Path, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True))
+
+
+def fbgemm_tbe(rows: int, dim: int, on_gpu: bool, lr: float, eps: float):
+    """FBGEMM's TBE over one table with EXACT_ROWWISE_ADAGRAD, in host memory on the CPU or in
+    device memory on the GPU; None (said on stderr) where fbgemm_gpu does not import."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # (fbgemm_gpu warns about its optional ops)
+            warnings.simplefilter("ignore")
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice,
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
+    except Exception as err:  # not installed, or a build that does not load here
+        print(f"fbgemm_gpu not usable ({type(err).__name__}: {err}); skipping it", file=sys.stderr)
+        return None
+    where = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if on_gpu else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, *where)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=lr, eps=eps
+    )

@@ -30,13 +30,12 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_json
+from _common import fbgemm_tbe, machine, write_json
 
 LR, EPS = 0.01, 1e-8
 
@@ -140,29 +139,6 @@ def _ours(path, args, hbm_rows: int):
     return store, TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
 
 
-def _fbgemm_gpu(args):
-    """FBGEMM's GPU TBE with EXACT_ROWWISE_ADAGRAD, or None where fbgemm_gpu does not import."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from fbgemm_gpu.split_embedding_configs import EmbOptimType
-            from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-                ComputeDevice,
-                SplitTableBatchedEmbeddingBagsCodegen,
-            )
-
-            return SplitTableBatchedEmbeddingBagsCodegen(
-                [(args.rows, args.dim, EmbeddingLocation.DEVICE, ComputeDevice.CUDA)],
-                optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                learning_rate=LR,
-                eps=EPS,
-            )
-    except Exception as err:
-        print(f"fbgemm_gpu not usable ({type(err).__name__}: {err}); skipping it", file=sys.stderr)
-        return None
-
-
 def train_steps(args, tmp: str) -> dict:
     """Resident step: ours against torch (and FBGEMM); tiered step (table 10x HBM) against resident."""
     import torch
@@ -187,7 +163,7 @@ def train_steps(args, tmp: str) -> dict:
         opt.step()
 
     results["torch_embeddingbag"] = _summary(_times(torch_step, batches, args.repeats), lookups)
-    tbe = _fbgemm_gpu(args)
+    tbe = fbgemm_tbe(args.rows, args.dim, True, LR, EPS)
     if tbe is not None:
         results["fbgemm_tbe"] = _summary(
             _times(lambda i, o, g: tbe(i.cuda(), o.cuda()).backward(g), batches, args.repeats), lookups

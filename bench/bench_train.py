@@ -32,7 +32,6 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +41,9 @@ import tiered_emb
 from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.torch import TieredEmbeddingBag
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fbgemm_tbe
 
 LR, EPS = 0.01, 1e-8
 
@@ -114,28 +116,6 @@ def _ours(path, args, hbm_rows: int, ddr_rows: int):
     return store, TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
 
 
-def _fbgemm(args):
-    """FBGEMM's CPU TBE with EXACT_ROWWISE_ADAGRAD, or None when fbgemm_gpu is not importable."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from fbgemm_gpu.split_embedding_configs import EmbOptimType
-            from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-                ComputeDevice,
-                SplitTableBatchedEmbeddingBagsCodegen,
-            )
-    except Exception as err:  # not installed, or a build that does not load here
-        print(f"fbgemm_gpu not usable ({type(err).__name__}: {err}); skipping it", file=sys.stderr)
-        return None
-    return SplitTableBatchedEmbeddingBagsCodegen(
-        [(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate=LR,
-        eps=EPS,
-    )
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -158,7 +138,7 @@ def main(argv=None) -> dict:
     try:
         # ---- ours (all rows resident), FBGEMM's CPU TBE, torch.nn.EmbeddingBag
         store, bag = _ours(tmp / "resident", args, hbm_rows=args.rows, ddr_rows=0)
-        tbe = _fbgemm(args)
+        tbe = fbgemm_tbe(args.rows, args.dim, False, LR, EPS)
         emb = torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True, include_last_offset=True)
         opt = torch.optim.Adagrad(emb.parameters(), lr=LR, eps=EPS)
 

@@ -241,43 +241,35 @@ def run_policies(
                         peer_hits = got[1]
                     bar.set_postfix_str(f"{p}, {label}", refresh=False)
                     bar.update(1)
-                med = statistics.median(secs)
-                row = {
-                    "engine": "tiered_emb",
-                    "policy": p,
-                    "cache": label,
-                    "cache_objects": cap,
-                    "hits": hits,
-                    "requests": n,
-                    "hit_ratio": hits / max(n, 1),
-                    "seconds": secs,
-                    "median_s": med,
-                    "mreq_per_s": n / med / 1e6,
-                }
+                row = _result("tiered_emb", p, label, cap, hits, n, secs)
                 if check_policy(p).offline:
                     row["includes_next_use"] = True
                 rows.append(row)
                 if peer_secs:
                     row["speedups"] = [b / a for a, b in zip(secs, peer_secs, strict=False)]
                     row["speedup_median"] = statistics.median(row["speedups"])
-                    pmed = statistics.median(peer_secs)
-                    rows.append(
-                        {
-                            "engine": "libcachesim",
-                            "policy": p,
-                            "cache": label,
-                            "cache_objects": cap,
-                            "hits": peer_hits,
-                            "requests": n,
-                            "hit_ratio": peer_hits / max(n, 1),
-                            "seconds": peer_secs,
-                            "median_s": pmed,
-                            "mreq_per_s": n / pmed / 1e6,
-                            "hashpower": libcachesim_hashpower(cap, getattr(peer, "table", "sized")),
-                            "same_hits": peer_hits == hits,
-                        }
-                    )
+                    peer_row = _result("libcachesim", p, label, cap, peer_hits, n, peer_secs)
+                    peer_row["hashpower"] = libcachesim_hashpower(cap, getattr(peer, "table", "sized"))
+                    peer_row["same_hits"] = peer_hits == hits
+                    rows.append(peer_row)
     return rows
+
+
+def _result(engine: str, policy: str, label: str, cap: int, hits: int, n: int, secs: list) -> dict:
+    """One row of :func:`run_policies`: an engine's hits and timings of ``policy`` at one size."""
+    med = statistics.median(secs)
+    return {
+        "engine": engine,
+        "policy": policy,
+        "cache": label,
+        "cache_objects": cap,
+        "hits": hits,
+        "requests": n,
+        "hit_ratio": hits / max(n, 1),
+        "seconds": secs,
+        "median_s": med,
+        "mreq_per_s": n / med / 1e6,
+    }
 
 
 def run_mrc(
