@@ -25,29 +25,60 @@ TABLES = [
 ]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 2**62), max_size=40, unique=True), max_size=12),
     st.lists(st.integers(0, 2**62), max_size=20),
     st.integers(1, 50),
     st.booleans(),
+    st.sampled_from([None, 2**32, 2**40, 1000]),
+    st.integers(1, 4),
 )
-def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids):
-    """Sorted arrays, a hash of new ids and their merges (``delta_rows`` small: many merges,
-    in place from the back; ids drawn small: many of them again, changed in the arrays)."""
-    ix, model = SegmentIndex(delta_rows), {}
+def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids, num_rows, bucket_rows):
+    """Sorted arrays found through a directory, a hash of new ids and their merges
+    (``delta_rows`` small: many merges, in place from the back; ids drawn small: many of them
+    again, changed in the arrays), ids kept as uint32 for tables of at most 2**32 rows."""
+    ix, model = SegmentIndex(delta_rows, num_rows), {}
+    ix.DIR_MIN_ROWS, ix.BUCKET_ROWS = 0, bucket_rows  # (a directory even for a few rows)
+    assert ix.ids.dtype == (np.uint32 if num_rows in (2**32, 1000) else np.int64)
     for seq, ids in enumerate(segments):
-        ids = [x % 64 for x in dict.fromkeys(ids)] if small_ids else ids
+        ids = [x % 64 for x in ids] if small_ids else [x % (num_rows or 2**63) for x in ids]
         ids = list(dict.fromkeys(ids))
         ix.add(seq, np.array(ids, dtype=np.int64))
         model.update({x: (seq << POS_BITS) + i for i, x in enumerate(ids)})
         assert len(ix) == len(model)
+        held = sorted(model)
+        assert ix.find(np.array(held, dtype=np.int64)).tolist() == [model[x] for x in held]
     ask = sorted(model)[:20] + probes + sorted(probes)
     assert ix.find(np.array(ask, dtype=np.int64)).tolist() == [model.get(x, -1) for x in ask]
     ids, locs = ix.items()
-    assert ids.tolist() == sorted(model) and locs.tolist() == [model[x] for x in sorted(model)]
+    assert ids.dtype == np.int64 and ids.tolist() == sorted(model)
+    assert locs.tolist() == [model[x] for x in sorted(model)]
+    if num_rows is not None:
+        with pytest.raises(ValueError, match="cannot be indexed"):
+            ix.add(len(segments), np.array([num_rows], dtype=np.int64))
     ix.clear()
     assert len(ix) == 0 and ix.find(np.array([1])).tolist() == [-1]
+
+
+def test_the_index_appends_past_its_directory():
+    """Rows appended above every id held are searched as one run after the directory's
+    buckets until it is built again; merges drop it."""
+    ix = SegmentIndex(1 << 20, 1 << 30)
+    ix.DIR_MIN_ROWS = 0
+    ids = np.arange(0, 3000, 3, dtype=np.int64)
+    ix.add(0, ids)
+    assert ix.find(ids).tolist() == list(range(ids.shape[0]))  # (builds the directory)
+    covered = ix.covered
+    ix.add(1, np.array([3001, 3003, 5000], dtype=np.int64))  # appended: too few to build again
+    assert ix.covered == covered
+    q = np.array([2997, 2998, 3001, 3002, 3003, 4999, 5000, 5001], dtype=np.int64)
+    one = 1 << POS_BITS
+    assert ix.find(q).tolist() == [ids.shape[0] - 1, -1, one, -1, one + 1, -1, one + 2, -1]
+    ix.add(2, np.array([1, 2], dtype=np.int64))  # below: to the hash
+    ix.merge()
+    assert ix.covered == 0
+    assert ix.find(np.array([0, 1, 2, 3, 5000])).tolist() == [0, 2 * one, 2 * one + 1, 1, one + 2]
 
 
 def _train(s, ref, steps, seed=0, n=64):

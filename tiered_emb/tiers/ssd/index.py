@@ -1,15 +1,20 @@
-"""Where each stored row lies: id -> (segment, position), in at most 16 bytes a row.
+"""Where each stored row lies: id -> (segment, position), in 12-16 bytes a row.
 
 The SSD tier keeps rows in segments (many rows in one LMDB value) and finds a row's
 newest copy through this index, kept in memory.  Its bulk is two sorted arrays, ids and
-their locations (``segment << POS_BITS | position``, int64): 16 bytes a row, looked up by
-a search that starts where the previous one ended when the ids come sorted (a batch's
-distinct ids do), so a batch walks the arrays once.  Ids not yet in the arrays go to a
-small open-addressing hash (:mod:`tiered_emb.cache.index`'s layout, int64 values), merged
-into the arrays when it holds ``delta_rows`` or 1/64 of the arrays' rows: in place, from the back, after the arrays
-grow by ``ndarray.resize`` (``realloc``, which moves the pages of a large array without
-copying them), so a merge never holds a second copy of the index.  An id already in the
-arrays is changed there.  Entries are only added or moved, until :meth:`SegmentIndex.clear`.
+their locations (``segment << POS_BITS | position``, int64): 12 bytes a row where the
+table has at most 2**32 rows (ids kept as uint32), else 16.  A directory of buckets (one
+for about every 16 rows: half a byte a row) gives the run of positions that an id's top
+bits lead to, so a lookup is a few cache misses whatever the index's size, and a batch
+fetches the entries of ids further on while it searches.  Ids not yet in the arrays go
+to a small open-addressing hash (:mod:`tiered_emb.cache.index`'s layout, int64 values),
+merged into the arrays when it holds ``delta_rows`` or 1/64 of the arrays' rows: in
+place, from the back, after the arrays grow by ``ndarray.resize`` (``realloc``, which
+moves the pages of a large array without copying them), so a merge never holds a second
+copy of the index; the directory is built again at the next lookup.  Ids appended above
+every one held are searched as one run past the directory until they are 1/16 of the
+rows.  An id already in the arrays is changed there.  Entries are only added or moved,
+until :meth:`SegmentIndex.clear`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._jit import prefetch_hint
 from tiered_emb.cache.index import EMPTY, hash_home, index_find, table_size_for
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
@@ -62,56 +68,88 @@ def _loc_items(keys, vals, out_ids, out_locs):
     return m
 
 
+#: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
+#: while the current one is searched: each is a cache miss on a large index.
+_AHEAD = 8
+
+
 @numba.njit(cache=True, nogil=True)
-def _sorted_find(arr_ids, n, q, lo):
-    """The position of ``q`` in ``arr_ids[:n]`` (sorted), searching up from ``lo`` by
-    galloping (``q`` at or above ``arr_ids[lo - 1]``); -1 - (insertion point) when absent."""
-    hi = lo
-    step = 1
-    while hi < n and arr_ids[hi] < q:
-        lo = hi + 1
-        hi += step
-        step *= 2
-    if hi > n:
-        hi = n
+def _build_dir(arr_ids, n, shift, dir_):
+    """``dir_[b]`` = the first position whose id ``>> shift`` is at least ``b`` (``n`` past
+    the last), for every ``b`` below ``len(dir_)``."""
+    b = 0
+    nb = dir_.shape[0]
+    for i in range(n):
+        hb = np.int64(arr_ids[i]) >> shift
+        while b <= hb and b < nb:
+            dir_[b] = i
+            b += 1
+    while b < nb:
+        dir_[b] = n
+        b += 1
+
+
+@numba.njit(inline="always")
+def _range(dir_, shift, covered, n, q):
+    """``(lo, hi)``: the positions where ``q`` may lie, by its bucket: the bucket's own
+    positions, the last bucket's run on into the rows added since the directory was built
+    (all above those it covers), past the last bucket only those rows."""
+    nb = dir_.shape[0] - 1
+    b = q >> shift
+    if b >= nb:
+        return covered, n
+    if b == nb - 1:
+        return dir_[b], n
+    return dir_[b], dir_[b + 1]
+
+
+@numba.njit(inline="always")
+def _search(arr_ids, lo, hi, q):
     while lo < hi:
         mid = (lo + hi) >> 1
-        if arr_ids[mid] < q:
+        if np.int64(arr_ids[mid]) < q:
             lo = mid + 1
         else:
             hi = mid
-    if lo < n and arr_ids[lo] == q:
-        return lo
-    return -1 - lo
+    return lo
 
 
 @numba.njit(cache=True, nogil=True)
-def _positions(arr_ids, n, ids, at):
-    """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; each search
-    starts where the previous ended while ``ids`` go up.  Returns how many are absent."""
-    lo = 0
-    prev = -1
+def _positions(arr_ids, n, dir_, shift, covered, ids, at):
+    """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; returns
+    how many are absent.  Queries ``_AHEAD`` on have their directory entry and bucket
+    fetched early (hints: nothing depends on them)."""
     absent = 0
-    for i in range(ids.shape[0]):
+    m = ids.shape[0]
+    nb = dir_.shape[0] - 1
+    for i in range(m):
+        if i + 2 * _AHEAD < m:
+            b = ids[i + 2 * _AHEAD] >> shift
+            if 0 <= b < nb:
+                prefetch_hint(dir_, b)
+        if i + _AHEAD < m and ids[i + _AHEAD] >= 0:
+            lo, hi = _range(dir_, shift, covered, n, ids[i + _AHEAD])
+            if lo < hi:
+                prefetch_hint(arr_ids, (lo + hi) >> 1)
         q = ids[i]
-        if q < prev:
-            lo = 0
-        prev = q
-        p = _sorted_find(arr_ids, n, q, lo)
-        if p >= 0:
+        if q < 0:
+            at[i] = -1
+            absent += 1
+            continue
+        lo, hi = _range(dir_, shift, covered, n, q)
+        p = _search(arr_ids, lo, hi, q)
+        if p < n and np.int64(arr_ids[p]) == q:
             at[i] = p
-            lo = p
         else:
             at[i] = -1
-            lo = -1 - p
             absent += 1
     return absent
 
 
 @numba.njit(cache=True, nogil=True)
-def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
+def _find(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out):
     """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash."""
-    _positions(arr_ids, n, ids, out)
+    _positions(arr_ids, n, dir_, shift, covered, ids, out)
     for i in range(ids.shape[0]):
         if out[i] >= 0:
             out[i] = arr_locs[out[i]]
@@ -120,11 +158,11 @@ def _find(arr_ids, arr_locs, n, keys, vals, has_delta, ids, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def _set_sorted(arr_ids, arr_locs, n, ids, locs, missing, old):
+def _set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, old):
     """Change the location of each of ``ids`` held in the arrays (the one it had into
     ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
     at = np.empty(ids.shape[0], dtype=np.int64)
-    absent = _positions(arr_ids, n, ids, at)
+    absent = _positions(arr_ids, n, dir_, shift, covered, ids, at)
     for i in range(ids.shape[0]):
         missing[i] = at[i] < 0
         if at[i] >= 0:
@@ -155,6 +193,9 @@ def _merge_back(arr_ids, arr_locs, n, new_ids, new_locs):
 class SegmentIndex:
     """id (int64 >= 0) -> int64 location, with batch operations.
 
+    ``num_rows``: ids are below it (None: any int64 >= 0); at most 2**32, the arrays keep
+    ids as uint32 (12 bytes a row instead of 16).
+
     Examples
     --------
     >>> ix = SegmentIndex()
@@ -166,26 +207,57 @@ class SegmentIndex:
     [(4, 0), -1, (3, 0)]
     """
 
-    def __init__(self, delta_rows: int = 1 << 16):
+    #: The directory has a bucket for about every this many rows (8 bytes each).
+    BUCKET_ROWS = 16
+    #: Rows searched as one run before a directory is worth building.
+    DIR_MIN_ROWS = 256
+
+    def __init__(self, delta_rows: int = 1 << 16, num_rows: int | None = None):
         self.delta_rows = max(1, int(delta_rows))
+        self.num_rows = num_rows
+        self.id_dtype = np.dtype(np.uint32 if num_rows is not None and num_rows <= 1 << 32 else np.int64)
         #: While a store opens, the hash may hold up to 1/``bulk`` of the arrays' rows before a
         #: merge (0: ``delta_rows`` only): a merge moves every row, and opening adds them all.
         self.bulk = 0
         self.clear()
 
     def clear(self) -> None:
-        self.ids = np.empty(0, dtype=np.int64)  # sorted; the arrays own their memory (resized in place)
+        self.ids = np.empty(0, dtype=self.id_dtype)  # sorted; the arrays own their memory (resized in place)
         self.locs = np.empty(0, dtype=np.int64)
         self.keys = np.full(8, EMPTY, dtype=np.int64)
         self.vals = np.zeros(8, dtype=np.int64)
         self.n_delta = 0
+        self._drop_dir()
+
+    def _drop_dir(self) -> None:
+        self._dir = np.zeros(1, dtype=np.int64)  # no bucket: every search is over the rows past ``_covered``
+        self._shift = 0
+        self._covered = 0
+
+    def _fresh_dir(self) -> tuple[np.ndarray, int, int]:
+        """The directory, built again once the rows added since it was built are 1/16 of all
+        (they are searched as one run meanwhile: rows are only appended after it, or it is
+        dropped)."""
+        n = self.ids.shape[0]
+        if n - self._covered > max(self.DIR_MIN_ROWS, n // 16):
+            target = max(1, n // self.BUCKET_ROWS)
+            self._shift = max(0, int(self.ids[n - 1]).bit_length() - (target.bit_length() - 1))
+            self._dir = np.empty((int(self.ids[n - 1]) >> self._shift) + 2, dtype=np.int64)
+            _build_dir(self.ids, n, self._shift, self._dir)
+            self._covered = n
+        return self._dir, self._shift, self._covered
 
     def __len__(self) -> int:
         return self.ids.shape[0] + self.n_delta
 
     @property
+    def covered(self) -> int:
+        """Rows of the arrays the directory's buckets cover (those after: searched as one run)."""
+        return self._covered
+
+    @property
     def nbytes(self) -> int:
-        return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes
+        return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes + self._dir.nbytes
 
     def add(self, seq: int, ids: np.ndarray) -> np.ndarray:
         """Segment ``seq`` holds ``ids`` (distinct), row ``i`` at position ``i``; returns the
@@ -202,11 +274,13 @@ class SegmentIndex:
         old = np.full(ids.shape[0], -1, dtype=np.int64)
         if ids.shape[0] == 0:
             return old
+        if ids.min() < 0 or (self.num_rows is not None and ids.max() >= self.num_rows):
+            raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
         n = self.ids.shape[0]
         new_at = None
         if not (n and ids.min() > self.ids[n - 1]):  # (ids above every one held are in none)
             missing = np.empty(ids.shape[0], dtype=np.bool_)
-            if _set_sorted(self.ids, self.locs, n, ids, locs, missing, old) == 0:
+            if _set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old) == 0:
                 return old
             new_at = np.flatnonzero(missing)
             ids, locs = ids[new_at], locs[new_at]
@@ -251,6 +325,7 @@ class SegmentIndex:
         self.ids.resize(n + new_ids.shape[0], refcheck=False)
         self.locs.resize(n + new_ids.shape[0], refcheck=False)
         _merge_back(self.ids, self.locs, n, new_ids, new_locs)
+        self._drop_dir()
         self.keys = np.full(8, EMPTY, dtype=np.int64)
         self.vals = np.zeros(8, dtype=np.int64)
         self.n_delta = 0
@@ -262,6 +337,7 @@ class SegmentIndex:
             self.ids,
             self.locs,
             self.ids.shape[0],
+            *self._fresh_dir(),
             self.keys,
             self.vals,
             self.n_delta > 0,
@@ -271,6 +347,10 @@ class SegmentIndex:
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, locations)`` held, in id order (copies)."""
+        """``(ids, locations)`` held, in id order (int64 copies)."""
         self.merge()
-        return self.ids.copy(), self.locs.copy()
+        return self.ids.astype(np.int64), self.locs.copy()
+
+    def ids_between(self, a: int, b: int) -> np.ndarray:
+        """The ids at positions ``a:b`` of the arrays (int64, a copy), once merged."""
+        return self.ids[a:b].astype(np.int64)

@@ -73,7 +73,9 @@ class SegmentLog:
         self._zc, self._zd = compressor, decompressor
         # the index's hash of recent ids: a quarter of the budget (32-64 bytes an entry)
         delta = max(1 << 16, budget_bytes // 256)
-        self.index: dict[str, SegmentIndex] = {n: SegmentIndex(delta) for n in sorted(self._widths)}
+        self.index: dict[str, SegmentIndex] = {
+            n: SegmentIndex(delta, self._table_rows[n]) for n in sorted(self._widths)
+        }
         self.stored_rows = dict.fromkeys(sorted(self._widths), 0)
         self.next_seq = 0
         self.mark = 0

@@ -277,10 +277,10 @@ class SsdTier:
         if self.lmdb.records[table]:
             with self.lmdb.reading() as txn, txn.cursor(db=self.lmdb.main[table]) as cur:
                 keys = b"".join(cur.iternext(keys=True, values=False))
-            ids = np.union1d(ix.ids, np.frombuffer(keys, dtype=">i8").astype(np.int64))
+            ids = np.union1d(ix.ids_between(0, len(ix)), np.frombuffer(keys, dtype=">i8").astype(np.int64))
             return ids.shape[0], (ids[a : a + chunk_rows] for a in range(0, ids.shape[0], chunk_rows))
-        n = ix.ids.shape[0]
-        return n, (ix.ids[a : a + chunk_rows].copy() for a in range(0, n, chunk_rows))
+        n = len(ix)
+        return n, (ix.ids_between(a, a + chunk_rows) for a in range(0, n, chunk_rows))
 
     def verify(self) -> dict:
         """Check every stored byte (:func:`.verify.verify`): what was checked and each damaged record."""
