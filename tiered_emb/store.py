@@ -489,9 +489,9 @@ class TieredStore:
         self._check_open()
         self.prefetcher.drain()
         with self._res.lock:
-            batches = self._res.dirty_rows()
-            n = self.ssd.write_pending(batches)
-            self._res.written(batches)
+            counts: dict[str, int] = {}
+            n = self.ssd.write_pending(self._res.dirty_chunks(counts))
+            self._res.written(counts)
             return n
 
     def checkpoint(self, extra: bytes | None = None) -> int:
@@ -507,11 +507,11 @@ class TieredStore:
         extra_bytes(extra)
         self.prefetcher.drain()
         with self._res.lock:
-            batches = self._res.dirty_rows()
+            counts: dict[str, int] = {}
             meta = dict(self._meta, epoch=self.epoch + 1)
-            self.last_checkpoint_rows = self.ssd.checkpoint(batches, meta, extra)
+            self.last_checkpoint_rows = self.ssd.checkpoint(self._res.dirty_chunks(counts), meta, extra)
             self._meta = meta
-            self._res.written(batches)
+            self._res.written(counts)
             self.write_manifest()
             return self.epoch
 

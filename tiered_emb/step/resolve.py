@@ -240,27 +240,29 @@ class Resolver:
         out[rest] = self.read_below(t, uids[rest])[0]
         return out
 
-    def dirty_rows(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """``{table: (ids, records)}`` of every dirty row in HBM and DDR, tables in name order."""
-        out = {}
+    def dirty_chunks(self, counts: dict[str, int]):
+        """Every dirty row of HBM and DDR as ``{table: (ids, records)}`` chunks of at most a
+        quarter of the budget's bytes each (tables in name order, HBM before DDR, slots in
+        order; the caller writes each before it takes the next: a flush or checkpoint holds
+        one chunk, whatever the tiers hold); ``counts[table]`` adds up the rows yielded."""
         for name, t in sorted(self.tables.items()):
-            parts_ids, parts_rows = [], []
+            step = max(1, min(self.budget_bytes, 1 << 40) // (4 * 4 * t.cfg.record_width))
             for tier in (t.hbm, t.ddr):
-                slots = np.flatnonzero((tier.dirty != 0) & (tier.slot_ids >= 0))
-                if slots.shape[0]:
-                    parts_ids.append(tier.slot_ids[slots])
-                    parts_rows.append(t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
-            if parts_ids:
-                out[name] = (np.concatenate(parts_ids), np.concatenate(parts_rows))
-        return out
+                for a in range(0, tier.slot_ids.shape[0], step):
+                    slots = a + np.flatnonzero((tier.dirty[a : a + step] != 0) & (tier.slot_ids[a : a + step] >= 0))
+                    if slots.shape[0]:
+                        counts[name] = counts.get(name, 0) + slots.shape[0]
+                        rows = t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots]
+                        yield {name: (tier.slot_ids[slots], rows)}
 
-    def written(self, batches: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        """``batches`` (from :meth:`dirty_rows`) reached LMDB: every row is clean now."""
+    def written(self, counts: dict[str, int]) -> None:
+        """The rows of :meth:`dirty_chunks` (``counts`` of each table) reached LMDB: every
+        row is clean now."""
         for t in self.tables.values():
             t.hbm.dirty[:] = 0
             t.ddr.dirty[:] = 0
-        for name, (ids, _) in batches.items():
-            self.tables[name].counters["ssd"]["writebacks"] += ids.shape[0]
+        for name, n in counts.items():
+            self.tables[name].counters["ssd"]["writebacks"] += n
 
 
 __all__ = ["TIER_COUNTERS", "Resolver", "Table"]

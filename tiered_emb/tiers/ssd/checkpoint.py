@@ -55,8 +55,9 @@ class Checkpointer:
         self.keep = 1
 
     def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
-        """Make ``batches`` ({table: (ids, rows)}) and everything pending the new checkpoint,
-        with ``meta``, atomically; returns the rows of ``batches``."""
+        """Make ``batches`` ({table: (ids, rows)}, or an iterable of them taken one at a time:
+        :meth:`.Writer.write_pending`) and everything pending the new checkpoint, with
+        ``meta``, atomically; returns the rows of ``batches``."""
         n = self._writer.write_pending(batches, durable=True)
         mark = self._segments.next_seq
         self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra))

@@ -168,16 +168,15 @@ class SsdTier:
         self.held.unstage(key)
 
     # ----------------------------------------------------------------- writes
-    def write_pending(
-        self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True, defer_errors: bool = False
-    ) -> int:
+    def write_pending(self, batches, durable: bool = True, defer_errors: bool = False) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
 
         ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
         others until ``writeback_rows`` are waiting, then all go out in one transaction
         (on the writer thread with ``background_writes``); reads see them at once; a failed
         write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
-        ``durable=True`` writes them, and every waiting row, now.
+        ``durable=True`` writes every waiting row and then ``batches`` (a dict, or an iterable
+        of dicts taken one at a time), now, a bounded transaction at a time.
         """
         return self.writer.write_pending(batches, durable, defer_errors)
 
@@ -208,8 +207,9 @@ class SsdTier:
             self.compactor.compact(due)
 
     # ----------------------------------------------------------------- checkpoints
-    def checkpoint(self, batches: dict[str, tuple[np.ndarray, np.ndarray]], meta: dict, extra: bytes | None) -> int:
-        """Make ``batches`` and everything pending the new checkpoint, with ``meta``, atomically."""
+    def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
+        """Make ``batches`` (a dict or an iterable of them: :meth:`write_pending`) and everything
+        pending the new checkpoint, with ``meta``, atomically."""
         return self.checkpoints.checkpoint(batches, meta, extra)
 
     def discard_pending(self) -> None:

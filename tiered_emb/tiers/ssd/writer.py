@@ -66,20 +66,19 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.failed: BaseException | None = None  # a write-back's failure, not yet raised
 
-    def write_pending(
-        self, batches: dict[str, tuple[np.ndarray, np.ndarray]], durable: bool = True, defer_errors: bool = False
-    ) -> int:
+    def write_pending(self, batches, durable: bool = True, defer_errors: bool = False) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
 
         ``durable=False`` (write-backs of evicted rows): the rows wait in memory with the
         others until ``writeback_rows`` are waiting, then all go out in one transaction
         (on the writer thread with ``background_writes``); reads see them at once; a failed
         write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
-        ``durable=True`` writes them, and every waiting row, now.
+        ``durable=True`` writes every waiting row, then ``batches`` (one such dict, or an
+        iterable of them taken one at a time, each newer than the one before), now: a
+        transaction of at most ``budget_bytes`` at a time, each indexed once committed.
         """
-        batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
-        n = sum(b[0].shape[0] for b in batches.values())
         if not durable:
+            batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
             with self._lock:
                 for t, (ids, rows) in batches.items():
                     self._written.set(t, ids)  # first: a read that finds the bit clear will not look
@@ -87,24 +86,33 @@ class Writer:
                 waiting = self._held.buffered_rows()
             if waiting >= self.writeback_rows:
                 self._write_behind(defer_errors)
-            return n
+            return sum(b[0].shape[0] for b in batches.values())
         self.wait_writes()
         with self._lock:
             snaps = self._held.waiting()
-        if not batches and not any(len(b) for s in snaps for b in s.values()):
-            with self._lock:
-                self._held.committed(snaps)  # (empty: nothing to write)
-            return 0
-        segments = self._segments.cut(snaps, batches)  # the snapshots are older than ``batches``
-        for group in self._groups(segments):  # all or none are indexed: the mark keeps the rest pending
-            self._lmdb.write(lambda txn, group=group: self._segments.put(txn, group))
-        self._segments.locate(segments)
+        n = 0
+        # the waiting rows first: ``batches`` are newer, their segments numbered after
+        # (a row in both is found in the later one); what committed stays indexed when a
+        # later transaction fails (those rows are also still dirty or waiting: written again)
+        self._write_now(self._segments.cut(snaps))
+        for part in [batches] if isinstance(batches, dict) else batches:
+            part = {t: b for t, b in sorted(part.items()) if b[0].shape[0]}
+            n += sum(b[0].shape[0] for b in part.values())
+            self._write_now(self._segments.cut([], part))
         with self._lock:
-            self._segments.indexed(segments)
             self._held.committed()
             self.failed = None
             self._held.written(None)
         return n
+
+    def _write_now(self, segments: list) -> None:
+        """Append ``segments`` to ``p:`` in this thread, a transaction of at most ``budget_bytes``
+        at a time, each located and indexed once committed."""
+        for group in self._groups(segments):
+            self._lmdb.write(lambda txn, group=group: self._segments.put(txn, group))
+            self._segments.locate(group)
+            with self._lock:
+                self._segments.indexed(group)
 
     def _groups(self, segments: list) -> list[list]:
         """``segments`` in groups of at most ``budget_bytes`` of rows (at least one each): the
