@@ -1019,3 +1019,42 @@ def test_close_saves_extra_with_its_checkpoint(tmp_path):
         s.apply_gradients("t", np.array([2]), np.ones((1, 2), np.float32))
     with TieredStore.open(tmp_path / "s") as s:  # a plain close: the rows move on, extra stays
         assert s.extra == b"step 2" and s.peek("t", np.arange(4), with_state=True).tobytes() != want.tobytes()
+
+
+@pytest.mark.parametrize("fail_at", [1, 3, 6])
+def test_a_checkpoint_failing_midway_loses_nothing_and_retries(tmp_path, monkeypatch, fail_at):
+    """A checkpoint of many transactions (a small budget: small chunks, one committing while
+    the next is encoded) whose ``fail_at``-th write finds the disk full: StoreFullError,
+    every row still read as trained, the last checkpoint still the one on disk; the next
+    checkpoint writes everything."""
+    from tiered_emb.errors import StoreFullError
+
+    path = tmp_path / "s"
+    s = TieredStore.create(path, TABLES, cpu(64, 1 << 16, budget_bytes=1 << 20), seed=3)
+    ref = ReferenceStore(TABLES, seed=3)
+    rng = np.random.default_rng(7)
+    for _ in range(6):
+        ids = rng.choice(40_000, 8192, replace=False)
+        g = rng.standard_normal((8192, 8)).astype(np.float32)
+        for x in (s, ref):
+            x.apply_gradients("a", ids, g)
+    epoch = s.epoch
+    real, calls = s.ssd.lmdb.write, []
+
+    def full_at(fn):
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise StoreFullError("no space left on device", "free disk space")
+        real(fn)
+
+    monkeypatch.setattr(s.ssd.lmdb, "write", full_at)
+    with pytest.raises(StoreFullError):
+        s.checkpoint()
+    assert s.epoch == epoch
+    every = np.arange(40_000)
+    want = ref.peek_records("a", every)
+    np.testing.assert_array_equal(s.peek("a", every, with_state=True), want)
+    assert s.checkpoint() == epoch + 1 and len(calls) > fail_at + 1
+    s.close()
+    with TieredStore.open(path) as s2:
+        np.testing.assert_array_equal(s2.peek("a", every, with_state=True), want)

@@ -137,7 +137,12 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0):
 def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True) -> None:
     """Put the segment of ``rows`` under ``ids`` as number ``seq``: appended (above every one in
     ``db``), or with ``append=False`` in a place a compaction freed in the same transaction."""
-    if not txn.put(segment_key(seq), encode_segment(ids, rows, compressor, seq), db=db, append=append):
+    put_value(txn, db, seq, encode_segment(ids, rows, compressor, seq), append)
+
+
+def put_value(txn, db, seq: int, value, append: bool = True) -> None:
+    """Put segment ``seq`` encoded already (:func:`encode_segment`), as :func:`put_segment` does."""
+    if not txn.put(segment_key(seq), value, db=db, append=append):
         import lmdb
 
         raise lmdb.KeyExistsError(f"segment {seq} is not above the last one")

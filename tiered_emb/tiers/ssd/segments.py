@@ -24,7 +24,16 @@ import numpy as np
 
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import decode
-from tiered_emb.tiers.ssd.codec import RAW, ids_crc, last_rows, put_segment, segment_key, sum_weights
+from tiered_emb.tiers.ssd.codec import (
+    RAW,
+    encode_segment,
+    ids_crc,
+    last_rows,
+    put_segment,
+    put_value,
+    segment_key,
+    sum_weights,
+)
 from tiered_emb.tiers.ssd.index import (
     MAX_SEGMENT_ROWS,
     MAX_SEGMENTS,
@@ -363,13 +372,22 @@ class SegmentLog:
         cap = 1 << 10 if self._zc is not None else 1 << 16
         return max(1, min(cap, (64 << 20) // (8 + 4 * (self._widths[table] + 1))))
 
+    def encoded(self, segments: list) -> list:
+        """``segments`` (:meth:`cut`) with each one's rows replaced by its LMDB value
+        (:func:`.codec.encode_segment`): the CPU's part of a write, done outside its transaction."""
+        return [(t, seq, ids, encode_segment(ids, rows, self._zc, seq)) for t, seq, ids, rows in segments]
+
     def put(self, txn, segments: list) -> None:
-        """Append ``segments`` (:meth:`cut`) to ``p:`` in ``txn``, their ids' bits set first."""
+        """Append ``segments`` (:meth:`cut`, or :meth:`encoded`) to ``p:`` in ``txn``, their ids'
+        bits set first."""
         with self._lock:  # before the commit (rows from the write-back buffer have theirs already)
             for t, _, ids, _ in segments:
                 self._written.set(t, ids)
         for t, seq, ids, rows in segments:
-            put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc)
+            if isinstance(rows, np.ndarray) and rows.ndim == 2:
+                put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc)
+            else:
+                put_value(txn, self._lmdb.pending[t], seq, rows)
 
     def indexed(self, segments: list) -> None:
         """After ``segments`` are committed and located (under the tier's lock): reads find their rows."""

@@ -31,6 +31,65 @@ from tiered_emb.tiers.ssd.writer_client import (
 from tiered_emb.tiers.ssd.written import WrittenIds
 
 
+class _Commits:
+    """A durable write's transactions, one committing on a thread while this one encodes the
+    next and indexes the one before (py-lmdb lets the GIL go in its puts and commits, Numba
+    and numpy in the encoding): the disk and a core busy at once.  The first failure is
+    raised, by :meth:`write` or on leaving the ``with``, and nothing after it is written;
+    what committed before it is indexed."""
+
+    def __init__(self, lmdb_env: LmdbEnv, segments: SegmentLog, lock: threading.Lock):
+        self._lmdb, self._segments, self._lock = lmdb_env, segments, lock
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._committed: list = []  # (table, number, ids, None) of the transaction in flight
+
+    def write(self, groups: list[list]) -> None:
+        for group in groups:
+            values = self._segments.encoded(group)
+            done = self._join()
+            self._committed = [(t, seq, ids, None) for t, seq, ids, _ in values]
+            self._thread = threading.Thread(target=self._commit, args=(values,), name="tiered_emb-commit", daemon=True)
+            self._thread.start()
+            del values  # (the thread's now: freed once committed)
+            self._index(done)  # (while the next one commits)
+
+    def _commit(self, values: list) -> None:
+        try:
+            self._lmdb.write(lambda txn: self._segments.put(txn, values))
+        except BaseException as err:
+            self._error = err
+
+    def _join(self) -> list:
+        """Wait for the transaction in flight: its segments, or its failure raised."""
+        if self._thread is None:
+            return []
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return self._committed
+
+    def _index(self, done: list) -> None:
+        if done:
+            self._segments.locate(done)
+            with self._lock:
+                self._segments.indexed(done)
+
+    def __enter__(self) -> _Commits:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self._index(self._join())
+        elif self._thread is not None:  # (failing already: its end waited for, indexed if it committed)
+            self._thread.join()
+            self._thread = None
+            if self._error is None:
+                self._index(self._committed)
+
+
 class Writer:
     """Writes into ``p:`` of one tier; one write at a time (a write waits for the thread's)."""
 
@@ -94,34 +153,29 @@ class Writer:
         # the waiting rows first: ``batches`` are newer, their segments numbered after
         # (a row in both is found in the later one); what committed stays indexed when a
         # later transaction fails (those rows are also still dirty or waiting: written again)
-        self._write_now(self._segments.cut(snaps))
-        for part in [batches] if isinstance(batches, dict) else batches:
-            part = {t: b for t, b in sorted(part.items()) if b[0].shape[0]}
-            n += sum(b[0].shape[0] for b in part.values())
-            self._write_now(self._segments.cut([], part))
+        commits = _Commits(self._lmdb, self._segments, self._lock)
+        with commits:
+            commits.write(self._groups(self._segments.cut(snaps)))
+            for part in [batches] if isinstance(batches, dict) else batches:
+                part = {t: b for t, b in sorted(part.items()) if b[0].shape[0]}
+                n += sum(b[0].shape[0] for b in part.values())
+                commits.write(self._groups(self._segments.cut([], part)))
         with self._lock:
             self._held.committed()
             self.failed = None
             self._held.written(None)
         return n
 
-    def _write_now(self, segments: list) -> None:
-        """Append ``segments`` to ``p:`` in this thread, a transaction of at most ``budget_bytes``
-        at a time, each located and indexed once committed."""
-        for group in self._groups(segments):
-            self._lmdb.write(lambda txn, group=group: self._segments.put(txn, group))
-            self._segments.locate(group)
-            with self._lock:
-                self._segments.indexed(group)
-
     def _groups(self, segments: list) -> list[list]:
-        """``segments`` in groups of at most ``budget_bytes`` of rows (at least one each): the
-        transactions of a durable write (LMDB holds a transaction's pages in memory)."""
+        """``segments`` in groups of at most an eighth of ``budget_bytes`` of rows (at least one
+        each): the transactions of a durable write (LMDB holds a transaction's pages in
+        memory; two are in memory at once, and small ones keep the disk and the encoding
+        busy side by side)."""
         groups: list[list] = [[]]
         size = 0
         for seg in segments:
             nbytes = seg[3].nbytes + seg[2].nbytes
-            if groups[-1] and size + nbytes > self.budget_bytes:
+            if groups[-1] and size + nbytes > self.budget_bytes // 8:
                 groups.append([])
                 size = 0
             groups[-1].append(seg)
