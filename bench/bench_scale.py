@@ -8,7 +8,8 @@ Two parts, one JSON:
   ``--rows`` distinct rows were touched; a checkpoint every ``--checkpoint-every`` steps,
   each after a flush 2, 8, 32, 128 steps before it or none (cycling), so that they write
   different numbers of rows.  Sampled each step: RSS, anonymous RSS, steps/s, rows stored, the SSD
-  index's bytes; per checkpoint: seconds and rows written.
+  index's bytes; per checkpoint: seconds and rows written; at the end, the store opened
+  again in a child process: seconds and peak anonymous RSS.
 - ``io``: on a table of ``--io-rows`` rows at dim 64 (rows only, SGD), side by side in one
   run: SSD-tier reads of 65,536 distinct random rows (page cache warm) against
   ``numpy.memmap`` fancy indexing of the same rows and a py-lmdb ``get`` loop over the
@@ -19,7 +20,7 @@ Two parts, one JSON:
 
 Medians over repeats.  Run from the repository root::
 
-    python bench/bench_scale.py --json bench/results/scale.json --plot docs/scale.png
+    python bench/bench_scale.py --json bench/results/scale.json --plot docs/img/scale.png
 
 (defaults: 1,000,000,000 ids, 100M rows touched, dim 16, batches of 65,536, a checkpoint
 every 400 steps; ``--quick`` for a minute-long check).
@@ -32,6 +33,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -117,9 +119,11 @@ def run_part(path: Path, args) -> dict:
         if ck:
             print(f"checkpoint at step {step}: {ck['seconds']:.2f} s, {ck['rows_written']:,} rows", flush=True)
     s = time.perf_counter()
-    checkpoints.append({"step": step, "seconds": time.perf_counter() - s, "rows_written": store.checkpoint()})
-    checkpoints[-1]["seconds"] = time.perf_counter() - s
+    store.checkpoint()
+    checkpoints.append({"step": step, "seconds": time.perf_counter() - s, "rows_written": store.last_checkpoint_rows})
     store.close()
+    reopen = _reopen(path, tiers)
+    print(f"reopened in {reopen['seconds']:.1f} s, peak anonymous RSS {reopen['peak_rss_anon'] / 2**30:.2f} GiB")
     n = len(samples)
     tenth = max(1, n // 10)
     first = statistics.median(x["step_s"] for x in samples[tenth : 2 * tenth])  # the second tenth: after warm-up
@@ -131,7 +135,42 @@ def run_part(path: Path, args) -> dict:
         "last_tenth_vs_warm_tenth": last / first,
         "peak_rss_anon": max(x["rss_anon"] for x in samples),
         "final_index_bytes_per_row": samples[-1]["index_bytes"] / max(1, samples[-1]["rows_stored"]),
+        "reopen": reopen,
     }
+
+
+_REOPEN = r"""
+import json, sys, threading, time
+from tiered_emb import TierConfig, TieredStore
+
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssAnon:"))
+
+high = [anon()]
+def sample():
+    while True:
+        high[0] = max(high[0], anon())
+        time.sleep(0.005)
+threading.Thread(target=sample, daemon=True).start()
+tiers = TierConfig(**json.loads(sys.argv[2]))
+s = time.perf_counter()
+store = TieredStore.open(sys.argv[1], tiers)
+took = time.perf_counter() - s
+high[0] = max(high[0], anon())
+out = {"seconds": took, "peak_rss_anon": high[0], "index_bytes": store.ssd.index_bytes()}
+store.close(checkpoint=False)
+print(json.dumps(out))
+"""
+
+
+def _reopen(path: Path, tiers: TierConfig) -> dict:
+    """Open the store again in a child process: seconds, and its peak anonymous RSS (sampled)."""
+    conf = {"hbm_rows": tiers.hbm_rows, "ddr_rows": tiers.ddr_rows, "device": "cpu", "budget_bytes": tiers.budget_bytes}
+    out = subprocess.run(
+        [sys.executable, "-c", _REOPEN, str(path), json.dumps(conf)], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _disk_seq_write(path: Path, nbytes: int) -> float:

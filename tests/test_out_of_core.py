@@ -289,3 +289,31 @@ def test_compaction_of_segments_larger_than_the_setting_now(tmp_path):
         assert s.ssd.compactor.runs > 0
         got = s.peek("a", np.arange(4000))
         assert (got[:2000] == 2).all() and (got[2000:] == 1).all()
+
+
+def test_bench_scale_quick_measures_every_part(tmp_path):
+    """``bench/bench_scale.py --quick``: the I/O rates beside their peers, the long run's
+    samples and checkpoints (rows written, not the checkpoint's number), the reopen."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "scale.json"
+    run = [
+        sys.executable,
+        str(root / "bench" / "bench_scale.py"),
+        "--quick",
+        "--json",
+        str(out),
+        "--dir",
+        str(tmp_path),
+    ]
+    subprocess.run(run, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(root)), timeout=600)
+    got = json.loads(out.read_text())
+    io, r = got["io"], got["run"]
+    assert io["warm_rows_per_s"]["ours"] > 0 and io["warm_rows_per_s"]["memmap"] > 0 and io["import_rows_per_s"] > 0
+    assert r["steps"] == len(r["samples"]) and r["samples"][-1]["rows_stored"] > 0
+    assert [c["rows_written"] for c in r["checkpoints"][:3]] != [1, 2, 3]
+    assert sum(c["rows_written"] for c in r["checkpoints"]) > 0
+    assert r["reopen"]["seconds"] > 0 and r["reopen"]["peak_rss_anon"] > 0
+    assert 0 < r["reopen"]["index_bytes"] <= r["samples"][-1]["index_bytes"]  # (merged: no hash of new ids)

@@ -61,6 +61,24 @@ def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids, nu
     assert len(ix) == 0 and ix.find(np.array([1])).tolist() == [-1]
 
 
+@pytest.mark.parametrize(("num_rows", "per_row"), [(1 << 30, 12.5), (None, 16.5)])
+def test_the_index_takes_its_bytes_a_row(num_rows, per_row):
+    """2**18 random ids of a table of 2**30 ids (kept as uint32) or of an unbounded one,
+    merged and looked up once (the directory built): 12 or 16 bytes a row of arrays, and
+    at most half a byte a row of directory."""
+    rng = np.random.default_rng(3)
+    ids = np.unique(rng.integers(0, 1 << 30, 300_000))[: 1 << 18]
+    rng.shuffle(ids)
+    ix = SegmentIndex(1 << 16, num_rows)
+    for seq, a in enumerate(range(0, ids.shape[0], 1 << 14)):
+        ix.add(seq, np.sort(ids[a : a + (1 << 14)]))
+    ix.merge()
+    probe = np.sort(ids[:1000])
+    assert (ix.find(probe) >= 0).all()
+    assert len(ix) == 1 << 18 and ix.covered == 1 << 18
+    assert ix.nbytes <= per_row * (1 << 18) + 16 * 16 + 64, ix.nbytes / (1 << 18)
+
+
 def test_the_index_appends_past_its_directory():
     """Rows appended above every id held are searched as one run after the directory's
     buckets until it is built again; merges drop it."""
