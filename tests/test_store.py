@@ -500,8 +500,7 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
         s.close()
     assert not s.closed
     s.close()
-    # the failed write, then the rows waiting as write-backs, the dirty rows and the checkpoint's own
-    assert s.closed and len(calls) == 4
+    assert s.closed and len(calls) == 3  # the failed write, then the rows' and the checkpoint's own
     ref = ReferenceStore(TABLES, seed=3)
     ref.apply_gradients("a", np.array([3, 9]), g)
     with TieredStore.open(path) as s2:
@@ -1021,7 +1020,7 @@ def test_close_saves_extra_with_its_checkpoint(tmp_path):
         assert s.extra == b"step 2" and s.peek("t", np.arange(4), with_state=True).tobytes() != want.tobytes()
 
 
-@pytest.mark.parametrize("fail_at", [1, 3, 6])
+@pytest.mark.parametrize("fail_at", [1, 2, 4])
 def test_a_checkpoint_failing_midway_loses_nothing_and_retries(tmp_path, monkeypatch, fail_at):
     """A checkpoint of many transactions (a small budget: small chunks, one committing while
     the next is encoded) whose ``fail_at``-th write finds the disk full: StoreFullError,

@@ -241,19 +241,42 @@ class Resolver:
         return out
 
     def dirty_chunks(self, counts: dict[str, int]):
-        """Every dirty row of HBM and DDR as ``{table: (ids, records)}`` chunks of at most a
+        """Every dirty row of HBM and DDR as ``{table: (ids, records)}`` chunks of about a
         quarter of the budget's bytes each (tables in name order, HBM before DDR, slots in
-        order; the caller writes each before it takes the next: a flush or checkpoint holds
-        one chunk, whatever the tiers hold); ``counts[table]`` adds up the rows yielded."""
+        order; small pieces share a chunk; the caller writes each before it takes the next:
+        a flush or checkpoint holds one chunk, whatever the tiers hold); ``counts[table]``
+        adds up the rows yielded."""
+        quarter = max(1, min(self.budget_bytes, 1 << 40) // 4)
+        parts: dict[str, tuple[list, list]] = {}
+        held = 0
         for name, t in sorted(self.tables.items()):
-            step = max(1, min(self.budget_bytes, 1 << 40) // (4 * 4 * t.cfg.record_width))
+            step = max(1, quarter // (4 * t.cfg.record_width))
             for tier in (t.hbm, t.ddr):
                 for a in range(0, tier.slot_ids.shape[0], step):
                     slots = a + np.flatnonzero((tier.dirty[a : a + step] != 0) & (tier.slot_ids[a : a + step] >= 0))
-                    if slots.shape[0]:
-                        counts[name] = counts.get(name, 0) + slots.shape[0]
-                        rows = t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots]
-                        yield {name: (tier.slot_ids[slots], rows)}
+                    if not slots.shape[0]:
+                        continue
+                    piece = (tier.slot_ids[slots], t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
+                    if piece[1].nbytes >= quarter // 2:  # (large enough alone: not copied into a chunk)
+                        yield self._chunk({name: ([piece[0]], [piece[1]])}, counts)
+                        continue
+                    ids, rows = parts.setdefault(name, ([], []))
+                    ids.append(piece[0])
+                    rows.append(piece[1])
+                    held += piece[1].nbytes
+                    if held >= quarter:
+                        yield self._chunk(parts, counts)
+                        parts, held = {}, 0
+        if parts:
+            yield self._chunk(parts, counts)
+
+    @staticmethod
+    def _chunk(parts: dict[str, tuple[list, list]], counts: dict[str, int]) -> dict:
+        out = {}
+        for name, (ids, rows) in parts.items():
+            counts[name] = counts.get(name, 0) + sum(x.shape[0] for x in ids)
+            out[name] = (ids[0], rows[0]) if len(ids) == 1 else (np.concatenate(ids), np.concatenate(rows))
+        return out
 
     def written(self, counts: dict[str, int]) -> None:
         """The rows of :meth:`dirty_chunks` (``counts`` of each table) reached LMDB: every

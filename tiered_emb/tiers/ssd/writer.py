@@ -45,7 +45,7 @@ class _Commits:
         self._committed: list = []  # (table, number, ids, None) of the transaction in flight
 
     def write(self, groups: list[list]) -> None:
-        for group in groups:
+        for group in filter(None, groups):
             values = self._segments.encoded(group)
             done = self._join()
             self._committed = [(t, seq, ids, None) for t, seq, ids, _ in values]
@@ -150,16 +150,17 @@ class Writer:
         with self._lock:
             snaps = self._held.waiting()
         n = 0
-        # the waiting rows first: ``batches`` are newer, their segments numbered after
-        # (a row in both is found in the later one); what committed stays indexed when a
-        # later transaction fails (those rows are also still dirty or waiting: written again)
+        # the waiting rows with the first part: ``batches`` are newer (a row in both: the
+        # part's copy is kept, or found in a later segment); what committed stays indexed when
+        # a later transaction fails (those rows are also still dirty or waiting: written again)
         commits = _Commits(self._lmdb, self._segments, self._lock)
         with commits:
-            commits.write(self._groups(self._segments.cut(snaps)))
             for part in [batches] if isinstance(batches, dict) else batches:
                 part = {t: b for t, b in sorted(part.items()) if b[0].shape[0]}
                 n += sum(b[0].shape[0] for b in part.values())
-                commits.write(self._groups(self._segments.cut([], part)))
+                commits.write(self._groups(self._segments.cut(snaps, part)))  # (the waiting rows: with the first)
+                snaps = []
+            commits.write(self._groups(self._segments.cut(snaps)))  # (none given: the waiting rows alone)
         with self._lock:
             self._held.committed()
             self.failed = None
