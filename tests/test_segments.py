@@ -79,6 +79,37 @@ def test_the_index_takes_its_bytes_a_row(num_rows, per_row):
     assert ix.nbytes <= per_row * (1 << 18) + 16 * 16 + 64, ix.nbytes / (1 << 18)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 200), max_size=40, unique=True), max_size=14),
+    st.lists(st.lists(st.integers(0, 200), max_size=10, unique=True), max_size=3),
+    st.integers(1, 60),
+    st.sampled_from([None, 1000]),
+)
+def test_a_staged_load_indexes_as_adding_one_by_one(segments, before, delta_rows, num_rows):
+    """Opening a store stages segments (sorted together at once, the newest copy of an id
+    kept): the same index, and the same locations replaced in all, as adding them one at a
+    time, over an index holding some ids already."""
+    one, staged = SegmentIndex(delta_rows, num_rows), SegmentIndex(delta_rows, num_rows)
+    staged.DIR_MIN_ROWS = 0
+    replaced_one, replaced_staged = [], []
+    for seq, ids in enumerate(before):
+        for ix in (one, staged):
+            ix.add(seq, np.array(ids, dtype=np.int64))
+    for seq, ids in enumerate(segments, start=len(before)):
+        ids = np.array(sorted(ids), dtype=np.int64)
+        old = one.add(seq, ids)
+        replaced_one += old[old >= 0].tolist()
+        got = staged.stage(seq, ids)
+        replaced_staged += [] if got is None else got.tolist()
+    replaced_staged += staged.unstage().tolist()
+    assert sorted(replaced_staged) == sorted(replaced_one)
+    for a, b in zip(one.items(), staged.items(), strict=True):
+        assert a.tolist() == b.tolist()
+    probe = np.arange(0, 202, dtype=np.int64)
+    assert staged.find(probe).tolist() == one.find(probe).tolist()
+
+
 def test_the_index_appends_past_its_directory():
     """Rows appended above every id held are searched as one run after the directory's
     buckets until it is built again; merges drop it."""

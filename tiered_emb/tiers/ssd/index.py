@@ -13,7 +13,9 @@ place, from the back, after the arrays grow by ``ndarray.resize`` (``realloc``, 
 moves the pages of a large array without copying them), so a merge never holds a second
 copy of the index; the directory is built again at the next lookup.  Ids appended above
 every one held are searched as one run past the directory until they are 1/16 of the
-rows.  An id already in the arrays is changed there.  Entries are only added or moved,
+rows.  An id already in the arrays is changed there.  A store that opens stages its
+segments instead (:meth:`SegmentIndex.stage`): up to 1/16 of the rows are sorted together
+(a stable sort of sorted runs) and merged in at once.  Entries are only added or moved,
 until :meth:`SegmentIndex.clear`.
 """
 
@@ -216,9 +218,6 @@ class SegmentIndex:
         self.delta_rows = max(1, int(delta_rows))
         self.num_rows = num_rows
         self.id_dtype = np.dtype(np.uint32 if num_rows is not None and num_rows <= 1 << 32 else np.int64)
-        #: While a store opens, the hash may hold up to 1/``bulk`` of the arrays' rows before a
-        #: merge (0: ``delta_rows`` only): a merge moves every row, and opening adds them all.
-        self.bulk = 0
         self.clear()
 
     def clear(self) -> None:
@@ -227,6 +226,8 @@ class SegmentIndex:
         self.keys = np.full(8, EMPTY, dtype=np.int64)
         self.vals = np.zeros(8, dtype=np.int64)
         self.n_delta = 0
+        self._staged: list[tuple[int, np.ndarray]] = []
+        self._n_staged = 0
         self._drop_dir()
 
     def _drop_dir(self) -> None:
@@ -303,9 +304,59 @@ class SegmentIndex:
             old[new_at] = in_delta
         # a merge moves every row: merging at a fixed share of the rows keeps its cost per id
         # added constant as the index grows (the hash then holds up to 1/64 of them: 1 byte a row)
-        if self.n_delta >= max(self.delta_rows, self.ids.shape[0] // (self.bulk or 64)):
+        if self.n_delta >= max(self.delta_rows, self.ids.shape[0] // 64):
             self.merge()
         return old
+
+    def stage(self, seq: int, ids: np.ndarray) -> np.ndarray | None:
+        """While a store opens: segment ``seq`` holds ``ids`` (distinct, increasing), row ``i`` at
+        position ``i``, and is newer than every segment staged or added before.  The index
+        takes the staged segments in at once (:meth:`unstage`) when they hold ``delta_rows``
+        or 1/16 of the arrays' rows, and then returns the location each id it replaced had
+        (else None); the caller unstages at the end.  No lookup may come between."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
+            raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
+        if ids.shape[0] and (ids[0] < 0 or (self.num_rows is not None and ids[-1] >= self.num_rows)):
+            raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
+        self._staged.append((seq, ids))
+        self._n_staged += ids.shape[0]
+        if self._n_staged >= max(self.delta_rows, self.ids.shape[0] // 16):
+            return self.unstage()
+        return None
+
+    def unstage(self) -> np.ndarray:
+        """Take the staged segments in: sorted together (a stable sort of sorted runs), the
+        newest copy of each id kept, those held changed in place, the rest merged into the
+        arrays from the back.  Returns the locations replaced (copies staged before a newer
+        one, and those the arrays held)."""
+        self.merge()
+        if not self._staged:
+            return np.empty(0, dtype=np.int64)
+        ids = np.concatenate([x for _, x in self._staged])
+        locs = np.concatenate(
+            [(np.int64(q) << np.int64(POS_BITS)) + np.arange(x.shape[0], dtype=np.int64) for q, x in self._staged]
+        )
+        self._staged, self._n_staged = [], 0
+        order = np.argsort(ids, kind="stable")  # (segments oldest first: equal ids stay in that order)
+        ids, locs = ids[order], locs[order]
+        del order
+        last = np.ones(ids.shape[0], dtype=np.bool_)
+        last[:-1] = ids[1:] != ids[:-1]
+        replaced = [locs[~last]]
+        ids, locs = ids[last], locs[last]
+        n = self.ids.shape[0]
+        old = np.full(ids.shape[0], -1, dtype=np.int64)
+        missing = np.empty(ids.shape[0], dtype=np.bool_)
+        if n and _set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old) < ids.shape[0]:
+            replaced.append(old[~missing])
+            ids, locs = ids[missing], locs[missing]
+        if ids.shape[0]:
+            self.ids.resize(n + ids.shape[0], refcheck=False)
+            self.locs.resize(n + ids.shape[0], refcheck=False)
+            _merge_back(self.ids, self.locs, n, ids, locs)
+            self._drop_dir()
+        return np.concatenate(replaced)
 
     def _delta_items(self, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
         ids = np.empty(self.n_delta, dtype=np.int64)

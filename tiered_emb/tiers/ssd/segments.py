@@ -144,26 +144,28 @@ class SegmentLog:
         ``below`` and after left out) and set their ids' bits; reads only the ids of each
         segment (memory: the index)."""
         index, num_rows = self.index[table], self._table_rows[table]
-        index.bulk = 16
-        with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
-            for key, value in cur:
-                seq = int.from_bytes(key, "big")
-                if below is not None and seq >= below:
-                    break
-                if len(key) != 8 or seq >= MAX_SEGMENTS:
-                    raise decode.damaged(self._lmdb.path, table, seq, f"its key {bytes(key).hex()}")
-                h = self.head(table, seq, value)
-                n = h.n
-                if n > MAX_SEGMENT_ROWS:
-                    raise decode.damaged(self._lmdb.path, table, seq, f"{n:,} rows, more than a segment holds")
-                ids = decode.ids_of(self._lmdb.path, table, seq, value, h, num_rows).astype(np.int64)
-                self.next_seq = max(self.next_seq, seq + 1)
-                self._place(seq, h, value)
-                self._moved(index.add(seq, ids), seq, n)
-                self.stored_rows[table] += n
-                self._written.set(table, ids)
-        index.bulk = 0
-        index.merge()
+        none = np.empty(0, dtype=np.int64)
+        try:
+            with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
+                for key, value in cur:
+                    seq = int.from_bytes(key, "big")
+                    if below is not None and seq >= below:
+                        break
+                    if len(key) != 8 or seq >= MAX_SEGMENTS:
+                        raise decode.damaged(self._lmdb.path, table, seq, f"its key {bytes(key).hex()}")
+                    h = self.head(table, seq, value)
+                    n = h.n
+                    if n > MAX_SEGMENT_ROWS:
+                        raise decode.damaged(self._lmdb.path, table, seq, f"{n:,} rows, more than a segment holds")
+                    ids = decode.ids_of(self._lmdb.path, table, seq, value, h, num_rows).astype(np.int64)
+                    self.next_seq = max(self.next_seq, seq + 1)
+                    self._place(seq, h, value)
+                    replaced = index.stage(seq, ids)
+                    self._moved(none if replaced is None else replaced, seq, n)
+                    self.stored_rows[table] += n
+                    self._written.set(table, ids)
+        finally:  # (what was staged before a damaged segment is indexed, as it was read)
+            self._moved(index.unstage())
 
     def _grow(self, seq: int) -> None:
         """Make the per-segment arrays hold segment ``seq``."""
