@@ -140,25 +140,16 @@ def run_part(path: Path, args) -> dict:
 
 
 _REOPEN = r"""
-import json, sys, threading, time
+import json, sys, time
 from tiered_emb import TierConfig, TieredStore
+from tiered_emb.testing import AnonPeak
 
-def anon():
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssAnon:"))
-
-high = [anon()]
-def sample():
-    while True:
-        high[0] = max(high[0], anon())
-        time.sleep(0.005)
-threading.Thread(target=sample, daemon=True).start()
+memory = AnonPeak(every=0.005)
 tiers = TierConfig(**json.loads(sys.argv[2]))
 s = time.perf_counter()
 store = TieredStore.open(sys.argv[1], tiers)
 took = time.perf_counter() - s
-high[0] = max(high[0], anon())
-out = {"seconds": took, "peak_rss_anon": high[0], "index_bytes": store.ssd.index_bytes()}
+out = {"seconds": took, "peak_rss_anon": memory.peak(), "index_bytes": store.ssd.index_bytes()}
 store.close(checkpoint=False)
 print(json.dumps(out))
 """

@@ -15,33 +15,15 @@ from tiered_emb.testing.reference import ReferenceStore
 MiB = 1 << 20
 
 _MEMORY = r"""
-import json, sys, threading, time
+import json, sys
 import numpy as np
 from tiered_emb import SGD, TableConfig, TierConfig, TieredStore
-from tiered_emb.testing import crash
+from tiered_emb.testing import AnonPeak, crash
 
 path, phase, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
-def anon():  # anonymous memory: what the process itself holds (mapped file pages are the page cache's)
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssAnon:"))
-
-high = [anon()]
-def sample():
-    while True:
-        high[0] = max(high[0], anon())
-        time.sleep(0.002)
-threading.Thread(target=sample, daemon=True).start()
-
-def peak():
-    time.sleep(0.01)
-    high[0] = max(high[0], anon())
-    return high[0]
-
-def start():  # the high-water mark starts again from now
-    time.sleep(0.01)
-    high[0] = anon()
-    return high[0]
+memory = AnonPeak()  # (sampled every 2 ms)
+start, peak = memory.restart, memory.peak
 tiers = TierConfig(hbm_rows=8192, device="cpu", budget_bytes=16 << 20, background_writes=False)
 out = {}
 

@@ -6,6 +6,45 @@ import threading
 from pathlib import Path
 
 
+class AnonPeak:
+    """The high-water mark of this process's anonymous memory (``RssAnon``: what it holds
+    itself; pages of a mapped file are the page cache's), sampled every ``every`` seconds
+    on a daemon thread, for tests and benches that bound an operation's memory."""
+
+    def __init__(self, every: float = 0.002):
+        self.high = self.now()
+        self._every = every
+        threading.Thread(target=self._sample, daemon=True, name="tiered_emb-anon-peak").start()
+
+    @staticmethod
+    def now() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+    def _sample(self) -> None:
+        import time
+
+        while True:
+            self.high = max(self.high, self.now())
+            time.sleep(self._every)
+
+    def restart(self) -> int:
+        """Start the mark again from now; returns it."""
+        import time
+
+        time.sleep(5 * self._every)
+        self.high = self.now()
+        return self.high
+
+    def peak(self) -> int:
+        """The mark since :meth:`restart` (or since sampling began), now included."""
+        import time
+
+        time.sleep(5 * self._every)
+        self.high = max(self.high, self.now())
+        return self.high
+
+
 def crash(store) -> None:
     """Drop ``store`` as a killed process would: nothing flushed, no checkpoint; the LMDB
     environment and the writer lock are released so the same process can reopen it."""
