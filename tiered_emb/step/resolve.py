@@ -258,6 +258,9 @@ class Resolver:
                         continue
                     piece = (tier.slot_ids[slots], t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
                     if piece[1].nbytes >= quarter // 2:  # (large enough alone: not copied into a chunk)
+                        if parts:  # (those before it first: the order of the pieces is kept)
+                            yield self._chunk(parts, counts)
+                            parts, held = {}, 0
                         yield self._chunk({name: ([piece[0]], [piece[1]])}, counts)
                         continue
                     ids, rows = parts.setdefault(name, ([], []))

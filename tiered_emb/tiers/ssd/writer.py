@@ -132,9 +132,10 @@ class Writer:
         others until ``writeback_rows`` are waiting, then all go out in one transaction
         (on the writer thread with ``background_writes``); reads see them at once; a failed
         write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
-        ``durable=True`` writes every waiting row, then ``batches`` (one such dict, or an
-        iterable of them taken one at a time, each newer than the one before), now: a
-        transaction of at most ``budget_bytes`` at a time, each indexed once committed.
+        ``durable=True`` writes every waiting row and ``batches`` (one such dict, or an
+        iterable of them taken one at a time, each newer than the one before) now, in
+        transactions of an eighth of ``budget_bytes`` (one committing on a thread while the
+        next is encoded), each indexed once committed.
         """
         if not durable:
             batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
