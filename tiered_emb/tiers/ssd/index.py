@@ -317,7 +317,7 @@ class SegmentIndex:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
             raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
-        if ids.shape[0] and (ids[0] < 0 or (self.num_rows is not None and ids[-1] >= self.num_rows)):
+        if ids.shape[0] and (ids.min() < 0 or (self.num_rows is not None and ids.max() >= self.num_rows)):
             raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
         self._staged.append((seq, ids))
         self._n_staged += ids.shape[0]
