@@ -81,6 +81,28 @@ def test_reduce_equals_the_host_kernel(kernels, seed, mode):
     assert bad.tolist() == want_bad.tolist()
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted"])
+def test_long_bags_and_ids_seen_often_sum_in_position_order(kernels, mode):
+    """Bags of 0 to 18 ids and ids seen ~57 times: the kernels' loads four or eight at a time and the
+    remainder after them give the host's bits."""
+    rng = np.random.default_rng(11)
+    offsets = np.concatenate([[0], np.cumsum(np.arange(19))]).astype(np.int64)
+    ids = rng.integers(0, 3, int(offsets[-1])).astype(np.int64)
+    weights = rng.standard_normal(ids.shape[0]).astype(np.float32) if mode == "weighted" else None
+    plan = plan_bags(ids, offsets, weights, mean=mode == "mean")
+    records = (rng.standard_normal((4, 7)) * 100).astype(np.float32)
+    slots = np.array([2, 0, 3], dtype=np.int64)[: plan.uids.shape[0]]
+    want = np.empty((plan.num_bags, 6), dtype=np.float32)
+    w = weights if weights is not None else np.empty(0, dtype=np.float32)
+    pool_kernel(6, False, weights is not None)(records, slots, plan.inverse, False, 0, offsets, w, plan.mean, want)
+    got = kernels.pool(records, slots, plan.inverse, offsets, weights, plan.mean, 6)
+    assert np.array_equal(_bits(got), want.view(np.uint32))
+    grad_out = (rng.standard_normal((plan.num_bags, 6)) * 10).astype(np.float32)
+    want_sum, _ = reduce_bag_grads(plan, grad_out)
+    got_sum, _ = kernels.reduce_bags(grad_out, group_bag_positions(plan))
+    assert np.array_equal(_bits(got_sum), want_sum.view(np.uint32))
+
+
 OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.05, eps=1e-8), RowWiseAdagrad(lr=0.3, eps=1e-6), Adam(lr=0.01)]
 
 

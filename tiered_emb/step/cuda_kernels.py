@@ -102,12 +102,25 @@ def pool_bags(records, slots, inverse, offsets, weights, use_weights, mean, out)
     hi = offsets[b + 1]
     for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
         acc = np.float32(0.0)
-        for i in range(lo, hi):
+        i = lo
+        while i + 4 <= hi:  # four rows' loads in flight at once; the sum keeps position order
+            x0 = records[slots[inverse[i]], j]
+            x1 = records[slots[inverse[i + 1]], j]
+            x2 = records[slots[inverse[i + 2]], j]
+            x3 = records[slots[inverse[i + 3]], j]
+            if use_weights:
+                x0 = f_mul(weights[i], x0)
+                x1 = f_mul(weights[i + 1], x1)
+                x2 = f_mul(weights[i + 2], x2)
+                x3 = f_mul(weights[i + 3], x3)
+            acc = f_add(f_add(f_add(f_add(acc, x0), x1), x2), x3)
+            i += 4
+        while i < hi:
             x = records[slots[inverse[i]], j]
             if use_weights:
-                acc = f_add(acc, f_mul(weights[i], x))
-            else:
-                acc = f_add(acc, x)
+                x = f_mul(weights[i], x)
+            acc = f_add(acc, x)
+            i += 1
         if mean and hi > lo:
             acc = f_mul(acc, f_div(np.float32(1.0), np.float32(hi - lo)))
         out[b, j] = acc
@@ -132,10 +145,32 @@ def reduce_bags(grad_out, starts, bag, scale, out, bad):
     finite (every thread that sees one writes the same 1).  Bitwise the CPU reduce.
     """
     u = cuda.blockIdx.x
+    lo = starts[u]
+    hi = starts[u + 1]
     for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
         acc = np.float32(0.0)
-        for q in range(starts[u], starts[u + 1]):
+        q = lo
+        while q + 8 <= hi:  # as pool_bags: eight loads in flight, the sum in position order
+            g0 = grad_out[bag[q], j]
+            g1 = grad_out[bag[q + 1], j]
+            g2 = grad_out[bag[q + 2], j]
+            g3 = grad_out[bag[q + 3], j]
+            g4 = grad_out[bag[q + 4], j]
+            g5 = grad_out[bag[q + 5], j]
+            g6 = grad_out[bag[q + 6], j]
+            g7 = grad_out[bag[q + 7], j]
+            acc = f_add(
+                f_add(f_add(f_add(acc, f_mul(scale[q], g0)), f_mul(scale[q + 1], g1)), f_mul(scale[q + 2], g2)),
+                f_mul(scale[q + 3], g3),
+            )
+            acc = f_add(
+                f_add(f_add(f_add(acc, f_mul(scale[q + 4], g4)), f_mul(scale[q + 5], g5)), f_mul(scale[q + 6], g6)),
+                f_mul(scale[q + 7], g7),
+            )
+            q += 8
+        while q < hi:
             acc = f_add(acc, f_mul(scale[q], grad_out[bag[q], j]))
+            q += 1
         out[u, j] = acc
         if math.isinf(acc) or math.isnan(acc):
             bad[u] = 1

@@ -25,11 +25,12 @@ import numpy as np
 from tiered_emb._backend import GPU_HINT, to_host
 from tiered_emb.errors import DeviceError
 
-_EMPTY_F32 = np.empty(0, dtype=np.float32)
-
 # Numba's performance hints that the step accepts: a small batch launches few blocks, and the
-# host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.
-_ACCEPTED_HINTS = r"(Grid size \d+ will likely result in GPU under-utilization|Host array used in CUDA kernel)"
+# host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.  numba-cuda
+# wraps the message in a terminal's bold escape, and a filter's pattern must match from its start.
+_ACCEPTED_HINTS = (
+    r"(\x1b\[[0-9;]*m)?(Grid size \d+ will likely result in GPU under-utilization|Host array used in CUDA kernel)"
+)
 
 
 class DeviceKernels:
@@ -49,6 +50,7 @@ class DeviceKernels:
         self.cuda = cuda_kernels
         self.simulated = cuda_kernels.SIMULATED
         self.in_place = None
+        self.no_weights = xp.empty(0, dtype=xp.float32)  # made once: a copy to the device costs a call
         if self.simulated:
             # The simulator copies a NumPy argument in and the whole of it back out after the
             # kernel, which would write stale rows over those a prefetch thread placed meanwhile;
@@ -100,7 +102,7 @@ class DeviceKernels:
                 self.asarray(slots, np.int64),
                 self.asarray(inverse, np.int64),
                 self.asarray(offsets, np.int64),
-                self.asarray(weights if use_w else _EMPTY_F32, np.float32),
+                self.asarray(weights, np.float32) if use_w else self.no_weights,
                 use_w,
                 bool(mean),
                 out,
