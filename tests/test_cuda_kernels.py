@@ -14,7 +14,7 @@ from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.step.device import DeviceKernels
 from tiered_emb.step.gather import pool_kernel
 from tiered_emb.step.plan import plan_bags
-from tiered_emb.step.reduce import group_bag_positions, reduce_bag_grads
+from tiered_emb.step.reduce import REDUCE_CHUNK, group_bag_positions, reduce_bag_grads
 from tiered_emb.step.update import CPU_KERNELS, pow_by_squaring
 
 SEEDS = range(3)
@@ -101,6 +101,23 @@ def test_long_bags_and_ids_seen_often_sum_in_position_order(kernels, mode):
     want_sum, _ = reduce_bag_grads(plan, grad_out)
     got_sum, _ = kernels.reduce_bags(grad_out, group_bag_positions(plan))
     assert np.array_equal(_bits(got_sum), want_sum.view(np.uint32))
+
+
+@pytest.mark.parametrize("repeats", [REDUCE_CHUNK, REDUCE_CHUNK + 9, 2 * REDUCE_CHUNK + 1])
+def test_an_id_of_several_chunks_is_reduced_as_on_the_host(kernels, repeats):
+    """Two ids past REDUCE_CHUNK positions among ids of one: chunk sums, then their sum, bitwise."""
+    rng = np.random.default_rng(repeats)
+    many = np.concatenate([np.full(repeats, 7), np.full(REDUCE_CHUNK + 3, 2), np.arange(10, 30)])
+    ids = rng.permutation(many).astype(np.int64)
+    offsets = np.concatenate([np.arange(0, ids.shape[0], 5), [ids.shape[0]]]).astype(np.int64)
+    weights = np.abs(rng.standard_normal(ids.shape[0])).astype(np.float32)  # no inf - inf below
+    plan = plan_bags(ids, offsets, weights)
+    grad_out = (rng.standard_normal((plan.num_bags, 4)) * 10).astype(np.float32)
+    grad_out[3, 1] = np.inf  # a non-finite sum is flagged alike, in a chunked id or not
+    want, want_bad = reduce_bag_grads(plan, grad_out)
+    got, bad = kernels.reduce_bags(grad_out, group_bag_positions(plan))
+    assert np.array_equal(_bits(got), want.view(np.uint32))
+    assert bad.tolist() == want_bad.tolist() and want_bad.any()
 
 
 OPTIMIZERS = [SGD(lr=0.1), Adagrad(lr=0.05, eps=1e-8), RowWiseAdagrad(lr=0.3, eps=1e-6), Adam(lr=0.01)]

@@ -74,7 +74,12 @@ def test_the_kernels_without_division_hold_no_fused_multiply_add(tmp_path):
     from tiered_emb.step import cuda_kernels
 
     _train(tmp_path / "gpu", "cuda", steps=2)  # compiles every kernel
-    for kernel in (cuda_kernels.sgd_update, cuda_kernels.reduce_bags, cuda_kernels.gather_rows):
+    for kernel in (
+        cuda_kernels.sgd_update,
+        cuda_kernels.reduce_chunks,
+        cuda_kernels.reduce_partials,
+        cuda_kernels.gather_rows,
+    ):
         for ptx in kernel.inspect_asm().values():
             assert "fma." not in ptx
 

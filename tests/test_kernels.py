@@ -1,11 +1,13 @@
 """The backward's reduce kernels: work split by positions, sums bitwise in batch order."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb.step.plan import dedupe, plan_bags
-from tiered_emb.step.reduce import _blocks_by_work, _group_positions, reduce_bag_grads, reduce_grads
+from tiered_emb.step.reduce import REDUCE_CHUNK, _blocks_by_work, _group_positions, reduce_bag_grads, reduce_grads
+from tiered_emb.testing.reference import chunked_sum
 from tiered_emb.testing.reference import unpool_grads as _unpool_grads
 
 ids_st = st.lists(st.integers(0, 40), min_size=1, max_size=300)
@@ -27,12 +29,10 @@ def test_blocks_cover_ids_in_order_with_about_equal_work(counts, blocks):
 
 
 def _reference_reduce(grads, ids):
-    """Plain loop: each unique id (first-occurrence order) sums its rows in batch order, float32."""
+    """Plain loop: each unique id (first-occurrence order) sums its rows in batch order, float32,
+    a REDUCE_CHUNK of rows at a time (``chunked_sum``)."""
     uids = list(dict.fromkeys(ids))
-    out = np.zeros((len(uids), grads.shape[1]), dtype=np.float32)
-    for i, x in enumerate(ids):
-        out[uids.index(x)] += grads[i]
-    return out
+    return np.stack([chunked_sum([grads[i] for i, x in enumerate(ids) if x == u]) for u in uids])
 
 
 @settings(max_examples=60, deadline=None)
@@ -69,6 +69,25 @@ def test_reduce_bag_grads_equals_unpool_then_reduce(ids, cuts, weighted, mean, s
     want = reduce_grads(unpooled, plan.inverse, plan.uids.shape[0])
     assert summed.tobytes() == want.tobytes()
     assert bad.tolist() == (~np.isfinite(want).all(axis=1)).astype(np.uint8).tolist()
+
+
+@pytest.mark.parametrize("repeats", [REDUCE_CHUNK, REDUCE_CHUNK + 1, 3 * REDUCE_CHUNK + 7])
+def test_an_id_seen_more_than_a_chunk_sums_chunk_by_chunk(repeats):
+    """The reduce of an id past REDUCE_CHUNK positions: chunks in order, each from +0.0; per
+    position and per bag alike."""
+    rng = np.random.default_rng(repeats)
+    ids = rng.permutation(np.concatenate([np.full(repeats, 7), np.arange(40)])).astype(np.int64)
+    grads = (rng.standard_normal((ids.shape[0], 5)) * 1e3).astype(np.float32)
+    uids, inverse = dedupe(ids)
+    got = reduce_grads(grads, inverse, uids.shape[0])
+    assert got.tobytes() == _reference_reduce(grads, ids.tolist()).tobytes()
+    offsets = np.concatenate([np.arange(0, ids.shape[0], 3), [ids.shape[0]]]).astype(np.int64)
+    plan = plan_bags(ids, offsets, rng.standard_normal(ids.shape[0]).astype(np.float32))
+    grad_out = rng.standard_normal((plan.num_bags, 5)).astype(np.float32)
+    summed, _ = reduce_bag_grads(plan, grad_out)
+    unpooled = np.empty((ids.shape[0], 5), dtype=np.float32)
+    _unpool_grads(grad_out, offsets, plan.weights, True, False, unpooled)
+    assert summed.tobytes() == reduce_grads(unpooled, plan.inverse, plan.uids.shape[0]).tobytes()
 
 
 def test_group_positions_is_a_stable_counting_sort():

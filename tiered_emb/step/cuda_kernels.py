@@ -27,6 +27,8 @@ import numba
 import numpy as np
 from numba import cuda
 
+from tiered_emb.step.reduce import REDUCE_CHUNK
+
 # The variable both Numba's bundled CUDA target and numba-cuda read when first imported.
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
@@ -135,42 +137,83 @@ def gather_rows(records, slots, inverse, out):
         out[i, j] = records[r, j]
 
 
-@cuda.jit
-def reduce_bags(grad_out, starts, bag, scale, out, bad):
-    """``out[u, j] = sum_q scale[q] * grad_out[bag[q], j]`` for q in ``starts[u]:starts[u+1]``, in order.
+@cuda.jit(device=True)
+def _sum_terms(grad_out, bag, scale, lo, hi, j):
+    """``sum_q scale[q] * grad_out[bag[q], j]`` for q in ``lo:hi`` from +0.0, in order."""
+    acc = np.float32(0.0)
+    q = lo
+    while q + 8 <= hi:  # as pool_bags: eight loads in flight, the sum in position order
+        g0 = grad_out[bag[q], j]
+        g1 = grad_out[bag[q + 1], j]
+        g2 = grad_out[bag[q + 2], j]
+        g3 = grad_out[bag[q + 3], j]
+        g4 = grad_out[bag[q + 4], j]
+        g5 = grad_out[bag[q + 5], j]
+        g6 = grad_out[bag[q + 6], j]
+        g7 = grad_out[bag[q + 7], j]
+        acc = f_add(
+            f_add(f_add(f_add(acc, f_mul(scale[q], g0)), f_mul(scale[q + 1], g1)), f_mul(scale[q + 2], g2)),
+            f_mul(scale[q + 3], g3),
+        )
+        acc = f_add(
+            f_add(f_add(f_add(acc, f_mul(scale[q + 4], g4)), f_mul(scale[q + 5], g5)), f_mul(scale[q + 6], g6)),
+            f_mul(scale[q + 7], g7),
+        )
+        q += 8
+    while q < hi:
+        acc = f_add(acc, f_mul(scale[q], grad_out[bag[q], j]))
+        q += 1
+    return acc
 
-    One block per unique id (grid = k), threads over columns; ``starts``, ``bag`` and
-    ``scale`` are :func:`tiered_emb.step.reduce.group_bag_positions`' (each id's positions in
-    batch order).  ``bad`` uint8 (k,), zeroed by the caller, gets 1 where a sum is not
-    finite (every thread that sees one writes the same 1).  Bitwise the CPU reduce.
+
+@cuda.jit
+def reduce_chunks(grad_out, starts, chunk_first, part_first, bag, scale, out, partial, bad):
+    """The backward's reduce, one block per chunk of :data:`REDUCE_CHUNK` positions of an id.
+
+    Chunks are numbered id by id: unique id u owns chunks ``chunk_first[u]:chunk_first[u+1]``
+    (int64 (k+1,)), chunk c of them positions ``starts[u] + c*REDUCE_CHUNK`` onwards
+    (:func:`tiered_emb.step.reduce.group_bag_positions`' ``starts``, ``bag``, ``scale``).
+    Each thread sums its columns over the chunk in position order from +0.0
+    (:func:`_sum_terms`).  An id of one chunk writes its sum to ``out[u]`` and sets
+    ``bad[u]`` (zeroed by the caller) where it is not finite; an id of several writes chunk c
+    to ``partial[part_first[u] + c]`` for :func:`reduce_partials` to add up.
     """
-    u = cuda.blockIdx.x
-    lo = starts[u]
-    hi = starts[u + 1]
+    t = cuda.blockIdx.x
+    lo_u = 0
+    hi_u = starts.shape[0] - 2
+    while lo_u < hi_u:  # the id owning chunk t: the last u with chunk_first[u] <= t
+        mid = (lo_u + hi_u + 1) // 2
+        if chunk_first[mid] <= t:
+            lo_u = mid
+        else:
+            hi_u = mid - 1
+    u = lo_u
+    c = t - chunk_first[u]
+    lo = starts[u] + c * REDUCE_CHUNK
+    hi = min(lo + REDUCE_CHUNK, starts[u + 1])
+    whole = chunk_first[u + 1] - chunk_first[u] == 1
+    for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+        acc = _sum_terms(grad_out, bag, scale, lo, hi, j)
+        if whole:
+            out[u, j] = acc
+            if math.isinf(acc) or math.isnan(acc):
+                bad[u] = 1
+        else:
+            partial[part_first[u] + c, j] = acc
+
+
+@cuda.jit
+def reduce_partials(chunk_first, part_first, ids, partial, out, bad):
+    """``out[u] = sum of partial[part_first[u] + c]`` over u's chunks, in order from +0.0, for
+    each u of ``ids`` (one block each: the ids of more than one chunk); ``bad`` as
+    :func:`reduce_chunks`.  Bitwise the host's chunked reduce."""
+    u = ids[cuda.blockIdx.x]
+    first = part_first[u]
+    count = chunk_first[u + 1] - chunk_first[u]
     for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
         acc = np.float32(0.0)
-        q = lo
-        while q + 8 <= hi:  # as pool_bags: eight loads in flight, the sum in position order
-            g0 = grad_out[bag[q], j]
-            g1 = grad_out[bag[q + 1], j]
-            g2 = grad_out[bag[q + 2], j]
-            g3 = grad_out[bag[q + 3], j]
-            g4 = grad_out[bag[q + 4], j]
-            g5 = grad_out[bag[q + 5], j]
-            g6 = grad_out[bag[q + 6], j]
-            g7 = grad_out[bag[q + 7], j]
-            acc = f_add(
-                f_add(f_add(f_add(acc, f_mul(scale[q], g0)), f_mul(scale[q + 1], g1)), f_mul(scale[q + 2], g2)),
-                f_mul(scale[q + 3], g3),
-            )
-            acc = f_add(
-                f_add(f_add(f_add(acc, f_mul(scale[q + 4], g4)), f_mul(scale[q + 5], g5)), f_mul(scale[q + 6], g6)),
-                f_mul(scale[q + 7], g7),
-            )
-            q += 8
-        while q < hi:
-            acc = f_add(acc, f_mul(scale[q], grad_out[bag[q], j]))
-            q += 1
+        for c in range(count):
+            acc = f_add(acc, partial[first + c, j])
         out[u, j] = acc
         if math.isinf(acc) or math.isnan(acc):
             bad[u] = 1
@@ -272,4 +315,12 @@ UPDATE_KERNELS = {
     "adam": adam_update,
 }
 
-__all__ = ["SIMULATED", "UPDATE_KERNELS", "gather_rows", "pool_bags", "pow_by_squaring", "reduce_bags"]
+__all__ = [
+    "SIMULATED",
+    "UPDATE_KERNELS",
+    "gather_rows",
+    "pool_bags",
+    "pow_by_squaring",
+    "reduce_chunks",
+    "reduce_partials",
+]

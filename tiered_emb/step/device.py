@@ -24,6 +24,7 @@ import numpy as np
 
 from tiered_emb._backend import GPU_HINT, to_host
 from tiered_emb.errors import DeviceError
+from tiered_emb.step.reduce import REDUCE_CHUNK
 
 # Numba's performance hints that the step accepts: a small batch launches few blocks, and the
 # host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.  numba-cuda
@@ -133,22 +134,48 @@ class DeviceKernels:
         a sum is not finite), bitwise :func:`tiered_emb.step.reduce.reduce_bag_grads`.
         """
         starts, bag, scale = grouped
+        starts = to_host(starts)
         k = starts.shape[0] - 1
         dim = grad_out.shape[1]
         out = self.xp.empty((k, dim), dtype=self.xp.float32)
         bad = self.xp.zeros(k, dtype=self.xp.uint8)
         if k:
+            chunks = np.maximum(-(-np.diff(starts) // REDUCE_CHUNK), 1)  # every id holds a position
+            chunk_first = np.zeros(k + 1, dtype=np.int64)
+            np.cumsum(chunks, out=chunk_first[1:])
+            several = np.flatnonzero(chunks > 1)
+            part_first = np.zeros(k, dtype=np.int64)  # where an id's chunk sums go in ``partial``
+            part_first[several[1:]] = np.cumsum(chunks[several])[:-1]
+            partial = self.xp.empty((max(int(chunks[several].sum()), 1), dim), dtype=self.xp.float32)
+            chunk_first_d = self.asarray(chunk_first)
+            part_first_d = self.asarray(part_first)
+            threads = self.threads(dim)
             self.launch(
-                self.cuda.reduce_bags,
-                k,
-                self.threads(dim),
+                self.cuda.reduce_chunks,
+                int(chunk_first[k]),
+                threads,
                 self.asarray(grad_out, np.float32),
                 self.asarray(starts, np.int64),
+                chunk_first_d,
+                part_first_d,
                 self.asarray(bag),
                 self.asarray(scale, np.float32),
                 out,
+                partial,
                 bad,
             )
+            if several.shape[0]:
+                self.launch(
+                    self.cuda.reduce_partials,
+                    several.shape[0],
+                    threads,
+                    chunk_first_d,
+                    part_first_d,
+                    self.asarray(several),
+                    partial,
+                    out,
+                    bad,
+                )
         return out, self.to_host(bad)
 
     def update(self, opt, records, slots, grads) -> None:

@@ -5,6 +5,12 @@ Two entries: :func:`reduce_grads` for one gradient row per position (``apply_gra
 forms the per-position rows).  Both sum each id's terms in batch-position order, so the
 result is bitwise the same for any thread count; :func:`screen_nonfinite` applies the
 caller's rule to ids whose sum is not finite.
+
+An id seen more than :data:`REDUCE_CHUNK` times in a batch sums its terms a chunk of
+``REDUCE_CHUNK`` positions at a time (each chunk in batch order from +0.0), then the
+chunks' sums in order from +0.0.  For an id seen at most ``REDUCE_CHUNK`` times that is
+the plain sum in batch order (``0.0 + s`` is ``s``, bit for bit); for a Zipf head seen
+thousands of times it lets a GPU sum the chunks in parallel, and the host the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ def _group_positions(inverse, k, starts, order):
         fill[u] += 1
 
 
+# Positions of one id summed in a row before their sum joins the id's total (see the module docstring).
+REDUCE_CHUNK = 256
+
 # Blocks of unique ids each thread's share of the reduce is cut into.  A Zipf batch's
 # first ids (first-occurrence order) hold most positions: split evenly by id, one thread
 # would get most of the work.
@@ -74,19 +83,28 @@ def _blocks_by_work(starts, blocks, bounds):
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _reduce_grads(grads, starts, order, bounds, out):
-    """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32).
+    """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32),
+    a :data:`REDUCE_CHUNK` of positions at a time past that many.
 
     ``bounds`` from :func:`_blocks_by_work`: each thread's share by positions, not ids.
     """
     dim = grads.shape[1]
     for blk in numba.prange(bounds.shape[0] - 1):
+        part = np.empty(dim, dtype=np.float32)
         for u in range(bounds[blk], bounds[blk + 1]):
             for j in range(dim):
                 out[u, j] = 0.0
-            for q in range(starts[u], starts[u + 1]):
-                g = grads[order[q]]
+            lo = starts[u]
+            hi = starts[u + 1]
+            for c in range(lo, hi, REDUCE_CHUNK):
                 for j in range(dim):
-                    out[u, j] += g[j]
+                    part[j] = 0.0
+                for q in range(c, min(c + REDUCE_CHUNK, hi)):
+                    g = grads[order[q]]
+                    for j in range(dim):
+                        part[j] += g[j]
+                for j in range(dim):
+                    out[u, j] += part[j]
 
 
 def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
@@ -134,6 +152,20 @@ def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts
             scale[q] = s * (weights[i] if use_weights else np.float32(1.0))
 
 
+@numba.njit(inline="always")
+def _add_bag_terms(acc, grad_out, bag, scale, lo, hi, dim, n):
+    """``acc += scale[q] * grad_out[bag[q]]`` for q in ``lo:hi``, in order (``n`` = len(bag))."""
+    for q in range(lo, hi):
+        if q + PREFETCH_DISTANCE < n:  # the bag row a few positions on
+            ahead = np.int64(bag[q + PREFETCH_DISTANCE])
+            for c in range(0, dim, 16):
+                prefetch_hint(grad_out, (ahead, c))
+        w = scale[q]
+        g = grad_out[np.int64(bag[q])]
+        for j in range(dim):
+            acc[j] += w * g[j]
+
+
 def _reduce_kernel(dim: int):
     """The backward's reduce for rows of ``dim`` floats, compiled once per dim (cached on disk).
 
@@ -147,7 +179,8 @@ def _reduce_kernel(dim: int):
 
     @numba.njit(parallel=True, cache=True, nogil=True)
     def _reduce_bag_grads(grad_out, starts, bag, scale, bounds, out, bad):
-        """Per unique id u: ``sum scale[q] * grad_out[bag[q]]`` over q in ``starts[u]:starts[u+1]``.
+        """Per unique id u: ``sum scale[q] * grad_out[bag[q]]`` over q in ``starts[u]:starts[u+1]``,
+        a :data:`REDUCE_CHUNK` of positions at a time past that many.
 
         With ``bag`` and ``scale`` from :func:`_group_bag_positions` (each id's positions in
         batch order), bitwise :func:`tiered_emb.testing.reference.unpool_grads` followed by :func:`_reduce_grads`.
@@ -160,15 +193,18 @@ def _reduce_kernel(dim: int):
                 acc = local_f32(dim)
                 for j in range(dim):
                     acc[j] = 0.0
-                for q in range(starts[u], starts[u + 1]):
-                    if q + PREFETCH_DISTANCE < n:  # the bag row a few positions on
-                        ahead = np.int64(bag[q + PREFETCH_DISTANCE])
-                        for c in range(0, dim, 16):
-                            prefetch_hint(grad_out, (ahead, c))
-                    w = scale[q]
-                    g = grad_out[np.int64(bag[q])]
-                    for j in range(dim):
-                        acc[j] += w * g[j]
+                lo = starts[u]
+                hi = starts[u + 1]
+                if hi - lo <= REDUCE_CHUNK:  # one chunk: its sum is the total (the common case)
+                    _add_bag_terms(acc, grad_out, bag, scale, lo, hi, dim, n)
+                else:
+                    part = local_f32(dim)
+                    for c in range(lo, hi, REDUCE_CHUNK):
+                        for j in range(dim):
+                            part[j] = 0.0
+                        _add_bag_terms(part, grad_out, bag, scale, c, min(c + REDUCE_CHUNK, hi), dim, n)
+                        for j in range(dim):
+                            acc[j] += part[j]
                 finite = True
                 for j in range(dim):
                     finite &= np.isfinite(acc[j])
@@ -255,4 +291,4 @@ def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.n
     return uids, summed
 
 
-__all__ = ["all_finite", "group_bag_positions", "reduce_bag_grads", "reduce_grads", "screen_nonfinite"]
+__all__ = ["REDUCE_CHUNK", "all_finite", "group_bag_positions", "reduce_bag_grads", "reduce_grads", "screen_nonfinite"]

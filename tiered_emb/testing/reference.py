@@ -11,6 +11,7 @@ import numpy as np
 
 from tiered_emb.config import TableConfig
 from tiered_emb.init import init_rows
+from tiered_emb.step.reduce import REDUCE_CHUNK
 
 
 class ReferencePolicy:
@@ -112,12 +113,23 @@ class ReferenceStore:
 
     def apply_gradients(self, table: str, ids, grads) -> None:
         cfg = self.tables[table]
-        summed: dict[int, np.ndarray] = {}
-        for i, g in zip(ids, grads, strict=True):  # batch order per id, from +0.0 (so -0.0 alone sums to +0.0)
-            i = int(i)
-            summed[i] = summed.get(i, np.zeros(g.shape, np.float32)) + g.astype(np.float32)
-        for i, g in summed.items():
-            _update_row(cfg, self.record(table, i), g)
+        terms: dict[int, list[np.ndarray]] = {}
+        for i, g in zip(ids, grads, strict=True):
+            terms.setdefault(int(i), []).append(g.astype(np.float32))
+        for i, rows in terms.items():
+            _update_row(cfg, self.record(table, i), chunked_sum(rows))
+
+
+def chunked_sum(rows: list[np.ndarray]) -> np.ndarray:
+    """An id's gradient rows summed as the store sums them: in batch order from +0.0 (so -0.0
+    alone sums to +0.0), a chunk of REDUCE_CHUNK rows at a time, then the chunks' sums in order."""
+    total = np.zeros(rows[0].shape, np.float32)
+    for c in range(0, len(rows), REDUCE_CHUNK):
+        part = np.zeros(rows[0].shape, np.float32)
+        for g in rows[c : c + REDUCE_CHUNK]:
+            part = part + g
+        total = total + part
+    return total
 
 
 def _power(base: float, n: int) -> float:
