@@ -11,6 +11,7 @@ again by the next write; its error is raised once, before the next change of row
 
 from __future__ import annotations
 
+import queue
 import signal
 import threading
 import warnings
@@ -32,46 +33,61 @@ from tiered_emb.tiers.ssd.written import WrittenIds
 
 
 class _Commits:
-    """A durable write's transactions, one committing on a thread while this one encodes the
-    next and indexes the one before (py-lmdb lets the GIL go in its puts and commits, Numba
-    and numpy in the encoding): the disk and a core busy at once.  The first failure is
-    raised, by :meth:`write` or on leaving the ``with``, and nothing after it is written;
-    what committed before it is indexed."""
+    """A durable write's transactions, committed in order on a thread while this one cuts,
+    encodes and indexes (py-lmdb lets the GIL go in its puts and commits, Numba and numpy in
+    the encoding): the disk and a core busy at once.  One transaction waits while one
+    commits, so this thread runs on through the next part's gathering and sorting with the
+    disk still busy.  The first failure is raised, by :meth:`write` or on leaving the
+    ``with``, and nothing after it is written; what committed before it is indexed."""
 
     def __init__(self, lmdb_env: LmdbEnv, segments: SegmentLog, lock: threading.Lock):
         self._lmdb, self._segments, self._lock = lmdb_env, segments, lock
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._committed: list = []  # (table, number, ids, None) of the transaction in flight
+        self._done: list = []  # (table, number, ids, None) of the transactions committed, not yet indexed
+        self._done_lock = threading.Lock()
 
     def write(self, groups: list[list]) -> None:
         for group in filter(None, groups):
             values = self._segments.encoded(group)
-            done = self._join()
-            self._committed = [(t, seq, ids, None) for t, seq, ids, _ in values]
-            self._thread = threading.Thread(target=self._commit, args=(values,), name="tiered_emb-commit", daemon=True)
-            self._thread.start()
+            self._raise_failed()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tiered_emb-commit", daemon=True)
+                self._thread.start()
+            self._queue.put(values)  # (waits while one waits and one commits)
             del values  # (the thread's now: freed once committed)
-            self._index(done)  # (while the next one commits)
+            self._index()  # (while the next ones commit)
 
-    def _commit(self, values: list) -> None:
-        try:
-            self._lmdb.write(lambda txn: self._segments.put(txn, values))
-        except BaseException as err:
-            self._error = err
+    def _run(self) -> None:
+        while (values := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # (after a failure nothing is written)
+            try:
+                self._lmdb.write(lambda txn, values=values: self._segments.put(txn, values))
+            except BaseException as err:
+                self._error = err
+                continue
+            with self._done_lock:
+                self._done += [(t, seq, ids, None) for t, seq, ids, _ in values]
 
-    def _join(self) -> list:
-        """Wait for the transaction in flight: its segments, or its failure raised."""
-        if self._thread is None:
-            return []
-        self._thread.join()
-        self._thread = None
+    def _raise_failed(self) -> None:
         if self._error is not None:
+            self._stop()
+            self._index()
             err, self._error = self._error, None
             raise err
-        return self._committed
 
-    def _index(self, done: list) -> None:
+    def _stop(self) -> None:
+        """Wait for every transaction handed over (or skipped after a failure)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _index(self) -> None:
+        with self._done_lock:
+            done, self._done = self._done, []
         if done:
             self._segments.locate(done)
             with self._lock:
@@ -81,13 +97,12 @@ class _Commits:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._stop()
+        self._index()
         if exc[0] is None:
-            self._index(self._join())
-        elif self._thread is not None:  # (failing already: its end waited for, indexed if it committed)
-            self._thread.join()
-            self._thread = None
-            if self._error is None:
-                self._index(self._committed)
+            self._raise_failed()
+        else:
+            self._error = None  # (failing already: that error is the one raised)
 
 
 class Writer:
@@ -134,8 +149,8 @@ class Writer:
         write is raised, or with ``defer_errors`` kept for :meth:`raise_failed_write`.
         ``durable=True`` writes every waiting row and ``batches`` (one such dict, or an
         iterable of them taken one at a time, each newer than the one before) now, in
-        transactions of an eighth of ``budget_bytes`` (one committing on a thread while the
-        next is encoded), each indexed once committed.
+        transactions of an eighth of ``budget_bytes`` (committed in order on a thread, one
+        waiting while one commits, as the next is encoded), each indexed once committed.
         """
         if not durable:
             batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
@@ -171,7 +186,7 @@ class Writer:
     def _groups(self, segments: list) -> list[list]:
         """``segments`` in groups of at most an eighth of ``budget_bytes`` of rows (at least one
         each): the transactions of a durable write (LMDB holds a transaction's pages in
-        memory; two are in memory at once, and small ones keep the disk and the encoding
+        memory; three are in memory at once, and small ones keep the disk and the encoding
         busy side by side)."""
         groups: list[list] = [[]]
         size = 0
