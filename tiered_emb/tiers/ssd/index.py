@@ -150,9 +150,19 @@ def _positions(arr_ids, n, dir_, shift, covered, ids, at):
 
 @numba.njit(cache=True, nogil=True)
 def _find(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out):
-    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash."""
+    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash.  The
+    location or hash bucket ``_AHEAD`` on is fetched early (a hint, as in :func:`_positions`)."""
     _positions(arr_ids, n, dir_, shift, covered, ids, out)
-    for i in range(ids.shape[0]):
+    m = ids.shape[0]
+    mask = keys.shape[0] - 1
+    for i in range(m):
+        if i + _AHEAD < m:
+            if out[i + _AHEAD] >= 0:
+                prefetch_hint(arr_locs, out[i + _AHEAD])
+            elif has_delta and ids[i + _AHEAD] >= 0:
+                home = hash_home(ids[i + _AHEAD], mask)
+                prefetch_hint(keys, home)
+                prefetch_hint(vals, home)
         if out[i] >= 0:
             out[i] = arr_locs[out[i]]
         elif has_delta:
