@@ -1,7 +1,8 @@
 """GPU figures of the HBM tier: pool bandwidth, the resident train step against torch, the tiered step.
 
-Needs an NVIDIA GPU with CuPy, numba-cuda and a CUDA build of torch (``pip install -e
-".[gpu-cuda13,torch]"``, or ``gpu-cuda12``; docs/gpu.md).  Without them it prints why
+Needs an NVIDIA GPU with CuPy and a CUDA build of torch (``pip install -e
+".[gpu-cuda13,torch]"``, or ``gpu-cuda12``; docs/gpu.md), and numba-cuda for
+``--kernels numba``.  Without them it prints why
 and exits with status 2, measuring nothing.  Run from the repository root::
 
     python bench/bench_gpu.py --json bench/results/gpu.json
@@ -11,7 +12,10 @@ process on the same ids; each figure is the median (and P90) over the timed step
 device synchronised around each one; one warm-up pass first (kernel compilation, lazy
 initialisation of the rows).  Three parts, each a ratio:
 
-- **pool bandwidth**: the pooled forward kernel (``step/cuda_kernels.py`` ``pool_bags``)
+``--kernels`` picks the step's kernels: ``native`` (the CUDA C of ``native/``, the default)
+or ``numba`` (their numba-cuda twins); the figures name which.
+
+- **pool bandwidth**: the pooled forward kernel (``pool_bags``)
   over rows resident on the device, in bytes read and written per second, against the
   device's own copy bandwidth (a CuPy device-to-device copy of as many bytes) measured in
   the same run; target >= 0.8;
@@ -37,22 +41,28 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fbgemm_tbe, machine, write_json
 
+from tiered_emb.step.device import KERNELS_ENV
+
 LR, EPS = 0.01, 1e-8
 
 
-def gpu_or_reason() -> str | None:
-    """None when this machine can run the benchmark, else why not (one line)."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+def gpu_or_reason(kernels: str = "native") -> str | None:
+    """None when this machine can run the benchmark with ``kernels``, else why not (one line)."""
+    if kernels == "numba" and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         return "NUMBA_ENABLE_CUDASIM is set: the kernels would run in Numba's simulator"
     try:
         import cupy
         import torch
-        from numba import cuda
     except Exception as err:
         return f"a GPU package is missing ({type(err).__name__}: {err})"
     try:
-        if cupy.cuda.runtime.getDeviceCount() < 1 or not cuda.is_available() or not torch.cuda.is_available():
-            return "CuPy, Numba or torch sees no CUDA device"
+        if cupy.cuda.runtime.getDeviceCount() < 1 or not torch.cuda.is_available():
+            return "CuPy or torch sees no CUDA device"
+        if kernels == "numba":
+            from numba import cuda
+
+            if not cuda.is_available():
+                return "Numba's CUDA target sees no device"
     except Exception as err:
         return f"CUDA is not usable ({type(err).__name__}: {err})"
     return None
@@ -111,10 +121,10 @@ def pool_bandwidth(args) -> dict:
     import cupy
 
     from tiered_emb.sim.traces import zipf_ids
-    from tiered_emb.step.device import DeviceKernels
+    from tiered_emb.step.device import kernels_for
     from tiered_emb.step.plan import dedupe
 
-    kernels = DeviceKernels(cupy)
+    kernels = kernels_for(cupy)
     records = cupy.random.standard_normal((args.rows, args.dim), dtype=cupy.float32)
     n = args.bags * args.bag_size
     uids, inverse = dedupe(zipf_ids(args.rows, args.alpha, n, seed=7))
@@ -194,9 +204,11 @@ def main(argv=None) -> dict:
     p.add_argument("--batches", type=int, default=4, help="distinct batches per timed pass")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--stream-steps", type=int, default=8, help="fresh batches of the tiered comparison")
+    p.add_argument("--kernels", choices=["native", "numba"], default="native", help="the step's CUDA kernels")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
-    reason = gpu_or_reason()
+    os.environ[KERNELS_ENV] = args.kernels
+    reason = gpu_or_reason(args.kernels)
     if reason is not None:
         print(f"bench_gpu: no usable GPU here ({reason}); nothing measured (docs/gpu.md)", file=sys.stderr)
         raise SystemExit(2)
@@ -214,7 +226,7 @@ def main(argv=None) -> dict:
         ratios["resident_vs_fbgemm"] = r["ours_resident"]["lookups_per_s"] / r["fbgemm_tbe"]["lookups_per_s"]
     device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     payload = {"machine": dict(machine(), gpu=device), "args": vars(args), "results": res, "ratios": ratios}
-    print(f"device: {device}")
+    print(f"device: {device}, kernels: {args.kernels}")
     for name, value in ratios.items():
         print(f"{name:28s} {value:8.3f}")
     if args.json:

@@ -1,27 +1,37 @@
-"""The step's CUDA kernels (tiered_emb/step/cuda_kernels.py) against their host twins, bitwise.
+"""The step's CUDA kernels against their host twins (the Numba CPU kernels), bitwise.
 
-Without a GPU they run in Numba's CUDA simulator (tests/conftest.py sets
-``NUMBA_ENABLE_CUDASIM=1``), so every CI run checks their logic: indexing, the order of
-every sum, which rounding where.  On a machine with a GPU the same tests run the compiled
-kernels (through NumPy arrays Numba copies to the device and back).  Sizes stay tiny: the
-simulator runs each CUDA thread as a Python thread.
+Every test runs each implementation through :class:`DeviceKernels`:
+
+- ``numba``: the numba-cuda kernels (tiered_emb/step/cuda_kernels.py); without a GPU in
+  Numba's CUDA simulator (tests/conftest.py sets ``NUMBA_ENABLE_CUDASIM=1``), with one
+  compiled, on NumPy arrays Numba copies to the device and back;
+- ``c-host``: the CUDA C kernels (native/step_kernels.cu) built for the host with
+  native/host_shim.h and run a block and a thread at a time, so every CI run checks their
+  logic (indexing, the order of every sum, which rounding where) without a GPU;
+- ``c-gpu``: the same CUDA C kernels compiled by CuPy's NVRTC, on a GPU (``-m gpu``).
+
+Sizes stay tiny: the simulator runs each CUDA thread as a Python thread.
 """
 
 import numpy as np
 import pytest
 
+from tiered_emb._backend import to_host
+from tiered_emb.errors import ConfigError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
-from tiered_emb.step.device import DeviceKernels
+from tiered_emb.step.device import KERNELS_ENV, DeviceKernels, kernels_for
 from tiered_emb.step.gather import pool_kernel
+from tiered_emb.step.native import KERNEL_NAMES, expand
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.step.reduce import REDUCE_CHUNK, group_bag_positions, reduce_bag_grads
 from tiered_emb.step.update import CPU_KERNELS, pow_by_squaring
+from tiered_emb.testing.native_host import HostModule, host_compiler, nvrtc_ptx
 
 SEEDS = range(3)
 
 
 def _bits(a) -> np.ndarray:
-    return np.ascontiguousarray(DeviceKernels(np).to_host(a)).view(np.uint32)
+    return np.ascontiguousarray(to_host(a)).view(np.uint32)
 
 
 def _batch(seed: int, num_ids: int = 12, num_bags: int = 5, id_range: int = 7):
@@ -33,9 +43,39 @@ def _batch(seed: int, num_ids: int = 12, num_bags: int = 5, id_range: int = 7):
     return rng, ids, offsets
 
 
-@pytest.fixture(scope="module")
-def kernels() -> DeviceKernels:
-    return DeviceKernels(np)
+class _OnGpu:
+    """DeviceKernels on CuPy with the tests' host records: copied up, and back where updated."""
+
+    def __init__(self, cupy, kernels: DeviceKernels):
+        self.cupy = cupy
+        self.kernels = kernels
+
+    def pool(self, records, *args):
+        return self.kernels.pool(self.cupy.asarray(records), *args)
+
+    def gather(self, records, *args):
+        return self.kernels.gather(self.cupy.asarray(records), *args)
+
+    def reduce_bags(self, grad_out, grouped):
+        return self.kernels.reduce_bags(self.cupy.asarray(grad_out), grouped)
+
+    def update(self, opt, records, slots, grads) -> None:
+        on_gpu = self.cupy.asarray(records)
+        self.kernels.update(opt, on_gpu, slots, grads)
+        records[...] = on_gpu.get()
+
+
+@pytest.fixture(scope="module", params=["numba", "c-host", pytest.param("c-gpu", marks=pytest.mark.gpu)])
+def kernels(request, tmp_path_factory):
+    if request.param == "numba":
+        return DeviceKernels(np)
+    if request.param == "c-host":
+        if host_compiler() is None:
+            pytest.skip("no C++ compiler on PATH to build native/step_kernels.cu for the host")
+        return DeviceKernels(np, HostModule(tmp_path_factory.mktemp("native")))
+    import cupy
+
+    return _OnGpu(cupy, kernels_for(cupy))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -167,3 +207,39 @@ def test_power_by_squaring_is_close_to_pow(base):
     for n in (0, 1, 2, 3, 10, 1000, 2**24):
         got = pow_by_squaring(base, n)
         assert np.float32(got) == pytest.approx(np.float32(base**n), rel=1e-6, abs=1e-45)
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_the_cuda_c_source_compiles_with_nvrtc_and_fuses_nothing(arch):
+    """NVRTC (the nvidia-cuda-nvrtc wheel of the test extra; no GPU needed) compiles native/ for
+    A100- and H100-class GPUs with the step's options, every kernel is there, and no multiply-add is
+    fused: the CPU twins never fuse one."""
+    ptx = nvrtc_ptx(arch)
+    if ptx is None:
+        pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc)")
+    for name in KERNEL_NAMES:
+        assert f".entry {name}(" in ptx
+    assert "fma." not in ptx
+    assert "add.rn.f32" in ptx and "mul.rn.f32" in ptx
+
+
+def test_a_bad_kernels_flag_is_a_config_error(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "cutlass")
+    with pytest.raises(ConfigError, match="native"):
+        kernels_for(np)
+
+
+def test_a_launch_with_a_wrong_dtype_is_refused_before_the_kernel_reads_it():
+    """The CUDA C kernels read raw pointers: a float64 matrix or an int32 slot array would be read
+    as other bytes, so the launch checks each argument against the kernel's signature first."""
+    rows = np.zeros((4, 3), dtype=np.float32)
+    idx = np.zeros(2, dtype=np.int64)
+    assert len(expand("gather_rows", (rows, idx, idx, rows))) == 4 + 6
+    with pytest.raises(TypeError, match="argument 0 must be a C-contiguous array f4:2"):
+        expand("gather_rows", (rows.astype(np.float64), idx, idx, rows))
+    with pytest.raises(TypeError, match="argument 1"):
+        expand("gather_rows", (rows, idx.astype(np.int32), idx, rows))
+    with pytest.raises(TypeError, match="argument 3"):
+        expand("gather_rows", (rows, idx, idx, rows[:, :2]))  # not contiguous
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        expand("gather_rows", (rows, idx, idx))

@@ -1,7 +1,8 @@
 """The GPU suite (``pytest -m gpu``): the HBM tier on a real GPU, bitwise the CPU path.
 
 Skipped where no CUDA GPU is usable (tests/conftest.py); the kernels' logic is checked on
-every run anyway, in Numba's simulator (tests/test_cuda_kernels.py, tests/test_device_path.py).
+every run anyway: the numba-cuda twins in Numba's simulator, the CUDA C kernels built for the host
+(tests/test_cuda_kernels.py, tests/test_device_path.py).
 Here the compiled kernels run on CuPy arrays: a training run with device="cuda" must give
 the bytes of the same run with device="cpu", through the store, the torch modules and the
 DLRM job.
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.step.device import KERNELS_ENV
 from tiered_emb.step.plan import plan_bags
 
 pytestmark = pytest.mark.gpu
@@ -62,17 +64,25 @@ def _train(path, device: str, steps: int = 8, seed: int = 0):
     return outputs, rows
 
 
-def test_a_training_run_on_the_gpu_is_bitwise_the_cpus(tmp_path):
+@pytest.mark.parametrize("kernels", ["native", "numba"])
+def test_a_training_run_on_the_gpu_is_bitwise_the_cpus(tmp_path, monkeypatch, kernels):
+    """The CUDA C kernels (the default) and their numba-cuda twins both give the CPU's bytes."""
+    if kernels == "numba":
+        pytest.importorskip("numba_cuda")
+    monkeypatch.setenv(KERNELS_ENV, kernels)
     cpu = _train(tmp_path / "cpu", "cpu")
     gpu = _train(tmp_path / "gpu", "cuda")
     assert all(a.tobytes() == b.tobytes() for a, b in zip(gpu[0], cpu[0], strict=True))
     assert all(a.tobytes() == b.tobytes() for a, b in zip(gpu[1], cpu[1], strict=True))
 
 
-def test_the_kernels_without_division_hold_no_fused_multiply_add(tmp_path):
-    """NVVM fuses a*b+c unless each operation is an _rn intrinsic: the PTX must show none."""
+def test_the_numba_kernels_without_division_hold_no_fused_multiply_add(tmp_path, monkeypatch):
+    """NVVM fuses a*b+c unless each operation is an _rn intrinsic: the PTX must show none.  (The
+    CUDA C kernels' PTX is checked on every run, tests/test_cuda_kernels.py.)"""
+    pytest.importorskip("numba_cuda")
     from tiered_emb.step import cuda_kernels
 
+    monkeypatch.setenv(KERNELS_ENV, "numba")
     _train(tmp_path / "gpu", "cuda", steps=2)  # compiles every kernel
     for kernel in (
         cuda_kernels.sgd_update,

@@ -8,7 +8,9 @@
   import time only by ``torchrec.py``; cupy at import time only by ``_backend.py``;
 - (d) no module reads another module's underscored members;
 - (e) every module is 30-600 lines;
-- (f) tests read no private member of the store or a tier.
+- (f) tests read no private member of the store or a tier;
+- (g) the wheel's package list (pyproject.toml) names every package of the tree, and ships
+  ``native/`` (the CUDA C kernels) as ``tiered_emb.native``.
 
 Each test reports every offender in one assertion message, grouped by file.
 """
@@ -21,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tiered_emb"
@@ -415,3 +419,17 @@ def test_tests_read_no_private_members() -> None:
         f"tests read private members ({len(extra)} distinct: {', '.join(extra)}); use the public "
         "interface, or add the read to TEST_PRIVATE_READ_ALLOWED with its reason:\n" + _grouped(where)
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (g): the wheel holds every package and the native sources
+
+
+def test_the_wheel_lists_every_package_and_ships_native() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    tree = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert set(tool["packages"]) == tree | {"tiered_emb.native"}
+    assert tool["package-dir"] == {"tiered_emb.native": "native"}
+    shipped = {p.name for pattern in tool["package-data"]["tiered_emb.native"] for p in (ROOT / "native").glob(pattern)}
+    assert {"step_kernels.cu", "host_shim.h"} <= shipped

@@ -3,9 +3,9 @@
 ``TIERED_EMB_DEVICE=cpu`` (or ``TierConfig(device="cpu")``) forces NumPy;
 ``device="cuda"`` without a usable GPU raises :class:`DeviceError`; ``"auto"`` falls
 back to NumPy with one :class:`DeviceFallbackWarning` per process.  A GPU is usable when
-CuPy sees a device and Numba's CUDA target (numba-cuda), which runs the step's kernels
-(:mod:`tiered_emb.step.cuda_kernels`), does too; both come with the ``gpu-cuda12`` /
-``gpu-cuda13`` extras (docs/gpu.md).
+CuPy sees a device: CuPy's NVRTC compiles the step's CUDA C kernels
+(:mod:`tiered_emb.step.native`).  Their numba-cuda twins (``TIERED_EMB_CUDA_KERNELS=numba``)
+need numba-cuda besides; both come with the ``gpu-cuda12`` / ``gpu-cuda13`` extras (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -40,14 +40,6 @@ def _cupy_or_reason() -> tuple[ModuleType | None, str | None]:
             return None, "CuPy sees no CUDA device"
     except Exception as err:  # no driver, or a driver older than the CUDA CuPy was built for
         return None, f"CUDA is not usable ({type(err).__name__}: {err})"
-    try:
-        from numba import cuda
-
-        usable: bool = cuda.is_available()  # type: ignore[no-untyped-call]  # numba's API is untyped
-        if not usable:
-            return None, "Numba's CUDA target (numba-cuda) sees no usable GPU"
-    except Exception as err:
-        return None, f"Numba's CUDA target is not importable ({type(err).__name__}: {err})"
     return cupy, None
 
 

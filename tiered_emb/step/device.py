@@ -1,9 +1,12 @@
-"""The step's device operations: launches of :mod:`tiered_emb.step.cuda_kernels` over one array module.
+"""The step's device operations: kernel launches over one array module.
 
 :class:`DeviceKernels` is what a :class:`~tiered_emb.step.resolve.Resolver` holds as
 ``kernels`` when the HBM tier lives on a GPU (``xp`` is CuPy): the pooled forward, the
 gather, the backward's reduce and the optimizer updates then run as CUDA kernels on the
-HBM records, bitwise the host's Numba kernels.  ``None`` is the host path.
+HBM records, bitwise the host's Numba kernels.  ``None`` is the host path.  The kernels are
+the CUDA C ones of ``native/`` (:mod:`tiered_emb.step.native`) or, with
+``TIERED_EMB_CUDA_KERNELS=numba``, their numba-cuda twins (:mod:`tiered_emb.step.cuda_kernels`);
+both take the same arguments in the same order.
 
 ``TIERED_EMB_DEVICE_KERNELS=1`` makes a store whose HBM tier is in host memory (NumPy)
 run every step through the same launches too.  Under Numba's CUDA simulator
@@ -23,7 +26,7 @@ import warnings
 import numpy as np
 
 from tiered_emb._backend import GPU_HINT, to_host
-from tiered_emb.errors import DeviceError
+from tiered_emb.errors import ConfigError, DeviceError
 from tiered_emb.step.reduce import REDUCE_CHUNK
 
 # Numba's performance hints that the step accepts: a small batch launches few blocks, and the
@@ -44,14 +47,19 @@ class DeviceKernels:
     another stream current: so they run in the order they are issued.
     """
 
-    def __init__(self, xp):
-        from tiered_emb.step import cuda_kernels  # imports numba.cuda: only where it is used
-
+    def __init__(self, xp, backend=None):
         self.xp = xp
-        self.cuda = cuda_kernels
-        self.simulated = cuda_kernels.SIMULATED
+        self.native = backend
         self.in_place = None
         self.no_weights = xp.empty(0, dtype=xp.float32)  # made once: a copy to the device costs a call
+        if backend is not None:
+            # CUDA C (native/): CuPy's RawModule on a GPU, or the host build the tests run
+            self.simulated = xp is np
+            return
+        from tiered_emb.step import cuda_kernels  # imports numba.cuda: only where it is used
+
+        self.cuda = cuda_kernels
+        self.simulated = cuda_kernels.SIMULATED
         if self.simulated:
             # The simulator copies a NumPy argument in and the whole of it back out after the
             # kernel, which would write stale rows over those a prefetch thread placed meanwhile;
@@ -60,8 +68,13 @@ class DeviceKernels:
 
             self.in_place = FakeCUDAArray
 
-    def launch(self, kernel, blocks: int, threads: int, *args) -> None:
-        """``kernel[blocks, threads](*args)``, without Numba's hints the step accepts (above)."""
+    def launch(self, name: str, blocks: int, threads: int, *args) -> None:
+        """The kernel ``name`` over ``blocks`` blocks of ``threads`` threads: the CUDA C one where a
+        backend was given, else the numba-cuda twin, without Numba's hints the step accepts (above)."""
+        if self.native is not None:
+            self.native.launch(name, blocks, threads, *args)
+            return
+        kernel = getattr(self.cuda, name)
         if self.simulated:
             kernel[blocks, threads](*(self.in_place(a) if isinstance(a, np.ndarray) else a for a in args))
             return
@@ -70,8 +83,8 @@ class DeviceKernels:
             kernel[blocks, threads](*args)
 
     def threads(self, dim: int) -> int:
-        """Threads per block for rows of ``dim`` floats: whole warps on a GPU, a few under the
-        simulator (one Python thread each; fewer than ``dim`` so the column loops stride)."""
+        """Threads per block for rows of ``dim`` floats: whole warps on a GPU, a few on the host
+        (the simulator's, one Python thread each; fewer than ``dim`` so the column loops stride)."""
         if self.simulated:
             return max(1, min(dim, 3))
         return min(256, max(32, -(-dim // 32) * 32))
@@ -96,7 +109,7 @@ class DeviceKernels:
         if num_bags:
             use_w = weights is not None
             self.launch(
-                self.cuda.pool_bags,
+                "pool_bags",
                 num_bags,
                 self.threads(dim),
                 records,
@@ -116,7 +129,7 @@ class DeviceKernels:
         out = self.xp.empty((n, dim), dtype=self.xp.float32)
         if n:
             self.launch(
-                self.cuda.gather_rows,
+                "gather_rows",
                 n,
                 self.threads(dim),
                 records,
@@ -151,14 +164,14 @@ class DeviceKernels:
             part_first_d = self.asarray(part_first)
             threads = self.threads(dim)
             self.launch(
-                self.cuda.reduce_chunks,
+                "reduce_chunks",
                 int(chunk_first[k]),
                 threads,
                 self.asarray(grad_out, np.float32),
                 self.asarray(starts, np.int64),
                 chunk_first_d,
                 part_first_d,
-                self.asarray(bag),
+                self.asarray(bag, np.int32),
                 self.asarray(scale, np.float32),
                 out,
                 partial,
@@ -166,7 +179,7 @@ class DeviceKernels:
             )
             if several.shape[0]:
                 self.launch(
-                    self.cuda.reduce_partials,
+                    "reduce_partials",
                     several.shape[0],
                     threads,
                     chunk_first_d,
@@ -184,7 +197,7 @@ class DeviceKernels:
         k = slots.shape[0]
         if k:
             self.launch(
-                self.cuda.UPDATE_KERNELS[opt.name],
+                f"{opt.name}_update",
                 k,
                 self.threads(grads.shape[1]),
                 records,
@@ -194,11 +207,31 @@ class DeviceKernels:
             )
 
 
+KERNELS_ENV = "TIERED_EMB_CUDA_KERNELS"
+
+
 def kernels_for(xp) -> DeviceKernels | None:
-    """The step's device kernels for an HBM tier on ``xp``: always on a GPU, on the host only with
-    ``TIERED_EMB_DEVICE_KERNELS=1`` (see the module docstring); None is the host's Numba path."""
-    if xp is np and os.environ.get("TIERED_EMB_DEVICE_KERNELS", "") in ("", "0"):
-        return None
+    """The step's device kernels for an HBM tier on ``xp``, None for the host's Numba path.
+
+    On a GPU: the CUDA C kernels (:mod:`tiered_emb.step.native`), or their numba-cuda twins with
+    ``TIERED_EMB_CUDA_KERNELS=numba``.  On the host: None, or the numba twins with
+    ``TIERED_EMB_DEVICE_KERNELS=1`` (see the module docstring).
+    """
+    choice = os.environ.get(KERNELS_ENV, "native").strip().lower() or "native"
+    if choice not in ("native", "numba"):
+        raise ConfigError(f"{KERNELS_ENV}={choice!r} names no kernels", "use 'native' (the default) or 'numba'")
+    if xp is np:
+        if os.environ.get("TIERED_EMB_DEVICE_KERNELS", "") in ("", "0"):
+            return None
+        return _numba_kernels(xp)
+    if choice == "numba":
+        return _numba_kernels(xp)
+    from tiered_emb.step.native import cupy_module
+
+    return DeviceKernels(xp, cupy_module(xp.cuda.Device().id))
+
+
+def _numba_kernels(xp) -> DeviceKernels:
     kernels = DeviceKernels(xp)
     if kernels.simulated and xp is not np:
         raise DeviceError(
@@ -210,11 +243,11 @@ def kernels_for(xp) -> DeviceKernels | None:
 
         if not cuda.is_available():
             raise DeviceError(
-                "the step's CUDA kernels were asked for (a GPU HBM tier or TIERED_EMB_DEVICE_KERNELS=1) "
-                "but Numba's CUDA target finds no usable GPU",
+                "the step's numba-cuda kernels were asked for (TIERED_EMB_CUDA_KERNELS=numba or "
+                "TIERED_EMB_DEVICE_KERNELS=1) but Numba's CUDA target finds no usable GPU",
                 GPU_HINT + ", or NUMBA_ENABLE_CUDASIM=1 to run the kernels in Numba's simulator",
             )
     return kernels
 
 
-__all__ = ["DeviceKernels", "kernels_for"]
+__all__ = ["KERNELS_ENV", "DeviceKernels", "kernels_for"]
