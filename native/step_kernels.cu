@@ -90,53 +90,45 @@ static __device__ __forceinline__ float sum_terms(const float* __restrict__ grad
     return acc;
 }
 
-// The backward's reduce, one block per chunk of REDUCE_CHUNK positions of an id.  Unique id u
-// owns chunks chunk_first[u]:chunk_first[u+1], chunk c of them the positions from
-// starts[u] + c*REDUCE_CHUNK.  An id of one chunk writes its sum to out[u] and sets bad[u]
-// (zeroed by the caller) where it is not finite; an id of several writes chunk c to
-// partial[part_first[u] + c] for reduce_partials.
-extern "C" __global__ void reduce_chunks(ARR2(const float, grad_out), ARR1(const i64, starts),
-                                         ARR1(const i64, chunk_first), ARR1(const i64, part_first),
-                                         ARR1(const int, bag), ARR1(const float, scale), ARR2(float, out),
-                                         ARR2(float, partial), ARR1(u8, bad)) {
-    const i64 t = blockIdx.x;
-    i64 lo_u = 0;
-    i64 hi_u = starts_n - 2;
-    while (lo_u < hi_u) {  // the id owning chunk t: the last u with chunk_first[u] <= t
-        const i64 mid = (lo_u + hi_u + 1) / 2;
-        if (chunk_first[mid] <= t)
-            lo_u = mid;
-        else
-            hi_u = mid - 1;
-    }
-    const i64 u = lo_u;
-    const i64 c = t - chunk_first[u];
-    const i64 lo = starts[u] + c * REDUCE_CHUNK;
-    const i64 end = starts[u + 1];
-    const i64 hi = lo + REDUCE_CHUNK < end ? lo + REDUCE_CHUNK : end;
-    const bool whole = chunk_first[u + 1] - chunk_first[u] == 1;
+// The backward's reduce of ids seen at most REDUCE_CHUNK times: one block per unique id u, its
+// positions starts[u]:starts[u+1] summed from +0.0 into out[u]; bad[u] (zeroed by the caller) set
+// where the sum is not finite.  An id seen more often is left to reduce_chunks + reduce_partials.
+extern "C" __global__ void reduce_ids(ARR2(const float, grad_out), ARR1(const i64, starts), ARR1(const int, bag),
+                                      ARR1(const float, scale), ARR2(float, out), ARR1(u8, bad)) {
+    const i64 u = blockIdx.x;
+    const i64 lo = starts[u];
+    const i64 hi = starts[u + 1];
+    if (hi - lo > REDUCE_CHUNK) return;
     for (i64 j = threadIdx.x; j < out_cols; j += blockDim.x) {
         const float acc = sum_terms(grad_out, grad_out_cols, bag, scale, lo, hi, j);
-        if (whole) {
-            out[u * out_cols + j] = acc;
-            if (not_finite(acc)) bad[u] = 1;
-        } else {
-            partial[(part_first[u] + c) * partial_cols + j] = acc;
-        }
+        out[u * out_cols + j] = acc;
+        if (not_finite(acc)) bad[u] = 1;
     }
 }
 
-// out[u] = the sum of partial[part_first[u] + c] over u's chunks, in order from +0.0, for each
-// u of ids (one block each: the ids of more than one chunk); bad as reduce_chunks.
-extern "C" __global__ void reduce_partials(ARR1(const i64, chunk_first), ARR1(const i64, part_first),
-                                           ARR1(const i64, ids), ARR2(const float, partial), ARR2(float, out),
-                                           ARR1(u8, bad)) {
-    const i64 u = ids[blockIdx.x];
-    const i64 first = part_first[u];
-    const i64 count = chunk_first[u + 1] - chunk_first[u];
+// One chunk of an id seen more than REDUCE_CHUNK times per block: positions
+// chunk_lo[t]:chunk_hi[t] summed from +0.0 into partial[t].
+extern "C" __global__ void reduce_chunks(ARR2(const float, grad_out), ARR1(const i64, chunk_lo),
+                                         ARR1(const i64, chunk_hi), ARR1(const int, bag), ARR1(const float, scale),
+                                         ARR2(float, partial)) {
+    const i64 t = blockIdx.x;
+    const i64 lo = chunk_lo[t];
+    const i64 hi = chunk_hi[t];
+    for (i64 j = threadIdx.x; j < partial_cols; j += blockDim.x)
+        partial[t * partial_cols + j] = sum_terms(grad_out, grad_out_cols, bag, scale, lo, hi, j);
+}
+
+// out[ids[i]] = the sum of partial[part_first[i]:part_first[i+1]], in order from +0.0: the
+// chunks' sums of the i-th id seen more than REDUCE_CHUNK times (one block each); bad as reduce_ids.
+extern "C" __global__ void reduce_partials(ARR1(const i64, part_first), ARR1(const i64, ids),
+                                           ARR2(const float, partial), ARR2(float, out), ARR1(u8, bad)) {
+    const i64 i = blockIdx.x;
+    const i64 u = ids[i];
+    const i64 first = part_first[i];
+    const i64 last = part_first[i + 1];
     for (i64 j = threadIdx.x; j < out_cols; j += blockDim.x) {
         float acc = 0.0f;
-        for (i64 c = 0; c < count; ++c) acc = __fadd_rn(acc, partial[(first + c) * partial_cols + j]);
+        for (i64 c = first; c < last; ++c) acc = __fadd_rn(acc, partial[c * partial_cols + j]);
         out[u * out_cols + j] = acc;
         if (not_finite(acc)) bad[u] = 1;
     }

@@ -167,53 +167,51 @@ def _sum_terms(grad_out, bag, scale, lo, hi, j):
 
 
 @cuda.jit
-def reduce_chunks(grad_out, starts, chunk_first, part_first, bag, scale, out, partial, bad):
-    """The backward's reduce, one block per chunk of :data:`REDUCE_CHUNK` positions of an id.
+def reduce_ids(grad_out, starts, bag, scale, out, bad):
+    """The backward's reduce of ids seen at most :data:`REDUCE_CHUNK` times, one block per unique id.
 
-    Chunks are numbered id by id: unique id u owns chunks ``chunk_first[u]:chunk_first[u+1]``
-    (int64 (k+1,)), chunk c of them positions ``starts[u] + c*REDUCE_CHUNK`` onwards
-    (:func:`tiered_emb.step.reduce.group_bag_positions`' ``starts``, ``bag``, ``scale``).
-    Each thread sums its columns over the chunk in position order from +0.0
-    (:func:`_sum_terms`).  An id of one chunk writes its sum to ``out[u]`` and sets
-    ``bad[u]`` (zeroed by the caller) where it is not finite; an id of several writes chunk c
-    to ``partial[part_first[u] + c]`` for :func:`reduce_partials` to add up.
+    Unique id u's positions are ``starts[u]:starts[u+1]``
+    (:func:`tiered_emb.step.reduce.group_bag_positions`' ``starts``, ``bag``, ``scale``); each
+    thread sums its columns over them in position order from +0.0 (:func:`_sum_terms`) into
+    ``out[u]`` and sets ``bad[u]`` (zeroed by the caller) where the sum is not finite.  An id
+    seen more often is left to :func:`reduce_chunks` and :func:`reduce_partials`.
     """
-    t = cuda.blockIdx.x
-    lo_u = 0
-    hi_u = starts.shape[0] - 2
-    while lo_u < hi_u:  # the id owning chunk t: the last u with chunk_first[u] <= t
-        mid = (lo_u + hi_u + 1) // 2
-        if chunk_first[mid] <= t:
-            lo_u = mid
-        else:
-            hi_u = mid - 1
-    u = lo_u
-    c = t - chunk_first[u]
-    lo = starts[u] + c * REDUCE_CHUNK
-    hi = min(lo + REDUCE_CHUNK, starts[u + 1])
-    whole = chunk_first[u + 1] - chunk_first[u] == 1
+    u = cuda.blockIdx.x
+    lo = starts[u]
+    hi = starts[u + 1]
+    if hi - lo > REDUCE_CHUNK:
+        return
     for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
         acc = _sum_terms(grad_out, bag, scale, lo, hi, j)
-        if whole:
-            out[u, j] = acc
-            if math.isinf(acc) or math.isnan(acc):
-                bad[u] = 1
-        else:
-            partial[part_first[u] + c, j] = acc
+        out[u, j] = acc
+        if math.isinf(acc) or math.isnan(acc):
+            bad[u] = 1
 
 
 @cuda.jit
-def reduce_partials(chunk_first, part_first, ids, partial, out, bad):
-    """``out[u] = sum of partial[part_first[u] + c]`` over u's chunks, in order from +0.0, for
-    each u of ``ids`` (one block each: the ids of more than one chunk); ``bad`` as
-    :func:`reduce_chunks`.  Bitwise the host's chunked reduce."""
-    u = ids[cuda.blockIdx.x]
-    first = part_first[u]
-    count = chunk_first[u + 1] - chunk_first[u]
+def reduce_chunks(grad_out, chunk_lo, chunk_hi, bag, scale, partial):
+    """One chunk of an id seen more than :data:`REDUCE_CHUNK` times per block: positions
+    ``chunk_lo[t]:chunk_hi[t]`` summed from +0.0 into ``partial[t]``."""
+    t = cuda.blockIdx.x
+    lo = chunk_lo[t]
+    hi = chunk_hi[t]
+    for j in range(cuda.threadIdx.x, partial.shape[1], cuda.blockDim.x):
+        partial[t, j] = _sum_terms(grad_out, bag, scale, lo, hi, j)
+
+
+@cuda.jit
+def reduce_partials(part_first, ids, partial, out, bad):
+    """``out[ids[i]]`` = the sum of ``partial[part_first[i]:part_first[i+1]]`` in order from +0.0:
+    the chunk sums of the i-th id seen more than :data:`REDUCE_CHUNK` times, one block each;
+    ``bad`` as :func:`reduce_ids`.  Bitwise the host's chunked reduce."""
+    i = cuda.blockIdx.x
+    u = ids[i]
+    first = part_first[i]
+    last = part_first[i + 1]
     for j in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
         acc = np.float32(0.0)
-        for c in range(count):
-            acc = f_add(acc, partial[first + c, j])
+        for c in range(first, last):
+            acc = f_add(acc, partial[c, j])
         out[u, j] = acc
         if math.isinf(acc) or math.isnan(acc):
             bad[u] = 1
@@ -322,5 +320,6 @@ __all__ = [
     "pool_bags",
     "pow_by_squaring",
     "reduce_chunks",
+    "reduce_ids",
     "reduce_partials",
 ]

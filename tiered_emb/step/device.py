@@ -28,6 +28,7 @@ import numpy as np
 from tiered_emb._backend import GPU_HINT, to_host
 from tiered_emb.errors import ConfigError, DeviceError
 from tiered_emb.step.reduce import REDUCE_CHUNK
+from tiered_emb.step.staging import Stager
 
 # Numba's performance hints that the step accepts: a small batch launches few blocks, and the
 # host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.  numba-cuda
@@ -52,6 +53,7 @@ class DeviceKernels:
         self.native = backend
         self.in_place = None
         self.no_weights = xp.empty(0, dtype=xp.float32)  # made once: a copy to the device costs a call
+        self.stager = None if xp is np else Stager(xp)
         if backend is not None:
             # CUDA C (native/): CuPy's RawModule on a GPU, or the host build the tests run
             self.simulated = xp is np
@@ -95,6 +97,18 @@ class DeviceKernels:
             return np.ascontiguousarray(a, dtype=dtype)
         return self.xp.ascontiguousarray(self.xp.asarray(a, dtype=dtype))
 
+    def stage(self, *pairs) -> list:
+        """Each ``(array, dtype)`` as a contiguous ``xp`` array of ``dtype``: the host arrays go up
+        together in one copy (:class:`~tiered_emb.step.staging.Stager`), device ones as they are."""
+        if self.stager is None:
+            return [np.ascontiguousarray(a, dtype=dtype) for a, dtype in pairs]
+        out = [None if isinstance(a, np.ndarray) else self.asarray(a, dtype) for a, dtype in pairs]
+        on_host = [i for i, got in enumerate(out) if got is None]
+        if on_host:
+            for i, dev in zip(on_host, self.stager.put([pairs[i] for i in on_host]), strict=True):
+                out[i] = dev
+        return out
+
     def to_host(self, a) -> np.ndarray:
         return to_host(a)
 
@@ -108,19 +122,10 @@ class DeviceKernels:
         out = self.xp.empty((num_bags, dim), dtype=self.xp.float32)
         if num_bags:
             use_w = weights is not None
-            self.launch(
-                "pool_bags",
-                num_bags,
-                self.threads(dim),
-                records,
-                self.asarray(slots, np.int64),
-                self.asarray(inverse, np.int64),
-                self.asarray(offsets, np.int64),
-                self.asarray(weights, np.float32) if use_w else self.no_weights,
-                use_w,
-                bool(mean),
-                out,
-            )
+            args = [(slots, np.int64), (inverse, np.int64), (offsets, np.int64)]
+            staged = self.stage(*args, *([(weights, np.float32)] if use_w else []))
+            w = staged[3] if use_w else self.no_weights
+            self.launch("pool_bags", num_bags, self.threads(dim), records, *staged[:3], w, use_w, bool(mean), out)
         return out
 
     def gather(self, records, slots, inverse, dim: int):
@@ -128,15 +133,8 @@ class DeviceKernels:
         n = inverse.shape[0]
         out = self.xp.empty((n, dim), dtype=self.xp.float32)
         if n:
-            self.launch(
-                "gather_rows",
-                n,
-                self.threads(dim),
-                records,
-                self.asarray(slots, np.int64),
-                self.asarray(inverse, np.int64),
-                out,
-            )
+            staged = self.stage((slots, np.int64), (inverse, np.int64))
+            self.launch("gather_rows", n, self.threads(dim), records, *staged, out)
         return out
 
     def reduce_bags(self, grad_out, grouped: tuple[np.ndarray, np.ndarray, np.ndarray]):
@@ -147,48 +145,41 @@ class DeviceKernels:
         a sum is not finite), bitwise :func:`tiered_emb.step.reduce.reduce_bag_grads`.
         """
         starts, bag, scale = grouped
+        if bag.dtype != np.int32:
+            raise DeviceError(
+                f"a batch of {grad_out.shape[0]} bags: the device reduce numbers bags as int32",
+                "split the batch into batches of fewer than 2**31 bags",
+            )
         starts = to_host(starts)
         k = starts.shape[0] - 1
         dim = grad_out.shape[1]
         out = self.xp.empty((k, dim), dtype=self.xp.float32)
         bad = self.xp.zeros(k, dtype=self.xp.uint8)
         if k:
-            chunks = np.maximum(-(-np.diff(starts) // REDUCE_CHUNK), 1)  # every id holds a position
-            chunk_first = np.zeros(k + 1, dtype=np.int64)
-            np.cumsum(chunks, out=chunk_first[1:])
-            several = np.flatnonzero(chunks > 1)
-            part_first = np.zeros(k, dtype=np.int64)  # where an id's chunk sums go in ``partial``
-            part_first[several[1:]] = np.cumsum(chunks[several])[:-1]
-            partial = self.xp.empty((max(int(chunks[several].sum()), 1), dim), dtype=self.xp.float32)
-            chunk_first_d = self.asarray(chunk_first)
-            part_first_d = self.asarray(part_first)
-            threads = self.threads(dim)
-            self.launch(
-                "reduce_chunks",
-                int(chunk_first[k]),
-                threads,
-                self.asarray(grad_out, np.float32),
-                self.asarray(starts, np.int64),
-                chunk_first_d,
-                part_first_d,
-                self.asarray(bag, np.int32),
-                self.asarray(scale, np.float32),
-                out,
-                partial,
-                bad,
+            lengths = np.diff(starts)
+            several = np.flatnonzero(lengths > REDUCE_CHUNK)  # ids summed a chunk at a time
+            chunks = -(-lengths[several] // REDUCE_CHUNK)
+            part_first = np.zeros(several.shape[0] + 1, dtype=np.int64)  # id i's chunks in ``partial``
+            np.cumsum(chunks, out=part_first[1:])
+            first = np.repeat(starts[several], chunks)
+            chunk_lo = first + (np.arange(part_first[-1]) - np.repeat(part_first[:-1], chunks)) * REDUCE_CHUNK
+            chunk_hi = np.minimum(chunk_lo + REDUCE_CHUNK, np.repeat(starts[several + 1], chunks))
+            starts_d, bag_d, scale_d, several_d, part_first_d, lo_d, hi_d = self.stage(
+                (starts, np.int64),
+                (bag, np.int32),
+                (scale, np.float32),
+                (several, np.int64),
+                (part_first, np.int64),
+                (chunk_lo, np.int64),
+                (chunk_hi, np.int64),
             )
+            threads = self.threads(dim)
+            grads = self.asarray(grad_out, np.float32)
+            self.launch("reduce_ids", k, threads, grads, starts_d, bag_d, scale_d, out, bad)
             if several.shape[0]:
-                self.launch(
-                    "reduce_partials",
-                    several.shape[0],
-                    threads,
-                    chunk_first_d,
-                    part_first_d,
-                    self.asarray(several),
-                    partial,
-                    out,
-                    bad,
-                )
+                partial = self.xp.empty((int(part_first[-1]), dim), dtype=self.xp.float32)
+                self.launch("reduce_chunks", int(part_first[-1]), threads, grads, lo_d, hi_d, bag_d, scale_d, partial)
+                self.launch("reduce_partials", several.shape[0], threads, part_first_d, several_d, partial, out, bad)
         return out, self.to_host(bad)
 
     def update(self, opt, records, slots, grads) -> None:
@@ -196,15 +187,8 @@ class DeviceKernels:
         device, float32 (k, dim)); ``slots`` distinct.  Bitwise :data:`tiered_emb.step.update.CPU_KERNELS`."""
         k = slots.shape[0]
         if k:
-            self.launch(
-                f"{opt.name}_update",
-                k,
-                self.threads(grads.shape[1]),
-                records,
-                self.asarray(slots, np.int64),
-                self.asarray(grads, np.float32),
-                self.asarray(opt.params(), np.float32),
-            )
+            staged = self.stage((slots, np.int64), (grads, np.float32), (opt.params(), np.float32))
+            self.launch(f"{opt.name}_update", k, self.threads(grads.shape[1]), records, *staged)
 
 
 KERNELS_ENV = "TIERED_EMB_CUDA_KERNELS"

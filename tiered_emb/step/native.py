@@ -30,8 +30,9 @@ _UPDATE = ("f4:2", "i8:1", "f4:2", "f4:1")
 SIGNATURES = {
     "pool_bags": ("f4:2", "i8:1", "i8:1", "i8:1", "f4:1", "s", "s", "f4:2"),
     "gather_rows": ("f4:2", "i8:1", "i8:1", "f4:2"),
-    "reduce_chunks": ("f4:2", "i8:1", "i8:1", "i8:1", "i4:1", "f4:1", "f4:2", "f4:2", "u1:1"),
-    "reduce_partials": ("i8:1", "i8:1", "i8:1", "f4:2", "f4:2", "u1:1"),
+    "reduce_ids": ("f4:2", "i8:1", "i4:1", "f4:1", "f4:2", "u1:1"),
+    "reduce_chunks": ("f4:2", "i8:1", "i8:1", "i4:1", "f4:1", "f4:2"),
+    "reduce_partials": ("i8:1", "i8:1", "f4:2", "f4:2", "u1:1"),
     "sgd_update": _UPDATE,
     "adagrad_update": _UPDATE,
     "rowwise_adagrad_update": _UPDATE,
