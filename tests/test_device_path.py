@@ -170,3 +170,42 @@ def test_device_kernels_without_a_gpu_or_the_simulator_are_a_device_error():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", TIERED_EMB_DEVICE_KERNELS="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.startswith("DeviceError") and "NUMBA_ENABLE_CUDASIM" in out.stdout
+
+
+def test_a_table_held_whole_is_planned_on_the_device_with_the_hosts_counts(tmp_path, monkeypatch):
+    """A direct tier's pooled step groups its positions on the device (step/device_plan.py): the
+    same bytes and the same HBM counts (lookups and hits per unique id, misses per row brought up)
+    as the host path, and the kernels' path does take it.  Non-finite sums follow the rules."""
+    from tiered_emb.step import device_plan
+
+    table = TableConfig("m", dim=3, optimizer=Adam(lr=0.05), num_rows=40)
+
+    def run(path):
+        rng = np.random.default_rng(9)
+        outs = []
+        with TieredStore.create(path, [table], TierConfig(64, device="cpu"), seed=2) as s:
+            for step in range(6):  # new ids each step, and ids seen again
+                plan = _bags(rng, step)
+                plan = plan_bags(plan.ids * 3 % 40, plan.offsets, plan.weights, mean=plan.mean)
+                out = np.array(s.lookup_pooled("m", plan))
+                s.apply_pooled_gradients("m", plan, np.tanh(out + np.float32(step)))
+                outs.append(out)
+            bad = plan_bags(np.array([1, 2, 1]), np.array([0, 2, 3]))
+            out = s.lookup_pooled("m", bad)
+            grad = np.ones((2, 3), dtype=np.float32)
+            grad[1, 0] = np.nan  # id 1's sum (bags 0 and 1) is NaN, id 2's is not
+            with pytest.raises(NonFiniteGradientError):
+                s.apply_pooled_gradients("m", bad, grad)
+            s.apply_pooled_gradients("m", bad, grad, nonfinite="skip")
+            outs.append(s.peek("m", np.arange(40), with_state=True))
+            return outs, s.stats()["m"]["hbm"]
+
+    host = run(tmp_path / "host")
+    monkeypatch.setenv("TIERED_EMB_DEVICE_KERNELS", "1")
+    planned = []
+    real = device_plan.pool
+    monkeypatch.setattr(device_plan, "pool", lambda *a: planned.append(1) or real(*a))
+    device = run(tmp_path / "device")
+    assert len(planned) == 7
+    assert _same_bytes(device[0], host[0])
+    assert device[1] == host[1] and host[1]["misses"] > 0 and host[1]["hits"] > 0

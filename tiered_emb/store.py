@@ -36,7 +36,7 @@ from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, NonFiniteGradientError, StoreClosedError
 from tiered_emb.prefetch import Prefetcher, Ticket, Window
 from tiered_emb.reader import StoreReader
-from tiered_emb.step import gather, plan, reduce, update
+from tiered_emb.step import device_plan, gather, plan, reduce, update
 from tiered_emb.step.resolve import Resolver, Table
 from tiered_emb.tiers import SsdTier
 
@@ -401,6 +401,11 @@ class TieredStore:
             table_ids(table, bags.ids, t.cfg.num_rows)
         if bags.ids.shape[0] == 0:
             return update.no_update
+        grouped = bags.device_grouping
+        if grouped is not None and grouped.table is t:  # the forward grouped the batch on the device
+            apply = device_plan.update(self._res, t, bags, grad_out, nonfinite)
+            self.raise_failed_write()
+            return apply
         work = bags.ids.shape[0] * t.cfg.dim
         summed, bad = reduce.reduce_bag_grads(bags, grad_out, kernels)
         uids, summed = reduce.screen_nonfinite(table, bags.uids, summed, bad.astype(bool), nonfinite)

@@ -16,6 +16,7 @@ import numpy as np
 from tiered_emb._args import table_ids
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
+from tiered_emb.step import device_plan
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -166,6 +167,7 @@ def lookup_pooled(res, window, t, plan, backward: bool = True):
     weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
     plan.slots = None
     plan.pinned = None
+    plan.device_grouping = None
     if backward:
         pinned = window.pinned_batch(t.cfg.name, plan.ids)  # None on a device HBM
         if pinned is not None:
@@ -199,6 +201,8 @@ def lookup_pooled(res, window, t, plan, backward: bool = True):
             table_ids(t.cfg.name, plan.ids, t.cfg.num_rows)
             plan.checked = t
         if kernels is not None:
+            if device_plan.applies(res, t, plan, backward):
+                return device_plan.pool(res, t, plan)
             return _pool_on_device(res, t, plan)
         if plan.uids.shape[0] <= t.hbm.unpinned_capacity:
             if plan.uids.shape[0] == 0:

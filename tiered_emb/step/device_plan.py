@@ -1,0 +1,137 @@
+"""The pooled step of a table held whole in HBM on the device: planned there, not on the host.
+
+On a GPU the host's plan is most of a resident step: deduping the batch's ids (1.5-2.3 ms
+for 163,840 ids on the H200's host) and grouping their positions by id (1.0 ms), against
+a few hundred microseconds of kernels (docs/gpu.md).  A table held whole (a direct tier:
+row ``id`` lives in slot ``id``) needs neither for its forward, and its backward can group
+on the device:
+
+- the forward brings up the rows of the batch not up yet (their ids deduped on the host:
+  a few, once the table is warm) and pools by id;
+- the positions sorted by id with a stable sort give each unique id's positions in batch
+  order, the order the host's reduce sums them in, so the per-id sums are bitwise the
+  host's; the ids come out in id order instead of first-occurrence order, which changes no
+  row (each row's update is its own);
+- the backward reduces over that grouping and updates the rows by id.
+
+The counters are the host path's: ``lookups`` and ``hits`` count the batch's unique ids,
+``misses`` those brought up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from tiered_emb._backend import to_host
+from tiered_emb.step import reduce
+from tiered_emb.step.update import apply_update, update_rows
+
+
+@dataclass
+class DeviceGrouping:
+    """The batch's positions grouped by unique id, on the device (``xp`` arrays).
+
+    ``uids`` int64 (k,) in increasing order; ``starts`` int64 (k+1,); ``bag`` int32 (n,) and
+    ``scale`` float32 (n,) as :func:`tiered_emb.step.reduce.group_bag_positions`' (the same
+    values, the ids numbered in id order).
+    """
+
+    table: object
+    uids: object
+    starts: object
+    bag: object
+    scale: object
+
+
+@numba.njit(cache=True, nogil=True)
+def _missing(slot_ids, ids):
+    """The ids not up in a direct tier (``slot_ids[id] != id``), with repeats, in batch order."""
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    m = 0
+    for i in range(ids.shape[0]):
+        if slot_ids[ids[i]] != ids[i]:
+            out[m] = ids[i]
+            m += 1
+    return out[:m]
+
+
+def applies(res, t, plan, backward: bool) -> bool:
+    """Whether :func:`pool` serves this lookup: the device kernels, a direct tier, a backward to
+    come, and bags numbered as int32 (as the device reduce takes them)."""
+    return res.kernels is not None and t.hbm.direct and backward and plan.ids.shape[0] > 0 and plan.num_bags < 2**31
+
+
+def pool(res, t, plan):
+    """The pooled forward of ``plan`` (ids checked) from a direct tier on the device; sets
+    ``plan.device_grouping`` for :func:`update`.  Call under ``res.lock``."""
+    xp, kernels, dim = res.xp, res.kernels, t.cfg.dim
+    n = plan.ids.shape[0]
+    missing = _missing(t.hbm.slot_ids, plan.ids)
+    m = 0
+    if missing.shape[0]:
+        first = np.unique(missing, return_index=True)[1]
+        up = missing[np.sort(first)]  # first-occurrence order, as the host path brings them up
+        m = up.shape[0]
+        for _ in res.chunks(t, up):  # brought up, and counted as lookups that missed
+            pass
+    use_w = plan.weights is not None
+    staged = [(plan.ids, np.int64), (plan.offsets, np.int64)] + ([(plan.weights, np.float32)] if use_w else [])
+    ids_d, offsets_d, *w = kernels.stage(*staged)
+    positions = xp.arange(n, dtype=xp.int64)
+    out = kernels.pool(t.hbm.records, ids_d, positions, offsets_d, w[0] if use_w else None, plan.mean, dim)
+    plan.device_grouping = _group(xp, t, plan, ids_d, offsets_d, positions, w[0] if use_w else None)
+    k = int(plan.device_grouping.uids.shape[0])
+    res.check_budget(t, k)
+    t.count_hits(k - m)  # (those brought up were counted by their resolve)
+    return out
+
+
+def _group(xp, t, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGrouping:
+    n = positions.shape[0]
+    order = xp.argsort(ids_d, kind="stable")  # positions by id, batch order within an id
+    by_id = ids_d[order]
+    new = xp.empty(n, dtype=bool)
+    new[:1] = True
+    xp.not_equal(by_id[1:], by_id[:-1], out=new[1:])
+    first = xp.flatnonzero(new)
+    starts = xp.concatenate([first, xp.asarray([n], dtype=xp.int64)])
+    bag_of = xp.searchsorted(offsets_d, positions, side="right") - 1  # the last bag starting at or before i
+    bag = bag_of[order].astype(xp.int32)
+    scale = xp.ones(n, dtype=xp.float32)
+    if plan.mean:
+        lengths = (offsets_d[1:] - offsets_d[:-1]).astype(xp.float32)
+        per_bag = xp.float32(1.0) / xp.maximum(lengths, xp.float32(1.0))  # an empty bag has no position
+        scale = per_bag[bag_of][order]
+    if weights_d is not None:
+        scale = scale * weights_d[order]
+    return DeviceGrouping(t, by_id[first], starts, bag, scale)
+
+
+def update(res, t, plan, grad_out, nonfinite: str):
+    """The fused backward of :func:`pool`'s forward: reduce on the device's grouping, screen,
+    then a callable that updates the rows by id (as ``pooled_update``'s)."""
+    g = plan.device_grouping
+    summed, bad = res.kernels.reduce_bags(grad_out, (g.starts, g.bag, g.scale))
+    if bad.any():  # the rare non-finite case is settled on the host, as on the host path: the
+        # rows left are resolved again (and counted) as apply_gradients does
+        uids, summed = reduce.screen_nonfinite(t.cfg.name, to_host(g.uids), summed, bad.astype(bool), nonfinite)
+        return lambda: _update_again(res, t, uids, summed)
+    return lambda: _apply(res, t, g.uids, summed, plan.ids)
+
+
+def _apply(res, t, uids, summed, ids: np.ndarray) -> None:
+    """The update of every row of the batch (``uids`` on the device, ``ids`` the batch's, on the host)."""
+    with res.lock:
+        apply_update(t.cfg.optimizer, t.hbm.records, uids, summed, res.kernels)
+        t.hbm.dirty[ids] = 1
+
+
+def _update_again(res, t, uids: np.ndarray, summed) -> None:
+    with res.lock:
+        update_rows(res, t, uids, summed, checked=True)
+
+
+__all__ = ["DeviceGrouping", "applies", "pool", "update"]
