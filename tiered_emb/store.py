@@ -402,7 +402,7 @@ class TieredStore:
         if bags.ids.shape[0] == 0:
             return update.no_update
         grouped = bags.device_grouping
-        if grouped is not None and grouped.table is t:  # the forward grouped the batch on the device
+        if isinstance(grouped, device_plan.DeviceGrouping) and grouped.table is t:  # grouped on the device
             apply = device_plan.update(self._res, t, bags, grad_out, nonfinite)
             self.raise_failed_write()
             return apply

@@ -20,6 +20,7 @@ The counters are the host path's: ``lookups`` and ``hits`` count the batch's uni
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
@@ -110,7 +111,7 @@ def _group(xp, t, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGroupin
     return DeviceGrouping(t, by_id[first], starts, bag, scale)
 
 
-def update(res, t, plan, grad_out, nonfinite: str):
+def update(res, t, plan, grad_out, nonfinite: str) -> Callable[[], None]:
     """The fused backward of :func:`pool`'s forward: reduce on the device's grouping, screen,
     then a callable that updates the rows by id (as ``pooled_update``'s)."""
     g = plan.device_grouping
