@@ -1,16 +1,19 @@
 """Every row the SSD tier holds carries a checksum: damaged bytes are a typed error naming
 the table, the ids and the file, never wrong rows; ``verify`` lists every damaged record."""
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb import SGD, TableConfig, TierConfig, TieredStore
+from tiered_emb._jit import split_parts
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import flip_bit
 from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.mapped import row_sum
+from tiered_emb.tiers.ssd.segments import GATHER_SPLIT_FROM
 
 TABLES = [TableConfig("a", dim=8, optimizer=SGD(lr=0.1)), TableConfig("b", dim=4, optimizer=SGD(lr=0.1))]
 ROWS = 3000
@@ -134,3 +137,19 @@ def test_a_segment_under_another_number_stops_the_open(tmp_path, move):
     with pytest.raises(CorruptStoreError, match=rf"table 'a'.*{want}"):
         TieredStore.open(tmp_path / "s")
     assert (tmp_path / "s" / "lmdb" / "data.mdb").read_bytes() == before  # nothing deleted
+
+
+@pytest.mark.parametrize("damaged", [[2500], [500, 2500]])
+def test_a_read_cut_into_slices_names_the_first_damaged_row(tmp_path, damaged):
+    """A read of thousands of rows gathers them in slices on Numba's threads
+    (segments.py ``GATHER_SPLIT_FROM``): the error names the first damaged row in read order,
+    whichever slice found it, as a read in one slice does."""
+    if numba.get_num_threads() < 2:
+        pytest.skip("one Numba thread: a read is not cut into slices")
+    _store(tmp_path / "s")
+    for row in damaged:
+        flip_bit(tmp_path / "s", "a", row)
+    with TieredStore.open(tmp_path / "s") as s:
+        assert split_parts(ROWS, GATHER_SPLIT_FROM) >= 2
+        with pytest.raises(CorruptStoreError, match=rf"id {damaged[0]} "):
+            s.peek("a", np.arange(ROWS))

@@ -4,18 +4,20 @@ damaged segments and stores written in the format before segments."""
 import json
 
 import lmdb
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb._jit import split_parts
 from tiered_emb.errors import ConfigError, CorruptStoreError
 from tiered_emb.testing import crash, random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.compaction import Compactor
-from tiered_emb.tiers.ssd.index import POS_BITS, SegmentIndex
+from tiered_emb.tiers.ssd.index import FIND_SPLIT_FROM, POS_BITS, SegmentIndex
 from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.writer_client import WriterProcess
 
@@ -429,3 +431,21 @@ def test_a_disk_full_in_a_compaction_is_raised_typed_and_loses_nothing(tmp_path,
     s.close()
     with TieredStore.open(tmp_path / "s") as r:
         _same_rows(r, ref)
+
+
+def test_a_large_batch_of_finds_cut_into_slices_answers_as_a_dict():
+    """Finds of thousands of ids run in slices on Numba's threads (index.py ``FIND_SPLIT_FROM``):
+    the same answers as a dict, ids held in the sorted arrays and in the hash of new ids alike."""
+    if numba.get_num_threads() < 2:
+        pytest.skip("one Numba thread: finds are not cut into slices")
+    rng = np.random.default_rng(4)
+    ids = rng.choice(10**9, 60_000, replace=False).astype(np.int64)
+    ix = SegmentIndex(num_rows=10**9)
+    model = {}
+    for seq, part in enumerate(np.array_split(ids, 6)):
+        ix.add(seq, part)
+        model.update({int(x): (seq << POS_BITS) | p for p, x in enumerate(part)})
+    probe = np.concatenate([ids[::3], rng.integers(0, 10**9, 9_000)])
+    rng.shuffle(probe)
+    assert split_parts(probe.shape[0], FIND_SPLIT_FROM) >= 2
+    assert ix.find(probe).tolist() == [model.get(int(x), -1) for x in probe]

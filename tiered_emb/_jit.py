@@ -80,6 +80,12 @@ def prefetch_row_hint(records, row):
 _SERIAL_BELOW = 1 << 16
 
 
+def split_parts(items: int, least: int) -> int:
+    """How many slices a batch of ``items`` independent items is cut into for Numba's threads:
+    the current thread count (see :func:`threads_for`), each slice at least ``least`` items."""
+    return max(1, min(numba.get_num_threads(), items // max(least, 1)))
+
+
 @contextmanager
 def threads_for(work: int):
     if work >= _SERIAL_BELOW or numba.get_num_threads() == 1:

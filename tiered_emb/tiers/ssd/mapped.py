@@ -157,4 +157,24 @@ def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights,
     return -1
 
 
-__all__ = ["MappedFile", "gather", "row_sum", "value_offset"]
+@numba.njit(parallel=True, cache=True, nogil=True)
+def gather_split(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights, check, parts):
+    """:func:`gather` over ``parts`` consecutive slices of the rows at once, on Numba's threads
+    (each row's copy and check is its own).  Returns what :func:`gather` would: the code of the
+    first row in order that fails (a later slice may have copied rows past it meanwhile; the
+    caller raises either way), else -1."""
+    n = locs.shape[0]
+    codes = np.full(parts, -1, dtype=np.int64)
+    for c in numba.prange(parts):
+        lo = n * c // parts
+        hi = n * (c + 1) // parts
+        code = gather(floats, base, nrows, summed, locs[lo:hi], ids[lo:hi], width, out_rows, at[lo:hi], weights, check)
+        if code >= 0:
+            codes[c] = code + 2 * lo
+    for c in range(parts):
+        if codes[c] >= 0:
+            return codes[c]
+    return -1
+
+
+__all__ = ["MappedFile", "gather", "gather_split", "row_sum", "value_offset"]

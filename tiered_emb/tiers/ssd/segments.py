@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from tiered_emb._jit import split_parts
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import decode
 from tiered_emb.tiers.ssd.codec import (
@@ -42,8 +43,11 @@ from tiered_emb.tiers.ssd.index import (
     SegmentIndex,
 )
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv, TxnGate
-from tiered_emb.tiers.ssd.mapped import MappedFile, gather, value_offset
+from tiered_emb.tiers.ssd.mapped import MappedFile, gather, gather_split, value_offset
 from tiered_emb.tiers.ssd.written import WrittenIds
+
+# a read's gather from the map is cut into slices of at least this many rows for Numba's threads
+GATHER_SPLIT_FROM = 1024
 
 
 class SegmentGone(Exception):
@@ -261,7 +265,11 @@ class SegmentLog:
                 end = base[seqs[fast]] + nrows[seqs[fast]] * (width + summed[seqs[fast]])
                 floats = self.mapped.cover(4 * int(end.max()))
                 args = (floats, base, nrows, summed, locs[fast], ids[fast], width, out_rows, at[fast])
-                bad = gather(*args, self._weights[table], self.check_sums)
+                parts = split_parts(args[4].shape[0], GATHER_SPLIT_FROM)
+                if parts > 1:
+                    bad = gather_split(*args, self._weights[table], self.check_sums, parts)
+                else:
+                    bad = gather(*args, self._weights[table], self.check_sums)
                 if bad >= 0:
                     raise self._bad_gather(table, ids[fast], locs[fast], bad)
                 if fast.all():
