@@ -12,7 +12,7 @@ from tiered_emb._jit import split_parts
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import flip_bit
 from tiered_emb.tiers.ssd import codec
-from tiered_emb.tiers.ssd.mapped import row_sum
+from tiered_emb.tiers.ssd.mapped import pack_rows, row_sum, take_rows
 from tiered_emb.tiers.ssd.segments import GATHER_SPLIT_FROM
 
 TABLES = [TableConfig("a", dim=8, optimizer=SGD(lr=0.1)), TableConfig("b", dim=4, optimizer=SGD(lr=0.1))]
@@ -153,3 +153,20 @@ def test_a_read_cut_into_slices_names_the_first_damaged_row(tmp_path, damaged):
         assert split_parts(ROWS, GATHER_SPLIT_FROM) >= 2
         with pytest.raises(CorruptStoreError, match=rf"id {damaged[0]} "):
             s.peek("a", np.arange(ROWS))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=400), st.integers(1, 40), st.integers(0, 2**32 - 1))
+def test_the_main_process_encodes_a_segment_as_the_writer_process_does(ids, width, fill):
+    """``encode_segment`` with the Numba twins (``pack_rows``; ``last_rows`` with ``take_rows``)
+    gives the writer process's NumPy bytes, repeated ids included (each id's last row kept)."""
+    ids = np.array(ids, dtype=np.int64)
+    words = (np.arange(ids.shape[0] * width, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(fill)).astype(
+        np.uint32
+    )
+    rows = words.reshape(-1, width).view(np.float32)
+    numpy_ids, numpy_rows = codec.last_rows(ids, rows)
+    twin_ids, twin_rows = codec.last_rows(ids, rows, take_rows)
+    assert np.array_equal(twin_ids, numpy_ids) and twin_rows.tobytes() == numpy_rows.tobytes()
+    want = codec.encode_segment(ids, rows, None, 9)
+    assert codec.encode_segment(ids, rows, None, 9, pack_rows).tobytes() == want.tobytes()

@@ -242,34 +242,40 @@ class Resolver:
 
     def dirty_chunks(self, counts: dict[str, int]):
         """Every dirty row of HBM and DDR as ``{table: (ids, records)}`` chunks of about a
-        quarter of the budget's bytes each (tables in name order, HBM before DDR, slots in
-        order; small pieces share a chunk; the caller writes each before it takes the next:
-        a flush or checkpoint holds one chunk, whatever the tiers hold); ``counts[table]``
-        adds up the rows yielded."""
+        quarter of the budget's bytes each, the first an eighth of that (tables in name order,
+        HBM before DDR, slots in order; small pieces share a chunk; the caller writes each
+        before it takes the next: a flush or checkpoint holds one chunk, whatever the tiers
+        hold); ``counts[table]`` adds up the rows yielded."""
         quarter = max(1, min(self.budget_bytes, 1 << 40) // 4)
+        # The first chunk is an eighth of the others: its rows reach the disk while the next
+        # are gathered, so the disk is not idle for a whole chunk's gather, sort and encoding.
+        chunk = max(1, quarter // 8)
         parts: dict[str, tuple[list, list]] = {}
         held = 0
         for name, t in sorted(self.tables.items()):
-            step = max(1, quarter // (4 * t.cfg.record_width))
             for tier in (t.hbm, t.ddr):
-                for a in range(0, tier.slot_ids.shape[0], step):
+                a = 0
+                while a < tier.slot_ids.shape[0]:
+                    step = max(1, chunk // (4 * t.cfg.record_width))
                     slots = a + np.flatnonzero((tier.dirty[a : a + step] != 0) & (tier.slot_ids[a : a + step] >= 0))
+                    a += step
                     if not slots.shape[0]:
                         continue
                     piece = (tier.slot_ids[slots], t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
-                    if piece[1].nbytes >= quarter // 2:  # (large enough alone: not copied into a chunk)
+                    if piece[1].nbytes >= chunk // 2:  # (large enough alone: not copied into a chunk)
                         if parts:  # (those before it first: the order of the pieces is kept)
                             yield self._chunk(parts, counts)
                             parts, held = {}, 0
                         yield self._chunk({name: ([piece[0]], [piece[1]])}, counts)
+                        chunk = quarter
                         continue
                     ids, rows = parts.setdefault(name, ([], []))
                     ids.append(piece[0])
                     rows.append(piece[1])
                     held += piece[1].nbytes
-                    if held >= quarter:
+                    if held >= chunk:
                         yield self._chunk(parts, counts)
-                        parts, held = {}, 0
+                        parts, held, chunk = {}, 0, quarter
         if parts:
             yield self._chunk(parts, counts)
 

@@ -105,18 +105,32 @@ def segment_key(seq: int) -> bytes:
     return int(seq).to_bytes(8, "big")
 
 
-def last_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, rows)`` in id order with each id once: a repeated id's last row kept."""
+def last_rows(ids: np.ndarray, rows: np.ndarray, take=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, rows)`` in id order with each id once: a repeated id's last row kept.
+
+    ``take(rows, at)``, where given, is ``rows[at]`` as float32 (the main process passes
+    :func:`.mapped.take_rows`, rows copied on Numba's threads)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     if ids.shape[0] > 1 and not (ids[1:] > ids[:-1]).all():
-        last = ids.shape[0] - 1 - np.unique(ids[::-1], return_index=True)[1]  # each id's last position, id order
-        ids, rows = ids[last], rows[last]
+        # an id's positions in batch order, so its last position is its run's last
+        order = np.argsort(ids, kind="stable")
+        by_id = ids[order]
+        keep = np.empty(by_id.shape[0], dtype=bool)
+        keep[-1] = True
+        np.not_equal(by_id[1:], by_id[:-1], out=keep[:-1])
+        last = order[keep]
+        return by_id[keep], (rows[last] if take is None else take(rows, last))
     return ids, np.ascontiguousarray(rows, dtype=np.float32)
 
 
-def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0):
+def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0, pack=None):
     """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
-    id's last row kept, each row followed by its checksum (raw: one array, one copy of the rows)."""
+    id's last row kept, each row followed by its checksum (raw: one array, one copy of the rows).
+
+    ``pack(ids, words, records)``, where given, copies the rows' words (uint32 (k, W)) into
+    ``records`` (uint32 (k, W + 1)) with each row's checksum after it, as the NumPy lines
+    below do (the main process passes :func:`.mapped.pack_rows`, a Numba twin on its threads;
+    the writer process, which imports no Numba, has these)."""
     ids, rows = last_rows(ids, rows)
     n, width = rows.shape
     ids = ids.astype("<i8", copy=False)
@@ -126,8 +140,11 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0):
     SEGMENT_HEADER.pack_into(out, 0, SEGMENT_MAGIC, SEGMENT_VERSION, RAW, n, width, crc)
     out[SEGMENT_HEADER.size : head].view("<i8")[:] = ids
     records = out[head:].view("<u4").reshape(n, width + 1)
-    records[:, :width] = rows.view(np.uint32)
-    records[:, width] = row_sums(ids, records[:, :width])
+    if pack is not None:
+        pack(ids, rows.view(np.uint32), records)
+    else:
+        records[:, :width] = rows.view(np.uint32)
+        records[:, width] = row_sums(ids, records[:, :width])
     if compressor is None:
         return out
     out[5] = ZSTD

@@ -43,7 +43,14 @@ from tiered_emb.tiers.ssd.index import (
     SegmentIndex,
 )
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv, TxnGate
-from tiered_emb.tiers.ssd.mapped import MappedFile, gather, gather_split, value_offset
+from tiered_emb.tiers.ssd.mapped import (
+    MappedFile,
+    gather,
+    gather_split,
+    pack_rows,
+    take_rows,
+    value_offset,
+)
 from tiered_emb.tiers.ssd.written import WrittenIds
 
 # a read's gather from the map is cut into slices of at least this many rows for Numba's threads
@@ -353,10 +360,12 @@ class SegmentLog:
         out = []
         for t in sorted(parts):
             if len(parts[t]) == 1:  # (no copy)
-                ids, rows = last_rows(*parts[t][0])
+                ids, rows = last_rows(*parts[t][0], take_rows)
             else:
                 ids, rows = last_rows(
-                    np.concatenate([p[0] for p in parts[t]]), np.concatenate([p[1] for p in parts[t]])
+                    np.concatenate([p[0] for p in parts[t]]),
+                    np.concatenate([p[1] for p in parts[t]]),
+                    take_rows,
                 )
             out += self.numbered(t, ids, rows)
         return out
@@ -385,7 +394,7 @@ class SegmentLog:
     def encoded(self, segments: list) -> list:
         """``segments`` (:meth:`cut`) with each one's rows replaced by its LMDB value
         (:func:`.codec.encode_segment`): the CPU's part of a write, done outside its transaction."""
-        return [(t, seq, ids, encode_segment(ids, rows, self._zc, seq)) for t, seq, ids, rows in segments]
+        return [(t, seq, ids, encode_segment(ids, rows, self._zc, seq, pack_rows)) for t, seq, ids, rows in segments]
 
     def put(self, txn, segments: list) -> None:
         """Append ``segments`` (:meth:`cut`, or :meth:`encoded`) to ``p:`` in ``txn``, their ids'
