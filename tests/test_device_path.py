@@ -209,3 +209,18 @@ def test_a_table_held_whole_is_planned_on_the_device_with_the_hosts_counts(tmp_p
     assert len(planned) == 7
     assert _same_bytes(device[0], host[0])
     assert device[1] == host[1] and host[1]["misses"] > 0 and host[1]["hits"] > 0
+
+
+def test_a_batch_over_the_budget_on_the_device_plan_changes_nothing(tmp_path, monkeypatch):
+    """The device plan checks the batch's distinct rows against the budget before any row moves,
+    as the host path does: a ConfigError, no row brought up, no count changed."""
+    from tiered_emb.errors import ConfigError
+
+    monkeypatch.setenv("TIERED_EMB_DEVICE_KERNELS", "1")
+    wide = TableConfig("w", dim=1000, optimizer=Adam(lr=0.05), num_rows=200)  # 12 KB records: 87 fit 1 MiB
+    with TieredStore.create(tmp_path / "s", [wide], TierConfig(256, device="cpu", budget_bytes=1 << 20)) as s:
+        s.lookup_pooled("w", plan_bags(np.arange(60), np.array([0, 60])))  # up: 40 more would fit
+        before = s.stats()["w"]["hbm"]
+        with pytest.raises(ConfigError, match="budget_bytes"):
+            s.lookup_pooled("w", plan_bags(np.arange(100), np.array([0, 50, 100])))
+        assert s.stats()["w"]["hbm"] == before

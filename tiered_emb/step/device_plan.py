@@ -70,6 +70,13 @@ def pool(res, t, plan):
     ``plan.device_grouping`` for :func:`update`.  Call under ``res.lock``."""
     xp, kernels, dim = res.xp, res.kernels, t.cfg.dim
     n = plan.ids.shape[0]
+    use_w = plan.weights is not None
+    staged = [(plan.ids, np.int64), (plan.offsets, np.int64)] + ([(plan.weights, np.float32)] if use_w else [])
+    ids_d, offsets_d, *w = kernels.stage(*staged)
+    positions = xp.arange(n, dtype=xp.int64)
+    grouping = _group(xp, t, plan, ids_d, offsets_d, positions, w[0] if use_w else None)
+    k = int(grouping.uids.shape[0])
+    res.check_budget(t, k)  # (before any row moves, as on the host path)
     missing = _missing(t.hbm.slot_ids, plan.ids)
     m = 0
     if missing.shape[0]:
@@ -78,14 +85,8 @@ def pool(res, t, plan):
         m = up.shape[0]
         for _ in res.chunks(t, up):  # brought up, and counted as lookups that missed
             pass
-    use_w = plan.weights is not None
-    staged = [(plan.ids, np.int64), (plan.offsets, np.int64)] + ([(plan.weights, np.float32)] if use_w else [])
-    ids_d, offsets_d, *w = kernels.stage(*staged)
-    positions = xp.arange(n, dtype=xp.int64)
     out = kernels.pool(t.hbm.records, ids_d, positions, offsets_d, w[0] if use_w else None, plan.mean, dim)
-    plan.device_grouping = _group(xp, t, plan, ids_d, offsets_d, positions, w[0] if use_w else None)
-    k = int(plan.device_grouping.uids.shape[0])
-    res.check_budget(t, k)
+    plan.device_grouping = grouping
     t.count_hits(k - m)  # (those brought up were counted by their resolve)
     return out
 
