@@ -42,10 +42,11 @@ class DeviceKernels:
     """The step's kernels launched on arrays of ``xp`` (CuPy; NumPy under the simulator).
 
     Every method takes the tier's ``records`` (float32 (cap, W)) where it reads or writes
-    rows, host or ``xp`` index arrays (copied to the device when they are host arrays), and
-    returns ``xp`` arrays.  Launches go to Numba's default stream, the legacy default
-    stream, where CuPy's copies in and out and torch's kernels go too unless a caller makes
-    another stream current: so they run in the order they are issued.
+    rows, host or ``xp`` index arrays (a launch's host arrays go up together in one staged
+    copy, :meth:`stage`), and returns ``xp`` arrays.  The CUDA C kernels and the staged
+    copies go to CuPy's current stream, the numba twins to Numba's default stream: both the
+    legacy default stream, where torch's kernels go too unless a caller makes another
+    stream current, so everything runs in the order it is issued.
     """
 
     def __init__(self, xp, backend=None):
