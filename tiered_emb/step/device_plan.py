@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from tiered_emb._backend import to_host
@@ -47,18 +46,6 @@ class DeviceGrouping:
     scale: object
 
 
-@numba.njit(cache=True, nogil=True)
-def _missing(slot_ids, ids):
-    """The ids not up in a direct tier (``slot_ids[id] != id``), with repeats, in batch order."""
-    out = np.empty(ids.shape[0], dtype=np.int64)
-    m = 0
-    for i in range(ids.shape[0]):
-        if slot_ids[ids[i]] != ids[i]:
-            out[m] = ids[i]
-            m += 1
-    return out[:m]
-
-
 def applies(res, t, plan, backward: bool) -> bool:
     """Whether :func:`pool` serves this lookup: the device kernels, a direct tier, a backward to
     come, and bags numbered as int32 (as the device reduce takes them)."""
@@ -77,7 +64,7 @@ def pool(res, t, plan):
     grouping = _group(xp, t, plan, ids_d, offsets_d, positions, w[0] if use_w else None)
     k = int(grouping.uids.shape[0])
     res.check_budget(t, k)  # (before any row moves, as on the host path)
-    missing = _missing(t.hbm.slot_ids, plan.ids)
+    missing = plan.ids[t.hbm.find(plan.ids) < 0]  # not up yet, with repeats, in batch order
     m = 0
     if missing.shape[0]:
         first = np.unique(missing, return_index=True)[1]
