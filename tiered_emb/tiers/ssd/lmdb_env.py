@@ -102,6 +102,9 @@ class LmdbEnv:
                 subdir=True,
                 readahead=False,
                 meminit=False,
+                # each commit syncs its pages; its meta page waits for the next commit or
+                # sync (a checkpoint ends with one): atomic always, one sync a commit, not two
+                metasync=False,
                 max_readers=self.max_readers,
                 readonly=readonly,
             )

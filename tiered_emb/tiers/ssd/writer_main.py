@@ -142,6 +142,7 @@ def main() -> None:
         subdir=True,
         readahead=False,
         meminit=False,
+        metasync=False,  # (as the trainer's environment: one sync a commit)
         max_readers=hello["max_readers"],
     )
     level = hello["compression"]
