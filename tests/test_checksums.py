@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb import SGD, TableConfig, TierConfig, TieredStore
-from tiered_emb._jit import split_parts
+from tiered_emb._jit import split_parts, take_rows
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import flip_bit
 from tiered_emb.tiers.ssd import codec
-from tiered_emb.tiers.ssd.mapped import pack_rows, row_sum, take_rows
+from tiered_emb.tiers.ssd.mapped import pack_rows, row_sum
 from tiered_emb.tiers.ssd.segments import GATHER_SPLIT_FROM
 
 TABLES = [TableConfig("a", dim=8, optimizer=SGD(lr=0.1)), TableConfig("b", dim=4, optimizer=SGD(lr=0.1))]

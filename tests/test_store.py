@@ -2,6 +2,7 @@
 
 import json
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -96,6 +97,71 @@ def test_write_then_read_across_tiers_and_reopen(tmp_path):
 def test_write_duplicates_last_wins(store):
     store.write("a", np.array([4, 4]), np.stack([np.zeros(8), np.ones(8)]).astype(np.float32))
     np.testing.assert_array_equal(store.peek("a", np.array([4])), np.ones((1, 8), np.float32))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_path, monkeypatch, background):
+    """A bulk write of distinct ids (more than HBM holds: most go straight to LMDB, on the
+    writer thread with background writes) keeps the values the caller passed, not what the
+    caller's array holds after ``write`` returns.  With background writes, the writer
+    thread's transaction is held until the caller has overwritten its array."""
+    from tiered_emb.tiers.ssd.segments import SegmentLog
+
+    go = threading.Event()
+    put = SegmentLog.put
+
+    def held_put(self, txn, segments):
+        if threading.current_thread() is not threading.main_thread():
+            assert go.wait(10)
+        put(self, txn, segments)
+
+    monkeypatch.setattr(SegmentLog, "put", held_put)
+    tiers = TierConfig(hbm_rows=4, ddr_rows=2, device="cpu", background_writes=background)
+    with TieredStore.create(tmp_path / "s", TABLES, tiers) as s:
+        for table, dim in (("a", 8), ("b", 3)):  # (with optimizer state, and rows alone)
+            given = np.arange(64 * dim, dtype=np.float32).reshape(64, dim)
+            s.write(table, np.arange(64), given)
+            given[:] = -1.0  # (the write is still in flight on the writer thread)
+            want = np.arange(64 * dim, dtype=np.float32).reshape(64, dim)
+            np.testing.assert_array_equal(s.peek(table, np.arange(64)), want)
+            go.set()
+            s.flush()
+            go.clear()
+            np.testing.assert_array_equal(s.peek(table, np.arange(64)), want)
+    with TieredStore.open(tmp_path / "s", tiers=tiers) as s:
+        for table, dim in (("a", 8), ("b", 3)):
+            want = np.arange(64 * dim, dtype=np.float32).reshape(64, dim)
+            np.testing.assert_array_equal(s.peek(table, np.arange(64)), want)
+
+
+def test_a_bulk_write_behind_one_in_flight_is_newer_than_the_write_backs_waiting(tmp_path, monkeypatch):
+    """A bulk write made while the one before is still committing is cut and encoded at
+    once; a write-back that waited meanwhile (an evicted row of an id the bulk write then
+    sets) must still read, and reopen, older than the bulk write's row."""
+    from tiered_emb.tiers.ssd.segments import SegmentLog
+
+    go = threading.Event()
+    put = SegmentLog.put
+
+    def held_put(self, txn, segments):
+        if threading.current_thread() is not threading.main_thread():
+            assert go.wait(10)
+        put(self, txn, segments)
+
+    monkeypatch.setattr(SegmentLog, "put", held_put)
+    tiers = TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=True)
+    with TieredStore.create(tmp_path / "s", TABLES, tiers) as s:
+        s.ssd.writeback_rows = 1 << 16  # (evicted rows wait in memory)
+        s.write("b", np.arange(16), np.full((16, 3), 1.0, np.float32))  # in flight, held
+        s.write("b", np.array([50, 51]), np.full((2, 3), 2.0, np.float32))
+        s.write("b", np.array([60, 61, 62, 63]), np.full((4, 3), 3.0, np.float32))  # 50, 51 evicted: waiting
+        assert s.stats()["b"]["ssd"]["writeback_rows"] >= 16 + 2  # (the bulk write in flight, and 50, 51)
+        threading.Timer(0.3, go.set).start()
+        s.write("b", np.arange(40, 56), np.full((16, 3), 4.0, np.float32))  # newer than the 2.0s
+        np.testing.assert_array_equal(s.peek("b", np.array([50, 51, 0])), [[4.0] * 3, [4.0] * 3, [1.0] * 3])
+        s.flush()
+    with TieredStore.open(tmp_path / "s", tiers=tiers) as s:
+        np.testing.assert_array_equal(s.peek("b", np.array([50, 51, 0, 60])), [[4.0] * 3] * 2 + [[1.0] * 3, [3.0] * 3])
 
 
 def test_spill_path_batch_larger_than_hbm_is_exact(tmp_path):

@@ -1,5 +1,5 @@
 """Numba building blocks shared by the step's kernels and the caches: prefetch hints,
-stack arrays, and the thread count a batch's kernels run on.
+stack arrays, the thread count a batch's kernels run on, and a row copy on the threads.
 
 Nothing here changes a result: prefetches are hints, and every parallel kernel sums in a
 fixed order whatever the thread count.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -97,3 +98,20 @@ def threads_for(work: int):
         yield
     finally:
         numba.set_num_threads(before)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _take_rows(rows, at, out):
+    for i in numba.prange(at.shape[0]):
+        src = rows[at[i]]
+        dst = out[i]
+        for k in range(out.shape[1]):
+            dst[k] = src[k]
+
+
+def take_rows(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``rows[at]`` as float32 (``at`` int64), rows copied side by side on Numba's threads
+    with the GIL let go (NumPy's fancy indexing holds it)."""
+    out = np.empty((at.shape[0], rows.shape[1]), dtype=np.float32)
+    _take_rows(np.ascontiguousarray(rows, dtype=np.float32), np.ascontiguousarray(at, dtype=np.int64), out)
+    return out

@@ -348,7 +348,8 @@ class TieredStore:
             if ids.shape[0] == 0:
                 return
             uids, inverse = plan.dedupe(ids)
-            rows_u = r[plan.last_occurrence(inverse, uids.shape[0])]
+            # each id's last row (no id repeated: every row, in place; each tier copies what it keeps)
+            rows_u = r if uids.shape[0] == ids.shape[0] else r[plan.last_occurrence(inverse, uids.shape[0])]
             if uids.shape[0] > t.hbm.unpinned_capacity:  # a bulk write: what is not resident goes to LMDB
                 self._res.check_budget(t, uids.shape[0])  # (as for any batch; before anything is written)
                 self.ssd.raise_failed_write()

@@ -17,6 +17,7 @@ import threading
 
 import numpy as np
 
+from tiered_emb._jit import take_rows
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.init import init_rows
@@ -158,10 +159,11 @@ class Resolver:
         for a in range(0, below.shape[0], step):
             at = below[a : a + step]
             if t.cfg.record_width == t.cfg.dim:  # no optimizer state: the rows are the records
-                recs, fresh = rows[at], at[:0]
+                # (a copy: the write goes on on the writer thread after the caller's rows change)
+                recs, fresh = take_rows(rows, at), at[:0]
             else:
                 recs, _, fresh = self.read_below(t, uids[at])
-                recs[:, : t.cfg.dim] = rows[at]
+                recs[:, : t.cfg.dim] = take_rows(rows, at)
             # a failed write (an earlier failure was raised by the caller) waits for the next
             # operation, its rows in memory and on the read path: the write goes on to its end
             self.ssd.write_sorted(t.cfg.name, uids[at], recs, defer_errors=True)

@@ -109,7 +109,7 @@ def last_rows(ids: np.ndarray, rows: np.ndarray, take=None) -> tuple[np.ndarray,
     """``(ids, rows)`` in id order with each id once: a repeated id's last row kept.
 
     ``take(rows, at)``, where given, is ``rows[at]`` as float32 (the main process passes
-    :func:`.mapped.take_rows`, rows copied on Numba's threads)."""
+    :func:`tiered_emb._jit.take_rows`, rows copied on Numba's threads)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     if ids.shape[0] > 1 and not (ids[1:] > ids[:-1]).all():
         # an id's positions in batch order, so its last position is its run's last
@@ -151,10 +151,13 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0, 
     return out[:head].tobytes() + compressor.compress(out[head:])
 
 
-def put_segment(txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True) -> None:
+def put_segment(
+    txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True, pack=None
+) -> None:
     """Put the segment of ``rows`` under ``ids`` as number ``seq``: appended (above every one in
-    ``db``), or with ``append=False`` in a place a compaction freed in the same transaction."""
-    put_value(txn, db, seq, encode_segment(ids, rows, compressor, seq), append)
+    ``db``), or with ``append=False`` in a place a compaction freed in the same transaction
+    (``pack``: as :func:`encode_segment`'s)."""
+    put_value(txn, db, seq, encode_segment(ids, rows, compressor, seq, pack), append)
 
 
 def put_value(txn, db, seq: int, value, append: bool = True) -> None:

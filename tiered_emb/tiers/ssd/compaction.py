@@ -28,6 +28,7 @@ from tiered_emb.tiers.ssd.codec import put_segment, segment_key
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.index import POS_BITS
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.mapped import pack_rows
 from tiered_emb.tiers.ssd.segments import SegmentLog
 
 
@@ -114,7 +115,9 @@ class Compactor:
                 txn.delete(segment_key(seq), db=db)
             out = [(table, seq, ids[k * step : (k + 1) * step], None) for k, seq in enumerate(keys)]
             for k, (_, seq, seg_ids, _) in enumerate(out):
-                put_segment(txn, db, seq, seg_ids, rows[k * step : (k + 1) * step], self._zc, append=False)
+                put_segment(
+                    txn, db, seq, seg_ids, rows[k * step : (k + 1) * step], self._zc, append=False, pack=pack_rows
+                )
             pos = np.arange(ids.shape[0], dtype=np.int64)
             locs = (np.asarray(keys, dtype=np.int64)[pos // step] << np.int64(POS_BITS)) + pos % step
             moved = (ids[moved_at], locs[moved_at])

@@ -194,20 +194,4 @@ def pack_rows(ids: np.ndarray, words: np.ndarray, records: np.ndarray) -> None:
     _pack_rows(ids, words, records, sum_weights(words.shape[1]))
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _take_rows(rows, at, out):
-    for i in numba.prange(at.shape[0]):
-        src = rows[at[i]]
-        dst = out[i]
-        for k in range(out.shape[1]):
-            dst[k] = src[k]
-
-
-def take_rows(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """``rows[at]`` as float32 (``at`` int64), rows copied side by side on Numba's threads."""
-    out = np.empty((at.shape[0], rows.shape[1]), dtype=np.float32)
-    _take_rows(np.ascontiguousarray(rows, dtype=np.float32), at, out)
-    return out
-
-
-__all__ = ["MappedFile", "gather", "gather_split", "pack_rows", "row_sum", "take_rows", "value_offset"]
+__all__ = ["MappedFile", "gather", "gather_split", "pack_rows", "row_sum", "value_offset"]

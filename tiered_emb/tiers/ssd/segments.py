@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from tiered_emb._jit import split_parts
+from tiered_emb._jit import split_parts, take_rows
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import decode
 from tiered_emb.tiers.ssd.codec import (
@@ -48,7 +48,6 @@ from tiered_emb.tiers.ssd.mapped import (
     gather,
     gather_split,
     pack_rows,
-    take_rows,
     value_offset,
 )
 from tiered_emb.tiers.ssd.written import WrittenIds
@@ -404,7 +403,7 @@ class SegmentLog:
                 self._written.set(t, ids)
         for t, seq, ids, rows in segments:
             if isinstance(rows, np.ndarray) and rows.ndim == 2:
-                put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc)
+                put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc, pack=pack_rows)
             else:
                 put_value(txn, self._lmdb.pending[t], seq, rows)
 

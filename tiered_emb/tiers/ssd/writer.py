@@ -138,6 +138,8 @@ class Writer:
         self.writer_process = self.background_writes and WRITER_PROCESS
         self.process: WriterProcess | None = None
         self._thread: threading.Thread | None = None
+        # the snapshots the writer thread is writing, numbered already (None: it numbers them)
+        self._in_flight: list | None = []
         self.failed: BaseException | None = None  # a write-back's failure, not yet raised
 
     def write_pending(self, batches, durable: bool = True, defer_errors: bool = False) -> int:
@@ -204,16 +206,32 @@ class Writer:
         waiting write-back, in one transaction: on the writer thread with ``background_writes``
         (the caller goes on; reads find the rows in memory until the commit), else now.  One
         such write is in flight at a time; an earlier failure is raised first (with
-        ``defer_errors`` kept for :meth:`raise_failed_write`)."""
-        self.wait_writes()
+        ``defer_errors`` kept for :meth:`raise_failed_write`).
+
+        With the writer thread busy, the rows are cut into segments and encoded here while
+        its transaction commits, so that the disk is not idle while the next one is encoded.
+        """
         if not defer_errors:
+            self.wait_writes()
             self.raise_failed_write()
+        if self._in_flight is None:  # (the thread numbers its own segments: it goes first)
+            self.wait_writes()
         with self._lock:
             self._written.set(table, ids)  # first: a read that finds the bit clear will not look
+            in_flight = self._in_flight or []
             snaps = self._held.waiting_with(table, SortedRows(ids, rows))
+        # the write-backs that are not in the transaction in flight, and these rows: numbered
+        # above it, as they are newer
+        mine = [snap for snap in snaps if not any(snap is x for x in in_flight)]
+        segments = self._segments.encoded(self._segments.cut(mine)) if self.background_writes else None
+        self.wait_writes()
+        if self.failed is not None:
+            # the transaction before failed: its rows are older than these and go first, with
+            # them (the numbers taken above are a gap)
+            mine, segments = snaps, None
         # in this process: a few large segments hold the GIL little (py-lmdb drops it around
         # each put and the commit), and the rows need not cross a pipe
-        self._commit(snaps, defer_errors, by_process=False)
+        self._commit(mine, defer_errors, by_process=False, segments=segments)
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back, once (its rows still wait in memory)."""
@@ -230,6 +248,7 @@ class Writer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._in_flight = []
 
     def _write_behind(self, defer_errors: bool = False) -> None:
         """Hand every waiting write-back to the writer thread (after the previous one is done).
@@ -256,25 +275,34 @@ class Writer:
             snaps = self._held.waiting()
         self._commit(snaps, defer_errors)
 
-    def _commit(self, snaps, defer_errors: bool, by_process: bool = True) -> None:
+    def _commit(self, snaps, defer_errors: bool, by_process: bool = True, segments: list | None = None) -> None:
         """Write ``snaps`` on the writer thread with ``background_writes`` (through the writer
-        process where ``by_process``), else now: a failure raised, or with ``defer_errors`` kept."""
+        process where ``by_process``), else now: a failure raised, or with ``defer_errors`` kept.
+        ``segments``: ``snaps`` cut and encoded already (:meth:`.SegmentLog.encoded`)."""
         if not self.background_writes:
             try:
-                self._commit_waiting(snaps)
+                self._commit_waiting(snaps, segments=segments)
             except Exception as err:
                 if not defer_errors:
                     raise
                 self.failed = err
             return
+        # (None: the thread cuts and numbers them itself, so nothing may be numbered meanwhile)
+        self._in_flight = snaps if segments is not None else None
         self._thread = threading.Thread(
-            target=self._commit_waiting, args=(snaps, True, by_process), name="tiered_emb-writer", daemon=True
+            target=self._commit_waiting,
+            args=(snaps, True, by_process, segments),
+            name="tiered_emb-writer",
+            daemon=True,
         )
         self._thread.start()
 
-    def _commit_waiting(self, snaps, on_thread: bool = False, by_process: bool = True) -> None:
+    def _commit_waiting(
+        self, snaps, on_thread: bool = False, by_process: bool = True, segments: list | None = None
+    ) -> None:
         try:
-            segments = self._segments.cut(snaps)
+            if segments is None:
+                segments = self._segments.cut(snaps)
             if not (on_thread and by_process and self.writer_process and self.write_by_process(segments)):
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))
