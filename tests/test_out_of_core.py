@@ -294,6 +294,7 @@ def test_bench_scale_quick_measures_every_part(tmp_path):
     got = json.loads(out.read_text())
     io, r = got["io"], got["run"]
     assert io["warm_rows_per_s"]["ours"] > 0 and io["warm_rows_per_s"]["memmap"] > 0 and io["import_rows_per_s"] > 0
+    assert len(io["disk_seq_write_MBps_each"]) == 7 and io["checkpoint_dirty_rows_per_s"] > 0
     assert r["steps"] == len(r["samples"]) and r["samples"][-1]["rows_stored"] > 0
     assert [c["rows_written"] for c in r["checkpoints"][:3]] != [1, 2, 3]
     assert sum(c["rows_written"] for c in r["checkpoints"]) > 0
