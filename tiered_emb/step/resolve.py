@@ -245,9 +245,9 @@ class Resolver:
     def dirty_chunks(self, counts: dict[str, int]):
         """Every dirty row of HBM and DDR as ``{table: (ids, records)}`` chunks of about a
         quarter of the budget's bytes each, the first an eighth of that (tables in name order,
-        HBM before DDR, slots in order; small pieces share a chunk; the caller writes each
-        before it takes the next: a flush or checkpoint holds one chunk, whatever the tiers
-        hold); ``counts[table]`` adds up the rows yielded."""
+        HBM before DDR, slots in order, each piece of them in id order; small pieces share a
+        chunk; the caller writes each before it takes the next: a flush or checkpoint holds
+        one chunk, whatever the tiers hold); ``counts[table]`` adds up the rows yielded."""
         quarter = max(1, min(self.budget_bytes, 1 << 40) // 4)
         # The first chunk is an eighth of the others: its rows reach the disk while the next
         # are gathered, so the disk is not idle for a whole chunk's gather, sort and encoding.
@@ -263,7 +263,11 @@ class Resolver:
                     a += step
                     if not slots.shape[0]:
                         continue
-                    piece = (tier.slot_ids[slots], t.hbm.rows_at(slots) if tier is t.hbm else tier.records[slots])
+                    ids = tier.slot_ids[slots]
+                    # in id order, as segments hold them: a piece written alone is not sorted again
+                    order = np.argsort(ids, kind="stable")
+                    slots = slots[order]
+                    piece = (ids[order], t.hbm.rows_at(slots) if tier is t.hbm else take_rows(tier.records, slots))
                     if piece[1].nbytes >= chunk // 2:  # (large enough alone: not copied into a chunk)
                         if parts:  # (those before it first: the order of the pieces is kept)
                             yield self._chunk(parts, counts)
