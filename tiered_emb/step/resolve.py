@@ -155,7 +155,9 @@ class Resolver:
         resident[~resident] = t.ddr.find(uids[~resident]) >= 0
         below = np.flatnonzero(~resident)
         below = below[np.argsort(uids[below], kind="stable")]  # in id order (a bulk write's segments are)
-        step = max(1, self.budget_bytes // (8 + 4 * t.cfg.record_width))
+        # a fifth of the budget a transaction: with background writes one commits (its rows,
+        # encoded segments and LMDB's pages) while the next is copied and encoded
+        step = max(1, self.budget_bytes // (5 * (8 + 4 * t.cfg.record_width)))
         for a in range(0, below.shape[0], step):
             at = below[a : a + step]
             if t.cfg.record_width == t.cfg.dim:  # no optimizer state: the rows are the records
