@@ -99,12 +99,8 @@ def test_write_duplicates_last_wins(store):
     np.testing.assert_array_equal(store.peek("a", np.array([4])), np.ones((1, 8), np.float32))
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_path, monkeypatch, background):
-    """A bulk write of distinct ids (more than HBM holds: most go straight to LMDB, on the
-    writer thread with background writes) keeps the values the caller passed, not what the
-    caller's array holds after ``write`` returns.  With background writes, the writer
-    thread's transaction is held until the caller has overwritten its array."""
+def _hold_writer_thread(monkeypatch) -> threading.Event:
+    """Make every transaction put off the main thread wait until the returned event is set."""
     from tiered_emb.tiers.ssd.segments import SegmentLog
 
     go = threading.Event()
@@ -116,6 +112,16 @@ def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_pat
         put(self, txn, segments)
 
     monkeypatch.setattr(SegmentLog, "put", held_put)
+    return go
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_path, monkeypatch, background):
+    """A bulk write of distinct ids (more than HBM holds: most go straight to LMDB, on the
+    writer thread with background writes) keeps the values the caller passed, not what the
+    caller's array holds after ``write`` returns.  With background writes, the writer
+    thread's transaction is held until the caller has overwritten its array."""
+    go = _hold_writer_thread(monkeypatch)
     tiers = TierConfig(hbm_rows=4, ddr_rows=2, device="cpu", background_writes=background)
     with TieredStore.create(tmp_path / "s", TABLES, tiers) as s:
         for table, dim in (("a", 8), ("b", 3)):  # (with optimizer state, and rows alone)
@@ -138,17 +144,7 @@ def test_a_bulk_write_behind_one_in_flight_is_newer_than_the_write_backs_waiting
     """A bulk write made while the one before is still committing is cut and encoded at
     once; a write-back that waited meanwhile (an evicted row of an id the bulk write then
     sets) must still read, and reopen, older than the bulk write's row."""
-    from tiered_emb.tiers.ssd.segments import SegmentLog
-
-    go = threading.Event()
-    put = SegmentLog.put
-
-    def held_put(self, txn, segments):
-        if threading.current_thread() is not threading.main_thread():
-            assert go.wait(10)
-        put(self, txn, segments)
-
-    monkeypatch.setattr(SegmentLog, "put", held_put)
+    go = _hold_writer_thread(monkeypatch)
     tiers = TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=True)
     with TieredStore.create(tmp_path / "s", TABLES, tiers) as s:
         s.ssd.writeback_rows = 1 << 16  # (evicted rows wait in memory)
