@@ -27,6 +27,7 @@ import numpy as np
 
 from tiered_emb._backend import to_host
 from tiered_emb.step import reduce
+from tiered_emb.step.plan import dedupe
 from tiered_emb.step.update import apply_update, update_rows
 
 
@@ -67,8 +68,7 @@ def pool(res, t, plan):
     missing = plan.ids[t.hbm.find(plan.ids) < 0]  # not up yet, with repeats, in batch order
     m = 0
     if missing.shape[0]:
-        first = np.unique(missing, return_index=True)[1]
-        up = missing[np.sort(first)]  # first-occurrence order, as the host path brings them up
+        up = dedupe(missing)[0]  # first-occurrence order, as the host path brings them up
         m = up.shape[0]
         for _ in res.chunks(t, up):  # brought up, and counted as lookups that missed
             pass
