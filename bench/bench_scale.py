@@ -211,10 +211,10 @@ def _drop_caches() -> bool:
         return False
 
 
-def _checkpoint_rate(path: Path, table: TableConfig, data: np.ndarray, k: int) -> float:
+def _checkpoint_rate(path: Path, table: TableConfig, data: np.ndarray, k: int, budget: int) -> float:
     """Rows/s of a checkpoint whose rows are all dirty in DDR (trained, none written yet)."""
     n = data.shape[0]
-    tiers = TierConfig(hbm_rows=k, ddr_rows=n, device="cpu", budget_bytes=256 << 20)
+    tiers = TierConfig(hbm_rows=k, ddr_rows=n, device="cpu", budget_bytes=budget)
     store = TieredStore.create(path, [table], tiers, seed=1)
     for a in range(0, n, k):
         store.apply_gradients("t", np.arange(a, min(n, a + k)), data[a : a + k])
@@ -249,7 +249,7 @@ def io_part(path: Path, args) -> dict:
         out["checkpoint_rows_written"] = store.last_checkpoint_rows
         store.close()
         disks.append(_disk_seq_write(path / "seq.bin", rows * dim * 4))
-        ckpts.append(_checkpoint_rate(path / f"c{rep}", table, data[: rows // 4], k))
+        ckpts.append(_checkpoint_rate(path / f"c{rep}", table, data[: rows // 4], k, args.budget))
         disks.append(_disk_seq_write(path / "seq.bin", rows * dim * 4))
         if rep:
             shutil.rmtree(path / f"w{rep}")
