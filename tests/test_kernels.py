@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tiered_emb._order import stable_argsort
 from tiered_emb.step.plan import dedupe, plan_bags
 from tiered_emb.step.reduce import REDUCE_CHUNK, _blocks_by_work, _group_positions, reduce_bag_grads, reduce_grads
 from tiered_emb.testing.reference import chunked_sum
@@ -97,3 +98,25 @@ def test_group_positions_is_a_stable_counting_sort():
     _group_positions(inverse, 3, starts, order)
     assert starts.tolist() == [0, 2, 3, 6]
     assert order.tolist() == [1, 4, 3, 0, 2, 5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.integers(-5, 5), max_size=80),
+        st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+        st.lists(st.integers(0, 2**61), max_size=40),
+    ),
+    st.sampled_from(["int64", "uint32", "float64"]),
+)
+def test_stable_argsort_is_numpys_stable_argsort(keys, dtype):
+    """The packed sort (keys of a narrow range, repeats among them) and its fallbacks (a wide
+    range, floats) give exactly the permutation of NumPy's stable argsort."""
+    a = np.array(keys, dtype=np.int64)
+    if dtype == "uint32":
+        a = (a % (1 << 32)).astype(np.uint32)
+    elif dtype == "float64":
+        a = (a % 1000).astype(np.float64)
+    got = stable_argsort(a)
+    assert got.dtype == np.int64
+    assert got.tolist() == np.argsort(a, kind="stable").tolist()

@@ -63,6 +63,26 @@ def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids, nu
     assert len(ix) == 0 and ix.find(np.array([1])).tolist() == [-1]
 
 
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**20), max_size=40), max_size=12), st.integers(1, 20), st.booleans())
+def test_positions_found_before_the_last_change_are_searched_again(segments, delta_rows, grow):
+    """A writer finds where a segment's ids lie with the tier's lock let go (``positions`` of a
+    ``view``), here a view taken before the segment added last: after a merge or an append
+    moved the arrays, ``add`` must search again; else it uses them.  Answers as a dict."""
+    ix, model = SegmentIndex(delta_rows, 1 << 21), {}
+    ix.DIR_MIN_ROWS = 0
+    view = ix.view()
+    for seq, raw in enumerate(segments):
+        top = max(model, default=0) + 1
+        ids = np.array(sorted({top + x % 1000 if grow and seq % 3 == 0 else x % 64 for x in raw}), dtype=np.int64)
+        found = SegmentIndex.positions(view, ids)
+        view = ix.view()
+        assert ix.add(seq, ids, found).tolist() == [model.get(int(x), -1) for x in ids]
+        model.update({int(x): (seq << POS_BITS) + i for i, x in enumerate(ids)})
+        held = sorted(model)
+        assert ix.find(np.array(held, dtype=np.int64)).tolist() == [model[x] for x in held]
+
+
 @pytest.mark.parametrize(("num_rows", "per_row"), [(1 << 30, 12.5), (None, 16.5)])
 def test_the_index_takes_its_bytes_a_row(num_rows, per_row):
     """2**18 random ids of a table of 2**30 ids (kept as uint32) or of an unbounded one,

@@ -18,6 +18,7 @@ import threading
 import numpy as np
 
 from tiered_emb._jit import take_rows
+from tiered_emb._order import stable_argsort
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.init import init_rows
@@ -154,7 +155,7 @@ class Resolver:
         resident = t.hbm.find(uids) >= 0
         resident[~resident] = t.ddr.find(uids[~resident]) >= 0
         below = np.flatnonzero(~resident)
-        below = below[np.argsort(uids[below], kind="stable")]  # in id order (a bulk write's segments are)
+        below = below[stable_argsort(uids[below])]  # in id order (a bulk write's segments are)
         # a fifth of the budget a transaction: with background writes one commits (its rows,
         # encoded segments and LMDB's pages) while the next is copied and encoded
         step = max(1, self.budget_bytes // (5 * (8 + 4 * t.cfg.record_width)))
@@ -267,7 +268,7 @@ class Resolver:
                         continue
                     ids = tier.slot_ids[slots]
                     # in id order, as segments hold them: a piece written alone is not sorted again
-                    order = np.argsort(ids, kind="stable")
+                    order = stable_argsort(ids)
                     slots = slots[order]
                     piece = (ids[order], t.hbm.rows_at(slots) if tier is t.hbm else take_rows(tier.records, slots))
                     if piece[1].nbytes >= chunk // 2:  # (large enough alone: not copied into a chunk)

@@ -105,15 +105,17 @@ def segment_key(seq: int) -> bytes:
     return int(seq).to_bytes(8, "big")
 
 
-def last_rows(ids: np.ndarray, rows: np.ndarray, take=None) -> tuple[np.ndarray, np.ndarray]:
+def last_rows(ids: np.ndarray, rows: np.ndarray, take=None, argsort=None) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, rows)`` in id order with each id once: a repeated id's last row kept.
 
-    ``take(rows, at)``, where given, is ``rows[at]`` as float32 (the main process passes
-    :func:`tiered_emb._jit.take_rows`, rows copied on Numba's threads)."""
+    ``take(rows, at)``, where given, is ``rows[at]`` as float32, and ``argsort(ids)`` a stable
+    argsort (the main process passes :func:`tiered_emb._jit.take_rows`, rows copied on
+    Numba's threads, and :func:`tiered_emb._order.stable_argsort`; this module also runs
+    in the writer process, which imports nothing of the package)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     if ids.shape[0] > 1 and not (ids[1:] > ids[:-1]).all():
         # an id's positions in batch order, so its last position is its run's last
-        order = np.argsort(ids, kind="stable")
+        order = np.argsort(ids, kind="stable") if argsort is None else argsort(ids)
         by_id = ids[order]
         keep = np.empty(by_id.shape[0], dtype=bool)
         keep[-1] = True

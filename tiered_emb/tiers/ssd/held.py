@@ -81,16 +81,6 @@ class HeldRows:
         """Rows of ``table`` waiting in memory for the next write."""
         return len(self.writeback[table]) + sum(len(s[table]) for s in self.flushing if table in s)
 
-    @staticmethod
-    def ids_of(snaps: list[dict[str, RowBuffer]]) -> dict[str, np.ndarray]:
-        """The ids (int64) of ``snaps`` per table."""
-        out: dict[str, list] = {}
-        for snap in snaps:
-            for t, buf in snap.items():
-                if len(buf):
-                    out.setdefault(t, []).append(buf.items()[0])
-        return {t: np.concatenate(parts) for t, parts in sorted(out.items())}
-
     def written(self, table_ids: dict[str, np.ndarray] | None) -> None:
         """Bookkeeping after an LMDB write: staged copies of written rows (None: all) are stale."""
         self.gen += 1

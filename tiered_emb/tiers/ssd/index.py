@@ -25,6 +25,7 @@ import numba
 import numpy as np
 
 from tiered_emb._jit import prefetch_hint, split_parts
+from tiered_emb._order import stable_argsort
 from tiered_emb.cache.index import EMPTY, hash_home, index_find, table_size_for
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
@@ -184,17 +185,27 @@ def _find_split(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delt
 
 
 @numba.njit(cache=True, nogil=True)
-def _set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, old):
-    """Change the location of each of ``ids`` held in the arrays (the one it had into
+def _set_at(arr_locs, at, locs, missing, old):
+    """``arr_locs[at[i]] = locs[i]`` where ``at[i]`` is a position (the location it had into
     ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
-    at = np.empty(ids.shape[0], dtype=np.int64)
-    absent = _positions(arr_ids, n, dir_, shift, covered, ids, at)
-    for i in range(ids.shape[0]):
+    absent = 0
+    for i in range(at.shape[0]):
         missing[i] = at[i] < 0
         if at[i] >= 0:
             old[i] = arr_locs[at[i]]
             arr_locs[at[i]] = locs[i]
+        else:
+            absent += 1
     return absent
+
+
+@numba.njit(cache=True, nogil=True)
+def _set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, old):
+    """Change the location of each of ``ids`` held in the arrays (the one it had into
+    ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
+    at = np.empty(ids.shape[0], dtype=np.int64)
+    _positions(arr_ids, n, dir_, shift, covered, ids, at)
+    return _set_at(arr_locs, at, locs, missing, old)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -242,9 +253,11 @@ class SegmentIndex:
         self.delta_rows = max(1, int(delta_rows))
         self.num_rows = num_rows
         self.id_dtype = np.dtype(np.uint32 if num_rows is not None and num_rows <= 1 << 32 else np.int64)
+        self.stamp = 0  # counts merges and clears: what moves rows of the arrays
         self.clear()
 
     def clear(self) -> None:
+        self.stamp += 1  # (positions found before are stale)
         self.ids = np.empty(0, dtype=self.id_dtype)  # sorted; the arrays own their memory (resized in place)
         self.locs = np.empty(0, dtype=np.int64)
         self.keys = np.full(8, EMPTY, dtype=np.int64)
@@ -284,16 +297,33 @@ class SegmentIndex:
     def nbytes(self) -> int:
         return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes + self._dir.nbytes
 
-    def add(self, seq: int, ids: np.ndarray) -> np.ndarray:
+    def view(self) -> tuple:
+        """What :meth:`positions` searches: taken under the tier's lock (the directory may be
+        built again here), searched after it is let go."""
+        return (self.stamp, self.ids.shape[0]), (self.ids, self.ids.shape[0], *self._fresh_dir())
+
+    @staticmethod
+    def positions(view: tuple, ids: np.ndarray) -> tuple:
+        """Where each of ``ids`` (int64) lies in the arrays of ``view`` (:meth:`view`), -1 where
+        absent: the search of :meth:`add`, done by the one writer without the tier's lock
+        (readers only read the arrays; a merge or an append between makes it stale, and
+        :meth:`add` then searches again)."""
+        stamp, args = view
+        at = np.empty(ids.shape[0], dtype=np.int64)
+        _positions(*args, np.ascontiguousarray(ids, dtype=np.int64), at)
+        return stamp, at
+
+    def add(self, seq: int, ids: np.ndarray, found: tuple | None = None) -> np.ndarray:
         """Segment ``seq`` holds ``ids`` (distinct), row ``i`` at position ``i``; returns the
-        location each had before (-1: none)."""
+        location each had before (-1: none).  ``found``: :meth:`positions` of ``ids``."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
             raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
-        return self.set(ids, (np.int64(seq) << np.int64(POS_BITS)) + np.arange(ids.shape[0], dtype=np.int64))
+        return self.set(ids, (np.int64(seq) << np.int64(POS_BITS)) + np.arange(ids.shape[0], dtype=np.int64), found)
 
-    def set(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
-        """``ids[i]`` (distinct) lies at ``locs[i]`` now; returns the location each had before (-1: none)."""
+    def set(self, ids: np.ndarray, locs: np.ndarray, found: tuple | None = None) -> np.ndarray:
+        """``ids[i]`` (distinct) lies at ``locs[i]`` now; returns the location each had before
+        (-1: none).  ``found``: :meth:`positions` of ``ids``, used unless stale."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         locs = np.ascontiguousarray(locs, dtype=np.int64)
         old = np.full(ids.shape[0], -1, dtype=np.int64)
@@ -305,7 +335,11 @@ class SegmentIndex:
         new_at = None
         if not (n and ids.min() > self.ids[n - 1]):  # (ids above every one held are in none)
             missing = np.empty(ids.shape[0], dtype=np.bool_)
-            if _set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old) == 0:
+            if found is not None and found[0] == (self.stamp, n):
+                absent = _set_at(self.locs, found[1], locs, missing, old)
+            else:
+                absent = _set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old)
+            if absent == 0:
                 return old
             new_at = np.flatnonzero(missing)
             ids, locs = ids[new_at], locs[new_at]
@@ -362,7 +396,7 @@ class SegmentIndex:
             [(np.int64(q) << np.int64(POS_BITS)) + np.arange(x.shape[0], dtype=np.int64) for q, x in self._staged]
         )
         self._staged, self._n_staged = [], 0
-        order = np.argsort(ids, kind="stable")  # (segments oldest first: equal ids stay in that order)
+        order = stable_argsort(ids)  # (segments oldest first: equal ids stay in that order)
         ids, locs = ids[order], locs[order]
         del order
         last = np.ones(ids.shape[0], dtype=np.bool_)
@@ -380,6 +414,7 @@ class SegmentIndex:
             self.locs.resize(n + ids.shape[0], refcheck=False)
             _merge_back(self.ids, self.locs, n, ids, locs)
             self._drop_dir()
+            self.stamp += 1
         return np.concatenate(replaced)
 
     def _delta_items(self, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -388,7 +423,7 @@ class SegmentIndex:
         _loc_items(self.keys, self.vals, ids, locs)
         if not ordered:
             return ids, locs
-        order = np.argsort(ids)  # (distinct ids: any sort is stable)
+        order = stable_argsort(ids)
         return ids[order], locs[order]
 
     def merge(self) -> None:
@@ -401,6 +436,7 @@ class SegmentIndex:
         self.locs.resize(n + new_ids.shape[0], refcheck=False)
         _merge_back(self.ids, self.locs, n, new_ids, new_locs)
         self._drop_dir()
+        self.stamp += 1
         self.keys = np.full(8, EMPTY, dtype=np.int64)
         self.vals = np.zeros(8, dtype=np.int64)
         self.n_delta = 0

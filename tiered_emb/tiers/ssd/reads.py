@@ -15,6 +15,7 @@ import lmdb
 import numpy as np
 import zstandard
 
+from tiered_emb._order import stable_argsort
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd.codec import RAW, ZSTD, lmdb_keys
 from tiered_emb.tiers.ssd.held import HeldRows
@@ -109,7 +110,7 @@ class Reader:
             if ids.shape[0] == 0 or not self._lmdb.records[table]:
                 return
             # rows of a store of the format before segments, one record per id in ``t:``
-            order = np.argsort(ids, kind="stable")  # key order: one sequential walk
+            order = stable_argsort(ids)  # key order: one sequential walk
             ids, at = ids[order], at[order]
             # bytes, not buffers: py-lmdb's buffer objects cost more than the copies they save
             with self._lmdb.reading() as txn:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._order import stable_argsort
 from tiered_emb.cache.index import EMPTY, index_del, index_find, index_put, new_index
 
 FOUND = 1
@@ -153,7 +154,7 @@ class RowBuffer:
         at = np.empty(self.live, dtype=np.int64)
         m = _buf_live(self.keys, self.vals, at)
         at = at[:m]
-        at = at[np.argsort(self.ids[at], kind="stable")]
+        at = at[stable_argsort(self.ids[at])]
         out = (self.ids[at], self.rows[at])
         return out + (self.states[at],) if with_state else out
 

@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from tiered_emb._jit import split_parts, take_rows
+from tiered_emb._order import stable_argsort
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import decode
 from tiered_emb.tiers.ssd.codec import (
@@ -285,7 +286,7 @@ class SegmentLog:
                 self._read_gets(txn, table, ids, locs, out_rows, at)
 
     def _read_gets(self, txn, table: str, ids, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
-        order = np.argsort(locs, kind="stable")
+        order = stable_argsort(locs)
         ids, locs, at = ids[order], locs[order], at[order]
         seqs = locs >> POS_BITS
         cuts = np.flatnonzero(seqs[1:] != seqs[:-1]) + 1
@@ -359,12 +360,13 @@ class SegmentLog:
         out = []
         for t in sorted(parts):
             if len(parts[t]) == 1:  # (no copy)
-                ids, rows = last_rows(*parts[t][0], take_rows)
+                ids, rows = last_rows(*parts[t][0], take_rows, stable_argsort)
             else:
                 ids, rows = last_rows(
                     np.concatenate([p[0] for p in parts[t]]),
                     np.concatenate([p[1] for p in parts[t]]),
                     take_rows,
+                    stable_argsort,
                 )
             out += self.numbered(t, ids, rows)
         return out
@@ -407,10 +409,19 @@ class SegmentLog:
             else:
                 put_value(txn, self._lmdb.pending[t], seq, rows)
 
-    def indexed(self, segments: list) -> None:
-        """After ``segments`` are committed and located (under the tier's lock): reads find their rows."""
-        for t, seq, ids, _ in segments:
-            self._moved(self.index[t].add(seq, ids), seq, ids.shape[0])
+    def found(self, segments: list) -> list:
+        """Where the ids of ``segments`` lie in the index now (:meth:`.SegmentIndex.positions`):
+        searched by the one writer with the tier's lock let go, so that :meth:`indexed` holds
+        it only to change the index."""
+        with self._lock:
+            views = {t: self.index[t].view() for t in sorted({s[0] for s in segments})}
+        return [SegmentIndex.positions(views[t], ids) for t, _, ids, _ in segments]
+
+    def indexed(self, segments: list, found: list | None = None) -> None:
+        """After ``segments`` are committed and located (under the tier's lock): reads find their
+        rows.  ``found``: :meth:`found` of ``segments``."""
+        for k, (t, seq, ids, _) in enumerate(segments):
+            self._moved(self.index[t].add(seq, ids, found[k] if found else None), seq, ids.shape[0])
             self.stored_rows[t] += ids.shape[0]
 
     def replaced(

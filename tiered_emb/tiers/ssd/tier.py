@@ -214,14 +214,17 @@ class SsdTier:
 
     def discard_pending(self) -> None:
         """Drop what was written since the last checkpoint (reopen at the checkpoint)."""
+        self.writer.wait_writes()
         self.checkpoints.discard_pending()
 
     def promote_pending(self) -> None:
         """Keep what was written since the last checkpoint (reopen at the latest flush)."""
+        self.writer.wait_writes()
         self.checkpoints.promote_pending()
 
     def open_at(self, epoch: int) -> None:
         """Open at kept checkpoint ``epoch`` (:meth:`.Checkpointer.open_at`)."""
+        self.writer.wait_writes()
         self.checkpoints.open_at(epoch)
 
     def snapshots(self) -> list[tuple[int, int, dict]]:
@@ -254,6 +257,7 @@ class SsdTier:
     def pending_rows(self, table: str) -> dict:
         """Rows written since the checkpoint: ``live`` (ids whose newest copy was) and
         ``stored`` (every copy the segments above the mark hold, stale ones too)."""
+        self.writer.wait_writes()  # (no other change to the index while the writer thread runs)
         with self.lmdb.reading() as txn, txn.cursor(db=self.lmdb.pending[table]) as cur:
             above = []
             if cur.set_range(codec.segment_key(self.segments.mark)):
@@ -263,6 +267,7 @@ class SsdTier:
 
     def pending_ids(self, table: str) -> np.ndarray:
         """The ids (int64, increasing) whose newest copy was written since the checkpoint."""
+        self.writer.wait_writes()
         with self._lock:
             return self.segments.pending(table)[0]
 
@@ -271,6 +276,7 @@ class SsdTier:
         (int64, increasing) ``chunk_rows`` at a time, copied from the index as it goes (a
         store of the format before segments: its ``t:`` keys too, all at once).  Nothing
         may write to the tier meanwhile."""
+        self.writer.wait_writes()
         ix = self.segments.index[table]
         with self._lock:
             ix.merge()

@@ -90,8 +90,9 @@ class _Commits:
             done, self._done = self._done, []
         if done:
             self._segments.locate(done)
+            found = self._segments.found(done)
             with self._lock:
-                self._segments.indexed(done)
+                self._segments.indexed(done, found)
 
     def __enter__(self) -> _Commits:
         return self
@@ -307,15 +308,20 @@ class Writer:
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))
             self._segments.locate(segments)
+            found = self._segments.found(segments)
         except BaseException as err:
             if not on_thread:
                 raise
             self.failed = err
             return
+        written: dict[str, list] = {}
+        for t, _, ids, _ in segments:  # (the snapshots' ids, each once, sorted by the cut already)
+            written.setdefault(t, []).append(ids)
+        written = {t: np.concatenate(parts) for t, parts in sorted(written.items())}
         with self._lock:
-            self._segments.indexed(segments)  # before the snapshots leave the read path: reads then look in p:
+            self._segments.indexed(segments, found)  # before the snapshots leave the read path: reads then look in p:
             self._held.committed(snaps)
-            self._held.written(self._held.ids_of(snaps))
+            self._held.written(written)
 
     def write_by_process(self, segments: list) -> bool:
         """Append ``segments`` (:meth:`.SegmentLog.cut`) to ``p:`` in one transaction of the writer

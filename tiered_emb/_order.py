@@ -1,0 +1,41 @@
+"""A stable argsort of integer keys by one vectorised sort.
+
+NumPy sorts an int64 array several times faster than it argsorts one (its sort runs on
+SIMD; its stable argsort is a merge sort).  Where the keys' range leaves room for the
+positions' bits, each key less the smallest is packed with its position into one int64,
+those are sorted, and the positions read back: equal keys keep their positions' order,
+so the permutation is exactly the stable argsort's.  The write-back's cut, the segment
+index's merges and the step's id-order reads sort tens of thousands of ids a step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """The permutation ``np.argsort(keys, kind="stable")`` gives (int64), for 1-d ``keys``.
+
+    Examples
+    --------
+    >>> stable_argsort(np.array([5, -2, 5, 0, -2])).tolist()
+    [1, 4, 3, 0, 2]
+    """
+    keys = np.asarray(keys)
+    n = keys.shape[0]
+    if n < 2:
+        return np.arange(n, dtype=np.int64)
+    if keys.dtype.kind not in "iu":
+        return np.argsort(keys, kind="stable")
+    bits = (n - 1).bit_length()
+    lo = int(keys.min())
+    if int(keys.max()) - lo >= 1 << (63 - bits):
+        return np.argsort(keys, kind="stable")
+    packed = keys.astype(np.int64)
+    if lo:
+        packed -= lo
+    packed <<= bits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << bits) - 1
+    return packed
