@@ -64,6 +64,7 @@ def run_part(path: Path, args) -> dict:
     table = TableConfig("t", dim=args.dim, num_rows=args.ids, optimizer=RowWiseAdagrad(lr=0.05))
     tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget)
     store = TieredStore.create(path, [table], tiers, seed=1)
+    reference = _Reference(path.with_name(path.name + "_reference"), args)
     rng = np.random.default_rng(0)
     hot = np.arange(1, 1 << 20, dtype=np.float64) ** -1.05
     hot_cdf = np.cumsum(hot) / hot.sum()
@@ -95,7 +96,12 @@ def run_part(path: Path, args) -> dict:
             s = time.perf_counter()
             store.checkpoint()
             rows = store.last_checkpoint_rows
-            ck = {"step": step, "seconds": time.perf_counter() - s, "rows_written": rows}
+            ck = {
+                "step": step,
+                "seconds": time.perf_counter() - s,
+                "rows_written": rows,
+                "reference_s": reference.step_s(),
+            }
             checkpoints.append(ck)
         st = store.stats()["t"]["ssd"]
         samples.append(
@@ -124,22 +130,55 @@ def run_part(path: Path, args) -> dict:
     store.checkpoint()
     checkpoints.append({"step": step, "seconds": time.perf_counter() - s, "rows_written": store.last_checkpoint_rows})
     store.close()
+    reference.close()
     reopen = _reopen(path, tiers)
     print(f"reopened in {reopen['seconds']:.1f} s, peak anonymous RSS {reopen['peak_rss_anon'] / 2**30:.2f} GiB")
     return {
         "samples": samples,
         "checkpoints": checkpoints,
         "steps": step,
-        **growth(samples, [c["step"] for c in checkpoints]),
+        **growth(samples, checkpoints),
         "peak_rss_anon": max(x["rss_anon"] for x in samples),
         "final_index_bytes_per_row": samples[-1]["index_bytes"] / max(1, samples[-1]["rows_stored"]),
         "reopen": reopen,
     }
 
 
-def growth(samples: list[dict], checkpoint_steps: list[int]) -> dict:
+class _Reference:
+    """The machine's own drift, measured beside the run: a step of the same batch size on a
+    table held whole in memory (1M rows, the run's dim and optimizer), timed just after each
+    checkpoint, when the store has no write in flight, so that it sees what else runs on the
+    machine and none of the store's own work.  Its batches come from a generator of their
+    own: the run's batches are those of a run without it."""
+
+    def __init__(self, path: Path, args):
+        rows = 1 << 20
+        table = TableConfig("t", dim=args.dim, num_rows=rows, optimizer=RowWiseAdagrad(lr=0.05))
+        tiers = TierConfig(hbm_rows=rows, ddr_rows=1024, device="cpu", budget_bytes=args.budget)
+        self.path, self.rows, self.batch, self.dim = path, rows, args.batch, args.dim
+        self.store = TieredStore.create(path, [table], tiers, seed=1)
+        self.rng = np.random.default_rng(1)
+
+    def step_s(self, steps: int = 9) -> float:
+        """The median of ``steps`` steps (seconds)."""
+        times = []
+        for _ in range(steps):
+            uids = np.unique(self.rng.integers(0, self.rows, self.batch))
+            grads = self.rng.standard_normal((uids.shape[0], self.dim), dtype=np.float32)
+            s = time.perf_counter()
+            self.store.apply_gradients("t", uids, grads)
+            times.append(time.perf_counter() - s)
+        return statistics.median(times)
+
+    def close(self) -> None:
+        self.store.close(checkpoint=False)
+        shutil.rmtree(self.path)  # (made by __init__)
+
+
+def growth(samples: list[dict], checkpoints: list[dict]) -> dict:
     """The last tenth's median step time against the first tenth's after warm-up (the second
-    tenth), and the same for two tenths that each begin just after a checkpoint.
+    tenth), and the same for two tenths that each begin just after a checkpoint; each also
+    divided by the same ratio of :class:`_Reference` (the machine's drift between them).
 
     Steps after a checkpoint (or a flush) evict clean rows, which are dropped, and get
     slower as rows turn dirty and each eviction is written back: a tenth of the run
@@ -152,13 +191,26 @@ def growth(samples: list[dict], checkpoint_steps: list[int]) -> dict:
     out = {
         "last_tenth_vs_warm_tenth": statistics.median(step_s[-tenth:]) / statistics.median(step_s[tenth : 2 * tenth])
     }
-    starts = [c for c in checkpoint_steps if tenth <= c and c + tenth <= n]
+    refs = {c["step"]: c["reference_s"] for c in checkpoints if c.get("reference_s")}
+
+    def near(step: int) -> float:  # (the reference taken nearest to a tenth's middle)
+        return refs[min(refs, key=lambda c: (abs(c - step), c))]
+
+    if refs:
+        drift = near(n - tenth // 2) / near(tenth + tenth // 2)
+        out["reference_last_vs_warm"] = drift
+        out["last_tenth_vs_warm_tenth_over_reference"] = out["last_tenth_vs_warm_tenth"] / drift
+    starts = [c["step"] for c in checkpoints if tenth <= c["step"] and c["step"] + tenth <= n]
     if starts:
         warm, last = starts[0], starts[-1]
         out["same_phase_steps"] = [warm, last, tenth]
         out["last_vs_warm_same_phase"] = statistics.median(step_s[last : last + tenth]) / statistics.median(
             step_s[warm : warm + tenth]
         )
+        if warm in refs and last in refs:
+            drift = refs[last] / refs[warm]
+            out["reference_same_phase"] = drift
+            out["last_vs_warm_same_phase_over_reference"] = out["last_vs_warm_same_phase"] / drift
     return out
 
 
@@ -381,6 +433,8 @@ def main() -> None:
             print(
                 f"run: {r['steps']} steps; last tenth / warm tenth = {r['last_tenth_vs_warm_tenth']:.2f} "
                 f"(in the same place of the checkpoint cycle: {r.get('last_vs_warm_same_phase', float('nan')):.2f}); "
+                f"over the machine's drift: {r.get('last_tenth_vs_warm_tenth_over_reference', float('nan')):.2f} "
+                f"({r.get('last_vs_warm_same_phase_over_reference', float('nan')):.2f}); "
                 f"peak anonymous RSS {r['peak_rss_anon'] / 2**30:.2f} GiB; "
                 f"index {r['final_index_bytes_per_row']:.1f} B/row"
             )

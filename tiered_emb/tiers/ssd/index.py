@@ -36,13 +36,23 @@ MAX_SEGMENT_ROWS = 1 << POS_BITS
 MAX_SEGMENTS = 1 << (63 - POS_BITS)
 
 
+#: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
+#: while the current one is searched: each is a cache miss on a large index.
+_AHEAD = 8
+
+
 @numba.njit(cache=True, nogil=True)
 def _loc_set(keys, vals, ids, locs, old):
     """``ids[i] -> locs[i]`` for each i in order, replacing a held entry (its location into
     ``old[i]``, else -1); returns the entries added."""
     mask = keys.shape[0] - 1
     added = 0
-    for i in range(ids.shape[0]):
+    m = ids.shape[0]
+    for i in range(m):
+        if i + _AHEAD < m:  # (a hint: the bucket of the id further on, a cache miss on a large hash)
+            home = hash_home(ids[i + _AHEAD], mask)
+            prefetch_hint(keys, home)
+            prefetch_hint(vals, home)
         key = ids[i]
         j = hash_home(key, mask)
         old[i] = -1
@@ -71,9 +81,6 @@ def _loc_items(keys, vals, out_ids, out_locs):
     return m
 
 
-#: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
-#: while the current one is searched: each is a cache miss on a large index.
-_AHEAD = 8
 # a batch of finds is cut into slices of at least this many ids for Numba's threads: about
 # 0.2 ms of work each, well above the cost of waking the pool
 FIND_SPLIT_FROM = 4096
@@ -260,8 +267,7 @@ class SegmentIndex:
         self.stamp += 1  # (positions found before are stale)
         self.ids = np.empty(0, dtype=self.id_dtype)  # sorted; the arrays own their memory (resized in place)
         self.locs = np.empty(0, dtype=np.int64)
-        self.keys = np.full(8, EMPTY, dtype=np.int64)
-        self.vals = np.zeros(8, dtype=np.int64)
+        self._empty_delta()
         self.n_delta = 0
         self._staged: list[tuple[int, np.ndarray]] = []
         self._n_staged = 0
@@ -350,8 +356,12 @@ class SegmentIndex:
             self.locs[n:] = locs
             return old
         if 2 * (self.n_delta + ids.shape[0]) > self.keys.shape[0]:
+            # doubling while small; past an eighth of what it holds at the next merge, that size
+            # at once: each growth inserts every entry again, with the tier's lock held
+            need = self.n_delta + ids.shape[0]
+            due = max(self.delta_rows, self.ids.shape[0] // 64) + ids.shape[0]
             old_ids, old_locs = self._delta_items(ordered=False)
-            self.keys = np.full(table_size_for(self.n_delta + ids.shape[0]), EMPTY, dtype=np.int64)
+            self.keys = np.full(table_size_for(need if 8 * need < due else max(need, due)), EMPTY, dtype=np.int64)
             self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
             _loc_set(self.keys, self.vals, old_ids, old_locs, np.empty(old_ids.shape[0], dtype=np.int64))
         in_delta = np.empty(ids.shape[0], dtype=np.int64)
@@ -437,9 +447,12 @@ class SegmentIndex:
         _merge_back(self.ids, self.locs, n, new_ids, new_locs)
         self._drop_dir()
         self.stamp += 1
+        self._empty_delta()
+        self.n_delta = 0
+
+    def _empty_delta(self) -> None:
         self.keys = np.full(8, EMPTY, dtype=np.int64)
         self.vals = np.zeros(8, dtype=np.int64)
-        self.n_delta = 0
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The location of each of ``ids`` (int64), -1 where none (fastest with ``ids`` sorted)."""
