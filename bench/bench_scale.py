@@ -148,8 +148,9 @@ class _Reference:
     """The machine's own drift, measured beside the run: a step of the same batch size on a
     table held whole in memory (1M rows, the run's dim and optimizer), timed just after each
     checkpoint, when the store has no write in flight, so that it sees what else runs on the
-    machine and none of the store's own work.  Its batches come from a generator of their
-    own: the run's batches are those of a run without it."""
+    machine and none of the store's own work.  Its rows are all made before the run, so that
+    its steps are alike from the first; its batches come from a generator of their own: the
+    run's batches are those of a run without it."""
 
     def __init__(self, path: Path, args):
         rows = 1 << 20
@@ -158,6 +159,10 @@ class _Reference:
         self.path, self.rows, self.batch, self.dim = path, rows, args.batch, args.dim
         self.store = TieredStore.create(path, [table], tiers, seed=1)
         self.rng = np.random.default_rng(1)
+        for a in range(0, rows, self.batch):  # every row made once, then steps as timed: steady from the first
+            ids = np.arange(a, min(rows, a + self.batch))
+            self.store.apply_gradients("t", ids, np.zeros((ids.shape[0], self.dim), dtype=np.float32))
+        self.step_s()
 
     def step_s(self, steps: int = 9) -> float:
         """The median of ``steps`` steps (seconds)."""
