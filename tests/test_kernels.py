@@ -107,7 +107,7 @@ def test_group_positions_is_a_stable_counting_sort():
         st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
         st.lists(st.integers(0, 2**61), max_size=40),
     ),
-    st.sampled_from(["int64", "uint32", "float64"]),
+    st.sampled_from(["int64", "uint32", "uint64", "float64"]),
 )
 def test_stable_argsort_is_numpys_stable_argsort(keys, dtype):
     """The packed sort (keys of a narrow range, repeats among them) and its fallbacks (a wide
@@ -115,6 +115,8 @@ def test_stable_argsort_is_numpys_stable_argsort(keys, dtype):
     a = np.array(keys, dtype=np.int64)
     if dtype == "uint32":
         a = (a % (1 << 32)).astype(np.uint32)
+    elif dtype == "uint64":  # (above 2**63 too)
+        a = a.astype(np.uint64) + np.uint64(2**63)
     elif dtype == "float64":
         a = (a % 1000).astype(np.float64)
     got = stable_argsort(a)

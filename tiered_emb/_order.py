@@ -28,12 +28,10 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     if keys.dtype.kind not in "iu":
         return np.argsort(keys, kind="stable")
     bits = (n - 1).bit_length()
-    lo = int(keys.min())
-    if int(keys.max()) - lo >= 1 << (63 - bits):
+    lo = keys.min()
+    if int(keys.max()) - int(lo) >= 1 << (63 - bits):
         return np.argsort(keys, kind="stable")
-    packed = keys.astype(np.int64)
-    if lo:
-        packed -= lo
+    packed = (keys - lo).astype(np.int64, copy=False)  # (in the keys' own type: no overflow)
     packed <<= bits
     packed |= np.arange(n, dtype=np.int64)
     packed.sort()
