@@ -260,7 +260,7 @@ class SegmentIndex:
         self.delta_rows = max(1, int(delta_rows))
         self.num_rows = num_rows
         self.id_dtype = np.dtype(np.uint32 if num_rows is not None and num_rows <= 1 << 32 else np.int64)
-        self.stamp = 0  # counts merges and clears: what moves rows of the arrays
+        self.stamp = 0  # counts what moves rows of the arrays: merges, staged loads, clears
         self.clear()
 
     def clear(self) -> None:
