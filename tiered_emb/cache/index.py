@@ -15,11 +15,15 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tiered_emb._jit import prefetch_hint
+
 # Kernel arguments: annotations for the reader and for mypy; Numba compiles from the runtime types.
 Keys = npt.NDArray[np.int64]
 Vals = npt.NDArray[np.int32]
 
 EMPTY = -1
+#: Ids this far ahead have their bucket fetched by :func:`index_find_many`.
+_AHEAD = 16
 
 
 def table_size_for(capacity_rows: int) -> int:
@@ -96,6 +100,16 @@ def index_del(keys: Keys, vals: Vals, key: int | np.int64) -> None:
 
 @numba.njit(cache=True, nogil=True)
 def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys) -> None:
-    """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,)."""
-    for i in range(ids.shape[0]):
+    """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,).
+
+    The bucket of the id ``_AHEAD`` on is fetched while this one is looked up (a hint: a
+    large tier's table misses the caches at nearly every id)."""
+    n = ids.shape[0]
+    mask = keys.shape[0] - 1
+    for i in range(n):
+        if i + _AHEAD < n:
+            ahead = hash_home(ids[i + _AHEAD], mask)
+            # (mypy reads Numba's intrinsic as its typing function, which takes a context first)
+            prefetch_hint(keys, ahead)  # type: ignore[call-arg]
+            prefetch_hint(vals, ahead)
         out[i] = index_find(keys, vals, ids[i])
