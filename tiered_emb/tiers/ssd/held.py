@@ -81,14 +81,15 @@ class HeldRows:
         """Rows of ``table`` waiting in memory for the next write."""
         return len(self.writeback[table]) + sum(len(s[table]) for s in self.flushing if table in s)
 
-    def written(self, table_ids: dict[str, np.ndarray] | None) -> None:
-        """Bookkeeping after an LMDB write: staged copies of written rows (None: all) are stale."""
+    def written(self, table_ids: list[tuple[str, np.ndarray]] | None) -> None:
+        """Bookkeeping after an LMDB write of ``(table, ids)`` pieces (None: of every row):
+        staged copies of the rows written are stale."""
         self.gen += 1
         if table_ids is None:
             self.staged.clear()
             return
         for staged in self.staged.values():
-            for t, ids in table_ids.items():
+            for t, ids in table_ids:
                 if t in staged:
                     staged[t].remove(ids)
 

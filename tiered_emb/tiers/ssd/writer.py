@@ -314,14 +314,10 @@ class Writer:
                 raise
             self.failed = err
             return
-        written: dict[str, list] = {}
-        for t, _, ids, _ in segments:  # (the snapshots' ids, each once, sorted by the cut already)
-            written.setdefault(t, []).append(ids)
-        written = {t: np.concatenate(parts) for t, parts in sorted(written.items())}
         with self._lock:
             self._segments.indexed(segments, found)  # before the snapshots leave the read path: reads then look in p:
             self._held.committed(snaps)
-            self._held.written(written)
+            self._held.written([(t, ids) for t, _, ids, _ in segments])  # (the snapshots' ids, each once)
 
     def write_by_process(self, segments: list) -> bool:
         """Append ``segments`` (:meth:`.SegmentLog.cut`) to ``p:`` in one transaction of the writer
