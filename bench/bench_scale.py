@@ -69,6 +69,7 @@ def run_part(path: Path, args) -> dict:
     hot = np.arange(1, 1 << 20, dtype=np.float64) ** -1.05
     hot_cdf = np.cumsum(hot) / hot.sum()
     samples, checkpoints, touched, t0, step = [], [], 0, time.perf_counter(), 0
+    drift: list[tuple[int, float]] = []  # (samples before it, a reference step's seconds)
     seen_bits = np.zeros((args.ids + 7) // 8, dtype=np.uint8)
     while touched < args.rows:
         half = args.batch // 2
@@ -80,6 +81,8 @@ def run_part(path: Path, args) -> dict:
         s = time.perf_counter()
         store.apply_gradients("t", uids, grads)
         step_s = time.perf_counter() - s
+        if step % args.reference_every == 0 and not store.ssd.writing:
+            drift += [(step, x) for x in reference.times(2)]
         byte, bit = uids >> 3, (uids & 7).astype(np.uint8)
         new = (seen_bits[byte] >> bit) & 1 == 0
         touched += int(np.unique(uids[new]).shape[0])
@@ -100,7 +103,6 @@ def run_part(path: Path, args) -> dict:
                 "step": step,
                 "seconds": time.perf_counter() - s,
                 "rows_written": rows,
-                "reference_s": reference.step_s(),
             }
             checkpoints.append(ck)
         st = store.stats()["t"]["ssd"]
@@ -137,7 +139,8 @@ def run_part(path: Path, args) -> dict:
         "samples": samples,
         "checkpoints": checkpoints,
         "steps": step,
-        **growth(samples, checkpoints),
+        "reference": drift,
+        **growth(samples, checkpoints, drift),
         "peak_rss_anon": max(x["rss_anon"] for x in samples),
         "final_index_bytes_per_row": samples[-1]["index_bytes"] / max(1, samples[-1]["rows_stored"]),
         "reopen": reopen,
@@ -146,11 +149,11 @@ def run_part(path: Path, args) -> dict:
 
 class _Reference:
     """The machine's own drift, measured beside the run: a step of the same batch size on a
-    table held whole in memory (1M rows, the run's dim and optimizer), timed just after each
-    checkpoint, when the store has no write in flight, so that it sees what else runs on the
-    machine and none of the store's own work.  Its rows are all made before the run, so that
-    its steps are alike from the first; its batches come from a generator of their own: the
-    run's batches are those of a run without it."""
+    table held whole in memory (1M rows, the run's dim and optimizer), two timed every
+    ``--reference-every`` steps of the run when the store has no write-back in flight, so
+    that they see what else runs on the machine and none of the store's own work.  Its rows
+    are all made before the run, so that its steps are alike from the first; its batches
+    come from a generator of their own: the run's batches are those of a run without it."""
 
     def __init__(self, path: Path, args):
         rows = 1 << 20
@@ -162,10 +165,10 @@ class _Reference:
         for a in range(0, rows, self.batch):  # every row made once, then steps as timed: steady from the first
             ids = np.arange(a, min(rows, a + self.batch))
             self.store.apply_gradients("t", ids, np.zeros((ids.shape[0], self.dim), dtype=np.float32))
-        self.step_s()
+        self.times(9)
 
-    def step_s(self, steps: int = 9) -> float:
-        """The median of ``steps`` steps (seconds)."""
+    def times(self, steps: int) -> list[float]:
+        """Seconds of each of ``steps`` steps."""
         times = []
         for _ in range(steps):
             uids = np.unique(self.rng.integers(0, self.rows, self.batch))
@@ -173,17 +176,18 @@ class _Reference:
             s = time.perf_counter()
             self.store.apply_gradients("t", uids, grads)
             times.append(time.perf_counter() - s)
-        return statistics.median(times)
+        return times
 
     def close(self) -> None:
         self.store.close(checkpoint=False)
         shutil.rmtree(self.path)  # (made by __init__)
 
 
-def growth(samples: list[dict], checkpoints: list[dict]) -> dict:
+def growth(samples: list[dict], checkpoints: list[dict], drift: list[tuple[int, float]]) -> dict:
     """The last tenth's median step time against the first tenth's after warm-up (the second
     tenth), and the same for two tenths that each begin just after a checkpoint; each also
-    divided by the same ratio of :class:`_Reference` (the machine's drift between them).
+    divided by the same ratio of the :class:`_Reference` steps timed within those tenths
+    (``drift``: ``(samples before it, seconds)``), the machine's own drift between them.
 
     Steps after a checkpoint (or a flush) evict clean rows, which are dropped, and get
     slower as rows turn dirty and each eviction is written back: a tenth of the run
@@ -193,29 +197,21 @@ def growth(samples: list[dict], checkpoints: list[dict]) -> dict:
     n = len(samples)
     tenth = max(1, n // 10)
     step_s = [x["step_s"] for x in samples]
-    out = {
-        "last_tenth_vs_warm_tenth": statistics.median(step_s[-tenth:]) / statistics.median(step_s[tenth : 2 * tenth])
-    }
-    refs = {c["step"]: c["reference_s"] for c in checkpoints if c.get("reference_s")}
 
-    def near(step: int) -> float:  # (the reference taken nearest to a tenth's middle)
-        return refs[min(refs, key=lambda c: (abs(c - step), c))]
+    def ratio(warm: int, last: int, key: str) -> dict:  # (tenths from sample `warm` and `last`)
+        out = {key: statistics.median(step_s[last : last + tenth]) / statistics.median(step_s[warm : warm + tenth])}
+        ref = [[x for s, x in drift if a <= s < a + tenth] for a in (warm, last)]
+        if all(len(r) >= 3 for r in ref):
+            out["reference_" + key] = statistics.median(ref[1]) / statistics.median(ref[0])
+            out[key + "_over_reference"] = out[key] / out["reference_" + key]
+            out["reference_samples_" + key] = [len(r) for r in ref]
+        return out
 
-    if refs:
-        drift = near(n - tenth // 2) / near(tenth + tenth // 2)
-        out["reference_last_vs_warm"] = drift
-        out["last_tenth_vs_warm_tenth_over_reference"] = out["last_tenth_vs_warm_tenth"] / drift
+    out = ratio(tenth, n - tenth, "last_tenth_vs_warm_tenth")
     starts = [c["step"] for c in checkpoints if tenth <= c["step"] and c["step"] + tenth <= n]
     if starts:
-        warm, last = starts[0], starts[-1]
-        out["same_phase_steps"] = [warm, last, tenth]
-        out["last_vs_warm_same_phase"] = statistics.median(step_s[last : last + tenth]) / statistics.median(
-            step_s[warm : warm + tenth]
-        )
-        if warm in refs and last in refs:
-            drift = refs[last] / refs[warm]
-            out["reference_same_phase"] = drift
-            out["last_vs_warm_same_phase_over_reference"] = out["last_vs_warm_same_phase"] / drift
+        out["same_phase_steps"] = [starts[0], starts[-1], tenth]
+        out.update(ratio(starts[0], starts[-1], "last_vs_warm_same_phase"))
     return out
 
 
@@ -415,6 +411,7 @@ def main() -> None:
     p.add_argument("--ddr-rows", type=int, default=4 << 20)
     p.add_argument("--budget", type=int, default=256 << 20, help="TierConfig.budget_bytes")
     p.add_argument("--checkpoint-every", type=int, default=400, help="steps")
+    p.add_argument("--reference-every", type=int, default=8, help="steps between timings of the reference")
     p.add_argument("--io-rows", type=int, default=4_000_000)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--part", choices=["run", "io", "both"], default="both")
@@ -425,7 +422,9 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.ids, args.rows, args.hbm_rows, args.ddr_rows = 10_000_000, 1_000_000, 1 << 16, 1 << 18
-        args.checkpoint_every, args.io_rows, args.repeats = 5, 500_000, 3
+        args.checkpoint_every, args.io_rows, args.repeats, args.reference_every = 5, 500_000, 3, 1
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=args.dir))
     result: dict = {"machine": machine(), "args": vars(args)}
     try:
@@ -438,7 +437,7 @@ def main() -> None:
             print(
                 f"run: {r['steps']} steps; last tenth / warm tenth = {r['last_tenth_vs_warm_tenth']:.2f} "
                 f"(in the same place of the checkpoint cycle: {r.get('last_vs_warm_same_phase', float('nan')):.2f}); "
-                f"over the machine's drift: {r.get('last_tenth_vs_warm_tenth_over_reference', float('nan')):.2f} "
+                f"over the reference's drift: {r.get('last_tenth_vs_warm_tenth_over_reference', float('nan')):.2f} "
                 f"({r.get('last_vs_warm_same_phase_over_reference', float('nan')):.2f}); "
                 f"peak anonymous RSS {r['peak_rss_anon'] / 2**30:.2f} GiB; "
                 f"index {r['final_index_bytes_per_row']:.1f} B/row"

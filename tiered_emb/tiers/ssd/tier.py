@@ -194,6 +194,11 @@ class SsdTier:
         """The failure of an earlier write-back not yet raised (None if there is none)."""
         return self.writer.failed
 
+    @property
+    def writing(self) -> bool:
+        """Whether a write-back is in flight in the background now (it ends by itself)."""
+        return self.writer.writing
+
     def wait_writes(self) -> None:
         """Wait for the writer thread; its error, if any, is raised by the next durable write."""
         self.writer.wait_writes()

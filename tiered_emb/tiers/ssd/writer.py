@@ -244,6 +244,11 @@ class Writer:
         """Every waiting row was written since (by a durable write): drop the failure."""
         self.failed = None
 
+    @property
+    def writing(self) -> bool:
+        """Whether a write-back is in flight on the writer thread (and its process) now."""
+        return self._thread is not None and self._thread.is_alive()
+
     def wait_writes(self) -> None:
         """Wait for the writer thread; its error, if any, is raised by the next durable write."""
         if self._thread is not None:
