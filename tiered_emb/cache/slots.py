@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, prefetch_row_hint
 from tiered_emb.cache.index import hash_home, index_del, index_find, index_find_many, index_put, new_index
 from tiered_emb.cache.policies import (
     POLICIES,
@@ -30,6 +30,7 @@ from tiered_emb.cache.policies import (
     policy_fresh,
     policy_hit,
     policy_touch,
+    policy_upcoming,
     policy_victim,
 )
 from tiered_emb.errors import ConfigError
@@ -72,6 +73,24 @@ class CacheTier:
         """``(slots, ids)`` of every resident row, in slot order."""
         slots = np.flatnonzero(self.slot_ids >= 0)
         return slots, self.slot_ids[slots]
+
+
+@numba.njit(inline="always")
+def _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask):
+    """Hints for the victims to come: the slot state of the one ``2 * PREFETCH_DISTANCE``
+    on, the index bucket of the id held by the one ``PREFETCH_DISTANCE`` on (its slot's
+    id fetched by the first hint).  Returns the far slot (-1: none known), whose row the
+    caller may fetch too.  Nothing changes: each victim is a cache miss otherwise."""
+    far = policy_upcoming(code, P, 2 * PREFETCH_DISTANCE)
+    if far >= 0:
+        prefetch_hint(slot_ids, far)
+        prefetch_hint(dirty, far)
+    near = policy_upcoming(code, P, PREFETCH_DISTANCE)
+    if near >= 0 and slot_ids[near] >= 0:
+        ahead = hash_home(slot_ids[near], mask)
+        prefetch_hint(keys, ahead)
+        prefetch_hint(vals, ahead)
+    return far
 
 
 @numba.njit(cache=True, nogil=True)
@@ -138,6 +157,10 @@ def cache_resolve(
     n_miss = 0
     n_victims = 0
     for i in range(k):
+        if i + PREFETCH_DISTANCE < k and out_slots[i + PREFETCH_DISTANCE] < 0:  # a miss's put, further on
+            ahead = hash_home(uids[i + PREFETCH_DISTANCE], mask)
+            prefetch_hint(keys, ahead)
+            prefetch_hint(vals, ahead)
         s = out_slots[i]
         if s >= 0:
             policy_touch(P, s)
@@ -146,6 +169,9 @@ def cache_resolve(
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
+            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask)
+            if far >= 0:
+                prefetch_hint(pins, far)
             s = policy_victim(code, P)
             if s < 0:
                 return n_miss, -1, True
@@ -251,7 +277,13 @@ def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids,
     n_out = 0
     n_ev = 0
     cap = fmeta[1]
-    for i in range(ids.shape[0]):
+    mask = keys.shape[0] - 1
+    n = ids.shape[0]
+    for i in range(n):
+        if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
+            ahead = hash_home(ids[i + PREFETCH_DISTANCE], mask)
+            prefetch_hint(keys, ahead)
+            prefetch_hint(vals, ahead)
         if cap == 0:
             n_ev += 1
             if rows_dirty[i]:
@@ -263,6 +295,9 @@ def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids,
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
+            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask)
+            if far >= 0:
+                prefetch_row_hint(records, far)
             s = policy_victim(code, P)
             vid = slot_ids[s]
             n_ev += 1

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numba
 
+from tiered_emb._jit import prefetch_hint
 from tiered_emb.cache.policies._state import CLOCK, COUNT, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
 from tiered_emb.cache.policies.lfu import lfu_attach, lfu_detach, lfu_sift_down, lfu_victim
-from tiered_emb.cache.policies.lru import lru_attach, lru_detach, lru_victim
+from tiered_emb.cache.policies.lru import lru_attach, lru_detach, lru_upcoming, lru_victim
 
 LRU = 0
 LFU = 1
@@ -64,6 +65,19 @@ def policy_victim(code, P):
     if code == LRU:
         return lru_victim(P)
     return lfu_victim(P)
+
+
+@numba.njit(inline="always")
+def policy_upcoming(code, P, ahead):
+    """A slot likely to be the victim ``ahead`` victims on, or -1 where the policy cannot
+    tell cheaply (LFU: its heap's order below the root): a hint, nothing changes."""
+    if code != LRU:
+        return -1
+    s = lru_upcoming(P, ahead)
+    if s >= 0:  # (its use metadata, which policy_fresh writes when the slot is taken)
+        prefetch_hint(P, P[COUNT] + s)
+        prefetch_hint(P, P[LAST] + s)
+    return s
 
 
 @numba.njit(inline="always")

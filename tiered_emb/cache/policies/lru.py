@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numba
 
+from tiered_emb._jit import prefetch_hint
 from tiered_emb.cache.policies._state import GEN, HEAD, RGEN, RING, RING_LEN, TAIL
 
 
@@ -72,3 +73,16 @@ def lru_victim(P):
             return s
     P[HEAD] = h
     return -1
+
+
+@numba.njit(inline="always")
+def lru_upcoming(P, ahead):
+    """The slot of the ring entry ``ahead`` past the head (the victim that many victims on
+    when no entry between is stale), its generation fetched; -1 past the tail.  A hint for
+    prefetching: nothing changes."""
+    r = P[HEAD] + ahead
+    if r >= P[TAIL]:
+        return -1
+    s = P[P[RING] + r]
+    prefetch_hint(P, P[GEN] + s)
+    return s
