@@ -64,6 +64,40 @@ def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids, nu
 
 
 @settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2**20), max_size=40), max_size=12),
+    st.lists(st.integers(0, 2**20), max_size=30),
+    st.integers(1, 20),
+    st.integers(1, 9),
+    st.sampled_from([None, 1 << 21]),
+    st.booleans(),
+)
+def test_a_merge_in_slices_answers_as_a_dict_between_its_steps(segments, probes, delta_rows, rows, num_rows, cut):
+    """The writer merges the hash of new ids into the arrays ``rows`` moves at a time, letting
+    the tier's lock go between steps: every find between two steps answers as a dict (unmoved
+    rows, merged rows and the hash at once), and a change in the middle (``cut``) runs the
+    rest of the merge first."""
+    ix, model = SegmentIndex(delta_rows, num_rows), {}
+    ix.DIR_MIN_ROWS, ix.BUCKET_ROWS = 0, 2
+    for seq, raw in enumerate(segments):
+        ids = np.array(sorted({x % 200 if seq % 2 else x for x in raw}), dtype=np.int64)
+        ask = np.array(sorted(model) + probes + ids.tolist(), dtype=np.int64)
+        want = [model.get(int(x), -1) for x in ask]
+        if ix.merge_due:
+            for steps, _ in enumerate(ix.merge_slices(rows), 1):
+                assert ix.find(ask).tolist() == want and len(ix) == len(model)
+                if cut and steps == 2:
+                    break  # (the add below runs the rest)
+            assert not ix.merge_due
+        assert ix.add(seq, ids).tolist() == [model.get(int(x), -1) for x in ids]
+        model.update({int(x): (seq << POS_BITS) + i for i, x in enumerate(ids)})
+    held = sorted(model)
+    assert ix.find(np.array(held, dtype=np.int64)).tolist() == [model[x] for x in held]
+    got_ids, got_locs = ix.items()
+    assert got_ids.tolist() == held and got_locs.tolist() == [model[x] for x in held]
+
+
+@settings(max_examples=120, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2**20), max_size=40), max_size=12), st.integers(1, 20), st.booleans())
 def test_positions_found_before_the_last_change_are_searched_again(segments, delta_rows, grow):
     """A writer finds where a segment's ids lie with the tier's lock let go (``positions`` of a

@@ -11,22 +11,39 @@ to a small open-addressing hash (:mod:`tiered_emb.cache.index`'s layout, int64 v
 merged into the arrays when it holds ``delta_rows`` or 1/64 of the arrays' rows: in
 place, from the back, after the arrays grow by ``ndarray.resize`` (``realloc``, which
 moves the pages of a large array without copying them), so a merge never holds a second
-copy of the index; the directory is built again at the next lookup.  Ids appended above
+copy of the index.  The writer merges a slice of rows at a time and builds the directory
+again the same way (:meth:`SegmentIndex.merge_slices`), letting the tier's lock go
+between slices: lookups between them search the unmoved rows with the old directory,
+the merged ones whole, and the hash, which keeps every new id to the end.  Ids appended above
 every one held are searched as one run past the directory until they are 1/16 of the
 rows.  An id already in the arrays is changed there.  A store that opens stages its
 segments instead (:meth:`SegmentIndex.stage`): up to 1/16 of the rows are sorted together
 (a stable sort of sorted runs) and merged in at once.  Entries are only added or moved,
-until :meth:`SegmentIndex.clear`.
+until :meth:`SegmentIndex.clear`.  The kernels are in :mod:`.sorted_index`.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-from tiered_emb._jit import prefetch_hint, split_parts
+from tiered_emb._jit import split_parts
 from tiered_emb._order import stable_argsort
-from tiered_emb.cache.index import EMPTY, hash_home, index_find, table_size_for
+from tiered_emb.cache.index import EMPTY, table_size_for
+from tiered_emb.tiers.ssd.sorted_index import (
+    FIND_SPLIT_FROM,
+    build_dir,
+    build_dir_part,
+    find_merging,
+    find_rows,
+    find_split,
+    loc_items,
+    loc_set,
+    merge_back,
+    merge_back_part,
+    positions_of,
+    set_at,
+    set_sorted,
+)
 
 #: Positions within a segment take 20 bits (a segment holds at most 2**20 rows), numbers the
 #: other 43 (:data:`MAX_SEGMENTS`: at 1,000 segments a second, 278 years).
@@ -36,202 +53,9 @@ MAX_SEGMENT_ROWS = 1 << POS_BITS
 MAX_SEGMENTS = 1 << (63 - POS_BITS)
 
 
-#: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
-#: while the current one is searched: each is a cache miss on a large index.
-_AHEAD = 8
-
-
-@numba.njit(cache=True, nogil=True)
-def _loc_set(keys, vals, ids, locs, old):
-    """``ids[i] -> locs[i]`` for each i in order, replacing a held entry (its location into
-    ``old[i]``, else -1); returns the entries added."""
-    mask = keys.shape[0] - 1
-    added = 0
-    m = ids.shape[0]
-    for i in range(m):
-        if i + _AHEAD < m:  # (a hint: the bucket of the id further on, a cache miss on a large hash)
-            home = hash_home(ids[i + _AHEAD], mask)
-            prefetch_hint(keys, home)
-            prefetch_hint(vals, home)
-        key = ids[i]
-        j = hash_home(key, mask)
-        old[i] = -1
-        while True:
-            k = keys[j]
-            if k == key:
-                old[i] = vals[j]
-                break
-            if k == EMPTY:
-                keys[j] = key
-                added += 1
-                break
-            j = (j + 1) & mask
-        vals[j] = locs[i]
-    return added
-
-
-@numba.njit(cache=True, nogil=True)
-def _loc_items(keys, vals, out_ids, out_locs):
-    m = 0
-    for j in range(keys.shape[0]):
-        if keys[j] != EMPTY:
-            out_ids[m] = keys[j]
-            out_locs[m] = vals[j]
-            m += 1
-    return m
-
-
-# a batch of finds is cut into slices of at least this many ids for Numba's threads: about
-# 0.2 ms of work each, well above the cost of waking the pool
-FIND_SPLIT_FROM = 4096
-
-
-@numba.njit(cache=True, nogil=True)
-def _build_dir(arr_ids, n, shift, dir_):
-    """``dir_[b]`` = the first position whose id ``>> shift`` is at least ``b`` (``n`` past
-    the last), for every ``b`` below ``len(dir_)``."""
-    b = 0
-    nb = dir_.shape[0]
-    for i in range(n):
-        hb = np.int64(arr_ids[i]) >> shift
-        while b <= hb and b < nb:
-            dir_[b] = i
-            b += 1
-    while b < nb:
-        dir_[b] = n
-        b += 1
-
-
-@numba.njit(inline="always")
-def _range(dir_, shift, covered, n, q):
-    """``(lo, hi)``: the positions where ``q`` may lie, by its bucket: the bucket's own
-    positions, the last bucket's run on into the rows added since the directory was built
-    (all above those it covers), past the last bucket only those rows."""
-    nb = dir_.shape[0] - 1
-    b = q >> shift
-    if b >= nb:
-        return covered, n
-    if b == nb - 1:
-        return dir_[b], n
-    return dir_[b], dir_[b + 1]
-
-
-@numba.njit(inline="always")
-def _search(arr_ids, lo, hi, q):
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if np.int64(arr_ids[mid]) < q:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@numba.njit(cache=True, nogil=True)
-def _positions(arr_ids, n, dir_, shift, covered, ids, at):
-    """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; returns
-    how many are absent.  Queries ``_AHEAD`` on have their directory entry and bucket
-    fetched early (hints: nothing depends on them)."""
-    absent = 0
-    m = ids.shape[0]
-    nb = dir_.shape[0] - 1
-    for i in range(m):
-        if i + 2 * _AHEAD < m:
-            b = ids[i + 2 * _AHEAD] >> shift
-            if 0 <= b < nb:
-                prefetch_hint(dir_, b)
-        if i + _AHEAD < m and ids[i + _AHEAD] >= 0:
-            lo, hi = _range(dir_, shift, covered, n, ids[i + _AHEAD])
-            if lo < hi:
-                prefetch_hint(arr_ids, (lo + hi) >> 1)
-        q = ids[i]
-        if q < 0:
-            at[i] = -1
-            absent += 1
-            continue
-        lo, hi = _range(dir_, shift, covered, n, q)
-        p = _search(arr_ids, lo, hi, q)
-        if p < n and np.int64(arr_ids[p]) == q:
-            at[i] = p
-        else:
-            at[i] = -1
-            absent += 1
-    return absent
-
-
-@numba.njit(cache=True, nogil=True)
-def _find(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out):
-    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash.  The
-    location or hash bucket ``_AHEAD`` on is fetched early (a hint, as in :func:`_positions`)."""
-    _positions(arr_ids, n, dir_, shift, covered, ids, out)
-    m = ids.shape[0]
-    mask = keys.shape[0] - 1
-    for i in range(m):
-        if i + _AHEAD < m:
-            if out[i + _AHEAD] >= 0:
-                prefetch_hint(arr_locs, out[i + _AHEAD])
-            elif has_delta and ids[i + _AHEAD] >= 0:
-                home = hash_home(ids[i + _AHEAD], mask)
-                prefetch_hint(keys, home)
-                prefetch_hint(vals, home)
-        if out[i] >= 0:
-            out[i] = arr_locs[out[i]]
-        elif has_delta:
-            out[i] = index_find(keys, vals, ids[i])
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _find_split(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out, parts):
-    """:func:`_find` over ``parts`` consecutive slices of ``ids`` at once, on Numba's threads
-    (the index is only read; each slice writes its own part of ``out``)."""
-    m = ids.shape[0]
-    for c in numba.prange(parts):
-        lo = m * c // parts
-        hi = m * (c + 1) // parts
-        _find(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids[lo:hi], out[lo:hi])
-
-
-@numba.njit(cache=True, nogil=True)
-def _set_at(arr_locs, at, locs, missing, old):
-    """``arr_locs[at[i]] = locs[i]`` where ``at[i]`` is a position (the location it had into
-    ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
-    absent = 0
-    for i in range(at.shape[0]):
-        missing[i] = at[i] < 0
-        if at[i] >= 0:
-            old[i] = arr_locs[at[i]]
-            arr_locs[at[i]] = locs[i]
-        else:
-            absent += 1
-    return absent
-
-
-@numba.njit(cache=True, nogil=True)
-def _set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, old):
-    """Change the location of each of ``ids`` held in the arrays (the one it had into
-    ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
-    at = np.empty(ids.shape[0], dtype=np.int64)
-    _positions(arr_ids, n, dir_, shift, covered, ids, at)
-    return _set_at(arr_locs, at, locs, missing, old)
-
-
-@numba.njit(cache=True, nogil=True)
-def _merge_back(arr_ids, arr_locs, n, new_ids, new_locs):
-    """Merge ``new_ids`` (sorted, none in ``arr_ids[:n]``) into the arrays, whose length is
-    ``n + len(new_ids)``, from the back, in place."""
-    i = n - 1
-    j = new_ids.shape[0] - 1
-    w = n + new_ids.shape[0] - 1
-    while j >= 0:
-        if i >= 0 and arr_ids[i] > new_ids[j]:
-            arr_ids[w] = arr_ids[i]
-            arr_locs[w] = arr_locs[i]
-            i -= 1
-        else:
-            arr_ids[w] = new_ids[j]
-            arr_locs[w] = new_locs[j]
-            j -= 1
-        w -= 1
+#: Rows a merge in slices (:meth:`SegmentIndex.merge_slices`) moves, or covers with its
+#: directory, between two of its steps: a few milliseconds each.
+MERGE_SLICE_ROWS = 1 << 21
 
 
 class SegmentIndex:
@@ -261,9 +85,14 @@ class SegmentIndex:
         self.num_rows = num_rows
         self.id_dtype = np.dtype(np.uint32 if num_rows is not None and num_rows <= 1 << 32 else np.int64)
         self.stamp = 0  # counts what moves rows of the arrays: merges, staged loads, clears
+        # a merge in slices under way: its generator, and (new ids, their locations, cursor
+        # [front, next new, next written], rows before it) for :meth:`find`
+        self._slices = None
+        self._merging: tuple | None = None
         self.clear()
 
     def clear(self) -> None:
+        self._finish()
         self.stamp += 1  # (positions found before are stale)
         self.ids = np.empty(0, dtype=self.id_dtype)  # sorted; the arrays own their memory (resized in place)
         self.locs = np.empty(0, dtype=np.int64)
@@ -284,14 +113,20 @@ class SegmentIndex:
         dropped)."""
         n = self.ids.shape[0]
         if n - self._covered > max(self.DIR_MIN_ROWS, n // 16):
-            target = max(1, n // self.BUCKET_ROWS)
-            self._shift = max(0, int(self.ids[n - 1]).bit_length() - (target.bit_length() - 1))
-            self._dir = np.empty((int(self.ids[n - 1]) >> self._shift) + 2, dtype=np.int64)
-            _build_dir(self.ids, n, self._shift, self._dir)
+            self._dir, self._shift = self._new_dir(n, int(self.ids[n - 1]))
+            build_dir(self.ids, n, self._shift, self._dir)
             self._covered = n
         return self._dir, self._shift, self._covered
 
+    def _new_dir(self, n: int, top: int) -> tuple[np.ndarray, int]:
+        """A directory for ``n`` rows (n > 0) whose largest id is ``top``, to fill: its array and shift."""
+        target = max(1, n // self.BUCKET_ROWS)
+        shift = max(0, top.bit_length() - (target.bit_length() - 1))
+        return np.empty((top >> shift) + 2, dtype=np.int64), shift
+
     def __len__(self) -> int:
+        if self._merging is not None:  # (the new ids are in the hash until the end)
+            return self._merging[3] + self.n_delta
         return self.ids.shape[0] + self.n_delta
 
     @property
@@ -301,11 +136,13 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes + self._dir.nbytes
+        moving = 0 if self._merging is None else self._merging[0].nbytes + self._merging[1].nbytes
+        return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes + self._dir.nbytes + moving
 
     def view(self) -> tuple:
         """What :meth:`positions` searches: taken under the tier's lock (the directory may be
         built again here), searched after it is let go."""
+        self._finish()
         return (self.stamp, self.ids.shape[0]), (self.ids, self.ids.shape[0], *self._fresh_dir())
 
     @staticmethod
@@ -316,7 +153,7 @@ class SegmentIndex:
         :meth:`add` then searches again)."""
         stamp, args = view
         at = np.empty(ids.shape[0], dtype=np.int64)
-        _positions(*args, np.ascontiguousarray(ids, dtype=np.int64), at)
+        positions_of(*args, np.ascontiguousarray(ids, dtype=np.int64), at)
         return stamp, at
 
     def add(self, seq: int, ids: np.ndarray, found: tuple | None = None) -> np.ndarray:
@@ -335,6 +172,7 @@ class SegmentIndex:
         old = np.full(ids.shape[0], -1, dtype=np.int64)
         if ids.shape[0] == 0:
             return old
+        self._finish()
         if ids.min() < 0 or (self.num_rows is not None and ids.max() >= self.num_rows):
             raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
         n = self.ids.shape[0]
@@ -342,9 +180,9 @@ class SegmentIndex:
         if not (n and ids.min() > self.ids[n - 1]):  # (ids above every one held are in none)
             missing = np.empty(ids.shape[0], dtype=np.bool_)
             if found is not None and found[0] == (self.stamp, n):
-                absent = _set_at(self.locs, found[1], locs, missing, old)
+                absent = set_at(self.locs, found[1], locs, missing, old)
             else:
-                absent = _set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old)
+                absent = set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old)
             if absent == 0:
                 return old
             new_at = np.flatnonzero(missing)
@@ -355,26 +193,50 @@ class SegmentIndex:
             self.ids[n:] = ids
             self.locs[n:] = locs
             return old
-        if 2 * (self.n_delta + ids.shape[0]) > self.keys.shape[0]:
-            # doubling while small; past an eighth of what it holds at the next merge, that size
-            # at once: each growth inserts every entry again, with the tier's lock held
-            need = self.n_delta + ids.shape[0]
-            due = max(self.delta_rows, self.ids.shape[0] // 64) + ids.shape[0]
-            old_ids, old_locs = self._delta_items(ordered=False)
-            self.keys = np.full(table_size_for(need if 8 * need < due else max(need, due)), EMPTY, dtype=np.int64)
-            self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
-            _loc_set(self.keys, self.vals, old_ids, old_locs, np.empty(old_ids.shape[0], dtype=np.int64))
+        grown = self.grown(ids.shape[0])
+        if grown is not None:
+            self.keys, self.vals = grown
         in_delta = np.empty(ids.shape[0], dtype=np.int64)
-        self.n_delta += int(_loc_set(self.keys, self.vals, ids, locs, in_delta))
+        self.n_delta += int(loc_set(self.keys, self.vals, ids, locs, in_delta))
         if new_at is None:
             old = in_delta
         else:
             old[new_at] = in_delta
         # a merge moves every row: merging at a fixed share of the rows keeps its cost per id
-        # added constant as the index grows (the hash then holds up to 1/64 of them: 1 byte a row)
-        if self.n_delta >= max(self.delta_rows, self.ids.shape[0] // 64):
+        # added constant as the index grows (the hash then holds up to 1/64 of them: 1 byte a
+        # row); the writer merges in slices when it is due (:meth:`merge_slices`), this at twice
+        if self.n_delta >= 2 * self._merge_at():
             self.merge()
         return old
+
+    def grown(self, extra: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The hash of new ids grown to take ``extra`` more (``(keys, vals)`` with every entry
+        in), or None where it has room: the one writer may build it with the tier's lock let
+        go (readers only read the hash) and put it in place under the lock.  Doubling while
+        small; past an eighth of what it holds at the next merge, that size at once (each
+        growth inserts every entry again)."""
+        need = self.n_delta + extra
+        if 2 * need <= self.keys.shape[0]:
+            return None
+        due = max(self.delta_rows, self.ids.shape[0] // 64) + extra
+        old_ids, old_locs = self._delta_items(ordered=False)
+        keys = np.full(table_size_for(need if 8 * need < due else max(need, due)), EMPTY, dtype=np.int64)
+        vals = np.zeros(keys.shape[0], dtype=np.int64)
+        loc_set(keys, vals, old_ids, old_locs, np.empty(old_ids.shape[0], dtype=np.int64))
+        return keys, vals
+
+    def reserve(self, grown: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Put :meth:`grown` in place (under the tier's lock; nothing changed the hash since)."""
+        if grown is not None and grown[0].shape[0] > self.keys.shape[0]:
+            self.keys, self.vals = grown
+
+    def _merge_at(self) -> int:
+        return max(self.delta_rows, self.ids.shape[0] // 64)
+
+    @property
+    def merge_due(self) -> bool:
+        """Whether the hash of new ids holds enough to merge (:meth:`merge_slices`)."""
+        return self._merging is None and self.n_delta >= self._merge_at()
 
     def stage(self, seq: int, ids: np.ndarray) -> np.ndarray | None:
         """While a store opens: segment ``seq`` holds ``ids`` (distinct, increasing), row ``i`` at
@@ -383,6 +245,7 @@ class SegmentIndex:
         or 1/16 of the arrays' rows, and then returns the location each id it replaced had
         (else None); the caller unstages at the end.  No lookup may come between."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        self._finish()
         if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
             raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
         if ids.shape[0] and (ids.min() < 0 or (self.num_rows is not None and ids.max() >= self.num_rows)):
@@ -416,35 +279,84 @@ class SegmentIndex:
         n = self.ids.shape[0]
         old = np.full(ids.shape[0], -1, dtype=np.int64)
         missing = np.empty(ids.shape[0], dtype=np.bool_)
-        if n and _set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old) < ids.shape[0]:
+        if n and set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old) < ids.shape[0]:
             replaced.append(old[~missing])
             ids, locs = ids[missing], locs[missing]
         if ids.shape[0]:
             self.ids.resize(n + ids.shape[0], refcheck=False)
             self.locs.resize(n + ids.shape[0], refcheck=False)
-            _merge_back(self.ids, self.locs, n, ids, locs)
+            merge_back(self.ids, self.locs, n, ids, locs)
             self._drop_dir()
             self.stamp += 1
         return np.concatenate(replaced)
 
+    def delta_items(self) -> tuple[np.ndarray, np.ndarray]:
+        """The hash's entries, ``(ids, locations)`` in id order."""
+        return self._delta_items()
+
     def _delta_items(self, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
         ids = np.empty(self.n_delta, dtype=np.int64)
         locs = np.empty(self.n_delta, dtype=np.int64)
-        _loc_items(self.keys, self.vals, ids, locs)
+        loc_items(self.keys, self.vals, ids, locs)
         if not ordered:
             return ids, locs
         order = stable_argsort(ids)
         return ids[order], locs[order]
 
+    def merge_slices(self, rows: int = MERGE_SLICE_ROWS, items: tuple | None = None):
+        """Move the hash's entries into the sorted arrays, in place, ``rows`` moves a step,
+        then build the directory ``rows`` at a time, and empty the hash: a generator, each
+        step run with the tier's lock held, which the caller may let go between them.
+        :meth:`find` answers between steps (the hash holds every new id to the end); every
+        change of the index, and :meth:`view`, first runs the rest.  ``items``: the hash's
+        entries in id order (:meth:`delta_items`), taken by the one writer with the lock let go."""
+        self._finish()
+        self._slices = self._merge_steps(rows, items)
+        return self._slices
+
+    def _finish(self) -> None:
+        """Run the rest of a merge in slices under way."""
+        if self._slices is not None:
+            for _ in self._slices:
+                pass
+
+    def _merge_steps(self, rows: int, items: tuple | None):
+        if self.n_delta == 0:
+            self._slices = None
+            return
+        self._fresh_dir()  # (the unmoved rows are searched with it meanwhile)
+        new_ids, new_locs = items if items is not None and items[0].shape[0] == self.n_delta else self.delta_items()
+        n, m = self.ids.shape[0], new_ids.shape[0]
+        # (every allocation before a row moves: one that fails leaves the index as it was)
+        dir_, shift = self._new_dir(n + m, max(int(new_ids[-1]), int(self.ids[n - 1]) if n else 0))
+        self.ids.resize(n + m, refcheck=False)
+        self.locs.resize(n + m, refcheck=False)
+        cur = np.array([n - 1, m - 1, n + m - 1], dtype=np.int64)
+        self._merging = (new_ids, new_locs, cur, n)
+        while cur[1] >= 0:
+            merge_back_part(self.ids, self.locs, new_ids, new_locs, cur, rows)
+            yield
+        at = np.zeros(1, dtype=np.int64)
+        for a in range(0, n + m, rows):
+            build_dir_part(self.ids, a, min(n + m, a + rows), shift, dir_, at)
+            yield
+        dir_[at[0] :] = n + m
+        self._dir, self._shift, self._covered = dir_, shift, n + m
+        self._merging = self._slices = None
+        self.stamp += 1
+        self._empty_delta()
+        self.n_delta = 0
+
     def merge(self) -> None:
         """Move the hash's entries into the sorted arrays (in place) and empty it."""
+        self._finish()
         if self.n_delta == 0:
             return
         new_ids, new_locs = self._delta_items()
         n = self.ids.shape[0]
         self.ids.resize(n + new_ids.shape[0], refcheck=False)
         self.locs.resize(n + new_ids.shape[0], refcheck=False)
-        _merge_back(self.ids, self.locs, n, new_ids, new_locs)
+        merge_back(self.ids, self.locs, n, new_ids, new_locs)
         self._drop_dir()
         self.stamp += 1
         self._empty_delta()
@@ -457,20 +369,27 @@ class SegmentIndex:
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The location of each of ``ids`` (int64), -1 where none (fastest with ``ids`` sorted)."""
         out = np.empty(ids.shape[0], dtype=np.int64)
-        args = (self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), self.keys, self.vals, self.n_delta > 0)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if self._merging is not None:
+            _, _, cur, n_old = self._merging
+            front, back = int(cur[0]), int(cur[2]) + 1
+            args = (self.ids, self.locs, self.ids.shape[0], self._dir, self._shift, self._covered, n_old, front, back)
+            find_merging(*args, self.keys, self.vals, ids, out)
+            return out
+        args = (self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), self.keys, self.vals, self.n_delta > 0)
         parts = split_parts(ids.shape[0], FIND_SPLIT_FROM)
         if parts > 1:
-            _find_split(*args, ids, out, parts)
+            find_split(*args, ids, out, parts)
         else:
-            _find(*args, ids, out)
+            find_rows(*args, ids, out)
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, locations)`` held, in id order (int64 copies)."""
-        self.merge()
+        self.merge()  # (also the rest of one under way)
         return self.ids.astype(np.int64), self.locs.copy()
 
     def ids_between(self, a: int, b: int) -> np.ndarray:
         """The ids at positions ``a:b`` of the arrays (int64, a copy), once merged."""
+        self._finish()
         return self.ids[a:b].astype(np.int64)

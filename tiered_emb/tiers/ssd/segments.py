@@ -413,9 +413,30 @@ class SegmentLog:
         """Where the ids of ``segments`` lie in the index now (:meth:`.SegmentIndex.positions`):
         searched by the one writer with the tier's lock let go, so that :meth:`indexed` holds
         it only to change the index."""
+        tables = sorted({s[0] for s in segments})
+        # (the hash of new ids grown first, with the lock let go: at most every id is new)
+        grown = {t: self.index[t].grown(sum(s[2].shape[0] for s in segments if s[0] == t)) for t in tables}
         with self._lock:
-            views = {t: self.index[t].view() for t in sorted({s[0] for s in segments})}
+            for t in tables:
+                self.index[t].reserve(grown[t])
+            views = {t: self.index[t].view() for t in tables}
         return [SegmentIndex.positions(views[t], ids) for t, _, ids, _ in segments]
+
+    def merge_due(self) -> None:
+        """Merge each table's hash of new ids that is due into its sorted arrays
+        (:meth:`.SegmentIndex.merge_slices`), the tier's lock held over each slice and let go
+        between them, so that reads go on meanwhile.  By the one writer."""
+        for t in sorted(self.index):
+            with self._lock:
+                if not self.index[t].merge_due:
+                    continue
+            items = self.index[t].delta_items()  # (sorted with the lock let go: only this writer changes it)
+            with self._lock:
+                steps = self.index[t].merge_slices(items=items)
+            more = True
+            while more:
+                with self._lock:
+                    more = next(steps, False) is None
 
     def indexed(self, segments: list, found: list | None = None) -> None:
         """After ``segments`` are committed and located (under the tier's lock): reads find their

@@ -93,6 +93,7 @@ class _Commits:
             found = self._segments.found(done)
             with self._lock:
                 self._segments.indexed(done, found)
+            self._segments.merge_due()
 
     def __enter__(self) -> _Commits:
         return self
@@ -139,6 +140,7 @@ class Writer:
         self.writer_process = self.background_writes and WRITER_PROCESS
         self.process: WriterProcess | None = None
         self._thread: threading.Thread | None = None
+        self._indexed = threading.Event()  # set once the writer thread's write-back is indexed
         # the snapshots the writer thread is writing, numbered already (None: it numbers them)
         self._in_flight: list | None = []
         self.failed: BaseException | None = None  # a write-back's failure, not yet raised
@@ -264,12 +266,14 @@ class Writer:
         operation that is changing rows goes on to its end, and the next one raises it
         before it changes anything (all or nothing).
         """
-        self.wait_writes()
+        if self._thread is not None:  # (indexed: a merge of the index it began may go on)
+            self._indexed.wait()
         if self.failed is not None:
             if defer_errors:
                 return
             self.raise_failed_write()
         if self._compactor.due():
+            self.wait_writes()
             try:
                 self._compactor.step()
             except Exception as err:  # (the rows wait in memory, the next write tries again)
@@ -292,19 +296,34 @@ class Writer:
                 if not defer_errors:
                     raise
                 self.failed = err
+            self._segments.merge_due()
             return
         # (None: the thread cuts and numbers them itself, so nothing may be numbered meanwhile)
         self._in_flight = snaps if segments is not None else None
+        self._indexed = threading.Event()
         self._thread = threading.Thread(
-            target=self._commit_waiting,
-            args=(snaps, True, by_process, segments),
+            target=self._behind,
+            args=(snaps, by_process, segments, self._thread, self._indexed),
             name="tiered_emb-writer",
             daemon=True,
         )
         self._thread.start()
 
+    def _behind(self, snaps, by_process: bool, segments: list | None, after, indexed: threading.Event) -> None:
+        """The writer thread: :meth:`_commit_waiting`, in which ``after`` (the thread before,
+        merging the index still, or None) is waited for before the index is searched; then
+        the index's merges that are due, a slice at a time (:meth:`.SegmentLog.merge_due`),
+        while the next write-back may already be cut and written."""
+        try:
+            self._commit_waiting(snaps, True, by_process, segments, after)
+        finally:
+            if after is not None:
+                after.join()
+            indexed.set()
+        self._segments.merge_due()
+
     def _commit_waiting(
-        self, snaps, on_thread: bool = False, by_process: bool = True, segments: list | None = None
+        self, snaps, on_thread: bool = False, by_process: bool = True, segments: list | None = None, after=None
     ) -> None:
         try:
             if segments is None:
@@ -313,6 +332,8 @@ class Writer:
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))
             self._segments.locate(segments)
+            if after is not None:
+                after.join()
             found = self._segments.found(segments)
         except BaseException as err:
             if not on_thread:

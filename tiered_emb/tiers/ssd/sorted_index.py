@@ -1,0 +1,260 @@
+"""The kernels of :class:`.index.SegmentIndex`: its sorted arrays of ids and locations, their
+directory over the ids' top bits, the hash of ids added since the last merge, and the
+merges (whole, or a slice at a time with lookups between).  See :mod:`.index` for the
+layout; these are Numba functions over its arrays, with no state of their own.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tiered_emb._jit import prefetch_hint
+from tiered_emb.cache.index import EMPTY, hash_home, index_find
+
+#: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
+#: while the current one is searched: each is a cache miss on a large index.
+AHEAD = 8
+
+
+@numba.njit(cache=True, nogil=True)
+def loc_set(keys, vals, ids, locs, old):
+    """``ids[i] -> locs[i]`` for each i in order, replacing a held entry (its location into
+    ``old[i]``, else -1); returns the entries added."""
+    mask = keys.shape[0] - 1
+    added = 0
+    m = ids.shape[0]
+    for i in range(m):
+        if i + AHEAD < m:  # (a hint: the bucket of the id further on, a cache miss on a large hash)
+            home = hash_home(ids[i + AHEAD], mask)
+            prefetch_hint(keys, home)
+            prefetch_hint(vals, home)
+        key = ids[i]
+        j = hash_home(key, mask)
+        old[i] = -1
+        while True:
+            k = keys[j]
+            if k == key:
+                old[i] = vals[j]
+                break
+            if k == EMPTY:
+                keys[j] = key
+                added += 1
+                break
+            j = (j + 1) & mask
+        vals[j] = locs[i]
+    return added
+
+
+@numba.njit(cache=True, nogil=True)
+def loc_items(keys, vals, out_ids, out_locs):
+    m = 0
+    for j in range(keys.shape[0]):
+        if keys[j] != EMPTY:
+            out_ids[m] = keys[j]
+            out_locs[m] = vals[j]
+            m += 1
+    return m
+
+
+# a batch of finds is cut into slices of at least this many ids for Numba's threads: about
+# 0.2 ms of work each, well above the cost of waking the pool
+FIND_SPLIT_FROM = 4096
+
+
+def build_dir(arr_ids: np.ndarray, n: int, shift: int, dir_: np.ndarray) -> None:
+    """``dir_[b]`` = the first position whose id ``>> shift`` is at least ``b`` (``n`` past
+    the last), for every ``b`` below ``len(dir_)``."""
+    cur = np.zeros(1, dtype=np.int64)
+    build_dir_part(arr_ids, 0, n, shift, dir_, cur)
+    dir_[cur[0] :] = n
+
+
+@numba.njit(inline="always")
+def _range(dir_, shift, covered, n, q):
+    """``(lo, hi)``: the positions where ``q`` may lie, by its bucket: the bucket's own
+    positions, the last bucket's run on into the rows added since the directory was built
+    (all above those it covers), past the last bucket only those rows."""
+    nb = dir_.shape[0] - 1
+    b = q >> shift
+    if b >= nb:
+        return covered, n
+    if b == nb - 1:
+        return dir_[b], n
+    return dir_[b], dir_[b + 1]
+
+
+@numba.njit(inline="always")
+def _search(arr_ids, lo, hi, q):
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if np.int64(arr_ids[mid]) < q:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def positions_of(arr_ids, n, dir_, shift, covered, ids, at):
+    """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; returns
+    how many are absent.  Queries ``AHEAD`` on have their directory entry and bucket
+    fetched early (hints: nothing depends on them)."""
+    absent = 0
+    m = ids.shape[0]
+    nb = dir_.shape[0] - 1
+    for i in range(m):
+        if i + 2 * AHEAD < m:
+            b = ids[i + 2 * AHEAD] >> shift
+            if 0 <= b < nb:
+                prefetch_hint(dir_, b)
+        if i + AHEAD < m and ids[i + AHEAD] >= 0:
+            lo, hi = _range(dir_, shift, covered, n, ids[i + AHEAD])
+            if lo < hi:
+                prefetch_hint(arr_ids, (lo + hi) >> 1)
+        q = ids[i]
+        if q < 0:
+            at[i] = -1
+            absent += 1
+            continue
+        lo, hi = _range(dir_, shift, covered, n, q)
+        p = _search(arr_ids, lo, hi, q)
+        if p < n and np.int64(arr_ids[p]) == q:
+            at[i] = p
+        else:
+            at[i] = -1
+            absent += 1
+    return absent
+
+
+@numba.njit(cache=True, nogil=True)
+def find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out):
+    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash.  The
+    location or hash bucket ``AHEAD`` on is fetched early (a hint, as in :func:`positions_of`)."""
+    positions_of(arr_ids, n, dir_, shift, covered, ids, out)
+    m = ids.shape[0]
+    mask = keys.shape[0] - 1
+    for i in range(m):
+        if i + AHEAD < m:
+            if out[i + AHEAD] >= 0:
+                prefetch_hint(arr_locs, out[i + AHEAD])
+            elif has_delta and ids[i + AHEAD] >= 0:
+                home = hash_home(ids[i + AHEAD], mask)
+                prefetch_hint(keys, home)
+                prefetch_hint(vals, home)
+        if out[i] >= 0:
+            out[i] = arr_locs[out[i]]
+        elif has_delta:
+            out[i] = index_find(keys, vals, ids[i])
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def find_split(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out, parts):
+    """:func:`find_rows` over ``parts`` consecutive slices of ``ids`` at once, on Numba's threads
+    (the index is only read; each slice writes its own part of ``out``)."""
+    m = ids.shape[0]
+    for c in numba.prange(parts):
+        lo = m * c // parts
+        hi = m * (c + 1) // parts
+        find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids[lo:hi], out[lo:hi])
+
+
+@numba.njit(cache=True, nogil=True)
+def set_at(arr_locs, at, locs, missing, old):
+    """``arr_locs[at[i]] = locs[i]`` where ``at[i]`` is a position (the location it had into
+    ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
+    absent = 0
+    for i in range(at.shape[0]):
+        missing[i] = at[i] < 0
+        if at[i] >= 0:
+            old[i] = arr_locs[at[i]]
+            arr_locs[at[i]] = locs[i]
+        else:
+            absent += 1
+    return absent
+
+
+@numba.njit(cache=True, nogil=True)
+def set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, old):
+    """Change the location of each of ``ids`` held in the arrays (the one it had into
+    ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
+    at = np.empty(ids.shape[0], dtype=np.int64)
+    positions_of(arr_ids, n, dir_, shift, covered, ids, at)
+    return set_at(arr_locs, at, locs, missing, old)
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_back(arr_ids, arr_locs, n, new_ids, new_locs):
+    """Merge ``new_ids`` (sorted, none in ``arr_ids[:n]``) into the arrays, whose length is
+    ``n + len(new_ids)``, from the back, in place."""
+    i = n - 1
+    j = new_ids.shape[0] - 1
+    w = n + new_ids.shape[0] - 1
+    while j >= 0:
+        if i >= 0 and arr_ids[i] > new_ids[j]:
+            arr_ids[w] = arr_ids[i]
+            arr_locs[w] = arr_locs[i]
+            i -= 1
+        else:
+            arr_ids[w] = new_ids[j]
+            arr_locs[w] = new_locs[j]
+            j -= 1
+        w -= 1
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_back_part(arr_ids, arr_locs, new_ids, new_locs, cur, rows):
+    """:func:`merge_back` for at most ``rows`` moves, from ``cur`` = ``[i, j, w]`` (the last
+    old row not moved, the last new one not placed, the position written next), kept up."""
+    i, j, w = cur[0], cur[1], cur[2]
+    end = max(w - rows, -1)
+    while j >= 0 and w > end:
+        if i >= 0 and arr_ids[i] > new_ids[j]:
+            arr_ids[w] = arr_ids[i]
+            arr_locs[w] = arr_locs[i]
+            i -= 1
+        else:
+            arr_ids[w] = new_ids[j]
+            arr_locs[w] = new_locs[j]
+            j -= 1
+        w -= 1
+    cur[0], cur[1], cur[2] = i, j, w
+
+
+@numba.njit(cache=True, nogil=True)
+def build_dir_part(arr_ids, a, b, shift, dir_, cur):
+    """:func:`build_dir` over positions ``a:b`` (in order, from 0), ``cur[0]`` the next bucket;
+    :func:`_build_dir_end` fills the buckets past the last row."""
+    nb = dir_.shape[0]
+    bucket = cur[0]
+    for i in range(a, b):
+        hb = np.int64(arr_ids[i]) >> shift
+        while bucket <= hb and bucket < nb:
+            dir_[bucket] = i
+            bucket += 1
+    cur[0] = bucket
+
+
+@numba.njit(cache=True, nogil=True)
+def find_merging(arr_ids, arr_locs, size, dir_, shift, covered, n_old, front, back, keys, vals, ids, out):
+    """:func:`find_rows` while a merge is under way: new ids are all in the hash still; an old
+    id at most ``arr_ids[front]`` lies in the unmoved rows ``[0, front]`` (the old
+    directory's), a larger one in the merged rows ``[back, size)`` (searched whole)."""
+    for i in range(ids.shape[0]):
+        q = ids[i]
+        out[i] = -1
+        if q < 0:
+            continue
+        loc = index_find(keys, vals, q)
+        if loc >= 0:
+            out[i] = loc
+            continue
+        if front >= 0 and q <= np.int64(arr_ids[front]):
+            lo, hi = _range(dir_, shift, covered, n_old, q)
+            hi = min(hi, front + 1)
+            lo = min(lo, hi)
+        else:
+            lo, hi = back, size
+        p = _search(arr_ids, lo, hi, q)
+        if p < hi and np.int64(arr_ids[p]) == q:
+            out[i] = arr_locs[p]
