@@ -183,29 +183,19 @@ def set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, o
     return set_at(arr_locs, at, locs, missing, old)
 
 
-@numba.njit(cache=True, nogil=True)
-def merge_back(arr_ids, arr_locs, n, new_ids, new_locs):
+def merge_back(arr_ids: np.ndarray, arr_locs: np.ndarray, n: int, new_ids: np.ndarray, new_locs: np.ndarray) -> None:
     """Merge ``new_ids`` (sorted, none in ``arr_ids[:n]``) into the arrays, whose length is
     ``n + len(new_ids)``, from the back, in place."""
-    i = n - 1
-    j = new_ids.shape[0] - 1
-    w = n + new_ids.shape[0] - 1
-    while j >= 0:
-        if i >= 0 and arr_ids[i] > new_ids[j]:
-            arr_ids[w] = arr_ids[i]
-            arr_locs[w] = arr_locs[i]
-            i -= 1
-        else:
-            arr_ids[w] = new_ids[j]
-            arr_locs[w] = new_locs[j]
-            j -= 1
-        w -= 1
+    m = new_ids.shape[0]
+    merge_back_part(arr_ids, arr_locs, new_ids, new_locs, np.array([n - 1, m - 1, n + m - 1], dtype=np.int64), n + m)
 
 
 @numba.njit(cache=True, nogil=True)
 def merge_back_part(arr_ids, arr_locs, new_ids, new_locs, cur, rows):
     """:func:`merge_back` for at most ``rows`` moves, from ``cur`` = ``[i, j, w]`` (the last
-    old row not moved, the last new one not placed, the position written next), kept up."""
+    old row not moved, the last new one not placed, the position written next), kept up:
+    the largest rows move first, so the rows ``[0, i]`` are as they were and ``[w + 1, ...)``
+    are merged."""
     i, j, w = cur[0], cur[1], cur[2]
     end = max(w - rows, -1)
     while j >= 0 and w > end:
@@ -223,8 +213,8 @@ def merge_back_part(arr_ids, arr_locs, new_ids, new_locs, cur, rows):
 
 @numba.njit(cache=True, nogil=True)
 def build_dir_part(arr_ids, a, b, shift, dir_, cur):
-    """:func:`build_dir` over positions ``a:b`` (in order, from 0), ``cur[0]`` the next bucket;
-    :func:`_build_dir_end` fills the buckets past the last row."""
+    """:func:`build_dir` over positions ``a:b`` (called in order, from 0), ``cur[0]`` the next
+    bucket; the caller fills the buckets past the last row."""
     nb = dir_.shape[0]
     bucket = cur[0]
     for i in range(a, b):
