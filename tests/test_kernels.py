@@ -122,3 +122,6 @@ def test_stable_argsort_is_numpys_stable_argsort(keys, dtype):
     got = stable_argsort(a)
     assert got.dtype == np.int64
     assert got.tolist() == np.argsort(a, kind="stable").tolist()
+    runs = np.concatenate([np.sort(a[k : k + 7]) for k in range(0, a.shape[0], 7)] or [a])  # (sorted runs)
+    for k in (a, runs):  # (the merge sort taken for runs: the same permutation, whatever the input)
+        assert stable_argsort(k, runs=True).tolist() == np.argsort(k, kind="stable").tolist()

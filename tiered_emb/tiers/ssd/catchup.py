@@ -110,7 +110,7 @@ def _covered(index, gone: np.ndarray, fresh: list[Fresh]) -> bool:
         return False
     all_ids = np.concatenate([f.ids for f in fresh])
     all_seqs = np.concatenate([np.full(f.ids.shape[0], f.seq, dtype=np.int64) for f in fresh])
-    order = stable_argsort(all_ids)  # (equal ids keep their segments' order: the last is the newest)
+    order = stable_argsort(all_ids, runs=True)  # (equal ids keep their segments' order: the last is the newest)
     all_ids, all_seqs = all_ids[order], all_seqs[order]
     last = np.ones(all_ids.shape[0], dtype=bool)
     last[:-1] = all_ids[1:] != all_ids[:-1]

@@ -269,7 +269,7 @@ class SegmentIndex:
             [(np.int64(q) << np.int64(POS_BITS)) + np.arange(x.shape[0], dtype=np.int64) for q, x in self._staged]
         )
         self._staged, self._n_staged = [], 0
-        order = stable_argsort(ids)  # (segments oldest first: equal ids stay in that order)
+        order = stable_argsort(ids, runs=True)  # (segments oldest first: equal ids stay in that order)
         ids, locs = ids[order], locs[order]
         del order
         last = np.ones(ids.shape[0], dtype=np.bool_)
