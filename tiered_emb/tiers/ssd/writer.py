@@ -108,7 +108,8 @@ class _Commits:
 
 
 class Writer:
-    """Writes into ``p:`` of one tier; one write at a time (a write waits for the thread's)."""
+    """Writes into ``p:`` of one tier; one write at a time (a write-back waits until the
+    thread's is indexed, every other write for the thread to end)."""
 
     def __init__(
         self,
@@ -259,7 +260,9 @@ class Writer:
         self._in_flight = []
 
     def _write_behind(self, defer_errors: bool = False) -> None:
-        """Hand every waiting write-back to the writer thread (after the previous one is done).
+        """Hand every waiting write-back to the writer thread, once the previous one is indexed
+        (a merge of the index it began may go on: the new thread waits for it before it
+        searches the index; a compaction waits for it here).
 
         A failed write's rows stay waiting in memory, retried by the next write.  The failure
         is raised here, or with ``defer_errors`` kept for :meth:`raise_failed_write`: an
