@@ -47,6 +47,16 @@ def hash_home(key: int | np.int64, mask: int) -> np.int64:
     return np.int64(z & np.uint64(mask))
 
 
+@numba.njit(inline="always")
+def index_prefetch(keys: Keys, vals: Vals, key: int | np.int64) -> None:
+    """Fetch the home bucket of ``key`` (keys and values) into the caches: a hint for a
+    lookup or insert of ``key`` a few ids later; nothing changes."""
+    home = hash_home(key, keys.shape[0] - 1)
+    # (mypy reads Numba's intrinsic as its typing function, which takes a context first)
+    prefetch_hint(keys, home)  # type: ignore[call-arg]
+    prefetch_hint(vals, home)
+
+
 @numba.njit(cache=True, nogil=True)
 def index_find(keys: Keys, vals: Vals, key: int | np.int64) -> np.int64:
     """Slot of ``key``, or -1."""
@@ -105,11 +115,7 @@ def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys) -> None:
     The bucket of the id ``_AHEAD`` on is fetched while this one is looked up (a hint: a
     large tier's table misses the caches at nearly every id)."""
     n = ids.shape[0]
-    mask = keys.shape[0] - 1
     for i in range(n):
         if i + _AHEAD < n:
-            ahead = hash_home(ids[i + _AHEAD], mask)
-            # (mypy reads Numba's intrinsic as its typing function, which takes a context first)
-            prefetch_hint(keys, ahead)  # type: ignore[call-arg]
-            prefetch_hint(vals, ahead)
+            index_prefetch(keys, vals, ids[i + _AHEAD])
         out[i] = index_find(keys, vals, ids[i])

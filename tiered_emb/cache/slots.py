@@ -21,7 +21,14 @@ import numba
 import numpy as np
 
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, prefetch_row_hint
-from tiered_emb.cache.index import hash_home, index_del, index_find, index_find_many, index_put, new_index
+from tiered_emb.cache.index import (
+    index_del,
+    index_find,
+    index_find_many,
+    index_prefetch,
+    index_put,
+    new_index,
+)
 from tiered_emb.cache.policies import (
     POLICIES,
     new_policy_state,
@@ -76,7 +83,7 @@ class CacheTier:
 
 
 @numba.njit(inline="always")
-def _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask):
+def _prefetch_victims(code, P, keys, vals, slot_ids, dirty):
     """Hints for the victims to come: the slot state of the one ``2 * PREFETCH_DISTANCE``
     on, the index bucket of the id held by the one ``PREFETCH_DISTANCE`` on (its slot's
     id fetched by the first hint).  Returns the far slot (-1: none known), whose row the
@@ -87,9 +94,7 @@ def _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask):
         prefetch_hint(dirty, far)
     near = policy_upcoming(code, P, PREFETCH_DISTANCE)
     if near >= 0 and slot_ids[near] >= 0:
-        ahead = hash_home(slot_ids[near], mask)
-        prefetch_hint(keys, ahead)
-        prefetch_hint(vals, ahead)
+        index_prefetch(keys, vals, slot_ids[near])
     return far
 
 
@@ -129,12 +134,9 @@ def cache_resolve(
     """
     k = uids.shape[0]
     n_hit = 0
-    mask = keys.shape[0] - 1
     for i in range(k):
         if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
-            ahead = hash_home(uids[i + 2 * PREFETCH_DISTANCE], mask)
-            prefetch_hint(keys, ahead)
-            prefetch_hint(vals, ahead)
+            index_prefetch(keys, vals, uids[i + 2 * PREFETCH_DISTANCE])
         s = index_find(keys, vals, uids[i])
         out_slots[i] = s
         if s >= 0:
@@ -158,9 +160,7 @@ def cache_resolve(
     n_victims = 0
     for i in range(k):
         if i + PREFETCH_DISTANCE < k and out_slots[i + PREFETCH_DISTANCE] < 0:  # a miss's put, further on
-            ahead = hash_home(uids[i + PREFETCH_DISTANCE], mask)
-            prefetch_hint(keys, ahead)
-            prefetch_hint(vals, ahead)
+            index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
         s = out_slots[i]
         if s >= 0:
             policy_touch(P, s)
@@ -169,7 +169,7 @@ def cache_resolve(
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask)
+            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
             if far >= 0:
                 prefetch_hint(pins, far)
             s = policy_victim(code, P)
@@ -277,13 +277,10 @@ def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids,
     n_out = 0
     n_ev = 0
     cap = fmeta[1]
-    mask = keys.shape[0] - 1
     n = ids.shape[0]
     for i in range(n):
         if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
-            ahead = hash_home(ids[i + PREFETCH_DISTANCE], mask)
-            prefetch_hint(keys, ahead)
-            prefetch_hint(vals, ahead)
+            index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
         if cap == 0:
             n_ev += 1
             if rows_dirty[i]:
@@ -295,7 +292,7 @@ def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids,
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty, mask)
+            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
             if far >= 0:
                 prefetch_row_hint(records, far)
             s = policy_victim(code, P)

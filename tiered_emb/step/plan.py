@@ -13,8 +13,8 @@ import numba
 import numpy as np
 
 from tiered_emb._args import int64_of
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
-from tiered_emb.cache.index import hash_home
+from tiered_emb._jit import PREFETCH_DISTANCE
+from tiered_emb.cache.index import hash_home, index_prefetch
 from tiered_emb.errors import ConfigError, IdTypeError
 
 
@@ -35,9 +35,7 @@ def dedupe_into(ids, uniq, inverse):
     k = 0
     for i in range(n):
         if i + 2 * PREFETCH_DISTANCE < n:  # the buckets of an id further on
-            ahead = hash_home(ids[i + 2 * PREFETCH_DISTANCE], mask)
-            prefetch_hint(keys, ahead)
-            prefetch_hint(vals, ahead)
+            index_prefetch(keys, vals, ids[i + 2 * PREFETCH_DISTANCE])
         key = ids[i]
         h = hash_home(key, mask)
         while True:

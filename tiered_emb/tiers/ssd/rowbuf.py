@@ -17,9 +17,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._jit import prefetch_hint
 from tiered_emb._order import stable_argsort
-from tiered_emb.cache.index import EMPTY, hash_home, index_del, index_find, index_put, new_index
+from tiered_emb.cache.index import EMPTY, index_del, index_find, index_prefetch, index_put, new_index
 
 FOUND = 1
 ABSENT = 2
@@ -31,12 +30,9 @@ _AHEAD = 8
 def _buf_put(keys, vals, ids, rows, states, n, new_ids, new_rows, new_states):
     """Insert or overwrite each ``new_ids[i]`` (later duplicates win); returns the new row count."""
     m = new_ids.shape[0]
-    mask = keys.shape[0] - 1
     for i in range(m):
         if i + _AHEAD < m:  # (a hint: the bucket of the id further on, most often a cache miss)
-            home = hash_home(new_ids[i + _AHEAD], mask)
-            prefetch_hint(keys, home)
-            prefetch_hint(vals, home)
+            index_prefetch(keys, vals, new_ids[i + _AHEAD])
         key = new_ids[i]
         at = index_find(keys, vals, key)
         if at < 0:
@@ -54,12 +50,9 @@ def _buf_get(keys, vals, rows, states, ids, out_rows, out_state):
     """For each ``ids[i]`` with ``out_state[i] == 0`` held here: its row into ``out_rows[i]``, its state."""
     hits = 0
     m = ids.shape[0]
-    mask = keys.shape[0] - 1
     for i in range(m):
         if i + _AHEAD < m and out_state[i + _AHEAD] == 0:  # (a hint, as in _buf_put)
-            home = hash_home(ids[i + _AHEAD], mask)
-            prefetch_hint(keys, home)
-            prefetch_hint(vals, home)
+            index_prefetch(keys, vals, ids[i + _AHEAD])
         if out_state[i] != 0:
             continue
         at = index_find(keys, vals, ids[i])

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from tiered_emb._jit import prefetch_hint
-from tiered_emb.cache.index import EMPTY, hash_home, index_find
+from tiered_emb.cache.index import EMPTY, hash_home, index_find, index_prefetch
 
 #: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
 #: while the current one is searched: each is a cache miss on a large index.
@@ -26,9 +26,7 @@ def loc_set(keys, vals, ids, locs, old):
     m = ids.shape[0]
     for i in range(m):
         if i + AHEAD < m:  # (a hint: the bucket of the id further on, a cache miss on a large hash)
-            home = hash_home(ids[i + AHEAD], mask)
-            prefetch_hint(keys, home)
-            prefetch_hint(vals, home)
+            index_prefetch(keys, vals, ids[i + AHEAD])
         key = ids[i]
         j = hash_home(key, mask)
         old[i] = -1
@@ -133,15 +131,12 @@ def find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta,
     location or hash bucket ``AHEAD`` on is fetched early (a hint, as in :func:`positions_of`)."""
     positions_of(arr_ids, n, dir_, shift, covered, ids, out)
     m = ids.shape[0]
-    mask = keys.shape[0] - 1
     for i in range(m):
         if i + AHEAD < m:
             if out[i + AHEAD] >= 0:
                 prefetch_hint(arr_locs, out[i + AHEAD])
             elif has_delta and ids[i + AHEAD] >= 0:
-                home = hash_home(ids[i + AHEAD], mask)
-                prefetch_hint(keys, home)
-                prefetch_hint(vals, home)
+                index_prefetch(keys, vals, ids[i + AHEAD])
         if out[i] >= 0:
             out[i] = arr_locs[out[i]]
         elif has_delta:

@@ -196,7 +196,8 @@ class SsdTier:
 
     @property
     def writing(self) -> bool:
-        """Whether a write-back is in flight in the background now (it ends by itself)."""
+        """Whether a write-back, or the index's merge after one, runs in the background now
+        (it ends by itself)."""
         return self.writer.writing
 
     def wait_writes(self) -> None:

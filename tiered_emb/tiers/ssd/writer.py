@@ -249,7 +249,8 @@ class Writer:
 
     @property
     def writing(self) -> bool:
-        """Whether a write-back is in flight on the writer thread (and its process) now."""
+        """Whether the writer thread is busy now: a write-back (through its process) or the
+        index's merge that follows one."""
         return self._thread is not None and self._thread.is_alive()
 
     def wait_writes(self) -> None:
