@@ -63,34 +63,64 @@ def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids, nu
     assert len(ix) == 0 and ix.find(np.array([1])).tolist() == [-1]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.lists(st.integers(0, 2**20), max_size=40), max_size=12),
+    st.lists(st.lists(st.integers(0, 2**20), max_size=40), max_size=14),
     st.lists(st.integers(0, 2**20), max_size=30),
     st.integers(1, 20),
     st.integers(1, 9),
     st.sampled_from([None, 1 << 21]),
-    st.booleans(),
+    st.integers(0, 3),
+    st.sampled_from(["here", "begun", "stale"]),
 )
-def test_a_merge_in_slices_answers_as_a_dict_between_its_steps(segments, probes, delta_rows, rows, num_rows, cut):
+def test_a_merge_in_slices_answers_as_a_dict_between_its_steps(
+    segments, probes, delta_rows, rows, num_rows, pace, start
+):
     """The writer merges the hash of new ids into the arrays ``rows`` moves at a time, letting
-    the tier's lock go between steps: every find between two steps answers as a dict (unmoved
-    rows, merged rows and the hash at once), and a change in the middle (``cut``) runs the
-    rest of the merge first."""
+    the tier's lock go between steps, while the next write-back's segments are added (``pace``
+    steps of the merge between two segments; 0: the merge runs whole first): every find
+    between two steps answers as a dict, the segments added meanwhile included, and so does
+    the index after the merge.  ``start``: the merge takes the hash's entries itself; or is
+    begun (the hash frozen) and given them after a segment was added meanwhile; or is given
+    entries taken before the last segment changed the hash (stale: it must take them again)."""
     ix, model = SegmentIndex(delta_rows, num_rows), {}
     ix.DIR_MIN_ROWS, ix.BUCKET_ROWS = 0, 2
+    steps = None
+
+    def check(extra=()):
+        ask = np.array(sorted(model) + probes + list(extra), dtype=np.int64)
+        assert ix.find(ask).tolist() == [model.get(int(x), -1) for x in ask]
+        assert len(ix) == len(model)
+
+    items = None
     for seq, raw in enumerate(segments):
         ids = np.array(sorted({x % 200 if seq % 2 else x for x in raw}), dtype=np.int64)
-        ask = np.array(sorted(model) + probes + ids.tolist(), dtype=np.int64)
-        want = [model.get(int(x), -1) for x in ask]
-        if ix.merge_due:
-            for steps, _ in enumerate(ix.merge_slices(rows), 1):
-                assert ix.find(ask).tolist() == want and len(ix) == len(model)
-                if cut and steps == 2:
-                    break  # (the add below runs the rest)
-            assert not ix.merge_due
+        if steps is None and ix.merge_due:
+            if start == "begun":
+                held = ix.begin_merge()
+                check(ids)
+                assert ix.add(seq, ids).tolist() == [model.get(int(x), -1) for x in ids]
+                model.update({int(x): (seq << POS_BITS) + i for i, x in enumerate(ids)})
+                check()
+                steps = ix.merge_slices(rows, (*ix.delta_items(held), held[3]))
+                continue
+            steps = ix.merge_slices(rows, items if start == "stale" else None)
+        for _ in range(pace if steps is not None and pace else 0):
+            if next(steps, False) is not None:
+                steps = None
+                break
+            check(ids)
+        if steps is not None and pace == 0:
+            for _ in steps:
+                check(ids)
+            steps = None
+        items = (*ix.delta_items(), ix.delta_version)  # (before the add: stale if it changes the hash)
         assert ix.add(seq, ids).tolist() == [model.get(int(x), -1) for x in ids]
         model.update({int(x): (seq << POS_BITS) + i for i, x in enumerate(ids)})
+        check()
+    for _ in steps or ():
+        check()
+    assert not ix.merge_due or ix.n_delta >= ix.delta_rows
     held = sorted(model)
     assert ix.find(np.array(held, dtype=np.int64)).tolist() == [model[x] for x in held]
     got_ids, got_locs = ix.items()

@@ -14,7 +14,10 @@ moves the pages of a large array without copying them), so a merge never holds a
 copy of the index.  The writer merges a slice of rows at a time and builds the directory
 again the same way (:meth:`SegmentIndex.merge_slices`), letting the tier's lock go
 between slices: lookups between them search the unmoved rows with the old directory,
-the merged ones whole, and the hash, which keeps every new id to the end.  Ids appended above
+the merged ones whole, and the hash, which keeps every new id to the end.  Changes that
+come meanwhile (the next write-back, indexed while this one's merge goes on) go to a
+second, *later* hash, searched before everything else; when the merge ends, those of its
+ids the arrays hold are changed there and the rest become the hash.  Ids appended above
 every one held are searched as one run past the directory until they are 1/16 of the
 rows.  An id already in the arrays is changed there.  A store that opens stages its
 segments instead (:meth:`SegmentIndex.stage`): up to 1/16 of the rows are sorted together
@@ -89,6 +92,8 @@ class SegmentIndex:
         # [front, next new, next written], rows before it) for :meth:`find`
         self._slices = None
         self._merging: tuple | None = None
+        #: counts the changes of the hash of new ids (a copy of its entries taken before one is stale)
+        self.delta_version = 0
         self.clear()
 
     def clear(self) -> None:
@@ -98,6 +103,7 @@ class SegmentIndex:
         self.locs = np.empty(0, dtype=np.int64)
         self._empty_delta()
         self.n_delta = 0
+        self._empty_later()
         self._staged: list[tuple[int, np.ndarray]] = []
         self._n_staged = 0
         self._drop_dir()
@@ -125,8 +131,8 @@ class SegmentIndex:
         return np.empty((top >> shift) + 2, dtype=np.int64), shift
 
     def __len__(self) -> int:
-        if self._merging is not None:  # (the new ids are in the hash until the end)
-            return self._merging[3] + self.n_delta
+        if self._merging is not None:  # (the new ids are in the hashes until the end)
+            return self._merging[3] + self.n_delta + self.n_later_new
         return self.ids.shape[0] + self.n_delta
 
     @property
@@ -136,8 +142,11 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        moving = 0 if self._merging is None else self._merging[0].nbytes + self._merging[1].nbytes
-        return self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes + self._dir.nbytes + moving
+        moving = 0 if self._merging is None or self._merging[0] is None else self._merging[0].nbytes * 2
+        later = self.later_keys.nbytes + self.later_vals.nbytes
+        return (
+            self.ids.nbytes + self.locs.nbytes + self.keys.nbytes + self.vals.nbytes + self._dir.nbytes + moving + later
+        )
 
     def view(self) -> tuple:
         """What :meth:`positions` searches: taken under the tier's lock (the directory may be
@@ -172,9 +181,10 @@ class SegmentIndex:
         old = np.full(ids.shape[0], -1, dtype=np.int64)
         if ids.shape[0] == 0:
             return old
-        self._finish()
         if ids.min() < 0 or (self.num_rows is not None and ids.max() >= self.num_rows):
             raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
+        if self._merging is not None:
+            return self._set_later(ids, locs)
         n = self.ids.shape[0]
         new_at = None
         if not (n and ids.min() > self.ids[n - 1]):  # (ids above every one held are in none)
@@ -198,6 +208,7 @@ class SegmentIndex:
             self.keys, self.vals = grown
         in_delta = np.empty(ids.shape[0], dtype=np.int64)
         self.n_delta += int(loc_set(self.keys, self.vals, ids, locs, in_delta))
+        self.delta_version += 1
         if new_at is None:
             old = in_delta
         else:
@@ -209,6 +220,23 @@ class SegmentIndex:
             self.merge()
         return old
 
+    def _set_later(self, ids: np.ndarray, locs: np.ndarray) -> np.ndarray:
+        """:meth:`set` while a merge in slices is under way: into the later hash."""
+        old = self.find(ids)
+        need = self.n_later + ids.shape[0]
+        if 2 * need > self.later_keys.shape[0]:
+            held_ids = np.empty(self.n_later, dtype=np.int64)
+            held_locs = np.empty(self.n_later, dtype=np.int64)
+            loc_items(self.later_keys, self.later_vals, held_ids, held_locs)
+            self.later_keys = np.full(table_size_for(need), EMPTY, dtype=np.int64)
+            self.later_vals = np.zeros(self.later_keys.shape[0], dtype=np.int64)
+            loc_set(self.later_keys, self.later_vals, held_ids, held_locs, np.empty(self.n_later, dtype=np.int64))
+        self.n_later += int(
+            loc_set(self.later_keys, self.later_vals, ids, locs, np.empty(ids.shape[0], dtype=np.int64))
+        )
+        self.n_later_new += int(np.count_nonzero(old < 0))
+        return old
+
     def grown(self, extra: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The hash of new ids grown to take ``extra`` more (``(keys, vals)`` with every entry
         in), or None where it has room: the one writer may build it with the tier's lock let
@@ -216,7 +244,7 @@ class SegmentIndex:
         small; past an eighth of what it holds at the next merge, that size at once (each
         growth inserts every entry again)."""
         need = self.n_delta + extra
-        if 2 * need <= self.keys.shape[0]:
+        if 2 * need <= self.keys.shape[0] or self._merging is not None:
             return None
         due = max(self.delta_rows, self.ids.shape[0] // 64) + extra
         old_ids, old_locs = self._delta_items(ordered=False)
@@ -227,8 +255,9 @@ class SegmentIndex:
 
     def reserve(self, grown: tuple[np.ndarray, np.ndarray] | None) -> None:
         """Put :meth:`grown` in place (under the tier's lock; nothing changed the hash since)."""
-        if grown is not None and grown[0].shape[0] > self.keys.shape[0]:
+        if grown is not None and grown[0].shape[0] > self.keys.shape[0] and self._merging is None:
             self.keys, self.vals = grown
+            self.delta_version += 1
 
     def _merge_at(self) -> int:
         return max(self.delta_rows, self.ids.shape[0] // 64)
@@ -290,62 +319,116 @@ class SegmentIndex:
             self.stamp += 1
         return np.concatenate(replaced)
 
-    def delta_items(self) -> tuple[np.ndarray, np.ndarray]:
-        """The hash's entries, ``(ids, locations)`` in id order."""
-        return self._delta_items()
+    def delta_held(self) -> tuple:
+        """The hash of new ids as it is now, for :meth:`delta_items` (taken under the tier's lock)."""
+        return self.keys, self.vals, self.n_delta, self.delta_version
 
-    def _delta_items(self, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.empty(self.n_delta, dtype=np.int64)
-        locs = np.empty(self.n_delta, dtype=np.int64)
-        loc_items(self.keys, self.vals, ids, locs)
+    def delta_items(self, held: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The hash's entries, ``(ids, locations)`` in id order: of :meth:`delta_held` ``held``,
+        which a writer may read with the lock let go (its :attr:`delta_version` says whether
+        they are still the hash's entries)."""
+        return self._delta_items(held=held)
+
+    def _delta_items(self, ordered: bool = True, held: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+        keys, vals, n, _ = held if held is not None else self.delta_held()
+        ids = np.empty(n, dtype=np.int64)
+        locs = np.empty(n, dtype=np.int64)
+        n = loc_items(keys, vals, ids, locs)  # (fewer where the hash changed meanwhile: stale)
+        ids, locs = ids[:n], locs[:n]
         if not ordered:
             return ids, locs
         order = stable_argsort(ids)
         return ids[order], locs[order]
 
+    def begin_merge(self) -> tuple:
+        """Begin a merge of the hash of new ids (under the tier's lock): the hash is frozen
+        from here (changes go to the later hash) and nothing moves yet; returns its
+        :meth:`delta_held`, for the writer to sort with the lock let go and give to
+        :meth:`merge_slices`."""
+        self._finish()
+        self._fresh_dir()  # (the unmoved rows are searched with it meanwhile)
+        n = self.ids.shape[0]
+        self._merging = (None, None, np.array([n - 1, -1, n - 1], dtype=np.int64), n)
+        return self.delta_held()
+
     def merge_slices(self, rows: int = MERGE_SLICE_ROWS, items: tuple | None = None):
         """Move the hash's entries into the sorted arrays, in place, ``rows`` moves a step,
         then build the directory ``rows`` at a time, and empty the hash: a generator, each
-        step run with the tier's lock held, which the caller may let go between them.
-        :meth:`find` answers between steps (the hash holds every new id to the end); every
-        change of the index, and :meth:`view`, first runs the rest.  ``items``: the hash's
-        entries in id order (:meth:`delta_items`), taken by the one writer with the lock let go."""
-        self._finish()
+        step run with the tier's lock held, which the caller may let go between them
+        (:meth:`begin_merge` first, else here).  :meth:`find` answers between steps (the
+        hash holds every new id to the end), and :meth:`set` takes changes into the later
+        hash; every other change of the index, and :meth:`view`, first runs the rest.
+        ``items``: ``(ids, locations, version)``, the hash's entries in id order
+        (:meth:`delta_items`) at :attr:`delta_version` ``version`` (used unless the hash
+        changed since)."""
+        if self._slices is not None:
+            self._finish()
+        if self._merging is None:
+            self.begin_merge()
         self._slices = self._merge_steps(rows, items)
         return self._slices
 
     def _finish(self) -> None:
-        """Run the rest of a merge in slices under way."""
+        """Run the rest of a merge under way (or begun)."""
+        if self._merging is not None and self._slices is None:
+            self._slices = self._merge_steps(MERGE_SLICE_ROWS, None)
         if self._slices is not None:
             for _ in self._slices:
                 pass
 
     def _merge_steps(self, rows: int, items: tuple | None):
-        if self.n_delta == 0:
-            self._slices = None
-            return
-        self._fresh_dir()  # (the unmoved rows are searched with it meanwhile)
-        new_ids, new_locs = items if items is not None and items[0].shape[0] == self.n_delta else self.delta_items()
-        n, m = self.ids.shape[0], new_ids.shape[0]
-        # (every allocation before a row moves: one that fails leaves the index as it was)
-        dir_, shift = self._new_dir(n + m, max(int(new_ids[-1]), int(self.ids[n - 1]) if n else 0))
-        self.ids.resize(n + m, refcheck=False)
-        self.locs.resize(n + m, refcheck=False)
-        cur = np.array([n - 1, m - 1, n + m - 1], dtype=np.int64)
-        self._merging = (new_ids, new_locs, cur, n)
-        while cur[1] >= 0:
-            merge_back_part(self.ids, self.locs, new_ids, new_locs, cur, rows)
-            yield
-        at = np.zeros(1, dtype=np.int64)
-        for a in range(0, n + m, rows):
-            build_dir_part(self.ids, a, min(n + m, a + rows), shift, dir_, at)
-            yield
-        dir_[at[0] :] = n + m
-        self._dir, self._shift, self._covered = dir_, shift, n + m
+        if items is not None and items[2] == self.delta_version:
+            new_ids, new_locs = items[0], items[1]
+        else:
+            new_ids, new_locs = self.delta_items()
+        n, m = self._merging[3], new_ids.shape[0]
+        if m:
+            # (every allocation before a row moves: one that fails leaves the index as it was)
+            dir_, shift = self._new_dir(n + m, max(int(new_ids[-1]), int(self.ids[n - 1]) if n else 0))
+            self.ids.resize(n + m, refcheck=False)
+            self.locs.resize(n + m, refcheck=False)
+            cur = np.array([n - 1, m - 1, n + m - 1], dtype=np.int64)
+            self._merging = (new_ids, new_locs, cur, n)
+            while cur[1] >= 0:
+                merge_back_part(self.ids, self.locs, new_ids, new_locs, cur, rows)
+                yield
+            at = np.zeros(1, dtype=np.int64)
+            for a in range(0, n + m, rows):
+                build_dir_part(self.ids, a, min(n + m, a + rows), shift, dir_, at)
+                yield
+            dir_[at[0] :] = n + m
+            self._dir, self._shift, self._covered = dir_, shift, n + m
+            self.stamp += 1
         self._merging = self._slices = None
-        self.stamp += 1
         self._empty_delta()
         self.n_delta = 0
+        self.delta_version += 1
+        self._take_later()
+
+    def _take_later(self) -> None:
+        """At the end of a merge: the later hash's ids that the arrays hold changed there, the
+        others made the hash of new ids."""
+        if self.n_later == 0:
+            return
+        ids = np.empty(self.n_later, dtype=np.int64)
+        locs = np.empty(self.n_later, dtype=np.int64)
+        loc_items(self.later_keys, self.later_vals, ids, locs)
+        self._empty_later()
+        order = stable_argsort(ids)
+        ids, locs = ids[order], locs[order]
+        missing = np.empty(ids.shape[0], dtype=np.bool_)
+        old = np.empty(ids.shape[0], dtype=np.int64)
+        if set_sorted(self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), ids, locs, missing, old):
+            ids, locs = ids[missing], locs[missing]
+            self.keys = np.full(table_size_for(ids.shape[0]), EMPTY, dtype=np.int64)
+            self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
+            self.n_delta = int(loc_set(self.keys, self.vals, ids, locs, old))
+
+    def _empty_later(self) -> None:
+        self.later_keys = np.full(8, EMPTY, dtype=np.int64)
+        self.later_vals = np.zeros(8, dtype=np.int64)
+        self.n_later = 0  # entries of the later hash
+        self.n_later_new = 0  # of them, ids the index held nowhere else when they came
 
     def merge(self) -> None:
         """Move the hash's entries into the sorted arrays (in place) and empty it."""
@@ -361,6 +444,7 @@ class SegmentIndex:
         self.stamp += 1
         self._empty_delta()
         self.n_delta = 0
+        self.delta_version += 1
 
     def _empty_delta(self) -> None:
         self.keys = np.full(8, EMPTY, dtype=np.int64)
@@ -374,7 +458,7 @@ class SegmentIndex:
             _, _, cur, n_old = self._merging
             front, back = int(cur[0]), int(cur[2]) + 1
             args = (self.ids, self.locs, self.ids.shape[0], self._dir, self._shift, self._covered, n_old, front, back)
-            find_merging(*args, self.keys, self.vals, ids, out)
+            find_merging(*args, self.keys, self.vals, self.later_keys, self.later_vals, self.n_later > 0, ids, out)
             return out
         args = (self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), self.keys, self.vals, self.n_delta > 0)
         parts = split_parts(ids.shape[0], FIND_SPLIT_FROM)

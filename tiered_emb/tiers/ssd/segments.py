@@ -19,6 +19,7 @@ per id in ``t:``; those are read below every segment and never written again.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -55,6 +56,9 @@ from tiered_emb.tiers.ssd.written import WrittenIds
 
 # a read's gather from the map is cut into slices of at least this many rows for Numba's threads
 GATHER_SPLIT_FROM = 1024
+
+#: Seconds a merge of the index in slices pauses between two, the tier's lock let go.
+HANDOVER_S = 2e-4
 
 
 class SegmentGone(Exception):
@@ -425,18 +429,23 @@ class SegmentLog:
     def merge_due(self) -> None:
         """Merge each table's hash of new ids that is due into its sorted arrays
         (:meth:`.SegmentIndex.merge_slices`), the tier's lock held over each slice and let go
-        between them, so that reads go on meanwhile.  By the one writer."""
+        between them, so that reads, and the next write-back's indexing, go on meanwhile.
+        By the writer thread (or the one writer where there is none)."""
         for t in sorted(self.index):
             with self._lock:
                 if not self.index[t].merge_due:
                     continue
-            items = self.index[t].delta_items()  # (sorted with the lock let go: only this writer changes it)
+                held = self.index[t].begin_merge()  # (the hash frozen: sorted with the lock let go)
+            items = (*self.index[t].delta_items(held), held[3])
             with self._lock:
                 steps = self.index[t].merge_slices(items=items)
             more = True
             while more:
                 with self._lock:
                     more = next(steps, False) is None
+                # (the lock is not fair: taken again at once, a step waiting for it would wait
+                # for the whole merge; a pause lets it in between slices)
+                time.sleep(HANDOVER_S)
 
     def indexed(self, segments: list, found: list | None = None) -> None:
         """After ``segments`` are committed and located (under the tier's lock): reads find their

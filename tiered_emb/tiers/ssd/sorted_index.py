@@ -46,9 +46,10 @@ def loc_set(keys, vals, ids, locs, old):
 
 @numba.njit(cache=True, nogil=True)
 def loc_items(keys, vals, out_ids, out_locs):
+    """The entries into ``out_ids``/``out_locs``, as many as they hold; returns how many."""
     m = 0
     for j in range(keys.shape[0]):
-        if keys[j] != EMPTY:
+        if keys[j] != EMPTY and m < out_ids.shape[0]:
             out_ids[m] = keys[j]
             out_locs[m] = vals[j]
             m += 1
@@ -221,15 +222,38 @@ def build_dir_part(arr_ids, a, b, shift, dir_, cur):
 
 
 @numba.njit(cache=True, nogil=True)
-def find_merging(arr_ids, arr_locs, size, dir_, shift, covered, n_old, front, back, keys, vals, ids, out):
-    """:func:`find_rows` while a merge is under way: new ids are all in the hash still; an old
-    id at most ``arr_ids[front]`` lies in the unmoved rows ``[0, front]`` (the old
-    directory's), a larger one in the merged rows ``[back, size)`` (searched whole)."""
+def find_merging(
+    arr_ids,
+    arr_locs,
+    size,
+    dir_,
+    shift,
+    covered,
+    n_old,
+    front,
+    back,
+    keys,
+    vals,
+    later_keys,
+    later_vals,
+    has_later,
+    ids,
+    out,
+):
+    """:func:`find_rows` while a merge is under way: the later hash first (changes since it
+    began); new ids are all in the hash still; an old id at most ``arr_ids[front]`` lies in
+    the unmoved rows ``[0, front]`` (the old directory's), a larger one in the merged rows
+    ``[back, size)`` (searched whole)."""
     for i in range(ids.shape[0]):
         q = ids[i]
         out[i] = -1
         if q < 0:
             continue
+        if has_later:
+            loc = index_find(later_keys, later_vals, q)
+            if loc >= 0:
+                out[i] = loc
+                continue
         loc = index_find(keys, vals, q)
         if loc >= 0:
             out[i] = loc

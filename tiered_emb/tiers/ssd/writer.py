@@ -262,8 +262,8 @@ class Writer:
 
     def _write_behind(self, defer_errors: bool = False) -> None:
         """Hand every waiting write-back to the writer thread, once the previous one is indexed
-        (a merge of the index it began may go on: the new thread waits for it before it
-        searches the index; a compaction waits for it here).
+        (a merge of the index it began may go on beside the new one; a compaction waits for
+        it here).
 
         A failed write's rows stay waiting in memory, retried by the next write.  The failure
         is raised here, or with ``defer_errors`` kept for :meth:`raise_failed_write`: an
@@ -314,16 +314,17 @@ class Writer:
         self._thread.start()
 
     def _behind(self, snaps, by_process: bool, segments: list | None, after, indexed: threading.Event) -> None:
-        """The writer thread: :meth:`_commit_waiting`, in which ``after`` (the thread before,
-        merging the index still, or None) is waited for before the index is searched; then
-        the index's merges that are due, a slice at a time (:meth:`.SegmentLog.merge_due`),
-        while the next write-back may already be cut and written."""
+        """The writer thread: :meth:`_commit_waiting` (indexed while ``after``, the thread
+        before or None, may still be merging the index: the index takes the changes aside
+        meanwhile); then, once ``after`` ended, the index's merges that are due, a slice at
+        a time (:meth:`.SegmentLog.merge_due`), while the next write-back may already be cut,
+        written and indexed.  Joining this thread joins every one before it."""
         try:
             self._commit_waiting(snaps, True, by_process, segments, after)
         finally:
+            indexed.set()
             if after is not None:
                 after.join()
-            indexed.set()
         self._segments.merge_due()
 
     def _commit_waiting(
@@ -336,9 +337,9 @@ class Writer:
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))
             self._segments.locate(segments)
-            if after is not None:
-                after.join()
-            found = self._segments.found(segments)
+            # (searched with the lock let go only when no other thread may change the index:
+            # else under the lock, as it is changed)
+            found = None if after is not None and after.is_alive() else self._segments.found(segments)
         except BaseException as err:
             if not on_thread:
                 raise
