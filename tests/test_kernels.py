@@ -37,6 +37,18 @@ def _reference_reduce(grads, ids):
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-50, 50), max_size=40), st.booleans())
+def test_dedupe_of_ids_in_order_is_the_hash_dedupe(ids, strict):
+    """Ids each once and in order (a bulk write's) skip the hash: the same uniques and inverse."""
+    a = np.array(sorted(set(ids)) if strict else sorted(ids), dtype=np.int64)
+    uids, inverse = dedupe(a)
+    assert uids.tolist() == list(dict.fromkeys(a.tolist()))
+    assert uids[inverse].tolist() == a.tolist() and inverse.dtype == np.int64
+    uids[:1] = 99  # (its own array: the caller's ids unchanged)
+    assert a.tolist() == (sorted(set(ids)) if strict else sorted(ids))
+
+
+@settings(max_examples=60, deadline=None)
 @given(ids=ids_st, dim=st.sampled_from([1, 3, 16]), seed=st.integers(0, 2**16))
 def test_reduce_grads_bitwise_batch_order(ids, dim, seed):
     grads = np.random.default_rng(seed).standard_normal((len(ids), dim)).astype(np.float32) * 1e3
@@ -123,5 +135,6 @@ def test_stable_argsort_is_numpys_stable_argsort(keys, dtype):
     assert got.dtype == np.int64
     assert got.tolist() == np.argsort(a, kind="stable").tolist()
     runs = np.concatenate([np.sort(a[k : k + 7]) for k in range(0, a.shape[0], 7)] or [a])  # (sorted runs)
+    assert stable_argsort(np.sort(a)).tolist() == np.argsort(np.sort(a), kind="stable").tolist()  # (in order already)
     for k in (a, runs):  # (the merge sort taken for runs: the same permutation, whatever the input)
         assert stable_argsort(k, runs=True).tolist() == np.argsort(k, kind="stable").tolist()

@@ -46,7 +46,8 @@ def test_the_index_answers_as_a_dict(segments, probes, delta_rows, small_ids, nu
     for seq, ids in enumerate(segments):
         ids = [x % 64 for x in ids] if small_ids else [x % (num_rows or 2**63) for x in ids]
         ids = list(dict.fromkeys(ids))
-        ix.add(seq, np.array(ids, dtype=np.int64))
+        old = ix.add(seq, np.array(ids, dtype=np.int64))
+        assert old.tolist() == [model.get(x, -1) for x in ids]
         model.update({x: (seq << POS_BITS) + i for i, x in enumerate(ids)})
         assert len(ix) == len(model)
         held = sorted(model)
