@@ -15,8 +15,8 @@ Two parts, one JSON:
   ``numpy.memmap`` fancy indexing of the same rows and a py-lmdb ``get`` loop over the
   same rows stored one record per id; with the page cache dropped (root only), against
   the disk's own 4 KiB random-read rate (``os.pread`` loop); bulk ``write`` + checkpoint
-  rows/s, and a checkpoint of a quarter of the rows all dirty in DDR, against the disk's
-  sequential write rate (a file of the same bytes, fdatasync; the disk's rate drifts and
+  rows/s, and checkpoints of a quarter of the rows and of all of them, all dirty in DDR,
+  against the disk's sequential write rate (a file of the same bytes, fdatasync; the disk's rate drifts and
   depends on what was written just before, so each of ours is measured between two of
   the disk's of the same bytes, alternating, three of ours, medians compared);
   ``tiered-emb export`` and ``import`` of the whole table, rows/s.
@@ -312,6 +312,14 @@ def io_part(path: Path, args) -> dict:
     for rep in range(3):
         ckpts.append(_checkpoint_rate(path / f"c{rep}", table, data[:ck_rows], k, args.budget))
         ck_disks.append(_disk_seq_write(path / "seq.bin", ck_rows * dim * 4))
+    # and of every row dirty (as many bytes as the bulk write), against the same 1 GB files
+    big_disks, big = [_disk_seq_write(path / "seq.bin", nbytes)], []
+    for rep in range(3):
+        big.append(_checkpoint_rate(path / f"c{rep}", table, data, k, args.budget))
+        big_disks.append(_disk_seq_write(path / "seq.bin", nbytes))
+    out["checkpoint_all_dirty_rows_per_s_each"] = big
+    out["checkpoint_all_disk_seq_write_MBps_each"] = [d / 1e6 for d in big_disks]
+    out["checkpoint_all_bytes_per_s_vs_disk"] = statistics.median(big) * dim * 4 / statistics.median(big_disks)
     disk, ck_disk = statistics.median(disks), statistics.median(ck_disks)
     out["disk_seq_write_MBps"] = disk / 1e6
     out["disk_seq_write_MBps_each"] = [d / 1e6 for d in disks]

@@ -319,6 +319,7 @@ def test_bench_scale_quick_measures_every_part(tmp_path):
     assert io["warm_rows_per_s"]["ours"] > 0 and io["warm_rows_per_s"]["memmap"] > 0 and io["import_rows_per_s"] > 0
     assert len(io["disk_seq_write_MBps_each"]) == 4 and len(io["checkpoint_disk_seq_write_MBps_each"]) == 4
     assert len(io["write_and_checkpoint_rows_per_s_each"]) == 3 and io["checkpoint_dirty_rows_per_s"] > 0
+    assert len(io["checkpoint_all_dirty_rows_per_s_each"]) == 3 and io["checkpoint_all_bytes_per_s_vs_disk"] > 0
     assert io["checkpoint_bytes_per_s_vs_disk"] == pytest.approx(
         io["checkpoint_dirty_rows_per_s"] * io["dim"] * 4 / (io["checkpoint_disk_seq_write_MBps"] * 1e6)
     )
