@@ -128,6 +128,39 @@ def test_a_merge_in_slices_answers_as_a_dict_between_its_steps(
     assert got_ids.tolist() == held and got_locs.tolist() == [model[x] for x in held]
 
 
+def test_a_merge_whose_allocation_fails_leaves_the_index_whole(monkeypatch):
+    """A merge that cannot allocate (before any row moves) raises, and the index answers as
+    before with the changes taken meanwhile in; the next merge runs."""
+    ix, model = SegmentIndex(4, 1 << 20), {}
+    ix.DIR_MIN_ROWS = 0
+
+    def add(seq, ids):
+        assert ix.add(seq, np.array(ids)).tolist() == [model.get(x, -1) for x in ids]
+        model.update({x: (seq << POS_BITS) + i for i, x in enumerate(ids)})
+
+    add(0, list(range(0, 200, 2)))
+    add(1, [1, 3, 5, 7, 9])  # (the hash: a merge is due)
+    assert ix.merge_due
+    held = ix.begin_merge()
+    add(2, [3, 4, 11])  # (taken aside while the merge is under way)
+
+    def no_room(*args):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(SegmentIndex, "_new_dir", no_room)
+    with pytest.raises(MemoryError):
+        next(ix.merge_slices(items=(*ix.delta_items(held), held[3])))
+    ask = np.array(sorted(model) + [6, 13], dtype=np.int64)
+    assert ix.find(ask).tolist() == [model.get(int(x), -1) for x in ask] and len(ix) == len(model)
+    monkeypatch.undo()
+    assert ix.merge_due
+    for _ in ix.merge_slices():
+        pass
+    got_ids, got_locs = ix.items()
+    assert got_ids.tolist() == sorted(model) and got_locs.tolist() == [model[x] for x in sorted(model)]
+    assert ix.n_delta == 0 and ix.ids.shape[0] == len(model)
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 2**20), max_size=40), max_size=12), st.integers(1, 20), st.booleans())
 def test_positions_found_before_the_last_change_are_searched_again(segments, delta_rows, grow):

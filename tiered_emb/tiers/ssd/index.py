@@ -377,16 +377,21 @@ class SegmentIndex:
                 pass
 
     def _merge_steps(self, rows: int, items: tuple | None):
-        if items is not None and items[2] == self.delta_version:
-            new_ids, new_locs = items[0], items[1]
-        else:
-            new_ids, new_locs = self.delta_items()
-        n, m = self._merging[3], new_ids.shape[0]
+        n = self._merging[3]
+        try:  # (every allocation before a row moves: one that fails leaves the index as it was)
+            if items is not None and items[2] == self.delta_version:
+                new_ids, new_locs = items[0], items[1]
+            else:
+                new_ids, new_locs = self.delta_items()
+            m = new_ids.shape[0]
+            if m:
+                dir_, shift = self._new_dir(n + m, max(int(new_ids[-1]), int(self.ids[n - 1]) if n else 0))
+                self.ids.resize(n + m, refcheck=False)
+                self.locs.resize(n + m, refcheck=False)
+        except BaseException:
+            self._abandon(n)
+            raise
         if m:
-            # (every allocation before a row moves: one that fails leaves the index as it was)
-            dir_, shift = self._new_dir(n + m, max(int(new_ids[-1]), int(self.ids[n - 1]) if n else 0))
-            self.ids.resize(n + m, refcheck=False)
-            self.locs.resize(n + m, refcheck=False)
             cur = np.array([n - 1, m - 1, n + m - 1], dtype=np.int64)
             self._merging = (new_ids, new_locs, cur, n)
             while cur[1] >= 0:
@@ -404,6 +409,22 @@ class SegmentIndex:
         self.n_delta = 0
         self.delta_version += 1
         self._take_later()
+
+    def _abandon(self, n: int) -> None:
+        """A merge whose allocations failed before any row moved: the arrays back to their
+        ``n`` rows (shrinking cannot fail), no merge under way, and the changes the later
+        hash took meanwhile made as any change is."""
+        for arr in (self.ids, self.locs):
+            if arr.shape[0] != n:
+                arr.resize(n, refcheck=False)
+        self._merging = self._slices = None
+        ids = np.empty(self.n_later, dtype=np.int64)
+        locs = np.empty(self.n_later, dtype=np.int64)
+        loc_items(self.later_keys, self.later_vals, ids, locs)
+        self._empty_later()
+        if ids.shape[0]:
+            order = stable_argsort(ids)
+            self.set(ids[order], locs[order])
 
     def _take_later(self) -> None:
         """At the end of a merge: the later hash's ids that the arrays hold changed there, the
