@@ -61,6 +61,30 @@ MAX_SEGMENTS = 1 << (63 - POS_BITS)
 MERGE_SLICE_ROWS = 1 << 21
 
 
+def hash_items(keys: np.ndarray, vals: np.ndarray, n: int, ordered: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of the hash ``keys``/``vals`` holding ``n``, ``(ids, locations)`` (in id
+    order unless not ``ordered``); fewer where it changed while read (a copy known stale)."""
+    ids = np.empty(n, dtype=np.int64)
+    locs = np.empty(n, dtype=np.int64)
+    n = loc_items(keys, vals, ids, locs)
+    ids, locs = ids[:n], locs[:n]
+    if not ordered:
+        return ids, locs
+    order = stable_argsort(ids)
+    return ids[order], locs[order]
+
+
+_NONE = np.empty(0, dtype=np.int64)
+
+
+def new_hash(capacity: int, ids: np.ndarray, locs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A hash ``(keys, vals)`` for ``capacity`` entries holding ``ids`` (distinct) -> ``locs``."""
+    keys = np.full(table_size_for(capacity), EMPTY, dtype=np.int64)
+    vals = np.zeros(keys.shape[0], dtype=np.int64)
+    loc_set(keys, vals, ids, locs, np.empty(ids.shape[0], dtype=np.int64))
+    return keys, vals
+
+
 class SegmentIndex:
     """id (int64 >= 0) -> int64 location, with batch operations.
 
@@ -102,7 +126,6 @@ class SegmentIndex:
         self.ids = np.empty(0, dtype=self.id_dtype)  # sorted; the arrays own their memory (resized in place)
         self.locs = np.empty(0, dtype=np.int64)
         self._empty_delta()
-        self.n_delta = 0
         self._empty_later()
         self._staged: list[tuple[int, np.ndarray]] = []
         self._n_staged = 0
@@ -225,12 +248,8 @@ class SegmentIndex:
         old = self.find(ids)
         need = self.n_later + ids.shape[0]
         if 2 * need > self.later_keys.shape[0]:
-            held_ids = np.empty(self.n_later, dtype=np.int64)
-            held_locs = np.empty(self.n_later, dtype=np.int64)
-            loc_items(self.later_keys, self.later_vals, held_ids, held_locs)
-            self.later_keys = np.full(table_size_for(need), EMPTY, dtype=np.int64)
-            self.later_vals = np.zeros(self.later_keys.shape[0], dtype=np.int64)
-            loc_set(self.later_keys, self.later_vals, held_ids, held_locs, np.empty(self.n_later, dtype=np.int64))
+            held = hash_items(self.later_keys, self.later_vals, self.n_later, ordered=False)
+            self.later_keys, self.later_vals = new_hash(need, *held)
         self.n_later += int(
             loc_set(self.later_keys, self.later_vals, ids, locs, np.empty(ids.shape[0], dtype=np.int64))
         )
@@ -247,11 +266,7 @@ class SegmentIndex:
         if 2 * need <= self.keys.shape[0] or self._merging is not None:
             return None
         due = max(self.delta_rows, self.ids.shape[0] // 64) + extra
-        old_ids, old_locs = self._delta_items(ordered=False)
-        keys = np.full(table_size_for(need if 8 * need < due else max(need, due)), EMPTY, dtype=np.int64)
-        vals = np.zeros(keys.shape[0], dtype=np.int64)
-        loc_set(keys, vals, old_ids, old_locs, np.empty(old_ids.shape[0], dtype=np.int64))
-        return keys, vals
+        return new_hash(need if 8 * need < due else max(need, due), *self._delta_items(ordered=False))
 
     def reserve(self, grown: tuple[np.ndarray, np.ndarray] | None) -> None:
         """Put :meth:`grown` in place (under the tier's lock; nothing changed the hash since)."""
@@ -331,14 +346,7 @@ class SegmentIndex:
 
     def _delta_items(self, ordered: bool = True, held: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         keys, vals, n, _ = held if held is not None else self.delta_held()
-        ids = np.empty(n, dtype=np.int64)
-        locs = np.empty(n, dtype=np.int64)
-        n = loc_items(keys, vals, ids, locs)  # (fewer where the hash changed meanwhile: stale)
-        ids, locs = ids[:n], locs[:n]
-        if not ordered:
-            return ids, locs
-        order = stable_argsort(ids)
-        return ids[order], locs[order]
+        return hash_items(keys, vals, n, ordered)
 
     def begin_merge(self) -> tuple:
         """Begin a merge of the hash of new ids (under the tier's lock): the hash is frozen
@@ -406,8 +414,6 @@ class SegmentIndex:
             self.stamp += 1
         self._merging = self._slices = None
         self._empty_delta()
-        self.n_delta = 0
-        self.delta_version += 1
         self._take_later()
 
     def _abandon(self, n: int) -> None:
@@ -418,36 +424,31 @@ class SegmentIndex:
             if arr.shape[0] != n:
                 arr.resize(n, refcheck=False)
         self._merging = self._slices = None
-        ids = np.empty(self.n_later, dtype=np.int64)
-        locs = np.empty(self.n_later, dtype=np.int64)
-        loc_items(self.later_keys, self.later_vals, ids, locs)
-        self._empty_later()
+        ids, locs = self._later_items()
         if ids.shape[0]:
-            order = stable_argsort(ids)
-            self.set(ids[order], locs[order])
+            self.set(ids, locs)
 
     def _take_later(self) -> None:
         """At the end of a merge: the later hash's ids that the arrays hold changed there, the
         others made the hash of new ids."""
         if self.n_later == 0:
             return
-        ids = np.empty(self.n_later, dtype=np.int64)
-        locs = np.empty(self.n_later, dtype=np.int64)
-        loc_items(self.later_keys, self.later_vals, ids, locs)
-        self._empty_later()
-        order = stable_argsort(ids)
-        ids, locs = ids[order], locs[order]
+        ids, locs = self._later_items()
         missing = np.empty(ids.shape[0], dtype=np.bool_)
         old = np.empty(ids.shape[0], dtype=np.int64)
         if set_sorted(self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), ids, locs, missing, old):
             ids, locs = ids[missing], locs[missing]
-            self.keys = np.full(table_size_for(ids.shape[0]), EMPTY, dtype=np.int64)
-            self.vals = np.zeros(self.keys.shape[0], dtype=np.int64)
-            self.n_delta = int(loc_set(self.keys, self.vals, ids, locs, old))
+            self.keys, self.vals = new_hash(ids.shape[0], ids, locs)
+            self.n_delta = ids.shape[0]
+
+    def _later_items(self) -> tuple[np.ndarray, np.ndarray]:
+        """The later hash's entries in id order, the later hash emptied."""
+        ids, locs = hash_items(self.later_keys, self.later_vals, self.n_later)
+        self._empty_later()
+        return ids, locs
 
     def _empty_later(self) -> None:
-        self.later_keys = np.full(8, EMPTY, dtype=np.int64)
-        self.later_vals = np.zeros(8, dtype=np.int64)
+        self.later_keys, self.later_vals = new_hash(0, _NONE, _NONE)
         self.n_later = 0  # entries of the later hash
         self.n_later_new = 0  # of them, ids the index held nowhere else when they came
 
@@ -464,12 +465,11 @@ class SegmentIndex:
         self._drop_dir()
         self.stamp += 1
         self._empty_delta()
-        self.n_delta = 0
-        self.delta_version += 1
 
     def _empty_delta(self) -> None:
-        self.keys = np.full(8, EMPTY, dtype=np.int64)
-        self.vals = np.zeros(8, dtype=np.int64)
+        self.keys, self.vals = new_hash(0, _NONE, _NONE)
+        self.n_delta = 0
+        self.delta_version += 1
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """The location of each of ``ids`` (int64), -1 where none (fastest with ``ids`` sorted)."""
