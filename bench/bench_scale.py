@@ -16,9 +16,12 @@ Two parts, one JSON:
   same rows stored one record per id; with the page cache dropped (root only), against
   the disk's own 4 KiB random-read rate (``os.pread`` loop); bulk ``write`` + checkpoint
   rows/s, and checkpoints of a quarter of the rows and of all of them, all dirty in DDR,
-  against the disk's sequential write rate (a file of the same bytes, fdatasync; the disk's rate drifts and
-  depends on what was written just before, so each of ours is measured between two of
-  the disk's of the same bytes, alternating, three of ours, medians compared);
+  against the disk's sequential write rate (a file of the same bytes, fdatasync),
+  alternating, three of ours, medians compared, each write from the same state of
+  free memory: *warm*, into pages a write deleted just before freed, and for the
+  checkpoint of every row also *cold*, after ``--idle`` seconds idle (a virtual machine
+  that gives freed memory back to its host runs a write at a fraction of the rate then:
+  :func:`_settle`);
   ``tiered-emb export`` and ``import`` of the whole table, rows/s.
 
 Medians over repeats.  Run from the repository root::
@@ -265,19 +268,67 @@ def _drop_caches() -> bool:
         return False
 
 
-def _checkpoint_rate(path: Path, table: TableConfig, data: np.ndarray, k: int, budget: int) -> float:
-    """Rows/s of a checkpoint whose rows are all dirty in DDR (trained, none written yet)."""
+def _settle(path: Path, nbytes: int, idle_s: float | None) -> None:
+    """Put the machine's free memory in the state each timed write starts from, the same for
+    ours and the disk's.  A virtual machine that gives freed memory back to its host (here:
+    virtio-balloon free page reporting, after a page stays free a few seconds) pays a fault
+    on the host the first time a page is used again: a write into pages freed just before
+    ran at 1.3-2.2 GB/s, the same write after 10 s idle at 400 MB/s.  ``idle_s`` None
+    (warm): a write of ``nbytes`` deleted just before, whose pages the timed write reuses;
+    else (cold): ``idle_s`` seconds idle, every free page given back (as ``dd`` on an idle
+    machine)."""
+    if idle_s is None:
+        _disk_seq_write(path / "primer.bin", nbytes)
+    else:
+        time.sleep(idle_s)
+
+
+def _paired(prepare, path: Path, nbytes: int, idle_s: float | None, reps: int = 3) -> tuple[list, list]:
+    """Rows/s of ``reps`` of ours and bytes/s of ``reps + 1`` of the disk's writes of ``nbytes``
+    (fdatasync), alternating, each from the same state of memory (:func:`_settle`) after
+    its own set-up: ``prepare(rep)`` builds a store and returns the timed part, which
+    returns rows/s."""
+    disks, ours = [], []
+    for rep in range(reps + 1):
+        _settle(path, nbytes, idle_s)
+        disks.append(_disk_seq_write(path / "seq.bin", nbytes))
+        if rep < reps:
+            timed = prepare(rep)
+            _settle(path, nbytes, idle_s)
+            ours.append(timed())
+    return ours, disks
+
+
+def _checkpoint_of_dirty(path: Path, table: TableConfig, data: np.ndarray, k: int, budget: int):
+    """A store whose rows are all dirty in DDR (trained, none written yet); the timed part
+    checkpoints them (rows/s) and deletes the store."""
     n = data.shape[0]
     tiers = TierConfig(hbm_rows=k, ddr_rows=n, device="cpu", budget_bytes=budget)
     store = TieredStore.create(path, [table], tiers, seed=1)
     for a in range(0, n, k):
         store.apply_gradients("t", np.arange(a, min(n, a + k)), data[a : a + k])
-    s = time.perf_counter()
-    store.checkpoint()
-    rate = store.last_checkpoint_rows / (time.perf_counter() - s)
-    store.close()
-    shutil.rmtree(path)
-    return rate
+
+    def timed() -> float:
+        s = time.perf_counter()
+        store.checkpoint()
+        rate = store.last_checkpoint_rows / (time.perf_counter() - s)
+        store.close()
+        shutil.rmtree(path)
+        return rate
+
+    return timed
+
+
+def _compared(out: dict, key: str, ours: list, disks: list, row_bytes: int) -> None:
+    """``out[key]``: ours (rows/s) and the disk's (MB/s), each run and medians, and the ratio
+    of the bytes of the medians."""
+    out[key] = {
+        "rows_per_s": statistics.median(ours),
+        "rows_per_s_each": ours,
+        "disk_MBps": statistics.median(disks) / 1e6,
+        "disk_MBps_each": [d / 1e6 for d in disks],
+        "vs_disk": statistics.median(ours) * row_bytes / statistics.median(disks),
+    }
 
 
 def io_part(path: Path, args) -> dict:
@@ -286,51 +337,43 @@ def io_part(path: Path, args) -> dict:
     table = TableConfig("t", dim=dim, num_rows=rows, optimizer=SGD(lr=0.1))
     tiers = TierConfig(hbm_rows=k, device="cpu", budget_bytes=args.budget)
     data = np.random.default_rng(1).standard_normal((rows, dim), dtype=np.float32)
-    out: dict = {"rows": rows, "dim": dim, "batch": k}
+    out: dict = {"rows": rows, "dim": dim, "batch": k, "cold_idle_s": args.idle}
     warm = TieredStore.create(path / "warm", [table], tiers, seed=1)  # (compiles what a bulk write runs)
     warm.write("t", np.arange(4 * k), data[: 4 * k])
     warm.close()
-    # The disk's rate varies from one minute to the next, and with what was written just
-    # before (after 1 GB it ran at 400 MB/s, after 256 MB at 1.2-2 GB/s, in one run): each
-    # of ours is measured between two of the disk's of the same bytes, alternating, so that
-    # each measurement of either follows a write of the same size; medians compared.
+    # Each of ours against the disk's write of the same bytes (a row's bytes: its 64 float32;
+    # a segment also holds its id and checksum), alternating, from the same state of memory.
     nbytes, ck_rows = rows * dim * 4, rows // 4
-    disks, writes = [_disk_seq_write(path / "seq.bin", nbytes)], []
-    for rep in range(3):
+
+    def bulk(rep: int):
         store = TieredStore.create(path / f"w{rep}", [table], tiers, seed=1)
-        s = time.perf_counter()
-        for a in range(0, rows, 4 * k):  # bulk writes of 4x HBM: straight to LMDB
-            store.write("t", np.arange(a, min(rows, a + 4 * k)), data[a : a + 4 * k])
-        store.checkpoint()
-        writes.append(rows / (time.perf_counter() - s))
-        out["checkpoint_rows_written"] = store.last_checkpoint_rows
-        store.close()
-        disks.append(_disk_seq_write(path / "seq.bin", nbytes))
-        if rep:
-            shutil.rmtree(path / f"w{rep}")
-    ck_disks, ckpts = [_disk_seq_write(path / "seq.bin", ck_rows * dim * 4)], []
-    for rep in range(3):
-        ckpts.append(_checkpoint_rate(path / f"c{rep}", table, data[:ck_rows], k, args.budget))
-        ck_disks.append(_disk_seq_write(path / "seq.bin", ck_rows * dim * 4))
-    # and of every row dirty (as many bytes as the bulk write), against the same 1 GB files
-    big_disks, big = [_disk_seq_write(path / "seq.bin", nbytes)], []
-    for rep in range(3):
-        big.append(_checkpoint_rate(path / f"c{rep}", table, data, k, args.budget))
-        big_disks.append(_disk_seq_write(path / "seq.bin", nbytes))
-    out["checkpoint_all_dirty_rows_per_s_each"] = big
-    out["checkpoint_all_disk_seq_write_MBps_each"] = [d / 1e6 for d in big_disks]
-    out["checkpoint_all_bytes_per_s_vs_disk"] = statistics.median(big) * dim * 4 / statistics.median(big_disks)
-    disk, ck_disk = statistics.median(disks), statistics.median(ck_disks)
-    out["disk_seq_write_MBps"] = disk / 1e6
-    out["disk_seq_write_MBps_each"] = [d / 1e6 for d in disks]
-    out["write_and_checkpoint_rows_per_s"] = statistics.median(writes)
-    out["write_and_checkpoint_rows_per_s_each"] = writes
-    out["write_bytes_per_s_vs_disk"] = statistics.median(writes) * dim * 4 / disk
-    out["checkpoint_disk_seq_write_MBps"] = ck_disk / 1e6
-    out["checkpoint_disk_seq_write_MBps_each"] = [d / 1e6 for d in ck_disks]
-    out["checkpoint_dirty_rows_per_s"] = statistics.median(ckpts)
-    out["checkpoint_dirty_rows_per_s_each"] = ckpts
-    out["checkpoint_bytes_per_s_vs_disk"] = statistics.median(ckpts) * dim * 4 / ck_disk
+
+        def timed() -> float:
+            s = time.perf_counter()
+            for a in range(0, rows, 4 * k):  # bulk writes of 4x HBM: straight to LMDB
+                store.write("t", np.arange(a, min(rows, a + 4 * k)), data[a : a + 4 * k])
+            store.checkpoint()
+            rate = rows / (time.perf_counter() - s)
+            out["checkpoint_rows_written"] = store.last_checkpoint_rows
+            store.close()
+            if rep:
+                shutil.rmtree(path / f"w{rep}")
+            return rate
+
+        return timed
+
+    _compared(out, "bulk_write", *_paired(bulk, path, nbytes, None), dim * 4)
+
+    def quarter(rep: int):
+        return _checkpoint_of_dirty(path / f"c{rep}", table, data[:ck_rows], k, args.budget)
+
+    def every(rep: int):
+        return _checkpoint_of_dirty(path / f"c{rep}", table, data, k, args.budget)
+
+    _compared(out, "checkpoint_quarter", *_paired(quarter, path, ck_rows * dim * 4, None), dim * 4)
+    _compared(out, "checkpoint_all", *_paired(every, path, nbytes, None), dim * 4)
+    if args.idle:
+        _compared(out, "checkpoint_all_cold", *_paired(every, path, nbytes, args.idle), dim * 4)
     store = TieredStore.open(path / "w0", tiers)
     mm_path = path / "table.npy"
     np.save(mm_path, data)
@@ -432,6 +475,9 @@ def main() -> None:
     p.add_argument("--reference-every", type=int, default=8, help="steps between timings of the reference")
     p.add_argument("--io-rows", type=int, default=4_000_000)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--idle", type=float, default=15.0, help="seconds idle before each cold write (memory given back); 0: none"
+    )
     p.add_argument("--part", choices=["run", "io", "both"], default="both")
     p.add_argument("--quick", action="store_true", help="a minute-long check of every part")
     p.add_argument("--dir", default=None, help="where the stores go (default: a temporary directory)")
@@ -441,6 +487,7 @@ def main() -> None:
     if args.quick:
         args.ids, args.rows, args.hbm_rows, args.ddr_rows = 10_000_000, 1_000_000, 1 << 16, 1 << 18
         args.checkpoint_every, args.io_rows, args.repeats, args.reference_every = 5, 500_000, 3, 1
+        args.idle = 0.5
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=args.dir))

@@ -1119,3 +1119,48 @@ def test_a_checkpoint_failing_midway_loses_nothing_and_retries(tmp_path, monkeyp
     s.close()
     with TieredStore.open(path) as s2:
         np.testing.assert_array_equal(s2.peek("a", every, with_state=True), want)
+
+
+@pytest.mark.parametrize("budget", [1 << 20, 3 << 19, 1 << 24])
+def test_a_checkpoint_of_dirty_rows_of_two_widths_reopens_bitwise(tmp_path, budget):
+    """Dirty rows of two tables of different record widths, in HBM and DDR, written in
+    chunks gathered one after another into the same buffer: small pieces of both tables
+    share a chunk, larger ones go alone; every row reopens as trained."""
+    path = tmp_path / "s"
+    s = TieredStore.create(path, TABLES, cpu(48, 8192, budget_bytes=budget), seed=3)
+    ref = ReferenceStore(TABLES, seed=3)
+    rng = np.random.default_rng(11)
+    for _ in range(12):
+        for name, dim, n, k in (("a", 8, 20_000, 1000), ("b", 3, 100, 40)):
+            ids = rng.choice(n, k, replace=False)
+            g = rng.standard_normal((k, dim)).astype(np.float32)
+            for x in (s, ref):
+                x.apply_gradients(name, ids, g)
+    s.checkpoint()
+    assert s.last_checkpoint_rows > 0
+    s.close()
+    with TieredStore.open(path) as s2:
+        for name, n in (("a", 20_000), ("b", 100)):
+            every = np.arange(n)
+            np.testing.assert_array_equal(s2.peek(name, every, with_state=True), ref.peek_records(name, every))
+
+
+def test_a_checkpoint_whose_pieces_overflow_a_chunk_starts_the_next_one(tmp_path):
+    """Three tables whose dirty DDR rows are each just under half a chunk: the third does
+    not fit beside the first two and begins the next chunk; every row reopens as trained."""
+    tables = [TableConfig(n, dim=8, num_rows=8192, optimizer=SGD(lr=0.5)) for n in "abc"]
+    path = tmp_path / "s"
+    s = TieredStore.create(path, tables, cpu(16, 8192, budget_bytes=1 << 20), seed=3)
+    ref = ReferenceStore(tables, seed=3)
+    rng = np.random.default_rng(5)
+    for t in tables:  # (3,500 rows of 32 bytes: 0.43 of the 256 KiB chunks after the first)
+        ids = rng.choice(8192, 3500, replace=False)
+        g = rng.standard_normal((3500, 8)).astype(np.float32)
+        for x in (s, ref):
+            x.apply_gradients(t.name, ids, g)
+    s.checkpoint()
+    s.close()
+    with TieredStore.open(path) as s2:
+        every = np.arange(8192)
+        for t in tables:
+            np.testing.assert_array_equal(s2.peek(t.name, every), ref.lookup(t.name, every))

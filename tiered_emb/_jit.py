@@ -109,9 +109,15 @@ def _take_rows(rows, at, out):
             dst[k] = src[k]
 
 
-def take_rows(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
+def take_rows(rows: np.ndarray, at: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``rows[at]`` as float32 (``at`` int64), rows copied side by side on Numba's threads
-    with the GIL let go (NumPy's fancy indexing holds it)."""
-    out = np.empty((at.shape[0], rows.shape[1]), dtype=np.float32)
+    with the GIL let go (NumPy's fancy indexing holds it); into ``out`` (float32, C order,
+    ``at``'s rows by ``rows``' width) where given."""
+    if out is None:
+        out = np.empty((at.shape[0], rows.shape[1]), dtype=np.float32)
+    elif out.shape != (at.shape[0], rows.shape[1]) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"take_rows: out is {out.dtype} {out.shape}, not float32 ({at.shape[0]}, {rows.shape[1]}) in C order"
+        )
     _take_rows(np.ascontiguousarray(rows, dtype=np.float32), np.ascontiguousarray(at, dtype=np.int64), out)
     return out

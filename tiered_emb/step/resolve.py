@@ -250,50 +250,58 @@ class Resolver:
         quarter of the budget's bytes each, the first an eighth of that (tables in name order,
         HBM before DDR, slots in order, each piece of them in id order; small pieces share a
         chunk; the caller writes each before it takes the next: a flush or checkpoint holds
-        one chunk, whatever the tiers hold); ``counts[table]`` adds up the rows yielded."""
+        one chunk, whatever the tiers hold); ``counts[table]`` adds up the rows yielded.
+
+        Every chunk's records lie in one buffer of a quarter of the budget, gathered into
+        again for the next chunk: memory touched once, not once a chunk (fresh pages are
+        zeroed by the kernel, as long again as the gather itself)."""
         quarter = max(1, min(self.budget_bytes, 1 << 40) // 4)
         # The first chunk is an eighth of the others: its rows reach the disk while the next
         # are gathered, so the disk is not idle for a whole chunk's gather, sort and encoding.
         chunk = max(1, quarter // 8)
-        parts: dict[str, tuple[list, list]] = {}
-        held = 0
+        widest = max((t.cfg.record_width for t in self.tables.values()), default=1)
+        buf = np.empty(max(quarter // 4, widest), dtype=np.float32)  # (untouched pages cost nothing)
+        parts: dict[str, list] = {}  # table -> [ids pieces, first word in buf, end]
+        held = 0  # words of buf in parts
         for name, t in sorted(self.tables.items()):
+            width = t.cfg.record_width
             for tier in (t.hbm, t.ddr):
                 a = 0
                 while a < tier.slot_ids.shape[0]:
-                    step = max(1, chunk // (4 * t.cfg.record_width))
+                    step = max(1, chunk // (4 * width))
                     slots = a + np.flatnonzero((tier.dirty[a : a + step] != 0) & (tier.slot_ids[a : a + step] >= 0))
                     a += step
                     if not slots.shape[0]:
                         continue
+                    words = slots.shape[0] * width
+                    alone = 4 * words >= chunk // 2  # (large enough to be a chunk by itself)
+                    if parts and (alone or held + words > buf.shape[0]):
+                        yield self._chunk(parts, buf, counts)  # (those before it first: in order)
+                        parts, held, chunk = {}, 0, quarter
                     ids = tier.slot_ids[slots]
                     # in id order, as segments hold them: a piece written alone is not sorted again
                     order = stable_argsort(ids)
                     slots = slots[order]
-                    piece = (ids[order], t.hbm.rows_at(slots) if tier is t.hbm else take_rows(tier.records, slots))
-                    if piece[1].nbytes >= chunk // 2:  # (large enough alone: not copied into a chunk)
-                        if parts:  # (those before it first: the order of the pieces is kept)
-                            yield self._chunk(parts, counts)
-                            parts, held = {}, 0
-                        yield self._chunk({name: ([piece[0]], [piece[1]])}, counts)
-                        chunk = quarter
-                        continue
-                    ids, rows = parts.setdefault(name, ([], []))
-                    ids.append(piece[0])
-                    rows.append(piece[1])
-                    held += piece[1].nbytes
-                    if held >= chunk:
-                        yield self._chunk(parts, counts)
+                    out = buf[held : held + words].reshape(-1, width)
+                    if tier is t.hbm:
+                        out[:] = t.hbm.rows_at(slots)
+                    else:
+                        take_rows(tier.records, slots, out)
+                    part = parts.setdefault(name, [[], held, held])
+                    part[0].append(ids[order])
+                    part[2] = held = held + words
+                    if alone or 4 * held >= chunk:
+                        yield self._chunk(parts, buf, counts)
                         parts, held, chunk = {}, 0, quarter
         if parts:
-            yield self._chunk(parts, counts)
+            yield self._chunk(parts, buf, counts)
 
-    @staticmethod
-    def _chunk(parts: dict[str, tuple[list, list]], counts: dict[str, int]) -> dict:
+    def _chunk(self, parts: dict[str, list], buf: np.ndarray, counts: dict[str, int]) -> dict:
         out = {}
-        for name, (ids, rows) in parts.items():
+        for name, (ids, a, b) in parts.items():
             counts[name] = counts.get(name, 0) + sum(x.shape[0] for x in ids)
-            out[name] = (ids[0], rows[0]) if len(ids) == 1 else (np.concatenate(ids), np.concatenate(rows))
+            rows = buf[a:b].reshape(-1, self.tables[name].cfg.record_width)
+            out[name] = (ids[0] if len(ids) == 1 else np.concatenate(ids), rows)
         return out
 
     def written(self, counts: dict[str, int]) -> None:
