@@ -199,35 +199,62 @@ def test_the_index_takes_its_bytes_a_row(num_rows, per_row):
     assert ix.nbytes <= per_row * (1 << 18) + 16 * 16 + 64, ix.nbytes / (1 << 18)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 200), max_size=40, unique=True), max_size=14),
-    st.lists(st.lists(st.integers(0, 200), max_size=10, unique=True), max_size=3),
     st.integers(1, 60),
     st.sampled_from([None, 1000]),
+    st.integers(1, 300),
 )
-def test_a_staged_load_indexes_as_adding_one_by_one(segments, before, delta_rows, num_rows):
-    """Opening a store stages segments (sorted together at once, the newest copy of an id
-    kept): the same index, and the same locations replaced in all, as adding them one at a
-    time, over an index holding some ids already."""
-    one, staged = SegmentIndex(delta_rows, num_rows), SegmentIndex(delta_rows, num_rows)
-    staged.DIR_MIN_ROWS = 0
-    replaced_one, replaced_staged = [], []
-    for seq, ids in enumerate(before):
-        for ix in (one, staged):
-            ix.add(seq, np.array(ids, dtype=np.int64))
-    for seq, ids in enumerate(segments, start=len(before)):
+def test_an_opening_load_indexes_as_adding_one_by_one(segments, delta_rows, num_rows, cut_rows):
+    """Opening a store takes every segment's ids in a range of ids at a time (each range's
+    copies sorted together, the newest of each id kept): the same index as adding the
+    segments one at a time, and as many rows named in each segment, whatever the ranges."""
+    one, loaded = SegmentIndex(delta_rows, num_rows), SegmentIndex(delta_rows, num_rows)
+    loaded.DIR_MIN_ROWS = 0
+    runs = []
+    for seq, ids in enumerate(segments):
         ids = np.array(sorted(ids), dtype=np.int64)
-        old = one.add(seq, ids)
-        replaced_one += old[old >= 0].tolist()
-        got = staged.stage(seq, ids)
-        replaced_staged += [] if got is None else got.tolist()
-    replaced_staged += staged.unstage().tolist()
-    assert sorted(replaced_staged) == sorted(replaced_one)
-    for a, b in zip(one.items(), staged.items(), strict=True):
+        one.add(seq, ids)
+        runs.append((seq, ids))
+    live = loaded.load_runs(runs, cut_rows)
+    for a, b in zip(one.items(), loaded.items(), strict=True):
         assert a.tolist() == b.tolist()
     probe = np.arange(0, 202, dtype=np.int64)
-    assert staged.find(probe).tolist() == one.find(probe).tolist()
+    assert loaded.find(probe).tolist() == one.find(probe).tolist()
+    named = one.items()[1] >> POS_BITS
+    assert live.tolist() == np.bincount(named, minlength=len(segments)).tolist()[: live.shape[0]]
+    assert live.sum() == len(one)
+
+
+def test_an_opening_load_cuts_ranges_of_about_the_rows_asked():
+    """Many runs over a wide range of ids, cut into ranges of about 1,000 copies: the same
+    index as one range, and no range sorted more than 1,000 + 64 a run copies (counted
+    through the sort)."""
+    from tiered_emb.tiers.ssd import index as index_module
+
+    rng = np.random.default_rng(3)
+    runs = [(q, np.unique(rng.integers(0, 1 << 20, 500))) for q in range(40)]
+    whole = SegmentIndex(1 << 10, 1 << 20)
+    whole.load_runs(runs, 1 << 30)
+    sizes = []
+    real = index_module.stable_argsort
+
+    def counting(keys, **kw):
+        sizes.append(keys.shape[0])
+        return real(keys, **kw)
+
+    index_module.stable_argsort = counting
+    try:
+        cut = SegmentIndex(1 << 10, 1 << 20)
+        cut.load_runs(runs, 1000)
+    finally:
+        index_module.stable_argsort = real
+    for a, b in zip(whole.items(), cut.items(), strict=True):
+        assert a.tolist() == b.tolist()
+    assert len(sizes) >= 15 and max(sizes) <= 1000 + 64 * len(runs)
+    with pytest.raises(ValueError, match="empty index"):
+        cut.load_runs(runs, 1000)
 
 
 def test_the_index_appends_past_its_directory():

@@ -19,10 +19,10 @@ come meanwhile (the next write-back, indexed while this one's merge goes on) go 
 second, *later* hash, searched before everything else; when the merge ends, those of its
 ids the arrays hold are changed there and the rest become the hash.  Ids appended above
 every one held are searched as one run past the directory until they are 1/16 of the
-rows.  An id already in the arrays is changed there.  A store that opens stages its
-segments instead (:meth:`SegmentIndex.stage`): up to 1/16 of the rows are sorted together
-(a stable sort of sorted runs) and merged in at once.  Entries are only added or moved,
-until :meth:`SegmentIndex.clear`.  The kernels are in :mod:`.sorted_index`.
+rows.  An id already in the arrays is changed there.  A store that opens builds the
+arrays from its segments' ids instead (:meth:`SegmentIndex.load_runs`), a range of ids at
+a time, each range's copies sorted together (a stable sort of sorted runs) and appended.
+Entries are only added or moved, until :meth:`SegmentIndex.clear`.  The kernels are in :mod:`.sorted_index`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ POS_MASK = (1 << POS_BITS) - 1
 MAX_SEGMENT_ROWS = 1 << POS_BITS
 MAX_SEGMENTS = 1 << (63 - POS_BITS)
 
+
+#: A store that opens cuts the ids into ranges at every this many ids of each segment
+#: (:meth:`SegmentIndex.load_runs`): a range holds at most this many copies a segment more
+#: than asked.
+LOAD_STRIDE = 64
 
 #: Rows a merge in slices (:meth:`SegmentIndex.merge_slices`) moves, or covers with its
 #: directory, between two of its steps: a few milliseconds each.
@@ -127,8 +132,6 @@ class SegmentIndex:
         self.locs = np.empty(0, dtype=np.int64)
         self._empty_delta()
         self._empty_later()
-        self._staged: list[tuple[int, np.ndarray]] = []
-        self._n_staged = 0
         self._drop_dir()
 
     def _drop_dir(self) -> None:
@@ -282,57 +285,55 @@ class SegmentIndex:
         """Whether the hash of new ids holds enough to merge (:meth:`merge_slices`)."""
         return self._merging is None and self.n_delta >= self._merge_at()
 
-    def stage(self, seq: int, ids: np.ndarray) -> np.ndarray | None:
-        """While a store opens: segment ``seq`` holds ``ids`` (distinct, increasing), row ``i`` at
-        position ``i``, and is newer than every segment staged or added before.  The index
-        takes the staged segments in at once (:meth:`unstage`) when they hold ``delta_rows``
-        or 1/16 of the arrays' rows, and then returns the location each id it replaced had
-        (else None); the caller unstages at the end.  No lookup may come between."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        self._finish()
-        if not 0 <= seq < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
-            raise ValueError(f"segment {seq} of {ids.shape[0]} rows is out of the index's range")
-        if ids.shape[0] and (ids.min() < 0 or (self.num_rows is not None and ids.max() >= self.num_rows)):
-            raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
-        self._staged.append((seq, ids))
-        self._n_staged += ids.shape[0]
-        if self._n_staged >= max(self.delta_rows, self.ids.shape[0] // 16):
-            return self.unstage()
-        return None
-
-    def unstage(self) -> np.ndarray:
-        """Take the staged segments in: sorted together (a stable sort of sorted runs), the
-        newest copy of each id kept, those held changed in place, the rest merged into the
-        arrays from the back.  Returns the locations replaced (copies staged before a newer
-        one, and those the arrays held)."""
-        self.merge()
-        if not self._staged:
-            return np.empty(0, dtype=np.int64)
-        ids = np.concatenate([x for _, x in self._staged])
-        locs = np.concatenate(
-            [(np.int64(q) << np.int64(POS_BITS)) + np.arange(x.shape[0], dtype=np.int64) for q, x in self._staged]
-        )
-        self._staged, self._n_staged = [], 0
-        order = stable_argsort(ids, runs=True)  # (segments oldest first: equal ids stay in that order)
-        ids, locs = ids[order], locs[order]
-        del order
-        last = np.ones(ids.shape[0], dtype=np.bool_)
-        last[:-1] = ids[1:] != ids[:-1]
-        replaced = [locs[~last]]
-        ids, locs = ids[last], locs[last]
-        n = self.ids.shape[0]
-        old = np.full(ids.shape[0], -1, dtype=np.int64)
-        missing = np.empty(ids.shape[0], dtype=np.bool_)
-        if n and set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old) < ids.shape[0]:
-            replaced.append(old[~missing])
-            ids, locs = ids[missing], locs[missing]
-        if ids.shape[0]:
+    def load_runs(self, runs: list[tuple[int, np.ndarray]], cut_rows: int) -> np.ndarray:
+        """While a store opens, into an empty index: ``runs`` of ``(segment, ids)`` (ids
+        distinct and increasing, row ``i`` at position ``i``), oldest first, the newest copy
+        of each id kept.  A range of ids at a time: its part of every run (two binary
+        searches a run) sorted together (a stable sort of sorted runs), each id's newest
+        copy appended to the arrays, so that no row already in them moves.  The ranges are
+        cut at every :data:`LOAD_STRIDE`-th id of the runs, sorted, so that each holds about
+        ``cut_rows`` copies (memory: the index and one range, ~40 bytes a copy).  Returns
+        the rows the index names in each segment (indexed by its number)."""
+        if len(self) or self._merging is not None:
+            raise ValueError("load_runs fills an empty index")
+        runs = [(q, np.ascontiguousarray(ids, dtype=np.int64)) for q, ids in runs if ids.shape[0]]
+        for q, ids in runs:
+            if not 0 <= q < MAX_SEGMENTS or ids.shape[0] > MAX_SEGMENT_ROWS:
+                raise ValueError(f"segment {q} of {ids.shape[0]} rows is out of the index's range")
+            if ids[0] < 0 or (self.num_rows is not None and ids[-1] >= self.num_rows):
+                raise ValueError(f"ids outside [0, {self.num_rows}) cannot be indexed")
+        live = np.zeros(max((q for q, _ in runs), default=-1) + 1, dtype=np.int64)
+        if not runs:
+            return live
+        every = max(1, cut_rows // LOAD_STRIDE)
+        cuts = np.unique(np.sort(np.concatenate([ids[::LOAD_STRIDE] for _, ids in runs]))[every::every]).tolist()
+        for lo, hi in zip([None, *cuts], [*cuts, None], strict=True):
+            parts, locs = [], []
+            for q, ids in runs:
+                a = 0 if lo is None else int(np.searchsorted(ids, lo))
+                b = ids.shape[0] if hi is None else int(np.searchsorted(ids, hi))
+                if a < b:
+                    parts.append(ids[a:b])
+                    locs.append((np.int64(q) << np.int64(POS_BITS)) + np.arange(a, b, dtype=np.int64))
+            if not parts:
+                continue
+            ids, at = np.concatenate(parts), np.concatenate(locs)
+            del parts, locs
+            order = stable_argsort(ids, runs=True)  # (runs oldest first: equal ids stay in that order)
+            last = np.ones(ids.shape[0], dtype=np.bool_)
+            ids = ids[order]
+            last[:-1] = ids[1:] != ids[:-1]
+            ids, at = ids[last], at[order[last]]
+            del order, last
+            n = self.ids.shape[0]
             self.ids.resize(n + ids.shape[0], refcheck=False)
             self.locs.resize(n + ids.shape[0], refcheck=False)
-            merge_back(self.ids, self.locs, n, ids, locs)
-            self._drop_dir()
-            self.stamp += 1
-        return np.concatenate(replaced)
+            self.ids[n:] = ids
+            self.locs[n:] = at
+            live += np.bincount(at >> POS_BITS, minlength=live.shape[0])
+        self._drop_dir()
+        self.stamp += 1
+        return live
 
     def delta_held(self) -> tuple:
         """The hash of new ids as it is now, for :meth:`delta_items` (taken under the tier's lock)."""

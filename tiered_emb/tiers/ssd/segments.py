@@ -95,6 +95,7 @@ class SegmentLog:
         self._written = written
         self._lock = lock
         self._zc, self._zd = compressor, decompressor
+        self._budget = budget_bytes
         # the index's hash of recent ids: a quarter of the budget (32-64 bytes an entry)
         delta = max(1 << 16, budget_bytes // 256)
         self.index: dict[str, SegmentIndex] = {
@@ -156,31 +157,31 @@ class SegmentLog:
     # ----------------------------------------------------------------- reading
     def load(self, table: str, below: int | None = None) -> None:
         """Index the segments of ``p:<table>`` (oldest first: a newer copy wins; those numbered
-        ``below`` and after left out) and set their ids' bits; reads only the ids of each
-        segment (memory: the index)."""
+        ``below`` and after left out) and set their ids' bits.  One walk checks each segment
+        and notes where it lies; then the index takes their ids, read in place in the map, a
+        range of ids at a time (:meth:`.SegmentIndex.load_runs`; memory: the index and about
+        half the budget).  Reads only the ids of each segment; a damaged one is raised
+        before anything is indexed."""
         index, num_rows = self.index[table], self._table_rows[table]
-        none = np.empty(0, dtype=np.int64)
-        try:
-            with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
-                for key, value in cur:
-                    seq = int.from_bytes(key, "big")
-                    if below is not None and seq >= below:
-                        break
-                    if len(key) != 8 or seq >= MAX_SEGMENTS:
-                        raise decode.damaged(self._lmdb.path, table, seq, f"its key {bytes(key).hex()}")
-                    h = self.head(table, seq, value)
-                    n = h.n
-                    if n > MAX_SEGMENT_ROWS:
-                        raise decode.damaged(self._lmdb.path, table, seq, f"{n:,} rows, more than a segment holds")
-                    ids = decode.ids_of(self._lmdb.path, table, seq, value, h, num_rows).astype(np.int64)
-                    self.next_seq = max(self.next_seq, seq + 1)
-                    self._place(seq, h, value)
-                    replaced = index.stage(seq, ids)
-                    self._moved(none if replaced is None else replaced, seq, n)
-                    self.stored_rows[table] += n
-                    self._written.set(table, ids)
-        finally:  # (what was staged before a damaged segment is indexed, as it was read)
-            self._moved(index.unstage())
+        runs = []
+        with self._lmdb.reading(buffers=True) as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
+            for key, value in cur:
+                seq = int.from_bytes(key, "big")
+                if below is not None and seq >= below:
+                    break
+                if len(key) != 8 or seq >= MAX_SEGMENTS:
+                    raise decode.damaged(self._lmdb.path, table, seq, f"its key {bytes(key).hex()}")
+                h = self.head(table, seq, value)
+                if h.n > MAX_SEGMENT_ROWS:
+                    raise decode.damaged(self._lmdb.path, table, seq, f"{h.n:,} rows, more than a segment holds")
+                ids = decode.ids_of(self._lmdb.path, table, seq, value, h, num_rows)  # (a view of the map)
+                self.next_seq = max(self.next_seq, seq + 1)
+                self._place(seq, h, value)
+                self.stored_rows[table] += h.n
+                self._written.set(table, ids)
+                runs.append((seq, ids))
+            live = index.load_runs(runs, max(1 << 16, self._budget // 64))
+        self.live[: live.shape[0]] += live
 
     def _grow(self, seq: int) -> None:
         """Make the per-segment arrays hold segment ``seq``."""
