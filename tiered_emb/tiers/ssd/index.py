@@ -22,7 +22,8 @@ every one held are searched as one run past the directory until they are 1/16 of
 rows.  An id already in the arrays is changed there.  A store that opens builds the
 arrays from its segments' ids instead (:meth:`SegmentIndex.load_runs`), a range of ids at
 a time, each range's copies sorted together (a stable sort of sorted runs) and appended.
-Entries are only added or moved, until :meth:`SegmentIndex.clear`.  The kernels are in :mod:`.sorted_index`.
+Entries are only added or moved, until :meth:`SegmentIndex.clear`.  The kernels are in
+:mod:`.sorted_index`.
 """
 
 from __future__ import annotations
@@ -292,7 +293,8 @@ class SegmentIndex:
         searches a run) sorted together (a stable sort of sorted runs), each id's newest
         copy appended to the arrays, so that no row already in them moves.  The ranges are
         cut at every :data:`LOAD_STRIDE`-th id of the runs, sorted, so that each holds about
-        ``cut_rows`` copies (memory: the index and one range, ~40 bytes a copy).  Returns
+        ``cut_rows`` copies (memory: the index, one range at up to ~60 bytes a copy, and the
+        cuts' samples, 1/8 byte a row).  Returns
         the rows the index names in each segment (indexed by its number)."""
         if len(self) or self._merging is not None:
             raise ValueError("load_runs fills an empty index")

@@ -160,7 +160,7 @@ class SegmentLog:
         ``below`` and after left out) and set their ids' bits.  One walk checks each segment
         and notes where it lies; then the index takes their ids, read in place in the map, a
         range of ids at a time (:meth:`.SegmentIndex.load_runs`; memory: the index and about
-        half the budget).  Reads only the ids of each segment; a damaged one is raised
+        60 % of the budget).  Reads only the ids of each segment; a damaged one is raised
         before anything is indexed."""
         index, num_rows = self.index[table], self._table_rows[table]
         runs = []
@@ -180,7 +180,7 @@ class SegmentLog:
                 self.stored_rows[table] += h.n
                 self._written.set(table, ids)
                 runs.append((seq, ids))
-            live = index.load_runs(runs, max(1 << 16, self._budget // 64))
+            live = index.load_runs(runs, max(1 << 16, self._budget // 96))
         self.live[: live.shape[0]] += live
 
     def _grow(self, seq: int) -> None:
