@@ -230,7 +230,7 @@ def test_an_opening_load_indexes_as_adding_one_by_one(segments, delta_rows, num_
 def test_an_opening_load_cuts_ranges_of_about_the_rows_asked():
     """Many runs over a wide range of ids, cut into ranges of about 1,000 copies: the same
     index as one range, and no range sorted more than 1,000 + 64 a run copies (counted
-    through the sort)."""
+    where they are merged)."""
     from tiered_emb.tiers.ssd import index as index_module
 
     rng = np.random.default_rng(3)
@@ -238,18 +238,18 @@ def test_an_opening_load_cuts_ranges_of_about_the_rows_asked():
     whole = SegmentIndex(1 << 10, 1 << 20)
     whole.load_runs(runs, 1 << 30)
     sizes = []
-    real = index_module.stable_argsort
+    real = index_module.merge_runs
 
-    def counting(keys, **kw):
-        sizes.append(keys.shape[0])
-        return real(keys, **kw)
+    def counting(cat, *args):
+        sizes.append(cat.shape[0])
+        return real(cat, *args)
 
-    index_module.stable_argsort = counting
+    index_module.merge_runs = counting
     try:
         cut = SegmentIndex(1 << 10, 1 << 20)
         cut.load_runs(runs, 1000)
     finally:
-        index_module.stable_argsort = real
+        index_module.merge_runs = real
     for a, b in zip(whole.items(), cut.items(), strict=True):
         assert a.tolist() == b.tolist()
     assert len(sizes) >= 15 and max(sizes) <= 1000 + 64 * len(runs)
@@ -594,3 +594,31 @@ def test_a_large_batch_of_finds_cut_into_slices_answers_as_a_dict():
     rng.shuffle(probe)
     assert split_parts(probe.shape[0], FIND_SPLIT_FROM) >= 2
     assert ix.find(probe).tolist() == [model.get(int(x), -1) for x in probe]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 5000), max_size=60, unique=True), min_size=1, max_size=12),
+    st.integers(0, 14),
+)
+def test_merge_runs_sorts_runs_together_keeping_the_newest_copy(runs, shift):
+    """The kernel an opening store merges a range with: whatever the buckets' width (one
+    id each, up to all in one bucket, sorted by insertion or by merge sort), the ids in
+    order, one copy each, the one from the latest run, at its place in that run."""
+    from tiered_emb.tiers.ssd.sorted_index import merge_runs
+
+    runs = [np.array(sorted(r), dtype=np.int64) for r in runs]
+    cat = np.concatenate(runs)
+    starts = np.zeros(len(runs) + 1, dtype=np.int64)
+    np.cumsum([r.shape[0] for r in runs], out=starts[1:])
+    bases = np.array([(q << POS_BITS) + 7 for q in range(len(runs))], dtype=np.int64)
+    want: dict[int, int] = {}
+    for q, r in enumerate(runs):
+        want.update({int(x): int(bases[q]) + i for i, x in enumerate(r)})
+    lo = int(cat.min()) if cat.shape[0] else 0
+    span = (int(cat.max()) - lo + 1) if cat.shape[0] else 1
+    ids, locs = np.empty_like(cat), np.empty_like(cat)
+    counts = np.empty(((span - 1) >> shift) + 2, dtype=np.int64)
+    m = merge_runs(cat, starts, bases, lo, shift, ids, locs, counts)
+    assert ids[:m].tolist() == sorted(want)
+    assert locs[:m].tolist() == [want[x] for x in sorted(want)]

@@ -44,6 +44,7 @@ from tiered_emb.tiers.ssd.sorted_index import (
     loc_set,
     merge_back,
     merge_back_part,
+    merge_runs,
     positions_of,
     set_at,
     set_sorted,
@@ -290,10 +291,11 @@ class SegmentIndex:
         """While a store opens, into an empty index: ``runs`` of ``(segment, ids)`` (ids
         distinct and increasing, row ``i`` at position ``i``), oldest first, the newest copy
         of each id kept.  A range of ids at a time: its part of every run (two binary
-        searches a run) sorted together (a stable sort of sorted runs), each id's newest
-        copy appended to the arrays, so that no row already in them moves.  The ranges are
+        searches a run) sorted together (:func:`.sorted_index.merge_runs`, a counting sort
+        by the ids' top bits), each id's newest copy appended to the arrays, so that no row
+        already in them moves.  The ranges are
         cut at every :data:`LOAD_STRIDE`-th id of the runs, sorted, so that each holds about
-        ``cut_rows`` copies (memory: the index, one range at up to ~60 bytes a copy, and the
+        ``cut_rows`` copies (memory: the index, one range at up to ~33 bytes a copy, and the
         cuts' samples, 1/8 byte a row).  Returns
         the rows the index names in each segment (indexed by its number)."""
         if len(self) or self._merging is not None:
@@ -310,29 +312,33 @@ class SegmentIndex:
         every = max(1, cut_rows // LOAD_STRIDE)
         cuts = np.unique(np.sort(np.concatenate([ids[::LOAD_STRIDE] for _, ids in runs]))[every::every]).tolist()
         for lo, hi in zip([None, *cuts], [*cuts, None], strict=True):
-            parts, locs = [], []
+            parts, bases = [], []
             for q, ids in runs:
                 a = 0 if lo is None else int(np.searchsorted(ids, lo))
                 b = ids.shape[0] if hi is None else int(np.searchsorted(ids, hi))
                 if a < b:
                     parts.append(ids[a:b])
-                    locs.append((np.int64(q) << np.int64(POS_BITS)) + np.arange(a, b, dtype=np.int64))
+                    bases.append((q << POS_BITS) + a)
             if not parts:
                 continue
-            ids, at = np.concatenate(parts), np.concatenate(locs)
-            del parts, locs
-            order = stable_argsort(ids, runs=True)  # (runs oldest first: equal ids stay in that order)
-            last = np.ones(ids.shape[0], dtype=np.bool_)
-            ids = ids[order]
-            last[:-1] = ids[1:] != ids[:-1]
-            ids, at = ids[last], at[order[last]]
-            del order, last
+            starts = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([p.shape[0] for p in parts], out=starts[1:])
+            cat = np.concatenate(parts)
+            del parts
+            low = int(cat.min()) if lo is None else int(lo)
+            span = (int(cat.max()) if hi is None else int(hi) - 1) - low + 1
+            # buckets of 2**shift ids, about 8 copies each on average
+            shift = max(0, span.bit_length() - max(1, cat.shape[0] // 8).bit_length())
+            ids, at = np.empty_like(cat), np.empty_like(cat)
+            counts = np.empty(((span - 1) >> shift) + 2, dtype=np.int64)
+            m = merge_runs(cat, starts, np.array(bases, dtype=np.int64), low, shift, ids, at, counts)
+            del cat, counts
             n = self.ids.shape[0]
-            self.ids.resize(n + ids.shape[0], refcheck=False)
-            self.locs.resize(n + ids.shape[0], refcheck=False)
-            self.ids[n:] = ids
-            self.locs[n:] = at
-            live += np.bincount(at >> POS_BITS, minlength=live.shape[0])
+            self.ids.resize(n + m, refcheck=False)
+            self.locs.resize(n + m, refcheck=False)
+            self.ids[n:] = ids[:m]
+            self.locs[n:] = at[:m]
+            live += np.bincount(at[:m] >> POS_BITS, minlength=live.shape[0])
         self._drop_dir()
         self.stamp += 1
         return live

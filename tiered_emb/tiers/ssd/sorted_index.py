@@ -267,3 +267,58 @@ def find_merging(
         p = _search(arr_ids, lo, hi, q)
         if p < hi and np.int64(arr_ids[p]) == q:
             out[i] = arr_locs[p]
+
+
+#: A bucket of :func:`merge_runs` larger than this is sorted by a merge sort, not by insertion.
+_INSERTION_MAX = 32
+
+
+@numba.njit(cache=True, nogil=True)
+def merge_runs(cat, starts, bases, lo, shift, out_ids, out_locs, counts):
+    """Sort the runs ``cat[starts[j]:starts[j + 1]]`` (each increasing; ids >= ``lo``) together
+    by id, equal ids in run order, into ``out_ids`` and the location of each
+    (``bases[j]`` + its place in run ``j``) into ``out_locs``; keep the last copy of each id
+    (the newest run's) at the front and return how many.  A counting sort into the
+    ``counts.shape[0] - 1`` buckets of ``(id - lo) >> shift``, runs taken in order (so that
+    it is stable), then each bucket sorted by id (stable: insertion, or merge sort where
+    large).  Reads and writes each copy a few times, where a sort of the whole would move
+    it log(runs) times."""
+    nb = counts.shape[0] - 1
+    counts[:] = 0
+    for i in range(cat.shape[0]):
+        counts[((cat[i] - lo) >> shift) + 1] += 1
+    for b in range(nb):
+        counts[b + 1] += counts[b]
+    for j in range(starts.shape[0] - 1):
+        base = bases[j] - starts[j]
+        for i in range(starts[j], starts[j + 1]):
+            b = (cat[i] - lo) >> shift
+            p = counts[b]
+            counts[b] = p + 1
+            out_ids[p] = cat[i]
+            out_locs[p] = base + i
+    start = 0
+    kept = 0
+    for b in range(nb):
+        end = counts[b]  # (bucket b now ends here and starts where b - 1 ended)
+        if end - start > _INSERTION_MAX:
+            order = np.argsort(out_ids[start:end], kind="mergesort")
+            ids = out_ids[start:end][order]
+            locs = out_locs[start:end][order]
+            out_ids[start:end] = ids
+            out_locs[start:end] = locs
+        else:
+            for i in range(start + 1, end):
+                x, y = out_ids[i], out_locs[i]
+                j = i - 1
+                while j >= start and out_ids[j] > x:
+                    out_ids[j + 1], out_locs[j + 1] = out_ids[j], out_locs[j]
+                    j -= 1
+                out_ids[j + 1], out_locs[j + 1] = x, y
+        for i in range(start, end):
+            if i + 1 < end and out_ids[i + 1] == out_ids[i]:
+                continue  # (an older copy: the next one is newer)
+            out_ids[kept], out_locs[kept] = out_ids[i], out_locs[i]
+            kept += 1
+        start = end
+    return kept
