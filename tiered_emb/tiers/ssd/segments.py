@@ -178,10 +178,12 @@ class SegmentLog:
                 self.next_seq = max(self.next_seq, seq + 1)
                 self._place(seq, h, value)
                 self.stored_rows[table] += h.n
-                self._written.set(table, ids)
                 runs.append((seq, ids))
             live = index.load_runs(runs, max(1 << 16, self._budget // 96))
         self.live[: live.shape[0]] += live
+        # every id of a segment is in the index once: its bits set in order, a slice at a time
+        for a in range(0, len(index), 1 << 20):
+            self._written.set(table, index.ids[a : a + (1 << 20)])
 
     def _grow(self, seq: int) -> None:
         """Make the per-segment arrays hold segment ``seq``."""
