@@ -622,3 +622,18 @@ def test_merge_runs_sorts_runs_together_keeping_the_newest_copy(runs, shift):
     m = merge_runs(cat, starts, bases, lo, shift, ids, locs, counts)
     assert ids[:m].tolist() == sorted(want)
     assert locs[:m].tolist() == [want[x] for x in sorted(want)]
+
+
+def test_an_opening_load_takes_ids_up_to_the_top_of_int64():
+    """A table without ``num_rows`` may hold any id below 2**63: the load's buckets over
+    the ranges' spans stay within int64, and the index is the one of adding one by one."""
+    rng = np.random.default_rng(9)
+    top = np.iinfo(np.int64).max
+    runs = [(q, np.unique(rng.integers(top - (1 << (10 * q + 10)), top, 300, dtype=np.int64))) for q in range(6)]
+    one, loaded = SegmentIndex(1 << 10), SegmentIndex(1 << 10)
+    for q, ids in runs:
+        one.add(q, ids)
+    loaded.load_runs(runs + [(6, runs[0][1][::3])], 200)
+    one.add(6, runs[0][1][::3])
+    for a, b in zip(one.items(), loaded.items(), strict=True):
+        assert a.tolist() == b.tolist()
