@@ -21,7 +21,7 @@ ids the arrays hold are changed there and the rest become the hash.  Ids appende
 every one held are searched as one run past the directory until they are 1/16 of the
 rows.  An id already in the arrays is changed there.  A store that opens builds the
 arrays from its segments' ids instead (:meth:`SegmentIndex.load_runs`), a range of ids at
-a time, each range's copies sorted together (a stable sort of sorted runs) and appended.
+a time, each range's copies merged (a counting sort on the ids' top bits) and appended.
 Entries are only added or moved, until :meth:`SegmentIndex.clear`.  The kernels are in
 :mod:`.sorted_index`.
 """

@@ -160,7 +160,7 @@ class SegmentLog:
         ``below`` and after left out) and set their ids' bits.  One walk checks each segment
         and notes where it lies; then the index takes their ids, read in place in the map, a
         range of ids at a time (:meth:`.SegmentIndex.load_runs`; memory: the index and about
-        60 % of the budget).  Reads only the ids of each segment; a damaged one is raised
+        a third of the budget).  Reads only the ids of each segment; a damaged one is raised
         before anything is indexed."""
         index, num_rows = self.index[table], self._table_rows[table]
         runs = []

@@ -1,6 +1,7 @@
 """The kernels of :class:`.index.SegmentIndex`: its sorted arrays of ids and locations, their
 directory over the ids' top bits, the hash of ids added since the last merge, and the
-merges (whole, or a slice at a time with lookups between).  See :mod:`.index` for the
+merges (whole, or a slice at a time with lookups between), and the merge of segments'
+sorted ids that builds the arrays when a store opens.  See :mod:`.index` for the
 layout; these are Numba functions over its arrays, with no state of their own.
 """
 
