@@ -18,10 +18,10 @@ Two parts, one JSON:
   rows/s, and checkpoints of a quarter of the rows and of all of them, all dirty in DDR,
   against the disk's sequential write rate (a file of the same bytes, fdatasync),
   alternating, three of ours, medians compared, each write from the same state of
-  free memory: *warm*, into pages a write deleted just before freed, and for the
-  checkpoint of every row also *cold*, after ``--idle`` seconds idle (a virtual machine
-  that gives freed memory back to its host runs a write at a fraction of the rate then:
-  :func:`_settle`);
+  free memory: *warm*, into pages a write deleted just before freed, and for the bulk
+  write and the checkpoint of every row also *cold*, after ``--idle`` seconds idle (a
+  virtual machine that gives freed memory back to its host runs a write at a fraction
+  of the rate then: :func:`_settle`);
   ``tiered-emb export`` and ``import`` of the whole table, rows/s.
 
 Medians over repeats.  Run from the repository root::
@@ -345,8 +345,10 @@ def io_part(path: Path, args) -> dict:
     # a segment also holds its id and checksum), alternating, from the same state of memory.
     nbytes, ck_rows = rows * dim * 4, rows // 4
 
-    def bulk(rep: int):
-        store = TieredStore.create(path / f"w{rep}", [table], tiers, seed=1)
+    def bulk(rep: int, name: str = "w"):
+        """A new store; the timed part writes every row in bulk and checkpoints (rows/s).
+        The first warm one is kept for the reads below."""
+        store = TieredStore.create(path / f"{name}{rep}", [table], tiers, seed=1)
 
         def timed() -> float:
             s = time.perf_counter()
@@ -356,13 +358,16 @@ def io_part(path: Path, args) -> dict:
             rate = rows / (time.perf_counter() - s)
             out["checkpoint_rows_written"] = store.last_checkpoint_rows
             store.close()
-            if rep:
-                shutil.rmtree(path / f"w{rep}")
+            if rep or name != "w":
+                shutil.rmtree(path / f"{name}{rep}")
             return rate
 
         return timed
 
     _compared(out, "bulk_write", *_paired(bulk, path, nbytes, None), dim * 4)
+    if args.idle:
+        cold = _paired(lambda rep: bulk(rep, "cold"), path, nbytes, args.idle)
+        _compared(out, "bulk_write_cold", *cold, dim * 4)
 
     def quarter(rep: int):
         return _checkpoint_of_dirty(path / f"c{rep}", table, data[:ck_rows], k, args.budget)

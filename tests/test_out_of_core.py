@@ -318,7 +318,7 @@ def test_bench_scale_quick_measures_every_part(tmp_path):
     got = json.loads(out.read_text())
     io, r = got["io"], got["run"]
     assert io["warm_rows_per_s"]["ours"] > 0 and io["warm_rows_per_s"]["memmap"] > 0 and io["import_rows_per_s"] > 0
-    for key in ("bulk_write", "checkpoint_quarter", "checkpoint_all", "checkpoint_all_cold"):
+    for key in ("bulk_write", "bulk_write_cold", "checkpoint_quarter", "checkpoint_all", "checkpoint_all_cold"):
         w = io[key]
         assert len(w["rows_per_s_each"]) == 3 and len(w["disk_MBps_each"]) == 4 and min(w["rows_per_s_each"]) > 0
         assert w["rows_per_s"] == statistics.median(w["rows_per_s_each"])
