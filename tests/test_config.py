@@ -119,3 +119,10 @@ def test_tierconfig_map_size_limits_are_accepted():
     assert MAX_MAP_SIZE_BYTES == 2**48
     assert TierConfig(4, map_size_bytes=MAX_MAP_SIZE_BYTES).map_size_bytes == 2**48
     assert TierConfig(4, map_size_bytes=1 << 20).map_size_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_tierconfig_tune_malloc_must_be_a_bool(value):
+    with pytest.raises(ConfigError, match="tune_malloc") as e:
+        TierConfig(4, tune_malloc=value)
+    assert "True or False" in e.value.hint

@@ -387,3 +387,72 @@ print("closed", flush=True)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     assert out.stdout.split("\n")[:2] == ["raised 1", "closed"]
+
+
+_FAULTS = r"""
+import json, resource, sys
+from tiered_emb.tiers.ssd.writer_main import tune_allocator
+if sys.argv[1] == "on":
+    assert tune_allocator(256 << 20)
+counts = []
+for _ in range(4):  # a transaction's worth of blocks as large as LMDB's and the segments', then freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [bytearray(17 << 20) for _ in range(4)]
+    counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    del blocks
+print(json.dumps(counts))
+"""
+
+_GLIBC = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") is not None
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's allocator only")
+def test_a_tuned_allocator_keeps_a_large_writes_pages_for_the_next(tmp_path):
+    """Four blocks of 17 MiB allocated, filled and freed, four times: glibc by default gives
+    them back and faults every page in again each time (4 KiB each: about 17,400 faults);
+    tuned (:func:`writer_main.tune_allocator`) only the first time."""
+    import json
+    import subprocess
+
+    got = {}
+    for mode in ("off", "on"):
+        p = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        got[mode] = json.loads(p.stdout)
+    first = 4 * (17 << 20) // 4096
+    assert all(n > first // 2 for n in got["off"]), got
+    assert got["on"][0] > first // 2 and max(got["on"][1:]) < first // 20, got
+
+
+def test_a_store_tunes_the_allocator_only_when_asked(tmp_path, monkeypatch):
+    """``TierConfig.tune_malloc``: this process's thresholds set to the budget when the store
+    opens, and the writer process told the same in its first frame; False: neither."""
+    tuned, hellos = [], []
+    monkeypatch.setattr("tiered_emb.tiers.ssd.tier.tune_allocator", lambda b: tuned.append(b) or True)
+    real = codec.frame_bytes
+
+    def frame(head):
+        if "path" in head:  # (the first frame)
+            hellos.append(head)
+        return real(head)
+
+    monkeypatch.setattr("tiered_emb.tiers.ssd.writer_client.frame_bytes", frame)
+    for tune in (False, True):
+        s = _store(tmp_path / str(tune), True, tune_malloc=tune, budget_bytes=64 << 20)
+        ref = ReferenceStore(TABLES, seed=2)
+        _steps(s, ref, 30)
+        s.ssd.wait_writes()
+        assert s.ssd.writer_handle() is not None
+        s.close()
+    assert tuned == [64 << 20]
+    assert [h["malloc_trim"] for h in hellos] == [0, 64 << 20]
+
+
+def test_the_writer_process_tunes_its_allocator_as_told(tmp_path, monkeypatch):
+    path, hello = _env_for_writer(tmp_path)
+    told = []
+    monkeypatch.setattr(writer_main, "tune_allocator", lambda b: told.append(b) or True)
+    _serve(monkeypatch, hello, parent=777, ppids=[777] * 10)
+    head = {"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64, "compression": None}
+    _serve(monkeypatch, codec.frame_bytes(dict(head, dbs=["p:a"], malloc_trim=1 << 28)), parent=777, ppids=[777] * 10)
+    assert told == [1 << 28]

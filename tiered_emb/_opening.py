@@ -100,6 +100,7 @@ def _ssd_tier(path: Path, tables: list[TableConfig], tiers: TierConfig, map_size
         table_rows=rows,
         budget_bytes=tiers.budget_bytes,
         keep_checkpoints=tiers.keep_checkpoints,
+        tune_malloc=tiers.tune_malloc,
         **kwargs,
     )
 

@@ -124,6 +124,7 @@ class Writer:
         writeback_rows: int,
         background_writes: bool,
         budget_bytes: int,
+        malloc_trim: int = 0,
     ):
         self._lmdb = lmdb_env
         self._tables = sorted(widths)
@@ -136,6 +137,7 @@ class Writer:
         self.writeback_rows = int(writeback_rows)
         self.budget_bytes = int(budget_bytes)
         self.background_writes = bool(background_writes)
+        self._malloc_trim = int(malloc_trim)  # (the writer process's allocator setting: writer_main.tune_allocator)
         # The writer thread hands each transaction to a writer process (its own GIL; see
         # :mod:`.writer_main`); False from the first time one cannot start.
         self.writer_process = self.background_writes and WRITER_PROCESS
@@ -365,7 +367,7 @@ class Writer:
         while True:
             if self.process is None:
                 try:
-                    self.process = WriterProcess(self._lmdb, self._compression, self._tables)
+                    self.process = WriterProcess(self._lmdb, self._compression, self._tables, self._malloc_trim)
                 except WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
                     self.writer_process = False
                     try:  # told once; under -W error it must not fail the write
