@@ -425,7 +425,7 @@ def test_a_tuned_allocator_keeps_a_large_writes_pages_for_the_next(tmp_path):
 
 
 def test_a_store_tunes_the_allocator_only_when_asked(tmp_path, monkeypatch):
-    """``TierConfig.tune_malloc``: this process's thresholds set to the budget when the store
+    """``TierConfig.tune_malloc``: this process's thresholds set from the budget when the store
     opens, and the writer process told the same in its first frame; False: neither."""
     tuned, hellos = [], []
     monkeypatch.setattr("tiered_emb.tiers.ssd.tier.tune_allocator", lambda b: tuned.append(b) or True)
@@ -444,8 +444,8 @@ def test_a_store_tunes_the_allocator_only_when_asked(tmp_path, monkeypatch):
         s.ssd.wait_writes()
         assert s.ssd.writer_handle() is not None
         s.close()
-    assert tuned == [64 << 20]
-    assert [h["malloc_trim"] for h in hellos] == [0, 64 << 20]
+    assert tuned == [16 << 20]  # (a quarter of the budget)
+    assert [h["malloc_trim"] for h in hellos] == [0, 16 << 20]
 
 
 def test_the_writer_process_tunes_its_allocator_as_told(tmp_path, monkeypatch):

@@ -90,7 +90,7 @@ class SsdTier:
         zd = codec.PerThread(zstandard.ZstdDecompressor)
         self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
         # (large writes keep their buffers' memory for the next one, in this process and the writer's)
-        malloc_trim = budget_bytes if tune_malloc and tune_allocator(budget_bytes) else 0
+        malloc_trim = budget_bytes // 4 if tune_malloc and tune_allocator(budget_bytes // 4) else 0
         table_rows = {n: (table_rows or {}).get(n) for n in tables}
         self.table_rows, self._zd = table_rows, zd
         self.written = WrittenIds(self.lmdb)
