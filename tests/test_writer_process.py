@@ -425,10 +425,11 @@ def test_a_tuned_allocator_keeps_a_large_writes_pages_for_the_next(tmp_path):
 
 
 def test_a_store_tunes_the_allocator_only_when_asked(tmp_path, monkeypatch):
-    """``TierConfig.tune_malloc``: this process's thresholds set from the budget when the store
-    opens, and the writer process told the same in its first frame; False: neither."""
+    """``TierConfig.tune_malloc``: this process's thresholds set from the budget at the
+    store's first write, and the writer process told the same in its first frame; False:
+    neither."""
     tuned, hellos = [], []
-    monkeypatch.setattr("tiered_emb.tiers.ssd.tier.tune_allocator", lambda b: tuned.append(b) or True)
+    monkeypatch.setattr("tiered_emb.tiers.ssd.writer.tune_allocator", lambda b: tuned.append(b) or True)
     real = codec.frame_bytes
 
     def frame(head):
@@ -438,12 +439,16 @@ def test_a_store_tunes_the_allocator_only_when_asked(tmp_path, monkeypatch):
 
     monkeypatch.setattr("tiered_emb.tiers.ssd.writer_client.frame_bytes", frame)
     for tune in (False, True):
-        s = _store(tmp_path / str(tune), True, tune_malloc=tune, budget_bytes=64 << 20)
-        ref = ReferenceStore(TABLES, seed=2)
-        _steps(s, ref, 30)
+        _store(tmp_path / str(tune), True, tune_malloc=tune, budget_bytes=64 << 20).close()
+        tuned.clear()
+        tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", tune_malloc=tune, budget_bytes=64 << 20)
+        s = TieredStore.open(tmp_path / str(tune), tiers)
+        assert tuned == []  # (an open writes nothing: it leaves the allocator alone)
+        s.ssd.writeback_rows = 16
+        _steps(s, ReferenceStore(TABLES, seed=2), 30)
         s.ssd.wait_writes()
         assert s.ssd.writer_handle() is not None
-        s.close()
+        s.close(checkpoint=False)
     assert tuned == [16 << 20]  # (a quarter of the budget)
     assert [h["malloc_trim"] for h in hellos] == [0, 16 << 20]
 

@@ -239,11 +239,11 @@ class TierConfig:
         change the tiers keeps it.
     tune_malloc : bool
         Keep the memory of the SSD tier's large writes for the next one (default True):
-        glibc's ``mallopt`` thresholds, set for the whole process when a store opens for
-        writing (and in its writer process), so that buffers up to 32 MiB come from the heap
-        and free memory up to a quarter of ``budget_bytes`` (32 MiB to 1 GiB) is not given
-        back.  Bulk writes ran about 1.5x faster with it here; False leaves the process's allocator as
-        it is (docs/tuning.md).  No effect off glibc.
+        glibc's ``mallopt`` thresholds, set for the whole process at a store's first write
+        (and in its writer process), so that buffers up to 32 MiB come from the heap and
+        free memory up to a quarter of ``budget_bytes`` (32 MiB to 1 GiB) is not given back.
+        Bulk writes ran about 1.4x faster with it here; False leaves the process's
+        allocator as it is (docs/tuning.md).  No effect off glibc.
     """
 
     hbm_rows: int

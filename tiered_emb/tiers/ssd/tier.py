@@ -31,7 +31,6 @@ from tiered_emb.tiers.ssd.reads import Reader
 from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.verify import verify
 from tiered_emb.tiers.ssd.writer import Writer
-from tiered_emb.tiers.ssd.writer_main import tune_allocator
 from tiered_emb.tiers.ssd.written import WrittenIds
 
 
@@ -89,8 +88,6 @@ class SsdTier:
         zc = codec.PerThread(lambda: zstandard.ZstdCompressor(level=compression)) if compression else None
         zd = codec.PerThread(zstandard.ZstdDecompressor)
         self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
-        # (large writes keep their buffers' memory for the next one, in this process and the writer's)
-        malloc_trim = budget_bytes // 4 if tune_malloc and tune_allocator(budget_bytes // 4) else 0
         table_rows = {n: (table_rows or {}).get(n) for n in tables}
         self.table_rows, self._zd = table_rows, zd
         self.written = WrittenIds(self.lmdb)
@@ -109,7 +106,7 @@ class SsdTier:
             writeback_rows,
             background_writes,
             budget_bytes,
-            malloc_trim,
+            budget_bytes // 4 if tune_malloc else 0,
         )
         self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.writer, self._lock)
         self.checkpoints.keep = keep_checkpoints

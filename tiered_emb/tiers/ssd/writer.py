@@ -29,6 +29,7 @@ from tiered_emb.tiers.ssd.writer_client import (
     WriterProcess,
     WriterStartError,
 )
+from tiered_emb.tiers.ssd.writer_main import tune_allocator
 from tiered_emb.tiers.ssd.written import WrittenIds
 
 
@@ -137,7 +138,10 @@ class Writer:
         self.writeback_rows = int(writeback_rows)
         self.budget_bytes = int(budget_bytes)
         self.background_writes = bool(background_writes)
-        self._malloc_trim = int(malloc_trim)  # (the writer process's allocator setting: writer_main.tune_allocator)
+        # free memory the allocator keeps for the next write, this process's and the writer
+        # process's (0: the allocator left alone), set at the first write (:meth:`_tune`)
+        self._malloc_trim = int(malloc_trim)
+        self._tuned = False
         # The writer thread hands each transaction to a writer process (its own GIL; see
         # :mod:`.writer_main`); False from the first time one cannot start.
         self.writer_process = self.background_writes and WRITER_PROCESS
@@ -147,6 +151,13 @@ class Writer:
         # the snapshots the writer thread is writing, numbered already (None: it numbers them)
         self._in_flight: list | None = []
         self.failed: BaseException | None = None  # a write-back's failure, not yet raised
+
+    def _tune(self) -> None:
+        """Set the process's allocator for large writes (:func:`.writer_main.tune_allocator`),
+        once, at the first write: a store that only opens and reads leaves it alone."""
+        if self._malloc_trim and not self._tuned:
+            self._tuned = True
+            tune_allocator(self._malloc_trim)
 
     def write_pending(self, batches, durable: bool = True, defer_errors: bool = False) -> int:
         """Write ``{table: (ids, rows)}`` into the since-checkpoint databases; returns rows written.
@@ -160,6 +171,7 @@ class Writer:
         transactions of an eighth of ``budget_bytes`` (committed in order on a thread, one
         waiting while one commits, as the next is encoded), each indexed once committed.
         """
+        self._tune()
         if not durable:
             batches = {t: b for t, b in sorted(batches.items()) if b[0].shape[0]}
             with self._lock:
@@ -217,6 +229,7 @@ class Writer:
         With the writer thread busy, the rows are cut into segments and encoded here while
         its transaction commits, so that the disk is not idle while the next one is encoded.
         """
+        self._tune()
         if not defer_errors:
             self.wait_writes()
             self.raise_failed_write()
