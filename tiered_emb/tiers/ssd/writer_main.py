@@ -102,8 +102,8 @@ def tune_allocator(trim_bytes: int) -> bool:
     glibc serves most of them by ``mmap`` and gives them back on free, or trims its heap
     above 2x the largest such block, so each transaction faults its pages in again (a
     zeroed page each 4 KiB).  This serves blocks up to 32 MiB from the heap and trims only
-    the free memory above ``trim_bytes`` (at most 1 GiB; the largest asked in the process
-    is kept).  What it keeps is memory a write used at its peak, so the peak is unchanged."""
+    the free memory above ``trim_bytes`` (32 MiB to 1 GiB; the largest asked in the process
+    is kept): each arena keeps up to that much of what earlier writes freed."""
     trim = int(min(max(trim_bytes, _MMAP_THRESHOLD_BYTES), 1 << 30))
     if not sys.platform.startswith("linux") or trim <= _tuned[0]:
         return _tuned[0] > 0
