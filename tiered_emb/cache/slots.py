@@ -36,6 +36,7 @@ from tiered_emb.cache.policies import (
     policy_detach,
     policy_fresh,
     policy_hit,
+    policy_prefetch,
     policy_touch,
     policy_upcoming,
     policy_victim,
@@ -116,10 +117,12 @@ def cache_resolve(
     victim_slots,
     victim_ids,
     victim_dirty,
+    probed=False,
 ):
     """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot.
 
-    Pass 1 probes the index.  When every id is resident and ``force_pin`` is false (the
+    Pass 1 probes the index (``probed``: ``out_slots`` holds the probe already, nothing
+    changed since).  When every id is resident and ``force_pin`` is false (the
     common, all-hit chunk), each is used in order and nothing is pinned: no miss can
     evict them.  Otherwise pass 2 pins the hits, so no miss of the chunk can evict a row
     the chunk needs, and pass 3 walks the chunk in order: a hit is used, a miss takes a
@@ -135,10 +138,13 @@ def cache_resolve(
     k = uids.shape[0]
     n_hit = 0
     for i in range(k):
-        if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
-            index_prefetch(keys, vals, uids[i + 2 * PREFETCH_DISTANCE])
-        s = index_find(keys, vals, uids[i])
-        out_slots[i] = s
+        if probed:
+            s = out_slots[i]
+        else:
+            if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
+                index_prefetch(keys, vals, uids[i + 2 * PREFETCH_DISTANCE])
+            s = index_find(keys, vals, uids[i])
+            out_slots[i] = s
         if s >= 0:
             n_hit += 1
     if n_hit == k and not force_pin:
@@ -194,8 +200,9 @@ def cache_resolve(
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin):
-    """:func:`cache_resolve` into fresh arrays.
+def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin, probe):
+    """:func:`cache_resolve` into fresh arrays; ``probe`` (int64 (k,)): the slots of ``uids``
+    found just before (the probe skipped), or empty.
 
     Returns ``(slots, miss_idx, victim_slots, victim_ids, victim_dirty, n_victims, pinned)``,
     the index and victim arrays cut to their counts; ``n_victims`` is -1 when the tier ran
@@ -203,12 +210,16 @@ def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, u
     """
     k = uids.shape[0]
     slots = np.empty(k, dtype=np.int64)
+    probed = probe.shape[0] == k and k > 0
+    if probed:
+        slots[:] = probe
     miss_idx = np.empty(k, dtype=np.int64)
     vslots = np.empty(k, dtype=np.int64)
     vids = np.empty(k, dtype=np.int64)
     vdirty = np.empty(k, dtype=np.uint8)
     n_miss, n_v, pinned = cache_resolve(
-        code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin, slots, miss_idx, vslots, vids, vdirty
+        code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin, slots, miss_idx, vslots, vids, vdirty,
+        probed,
     )
     return slots, miss_idx[:n_miss], vslots[: max(n_v, 0)], vids[: max(n_v, 0)], vdirty[: max(n_v, 0)], n_v, pinned
 
@@ -235,22 +246,36 @@ def cache_pin(code, P, pins, fmeta, slots):
         pins[s] += 1
 
 
-@numba.njit(cache=True, nogil=True)
-def cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids, out_rows, out_dirty, found):
-    """Move the rows of ``ids`` present here out of the tier (exclusive caching).
+@numba.njit(inline="always")
+def _prefetch_slot(code, P, slot_ids, dirty, pins, s):
+    """Hints for the bookkeeping of slot ``s`` a few ids on: its id, flags and policy entry."""
+    prefetch_hint(slot_ids, s)
+    prefetch_hint(dirty, s)
+    prefetch_hint(pins, s)
+    policy_prefetch(code, P, s)
 
-    ``records`` (cap, W) float32 host; ``out_rows`` (k, W), ``out_dirty`` (k,) uint8,
-    ``found`` (k,) uint8 are written for the ids found.  Returns the number found.
+
+@numba.njit(cache=True, nogil=True)
+def cache_take_slots(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, ids, slots, out_dirty):
+    """Remove from the tier the ids of ``ids`` (int64 (k,)) whose ``slots[i] >= 0``: their
+    slots as :meth:`CacheTier.find` gave them, nothing changed since (exclusive caching).
+
+    Bookkeeping only: each row stays in its slot of the records until the tier's next
+    admit, so the caller copies the rows out first.  ``out_dirty`` (k,) uint8 gets the
+    dirty flag of each id found.  Returns the number found.
     """
+    n = ids.shape[0]
     n_found = 0
-    for i in range(ids.shape[0]):
-        s = index_find(keys, vals, ids[i])
+    for i in range(n):
+        if i + PREFETCH_DISTANCE < n:  # the slot state and the index bucket of an id further on
+            ahead = slots[i + PREFETCH_DISTANCE]
+            if ahead >= 0:
+                _prefetch_slot(code, P, slot_ids, dirty, pins, ahead)
+                index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
+        s = slots[i]
         if s < 0:
-            found[i] = 0
             continue
-        found[i] = 1
         n_found += 1
-        out_rows[i, :] = records[s, :]
         out_dirty[i] = dirty[s]
         if pins[s] == 0:
             policy_detach(code, P, s)
@@ -266,6 +291,81 @@ def cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records,
 
 
 @numba.njit(cache=True, nogil=True)
+def cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids, out_rows, out_dirty, found):
+    """Move the rows of ``ids`` present here out of the tier (exclusive caching).
+
+    ``records`` (cap, W) float32 host; ``out_rows`` (k, W), ``out_dirty`` (k,) uint8,
+    ``found`` (k,) uint8 are written for the ids found.  Returns the number found.
+    """
+    n = ids.shape[0]
+    slots = np.empty(n, dtype=np.int64)
+    index_find_many(keys, vals, ids, slots)
+    for i in range(n):
+        s = slots[i]
+        found[i] = s >= 0
+        if s >= 0:
+            out_rows[i, :] = records[s, :]
+    return cache_take_slots(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, ids, slots, out_dirty)
+
+
+@numba.njit(cache=True, nogil=True)
+def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled, ids, rows_dirty, dest, ev_ids, ev_src):
+    """Admit ``ids`` (int64 (k,), absent here), evicting by policy: the decisions, no row moved.
+
+    ``rows_dirty`` (k,) uint8: the incoming rows' flags.  Writes ``dest`` (k,): the slot
+    each incoming row goes into, or -1 where it was pushed out again within the call
+    (capacity 0, or smaller than k); and for each dirty row pushed out, its id in
+    ``ev_ids`` and where its row is in ``ev_src``: a slot (its row as before the call) or
+    ``-1 - i`` (incoming row ``i``).  ``filled`` (cap,) int32 is scratch, -1 everywhere
+    between calls.  The caller copies the pushed-out rows first, then the incoming rows
+    into their slots.  Returns ``(n_dirty_out, n_evicted)``.
+    """
+    n_out = 0
+    n_ev = 0
+    cap = fmeta[1]
+    n = ids.shape[0]
+    for i in range(n):
+        dest[i] = -1
+        if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
+            index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
+        if cap == 0:
+            n_ev += 1
+            if rows_dirty[i]:
+                ev_ids[n_out] = ids[i]
+                ev_src[n_out] = -1 - i
+                n_out += 1
+            continue
+        if fmeta[0] > 0:
+            fmeta[0] -= 1
+            s = free[fmeta[0]]
+        else:
+            _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
+            s = policy_victim(code, P)
+            vid = slot_ids[s]
+            n_ev += 1
+            was = filled[s]  # an incoming row of this call, pushed out again
+            if was >= 0:
+                dest[was] = -1
+            if dirty[s]:
+                ev_ids[n_out] = vid
+                ev_src[n_out] = s if was < 0 else -1 - was
+                n_out += 1
+            index_del(keys, vals, vid)
+        slot_ids[s] = ids[i]
+        index_put(keys, vals, ids[i], s)
+        dirty[s] = rows_dirty[i]
+        filled[s] = i
+        dest[i] = s
+        policy_fresh(P, s)
+        policy_attach(code, P, s)
+    for i in range(n):  # the scratch back to -1 (a slot pushed out again was filled again at once)
+        s = dest[i]
+        if s >= 0:
+            filled[s] = -1
+    return n_out, n_ev
+
+
+@numba.njit(cache=True, nogil=True)
 def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids, rows, rows_dirty, ev_ids, ev_rows):
     """Admit rows of ``ids`` (absent here), evicting by policy; dirty evictions go out.
 
@@ -274,41 +374,22 @@ def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids,
     smaller than k) are written to ``ev_ids`` / ``ev_rows`` for the tier below.
     Returns ``(n_dirty_out, n_evicted)``.
     """
-    n_out = 0
-    n_ev = 0
-    cap = fmeta[1]
     n = ids.shape[0]
-    for i in range(n):
-        if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
-            index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
-        if cap == 0:
-            n_ev += 1
-            if rows_dirty[i]:
-                ev_ids[n_out] = ids[i]
-                ev_rows[n_out, :] = rows[i, :]
-                n_out += 1
-            continue
-        if fmeta[0] > 0:
-            fmeta[0] -= 1
-            s = free[fmeta[0]]
+    filled = np.full(slot_ids.shape[0], -1, dtype=np.int32)
+    dest = np.empty(n, dtype=np.int64)
+    ev_src = np.empty(n, dtype=np.int64)
+    n_out, n_ev = cache_admit_slots(
+        code, P, keys, vals, slot_ids, dirty, free, fmeta, filled, ids, rows_dirty, dest, ev_ids, ev_src
+    )
+    for j in range(n_out):
+        src = ev_src[j]
+        if src >= 0:
+            ev_rows[j, :] = records[src, :]
         else:
-            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
-            if far >= 0:
-                prefetch_row_hint(records, far)
-            s = policy_victim(code, P)
-            vid = slot_ids[s]
-            n_ev += 1
-            if dirty[s]:
-                ev_ids[n_out] = vid
-                ev_rows[n_out, :] = records[s, :]
-                n_out += 1
-            index_del(keys, vals, vid)
-        slot_ids[s] = ids[i]
-        index_put(keys, vals, ids[i], s)
-        records[s, :] = rows[i, :]
-        dirty[s] = rows_dirty[i]
-        policy_fresh(P, s)
-        policy_attach(code, P, s)
+            ev_rows[j, :] = rows[-1 - src, :]
+    for i in range(n):
+        if dest[i] >= 0:
+            records[dest[i], :] = rows[i, :]
     return n_out, n_ev
 
 

@@ -142,7 +142,7 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
     (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec) = d
     slots, miss_idx, _, vids, vdirty, n_vic, pinned = cache_resolve_new(
-        code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin
+        code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin, ids[:0]
     )
     if n_vic < 0:
         raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out

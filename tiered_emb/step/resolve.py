@@ -14,6 +14,7 @@ failed read (a corrupt store) leaves the tiers as they were and the call can be 
 from __future__ import annotations
 
 import threading
+from time import perf_counter
 
 import numpy as np
 
@@ -26,6 +27,23 @@ from tiered_emb.step.device import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
 
 TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
+#: The parts of a resolve timed in ``Table.moves``, in the order a chunk runs them:
+#: both indexes probed; HBM's decisions and its victims copied out; DDR's rows taken up
+#: into HBM; LMDB's read; the never-written initialised; LMDB's and the initialiser's rows
+#: copied up; HBM's victims admitted into DDR (DDR's dirty victims copied out); those
+#: handed to the SSD tier's write-back buffer.
+MOVE_PARTS = ("probe", "hbm_victims", "ddr_up", "ssd_read", "init", "below_up", "ddr_down", "write_back")
+_NO_IDS = np.empty(0, dtype=np.int64)
+
+
+def _charge(moves: dict, part: str, t0: float, rows: int, nbytes: int) -> float:
+    """Add the time since ``t0``, ``rows`` and ``nbytes`` to ``moves[part]``; returns now."""
+    now = perf_counter()
+    m = moves[part]
+    m[0] += now - t0
+    m[1] += rows
+    m[2] += nbytes
+    return now
 
 
 class Table:
@@ -40,6 +58,8 @@ class Table:
         self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
         self.counters = {tier: dict.fromkeys(TIER_COUNTERS, 0) for tier in ("hbm", "ddr", "ssd")}
         self.counters["ssd"]["lazy_inits"] = 0
+        # seconds, rows and bytes of each part of the moves between tiers (MOVE_PARTS)
+        self.moves = {part: [0.0, 0, 0] for part in MOVE_PARTS}
         # what the prefetch thread brought up, apart from the step's own traffic
         self.prefetch_counters = {tier: dict(c) for tier, c in self.counters.items()}
         # A step placed rows in HBM for its own batch since the window was last re-pinned
@@ -56,6 +76,7 @@ class Table:
                 rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
             )
         s["ssd"].update(ssd)
+        s["moves"] = {part: dict(zip(("seconds", "rows", "bytes"), m)) for part, m in self.moves.items()}
         s["prefetch"] = {tier: dict(c) for tier, c in self.prefetch_counters.items()}
         for tier in ("hbm", "ddr", "ssd"):
             for d in (s, s["prefetch"]):
@@ -122,16 +143,26 @@ class Resolver:
                     if pinned:
                         t.hbm.release(slots)
 
-    def read_below(self, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Records of ``ids`` (none in HBM or DDR) from LMDB, or initialised where never written.
+    def read_below(
+        self, t: Table, ids: np.ndarray, moves: dict | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Records of ``ids`` (none in HBM or DDR) from LMDB, or initialised where never written;
+        timed into ``moves`` (:attr:`Table.moves`) where given.
 
         Returns ``(records float32 (n, record_width), on_ssd bool (n,), fresh int64 indices)``.
         """
+        t0 = perf_counter()
+        row_bytes = 4 * t.cfg.record_width
         sub = np.empty((ids.shape[0], t.cfg.record_width), dtype=np.float32)
         on_ssd = self.ssd.read(t.cfg.name, ids, sub)
         fresh = np.flatnonzero(~on_ssd)
+        n_ssd = ids.shape[0] - fresh.shape[0]
+        if moves is not None:
+            t0 = _charge(moves, "ssd_read", t0, n_ssd, n_ssd * row_bytes)
         if fresh.shape[0]:
             sub[fresh] = init_rows(t.cfg, ids[fresh], self.seed)
+            if moves is not None:
+                _charge(moves, "init", t0, fresh.shape[0], fresh.shape[0] * row_bytes)
         return sub, on_ssd, fresh
 
     def check_budget(self, t: Table, n: int) -> None:
@@ -183,41 +214,58 @@ class Resolver:
         ``defer_errors``: a failed write-back is kept for the next operation (see :meth:`chunks`)
         instead of raised here.
         Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
+
+        Each index is probed once: HBM's answer goes to its resolve, DDR's to its take.  The
+        rows move in this order, each pass on every thread: HBM's victims out to a buffer,
+        DDR's rows straight into their HBM slots, LMDB's and the initialiser's in, then
+        DDR's dirty victims out to the write-back buffer and HBM's victims into DDR.
         """
         by_step = c is None
         c = t.counters if c is None else c
-        missing = chunk[t.hbm.find(chunk) < 0]
-        below = missing[t.ddr.find(missing) < 0] if missing.shape[0] else missing
-        if below.shape[0]:  # first: a failed read changes nothing
-            sub, on_ssd, fresh = self.read_below(t, below)
-        slots, miss_idx, vids, vrows, vdirty, pinned = t.hbm.resolve(chunk, force_pin)
+        moves = t.moves
+        t0 = perf_counter()
+        probe = t.hbm.find(chunk)
+        missing_at = np.flatnonzero(probe < 0)
+        missing = chunk[missing_at]
+        ddr_slots = t.ddr.find(missing) if missing.shape[0] else _NO_IDS
+        below_at = np.flatnonzero(ddr_slots < 0)
+        t0 = _charge(moves, "probe", t0, chunk.shape[0], 0)
+        if below_at.shape[0]:  # first: a failed read changes nothing
+            sub, on_ssd, fresh = self.read_below(t, missing[below_at], moves)
+            t0 = perf_counter()
+        slots, miss_idx, vids, vrows, vdirty, pinned = t.hbm.resolve(chunk, force_pin, probe)
         k, m = chunk.shape[0], miss_idx.shape[0]
+        row_bytes = 4 * t.cfg.record_width
+        t0 = _charge(moves, "hbm_victims", t0, vids.shape[0], vids.shape[0] * row_bytes)
         c["hbm"]["lookups"] += k
         c["hbm"]["hits"] += k - m
         c["hbm"]["misses"] += m
         c["hbm"]["evictions"] += vids.shape[0]
-        if m:
+        if m:  # the misses are the ids not resident, in chunk order: ``missing``
             t.step_placed |= by_step
-            miss_ids = chunk[miss_idx]  # == missing: the misses are the ids not resident, in chunk order
-            rows = np.empty((m, t.cfg.record_width), dtype=np.float32)
+            to = slots[miss_idx]
             dirty = np.zeros(m, dtype=np.uint8)
-            found = t.ddr.take(miss_ids, rows, dirty)
-            n_ddr = int(found.sum())
+            n_ddr = t.ddr.take_slots(missing, ddr_slots, dirty)
+            if n_ddr:
+                up = ddr_slots >= 0
+                t.hbm.fill_from(t.ddr.records, ddr_slots[up] if n_ddr < m else ddr_slots, to[up] if n_ddr < m else to)
+            t.hbm.dirty[to] = dirty
+            t0 = _charge(moves, "ddr_up", t0, n_ddr, n_ddr * row_bytes)
             c["ddr"]["lookups"] += m
             c["ddr"]["hits"] += n_ddr
             c["ddr"]["misses"] += m - n_ddr
             if n_ddr < m:
-                rest = np.flatnonzero(found == 0)  # == below, in the same order
                 n_ssd = int(on_ssd.sum())
-                c["ssd"]["lookups"] += rest.shape[0]
+                c["ssd"]["lookups"] += below_at.shape[0]
                 c["ssd"]["hits"] += n_ssd
-                c["ssd"]["misses"] += rest.shape[0] - n_ssd
+                c["ssd"]["misses"] += below_at.shape[0] - n_ssd
                 c["ssd"]["lazy_inits"] += fresh.shape[0]
-                rows[rest] = sub
-            t.hbm.fill(slots[miss_idx], rows, dirty)
+                t.hbm.fill(to[below_at], sub, dirty[below_at])
+                t0 = _charge(moves, "below_up", t0, below_at.shape[0], below_at.shape[0] * row_bytes)
         if vids.shape[0]:
             c["hbm"]["writebacks"] += int(vdirty.sum())
             ev_ids, ev_rows, n_ev = t.ddr.admit(vids, vrows, vdirty)
+            t0 = _charge(moves, "ddr_down", t0, vids.shape[0], (vids.shape[0] + ev_ids.shape[0]) * row_bytes)
             c["ddr"]["evictions"] += n_ev
             c["ddr"]["writebacks"] += ev_ids.shape[0]
             if ev_ids.shape[0]:
@@ -228,6 +276,7 @@ class Resolver:
                     if pinned:
                         t.hbm.release(slots)
                     raise
+                _charge(moves, "write_back", t0, ev_ids.shape[0], ev_ids.shape[0] * row_bytes)
         return slots, pinned
 
     def peek(self, t: Table, uids: np.ndarray) -> np.ndarray:
@@ -314,4 +363,4 @@ class Resolver:
             self.tables[name].counters["ssd"]["writebacks"] += n
 
 
-__all__ = ["TIER_COUNTERS", "Resolver", "Table"]
+__all__ = ["MOVE_PARTS", "TIER_COUNTERS", "Resolver", "Table"]

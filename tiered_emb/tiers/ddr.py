@@ -3,6 +3,11 @@
 Caching is exclusive: a row moving up to HBM leaves DDR, and HBM's victims come down
 into it, so HBM + DDR hold ``hbm_rows + ddr_rows`` distinct rows.  DDR's own victims go
 to LMDB when dirty and are dropped when clean (LMDB, or the initialiser, has them).
+
+Each move is decided first (the ``cache/slots.py`` kernels: index, policy, free slots, in
+order, one thread) and its rows copied after, in one pass on every thread
+(:func:`tiered_emb._jit.move_rows`): a row taken up goes from its DDR slot straight into
+its HBM slot, one copy.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from tiered_emb._backend import host_zeros
-from tiered_emb.cache.slots import CacheTier, cache_admit, cache_take
+from tiered_emb._jit import move_rows
+from tiered_emb.cache.slots import CacheTier, cache_admit_slots, cache_take, cache_take_slots
 
 
 class DdrTier(CacheTier):
@@ -18,6 +24,10 @@ class DdrTier(CacheTier):
         super().__init__(capacity_rows, policy)
         self.width = width
         self.records = host_zeros((max(capacity_rows, 1), width))
+        self._filled = np.full(self.slot_ids.shape[0], -1, dtype=np.int32)  # cache_admit_slots' scratch
+        # pushed-out rows of the last admit, reused (the caller hands them on before the next)
+        self._ev_ids = np.empty(0, dtype=np.int64)
+        self._ev_rows = np.empty((0, width), dtype=np.float32)
 
     def take(self, ids: np.ndarray, out_rows: np.ndarray, out_dirty: np.ndarray) -> np.ndarray:
         """Move the rows of ``ids`` held here into ``out_rows``; returns the found mask (uint8 (k,))."""
@@ -25,12 +35,23 @@ class DdrTier(CacheTier):
         cache_take(*self.kernel_args, self.records, ids, out_rows, out_dirty, found)
         return found
 
+    def take_slots(self, ids: np.ndarray, slots: np.ndarray, out_dirty: np.ndarray) -> int:
+        """Remove ``ids`` (int64 (k,)) at ``slots`` (:meth:`find`'s answer just before, -1: not
+        here) from the tier; their rows stay in ``records[slots]`` until the next
+        :meth:`admit`, for the caller to copy up.  ``out_dirty`` (k,) uint8 gets the flags of
+        those found; returns their count."""
+        return int(cache_take_slots(*self.kernel_args, ids, slots, out_dirty))
+
     def admit(self, ids: np.ndarray, rows: np.ndarray, dirty: np.ndarray):
-        """Admit rows from HBM; returns ``(ids, rows)`` of dirty rows pushed out, and the eviction count."""
+        """Admit rows from HBM; returns ``(ids, rows)`` of dirty rows pushed out (valid until the
+        next admit), and the eviction count."""
         k = ids.shape[0]
-        ev_ids = np.empty(k, dtype=np.int64)
-        ev_rows = np.empty((k, self.width), dtype=np.float32)
-        n_out, n_ev = cache_admit(
+        if self._ev_ids.shape[0] < k:
+            self._ev_ids = np.empty(k, dtype=np.int64)
+            self._ev_rows = np.empty((k, self.width), dtype=np.float32)
+        dest = np.empty(k, dtype=np.int64)
+        ev_src = np.empty(k, dtype=np.int64)
+        n_out, n_ev = cache_admit_slots(
             self.code,
             self.P,
             self.keys,
@@ -39,11 +60,18 @@ class DdrTier(CacheTier):
             self.dirty,
             self.free,
             self.fmeta,
-            self.records,
+            self._filled,
             ids,
-            rows,
             dirty,
-            ev_ids,
-            ev_rows,
+            dest,
+            self._ev_ids,
+            ev_src,
         )
-        return ev_ids[:n_out], ev_rows[:n_out], int(n_ev)
+        ev_rows = self._ev_rows[:n_out]
+        if n_out:  # first the rows pushed out (as they were), then the incoming rows in
+            old = ev_src[:n_out] >= 0
+            move_rows(self.records, np.where(old, ev_src[:n_out], 0), ev_rows, np.where(old, np.arange(n_out), -1), self.width)
+            if not old.all():
+                move_rows(rows, -1 - ev_src[:n_out], ev_rows, np.where(old, -1, np.arange(n_out)), self.width)
+        move_rows(rows, None, self.records, dest, self.width)
+        return self._ev_ids[:n_out], ev_rows, int(n_ev)

@@ -11,7 +11,10 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import host_zeros, to_host, to_xp
+from tiered_emb._jit import move_rows, take_rows
 from tiered_emb.cache.slots import CacheTier, cache_pin, cache_release, cache_resolve_new
+
+_NO_SLOTS = np.empty(0, dtype=np.int64)
 
 
 def _records(xp, rows: int, width: int):
@@ -32,29 +35,53 @@ class HbmTier(CacheTier):
         self.xp = xp
         self.width = width
         self.records = _records(xp, max(capacity_rows, 1), width)
+        self._victims = np.empty((0, width), dtype=np.float32)
 
     @property
     def unpinned_capacity(self) -> int:
         return self.capacity_rows - int(self.fmeta[2])
 
-    def resolve(self, uids: np.ndarray, force_pin: bool = False):
+    def resolve(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
         """Give a slot to every id of ``uids`` (int64 (k,), distinct); see :func:`cache_resolve`.
 
-        Returns ``(slots, miss_idx, victim_ids, victim_rows, victim_dirty, pinned)``: the
-        slots (int64 (k,)), positions of ``uids`` whose rows the caller must write into
-        their slots, the evicted rows (host float32 (v, W)) for the tier below, and
-        whether the slots are pinned (then :meth:`release` them after use).
+        ``probe``: :meth:`find`'s answer for ``uids`` just before (the index not probed
+        again), or empty.  Returns ``(slots, miss_idx, victim_ids, victim_rows, victim_dirty,
+        pinned)``: the slots (int64 (k,)), positions of ``uids`` whose rows the caller must
+        write into their slots, the evicted rows (host float32 (v, W), valid until the next
+        resolve) for the tier below, and whether the slots are pinned (then :meth:`release`
+        them after use).
         """
-        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(*self.kernel_args, uids, force_pin)
+        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(
+            *self.kernel_args, uids, force_pin, probe
+        )
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        victim_rows = to_host(self.records[to_xp(self.xp, vslots), : self.width]) if n_v else None
+        victim_rows = None
+        if n_v and self.xp is np:  # gathered on the threads into a buffer reused from step to step
+            if self._victims.shape[0] < n_v:
+                self._victims = np.empty((max(n_v, 2 * self._victims.shape[0]), self.width), dtype=np.float32)
+            victim_rows = self._victims[:n_v]
+            move_rows(self.records, vslots, victim_rows, _NO_SLOTS, self.width)
+        elif n_v:
+            victim_rows = to_host(self.records[to_xp(self.xp, vslots), : self.width])
         return slots, miss_idx, vids, victim_rows, vdirty, bool(pinned)
 
     def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
-        self.records[to_xp(self.xp, slots), : self.width] = to_xp(self.xp, rows)
+        if self.xp is np:
+            move_rows(rows, None, self.records, slots, self.width)
+        else:
+            self.records[to_xp(self.xp, slots), : self.width] = to_xp(self.xp, rows)
         self.dirty[slots] = dirty
+
+    def fill_from(self, src: np.ndarray, src_slots: np.ndarray, slots: np.ndarray) -> None:
+        """Copy host records ``src[src_slots]`` (a lower tier's) into ``slots`` (int64 (m,)):
+        one copy on the host; staged through a host buffer when the records are on a GPU.
+        Dirty flags are the caller's."""
+        if self.xp is np:
+            move_rows(src, src_slots, self.records, slots, self.width)
+        else:
+            self.records[to_xp(self.xp, slots), : self.width] = to_xp(self.xp, take_rows(src, src_slots))
 
     def pin(self, slots: np.ndarray) -> None:
         """Pin resident ``slots`` (distinct) without using them."""
@@ -105,10 +132,10 @@ class DirectHbmTier(HbmTier):
     def find(self, ids: np.ndarray) -> np.ndarray:
         return _direct_find(self.slot_ids, ids)
 
-    def resolve(self, uids: np.ndarray, force_pin: bool = False):
+    def resolve(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
         """As :meth:`HbmTier.resolve`; the slots are the ids, there are never victims."""
         miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.fmeta, uids, force_pin)
-        return uids, miss_idx, _NO_IDS, None, _NO_FLAGS, bool(force_pin)
+        return uids, miss_idx, _NO_SLOTS, None, _NO_FLAGS, bool(force_pin)
 
     def pin(self, slots: np.ndarray) -> None:
         _direct_pin(self.pins, self.fmeta, slots, 1)
@@ -117,7 +144,6 @@ class DirectHbmTier(HbmTier):
         _direct_pin(self.pins, self.fmeta, slots, -1)
 
 
-_NO_IDS = np.empty(0, dtype=np.int64)
 _NO_FLAGS = np.empty(0, dtype=np.uint8)
 
 

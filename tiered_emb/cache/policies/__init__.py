@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numba
 
 from tiered_emb._jit import prefetch_hint
-from tiered_emb.cache.policies._state import CLOCK, COUNT, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
+from tiered_emb.cache.policies._state import CLOCK, COUNT, GEN, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
 from tiered_emb.cache.policies.lfu import lfu_attach, lfu_detach, lfu_sift_down, lfu_victim
 from tiered_emb.cache.policies.lru import lru_attach, lru_detach, lru_upcoming, lru_victim
 
@@ -78,6 +78,15 @@ def policy_upcoming(code, P, ahead):
         prefetch_hint(P, P[COUNT] + s)
         prefetch_hint(P, P[LAST] + s)
     return s
+
+
+@numba.njit(inline="always")
+def policy_prefetch(code, P, slot):
+    """Fetch the policy state of ``slot`` a detach or touch will change: a hint, nothing changes."""
+    if code == LRU:
+        prefetch_hint(P, P[GEN] + slot)
+    else:
+        prefetch_hint(P, P[HPOS] + slot)
 
 
 @numba.njit(inline="always")
