@@ -13,6 +13,28 @@ from importlib import metadata
 from pathlib import Path
 
 
+#: Vector extensions worth naming: figures from CPUs that differ in them do not compare.
+_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
+                 "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile", "asimd", "sve", "sve2")
+
+
+def cpu() -> dict:
+    """The CPU's model name and vector extensions (Linux's /proc/cpuinfo; the platform's
+    processor string elsewhere)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and value.strip():
+                model = value.strip()
+            elif key in ("flags", "Features"):
+                flags = set(value.split())
+            if model and flags:
+                break
+    return {"model": model, "vector_extensions": [f for f in _VECTOR_FLAGS if f in flags]}
+
+
 def machine() -> dict:
     versions = {}
     for pkg in (
@@ -34,6 +56,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu(),
         "versions": versions,
         "numba_threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),
     }

@@ -43,7 +43,7 @@ from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.torch import TieredEmbeddingBag
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fbgemm_tbe
+from _common import cpu, fbgemm_tbe
 
 LR, EPS = 0.01, 1e-8
 
@@ -223,6 +223,7 @@ def main(argv=None) -> dict:
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
+            "cpu": cpu(),
             "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "numba_threads": int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1)),

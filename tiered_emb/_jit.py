@@ -88,8 +88,11 @@ def split_parts(items: int, least: int) -> int:
 
 
 @contextmanager
-def threads_for(work: int):
-    if work >= _SERIAL_BELOW or numba.get_num_threads() == 1:
+def one_thread(when: bool = True):
+    """Numba's kernels on the calling thread alone while in the block, ``when`` true: where
+    other work holds the cores (the SSD tier's writer), a kernel cut in halves waits for
+    its slowest half.  Results do not depend on it."""
+    if not when or numba.get_num_threads() == 1:
         yield
         return
     before = numba.get_num_threads()
@@ -98,6 +101,11 @@ def threads_for(work: int):
         yield
     finally:
         numba.set_num_threads(before)
+
+
+def threads_for(work: int):
+    """:func:`one_thread` for a batch of ``work`` float32 elements too small to share."""
+    return one_thread(work < _SERIAL_BELOW)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

@@ -200,6 +200,7 @@ class TieredStore:
             self.prefetcher.check()  # a failed unpinning on the thread, raised once the rows are safe
         finally:
             self._res.closed = True
+            self._res.shutdown()
             self.ssd.close()
             os.close(self._lock_fd)
 

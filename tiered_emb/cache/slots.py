@@ -156,6 +156,11 @@ def cache_resolve(
                 policy_touch(P, s)  # pinned by a prefetched batch: placed when that batch releases it
         return 0, 0, False
     for i in range(k):
+        if i + PREFETCH_DISTANCE < k:  # the pin and policy entry of a hit further on
+            ahead = out_slots[i + PREFETCH_DISTANCE]
+            if ahead >= 0:
+                prefetch_hint(pins, ahead)
+                policy_prefetch(code, P, ahead)
         s = out_slots[i]
         if s >= 0:
             if pins[s] == 0:
@@ -227,7 +232,12 @@ def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, u
 @numba.njit(cache=True, nogil=True)
 def cache_release(code, P, pins, fmeta, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
-    for i in range(slots.shape[0]):
+    n = slots.shape[0]
+    for i in range(n):
+        if i + PREFETCH_DISTANCE < n:
+            ahead = slots[i + PREFETCH_DISTANCE]
+            prefetch_hint(pins, ahead)
+            policy_prefetch(code, P, ahead)
         s = slots[i]
         pins[s] -= 1
         if pins[s] == 0:
@@ -339,7 +349,9 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
+            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
+            if far >= 0:
+                prefetch_hint(filled, far)
             s = policy_victim(code, P)
             vid = slot_ids[s]
             n_ev += 1

@@ -14,11 +14,12 @@ failed read (a corrupt store) leaves the tiers as they were and the call can be 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from time import perf_counter
 
 import numpy as np
 
-from tiered_emb._jit import take_rows
+from tiered_emb._jit import one_thread, take_rows
 from tiered_emb._order import stable_argsort
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
@@ -34,6 +35,9 @@ TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
 #: handed to the SSD tier's write-back buffer.
 MOVE_PARTS = ("probe", "hbm_victims", "ddr_up", "ssd_read", "init", "below_up", "ddr_down", "write_back")
 _NO_IDS = np.empty(0, dtype=np.int64)
+#: Below this many rows taken up from DDR, its take runs on the step's thread: handing it to
+#: the helper costs more than running it beside HBM's decisions saves.
+_BESIDE_ROWS = 4096
 
 
 def _charge(moves: dict, part: str, t0: float, rows: int, nbytes: int) -> float:
@@ -109,6 +113,20 @@ class Resolver:
         self.kernels = kernels_for(xp)
         self.lock = threading.RLock()
         self.closed = False
+        self._helper: ThreadPoolExecutor | None = None  # a second thread for bookkeeping, made at first use
+        self._victims: np.ndarray | None = None  # HBM's victims of the chunk being resolved
+
+    def _beside(self, fn, *args) -> Future:
+        """Run ``fn(*args)`` (a kernel that lets the GIL go) on the helper thread."""
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="tiered_emb-resolve")
+        return self._helper.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        """Let the helper thread go (the store is closing)."""
+        if self._helper is not None:
+            self._helper.shutdown()
+            self._helper = None
 
     def table(self, name) -> Table:
         """The table called ``name``, or UnknownTableError with the names there are."""
@@ -220,6 +238,14 @@ class Resolver:
         DDR's rows straight into their HBM slots, LMDB's and the initialiser's in, then
         DDR's dirty victims out to the write-back buffer and HBM's victims into DDR.
         """
+        # While the SSD tier's writer works, its thread and process hold a core: the rows
+        # move on this thread alone (measured: halves that wait for a busy core lose more
+        # than the second core gains).
+        with one_thread(self.ssd.writing):
+            return self._bring_up(t, chunk, c, force_pin, defer_errors)
+
+    def _bring_up(self, t: Table, chunk: np.ndarray, c: dict | None, force_pin: bool, defer_errors: bool):
+        """:meth:`bring_up` on the threads it was given."""
         by_step = c is None
         c = t.counters if c is None else c
         moves = t.moves
@@ -233,39 +259,39 @@ class Resolver:
         if below_at.shape[0]:  # first: a failed read changes nothing
             sub, on_ssd, fresh = self.read_below(t, missing[below_at], moves)
             t0 = perf_counter()
-        slots, miss_idx, vids, vrows, vdirty, pinned = t.hbm.resolve(chunk, force_pin, probe)
-        k, m = chunk.shape[0], miss_idx.shape[0]
-        row_bytes = 4 * t.cfg.record_width
-        t0 = _charge(moves, "hbm_victims", t0, vids.shape[0], vids.shape[0] * row_bytes)
+        # DDR's take (its bookkeeping) runs beside HBM's decisions: they share no state
+        dirty = np.zeros(missing.shape[0], dtype=np.uint8)
+        n_up = missing.shape[0] - below_at.shape[0]
+        taking = self._beside(t.ddr.take_slots, missing, ddr_slots, dirty) if n_up >= _BESIDE_ROWS else None
+        try:
+            slots, miss_idx, vslots, vids, vdirty, pinned = t.hbm.decide(chunk, force_pin, probe)
+        finally:
+            n_ddr = taking.result() if taking is not None else 0
+        if taking is None:
+            n_ddr = t.ddr.take_slots(missing, ddr_slots, dirty)
+        k, m, n_v = chunk.shape[0], miss_idx.shape[0], vids.shape[0]
         c["hbm"]["lookups"] += k
         c["hbm"]["hits"] += k - m
         c["hbm"]["misses"] += m
-        c["hbm"]["evictions"] += vids.shape[0]
-        if m:  # the misses are the ids not resident, in chunk order: ``missing``
-            t.step_placed |= by_step
-            to = slots[miss_idx]
-            dirty = np.zeros(m, dtype=np.uint8)
-            n_ddr = t.ddr.take_slots(missing, ddr_slots, dirty)
-            if n_ddr:
-                up = ddr_slots >= 0
-                t.hbm.fill_from(t.ddr.records, ddr_slots[up] if n_ddr < m else ddr_slots, to[up] if n_ddr < m else to)
-            t.hbm.dirty[to] = dirty
-            t0 = _charge(moves, "ddr_up", t0, n_ddr, n_ddr * row_bytes)
-            c["ddr"]["lookups"] += m
-            c["ddr"]["hits"] += n_ddr
-            c["ddr"]["misses"] += m - n_ddr
-            if n_ddr < m:
-                n_ssd = int(on_ssd.sum())
-                c["ssd"]["lookups"] += below_at.shape[0]
-                c["ssd"]["hits"] += n_ssd
-                c["ssd"]["misses"] += below_at.shape[0] - n_ssd
-                c["ssd"]["lazy_inits"] += fresh.shape[0]
-                t.hbm.fill(to[below_at], sub, dirty[below_at])
-                t0 = _charge(moves, "below_up", t0, below_at.shape[0], below_at.shape[0] * row_bytes)
-        if vids.shape[0]:
+        c["hbm"]["evictions"] += n_v
+        # and DDR's decisions on HBM's victims beside the copies up (those read no record of
+        # DDR's that they change), the copies then on this thread alone
+        admitting = self._beside(t.ddr.admit_decide, vids, vdirty) if n_v >= _BESIDE_ROWS else None
+        try:
+            with one_thread(admitting is not None):
+                t0 = self._copy_up(t, c, moves, t0, chunk, slots, miss_idx, vslots, missing, ddr_slots, n_ddr, dirty)
+                if below_at.shape[0]:
+                    t0 = self._below_up(t, c, moves, t0, slots[miss_idx], below_at, dirty, sub, on_ssd, fresh)
+        finally:
+            plan = admitting.result() if admitting is not None else None
+        t.step_placed |= by_step and m > 0
+        if n_v:
             c["hbm"]["writebacks"] += int(vdirty.sum())
-            ev_ids, ev_rows, n_ev = t.ddr.admit(vids, vrows, vdirty)
-            t0 = _charge(moves, "ddr_down", t0, vids.shape[0], (vids.shape[0] + ev_ids.shape[0]) * row_bytes)
+            if plan is None:
+                plan = t.ddr.admit_decide(vids, vdirty)
+            ev_ids, ev_rows, n_ev = t.ddr.admit_rows(self._victims, plan)
+            row_bytes = 4 * t.cfg.record_width
+            t0 = _charge(moves, "ddr_down", t0, n_v, (n_v + ev_ids.shape[0]) * row_bytes)
             c["ddr"]["evictions"] += n_ev
             c["ddr"]["writebacks"] += ev_ids.shape[0]
             if ev_ids.shape[0]:
@@ -278,6 +304,34 @@ class Resolver:
                     raise
                 _charge(moves, "write_back", t0, ev_ids.shape[0], ev_ids.shape[0] * row_bytes)
         return slots, pinned
+
+    def _copy_up(self, t, c, moves, t0, chunk, slots, miss_idx, vslots, missing, ddr_slots, n_ddr, dirty) -> float:
+        """HBM's victims copied out (to ``self._victims``), then DDR's rows into their HBM slots."""
+        row_bytes = 4 * t.cfg.record_width
+        self._victims = t.hbm.victim_rows(vslots)  # out before any row comes in
+        t0 = _charge(moves, "hbm_victims", t0, vslots.shape[0], vslots.shape[0] * row_bytes)
+        m = miss_idx.shape[0]
+        if not m:  # the misses are the ids not resident, in chunk order: ``missing``
+            return t0
+        to = slots[miss_idx]
+        if n_ddr:
+            up = ddr_slots >= 0
+            t.hbm.fill_from(t.ddr.records, ddr_slots[up] if n_ddr < m else ddr_slots, to[up] if n_ddr < m else to)
+        t.hbm.dirty[to] = dirty
+        c["ddr"]["lookups"] += m
+        c["ddr"]["hits"] += n_ddr
+        c["ddr"]["misses"] += m - n_ddr
+        return _charge(moves, "ddr_up", t0, n_ddr, n_ddr * row_bytes)
+
+    def _below_up(self, t, c, moves, t0, to, below_at, dirty, sub, on_ssd, fresh) -> float:
+        """The rows read from LMDB or initialised (``sub``) into their HBM slots."""
+        n_ssd = int(on_ssd.sum())
+        c["ssd"]["lookups"] += below_at.shape[0]
+        c["ssd"]["hits"] += n_ssd
+        c["ssd"]["misses"] += below_at.shape[0] - n_ssd
+        c["ssd"]["lazy_inits"] += fresh.shape[0]
+        t.hbm.fill(to[below_at], sub, dirty[below_at])
+        return _charge(moves, "below_up", t0, below_at.shape[0], below_at.shape[0] * 4 * t.cfg.record_width)
 
     def peek(self, t: Table, uids: np.ndarray) -> np.ndarray:
         """Newest records (float32 (k, record_width)) of distinct ``uids``, touching no cache state."""

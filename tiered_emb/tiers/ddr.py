@@ -45,6 +45,12 @@ class DdrTier(CacheTier):
     def admit(self, ids: np.ndarray, rows: np.ndarray, dirty: np.ndarray):
         """Admit rows from HBM; returns ``(ids, rows)`` of dirty rows pushed out (valid until the
         next admit), and the eviction count."""
+        plan = self.admit_decide(ids, dirty)
+        return self.admit_rows(rows, plan)
+
+    def admit_decide(self, ids: np.ndarray, dirty: np.ndarray) -> tuple:
+        """:meth:`admit`'s decisions alone (no row copied; records are not read): an opaque plan
+        for :meth:`admit_rows`, which must follow before anything else changes the tier."""
         k = ids.shape[0]
         if self._ev_ids.shape[0] < k:
             self._ev_ids = np.empty(k, dtype=np.int64)
@@ -67,11 +73,19 @@ class DdrTier(CacheTier):
             self._ev_ids,
             ev_src,
         )
+        return dest, ev_src[:n_out], int(n_ev)
+
+    def admit_rows(self, rows: np.ndarray, plan: tuple):
+        """The rows of :meth:`admit_decide`'s ``plan``: the dirty rows pushed out copied out (as
+        they were), then ``rows`` (k, W) into their slots.  Returns :meth:`admit`'s answer."""
+        dest, ev_src, n_ev = plan
+        n_out = ev_src.shape[0]
         ev_rows = self._ev_rows[:n_out]
-        if n_out:  # first the rows pushed out (as they were), then the incoming rows in
-            old = ev_src[:n_out] >= 0
-            move_rows(self.records, np.where(old, ev_src[:n_out], 0), ev_rows, np.where(old, np.arange(n_out), -1), self.width)
+        if n_out:
+            old = ev_src >= 0
+            everyone = np.arange(n_out)
+            move_rows(self.records, np.where(old, ev_src, 0), ev_rows, np.where(old, everyone, -1), self.width)
             if not old.all():
-                move_rows(rows, -1 - ev_src[:n_out], ev_rows, np.where(old, -1, np.arange(n_out)), self.width)
+                move_rows(rows, -1 - ev_src, ev_rows, np.where(old, -1, everyone), self.width)
         move_rows(rows, None, self.records, dest, self.width)
-        return self._ev_ids[:n_out], ev_rows, int(n_ev)
+        return self._ev_ids[:n_out], ev_rows, n_ev

@@ -51,20 +51,34 @@ class HbmTier(CacheTier):
         resolve) for the tier below, and whether the slots are pinned (then :meth:`release`
         them after use).
         """
+        slots, miss_idx, vslots, vids, vdirty, pinned = self.decide(uids, force_pin, probe)
+        return slots, miss_idx, vids, self.victim_rows(vslots), vdirty, pinned
+
+    def decide(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
+        """:meth:`resolve`'s decisions alone, no row copied: ``(slots, miss_idx, victim_slots,
+        victim_ids, victim_dirty, pinned)``; the victims' rows stay in their slots until the
+        caller writes the missed rows in, so it takes them first (:meth:`victim_rows`)."""
         slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(
             *self.kernel_args, uids, force_pin, probe
         )
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        victim_rows = None
-        if n_v and self.xp is np:  # gathered on the threads into a buffer reused from step to step
-            if self._victims.shape[0] < n_v:
-                self._victims = np.empty((max(n_v, 2 * self._victims.shape[0]), self.width), dtype=np.float32)
-            victim_rows = self._victims[:n_v]
-            move_rows(self.records, vslots, victim_rows, _NO_SLOTS, self.width)
-        elif n_v:
-            victim_rows = to_host(self.records[to_xp(self.xp, vslots), : self.width])
-        return slots, miss_idx, vids, victim_rows, vdirty, bool(pinned)
+        return slots, miss_idx, vslots, vids, vdirty, bool(pinned)
+
+    def victim_rows(self, vslots: np.ndarray) -> np.ndarray | None:
+        """Host copy of the records in ``vslots`` (int64 (v,)); None when there are none.  On the
+        host, gathered on the threads into a buffer reused from call to call (valid until the
+        next)."""
+        n_v = vslots.shape[0]
+        if not n_v:
+            return None
+        if self.xp is not np:
+            return to_host(self.records[to_xp(self.xp, vslots), : self.width])
+        if self._victims.shape[0] < n_v:
+            self._victims = np.empty((max(n_v, 2 * self._victims.shape[0]), self.width), dtype=np.float32)
+        rows = self._victims[:n_v]
+        move_rows(self.records, vslots, rows, _NO_SLOTS, self.width)
+        return rows
 
     def fill(self, slots: np.ndarray, rows: np.ndarray, dirty: np.ndarray) -> None:
         """Write host ``rows`` (m, W) into ``slots`` (m,) with their dirty flags."""
@@ -132,10 +146,10 @@ class DirectHbmTier(HbmTier):
     def find(self, ids: np.ndarray) -> np.ndarray:
         return _direct_find(self.slot_ids, ids)
 
-    def resolve(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
-        """As :meth:`HbmTier.resolve`; the slots are the ids, there are never victims."""
+    def decide(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
+        """As :meth:`HbmTier.decide`; the slots are the ids, there are never victims."""
         miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.fmeta, uids, force_pin)
-        return uids, miss_idx, _NO_SLOTS, None, _NO_FLAGS, bool(force_pin)
+        return uids, miss_idx, _NO_SLOTS, _NO_SLOTS, _NO_FLAGS, bool(force_pin)
 
     def pin(self, slots: np.ndarray) -> None:
         _direct_pin(self.pins, self.fmeta, slots, 1)

@@ -1,0 +1,245 @@
+"""A training step taken apart: what each part of moving rows between tiers costs, beside a
+memcpy of the same bytes in the same run.
+
+One table (default 1M rows x 64, row-wise Adagrad), a fresh batch of 8,192 bags x 20
+Zipf(1.05) ids every step (``TieredEmbeddingBag``: forward, backward, fused update), in
+three tier configurations, every row written to the store and every kernel compiled
+before timing:
+
+- ``resident``: HBM holds the whole table;
+- ``ddr``: HBM 10 % + DDR 90 % (no LMDB read);
+- ``lmdb``: HBM 5 % + DDR 5 %, the rest read from LMDB (its pages in the page cache).
+
+Per configuration: the median step, and per part of the moves (``store.stats()[table]
+["moves"]``: both indexes probed, HBM's victims chosen and copied out, DDR's rows taken
+up, LMDB's read, the initialiser, rows copied up, victims admitted into DDR, write-backs
+handed to the SSD tier) its time and bytes per step; the rest of the step (plan, gather,
+reduce, update, torch) is the step less those parts.  Beside them, in the same run: a
+``memcpy`` of the bytes the step moved (one contiguous copy) and a gather-copy of as many
+rows of the table's width at random (``numpy.take``).  The headline: the tiered step's
+overhead over resident, in units of that memcpy and of that gather.
+
+Command (figures in docs/benchmarks.md, plot in docs/img/tiers.png)::
+
+    python bench/bench_tiers.py --json bench/results/tiers.json --plot docs/img/tiers.png
+
+``--device cuda`` runs the same on a GPU (HBM in CuPy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, median, write_json
+
+from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.sim.traces import zipf_ids
+from tiered_emb.step.resolve import MOVE_PARTS
+from tiered_emb.torch import TieredEmbeddingBag
+
+LR, EPS = 0.01, 1e-8
+
+
+def _batches(args, first_seed: int, count: int) -> list:
+    out = []
+    for k in range(count):
+        ids = torch.from_numpy(zipf_ids(args.rows, args.alpha, args.bags * args.bag_size, seed=first_seed + k))
+        offsets = torch.arange(args.bags + 1, dtype=torch.int64) * args.bag_size
+        g = np.random.default_rng(first_seed + k).normal(0, 1e-2, (args.bags, args.dim)).astype(np.float32)
+        out.append((ids, offsets, torch.from_numpy(g)))
+    return out
+
+
+def _configs(rows: int) -> dict[str, tuple[int, int]]:
+    return {
+        "resident": (rows, 0),
+        "ddr": (max(rows // 10, 1), rows - max(rows // 10, 1)),
+        "lmdb": (max(rows // 20, 1), max(rows // 20, 1)),
+    }
+
+
+def _fill(store: TieredStore, rows: int, chunk: int = 1 << 16) -> None:
+    """Write every row (its initial value) and checkpoint, so LMDB holds the table, then
+    look every row up, so HBM and DDR hold as much of it as they can."""
+    for a in range(0, rows, chunk):
+        ids = np.arange(a, min(a + chunk, rows), dtype=np.int64)
+        store.write("t", ids, store.peek("t", ids))
+    store.checkpoint()
+    for a in range(0, rows, chunk):
+        store.lookup("t", np.arange(a, min(a + chunk, rows), dtype=np.int64))
+
+
+def _moves_delta(after: dict, before: dict, steps: int) -> dict:
+    return {
+        part: {k: (after[part][k] - before[part][k]) / steps for k in ("seconds", "rows", "bytes")}
+        for part in MOVE_PARTS
+    }
+
+
+def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> dict:
+    cfg = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=LR, eps=EPS))
+    tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device)
+    with TieredStore.create(path, [cfg], tiers, seed=0) as store:
+        _fill(store, args.rows)
+        bag = TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
+        for ids, offsets, g in warm:
+            bag(ids, offsets).backward(g)
+        before = store.stats()["t"]
+        times = []
+        for ids, offsets, g in timed:
+            t0 = time.perf_counter()
+            bag(ids, offsets).backward(g)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        after = store.stats()["t"]
+    steps = len(timed)
+    moves = _moves_delta(after["moves"], before["moves"], steps)
+    moved_bytes = sum(m["bytes"] for m in moves.values())
+    return {
+        "hbm_rows": hbm_rows,
+        "ddr_rows": ddr_rows,
+        "step_median_s": median(times),
+        "step_p90_s": float(np.percentile(times, 90)),
+        "moves": moves,
+        "moves_s": sum(m["seconds"] for m in moves.values()),
+        "moved_bytes": moved_bytes,
+        "hbm_misses": (after["hbm"]["misses"] - before["hbm"]["misses"]) / steps,
+        "ssd_reads": (after["ssd"]["hits"] - before["ssd"]["hits"]) / steps,
+        "ssd_writebacks": (after["ssd"]["writebacks"] - before["ssd"]["writebacks"]) / steps,
+    }
+
+
+def copy_references(nbytes: int, width: int, table_rows: int, repeats: int, seed: int) -> dict:
+    """Median seconds of a contiguous memcpy of ``nbytes`` and of a ``numpy.take`` of as many
+    ``width``-float rows drawn at random from a ``table_rows``-row table."""
+    words = max(nbytes // 4, 1)
+    src, dst = np.ones(words, dtype=np.float32), np.empty(words, dtype=np.float32)
+    n_rows = max(words // width, 1)
+    table = np.ones((table_rows, width), dtype=np.float32)
+    at = np.random.default_rng(seed).integers(0, table_rows, n_rows)
+    out = np.empty((n_rows, width), dtype=np.float32)
+    memcpy, gather = [], []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        t1 = time.perf_counter()
+        np.take(table, at, axis=0, out=out)
+        t2 = time.perf_counter()
+        memcpy.append(t1 - t0)
+        gather.append(t2 - t1)
+    return {"memcpy_s": median(memcpy[1:]), "gather_s": median(gather[1:]), "gather_rows": n_rows}
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["configs"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = np.zeros(len(names))
+    parts = [*MOVE_PARTS, "rest of the step"]
+    for part in parts:
+        ms = np.array(
+            [
+                1e3
+                * (
+                    results["configs"][n]["moves"][part]["seconds"]
+                    if part in MOVE_PARTS
+                    else max(results["configs"][n]["step_median_s"] - results["configs"][n]["moves_s"], 0.0)
+                )
+                for n in names
+            ]
+        )
+        if ms.any():
+            ax.bar(names, ms, bottom=bottom, label=part)
+            bottom += ms
+    for i, n in enumerate(names):
+        ref = results["configs"][n]["copy_reference"]
+        ax.plot([i - 0.4, i + 0.4], [1e3 * ref["gather_s"]] * 2, "k--", lw=1)
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"{results['config']['rows']:,} rows x {results['config']['dim']}: a step's parts (dashes: gather of its bytes)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--bags", type=int, default=8192)
+    p.add_argument("--bag-size", type=int, default=20)
+    p.add_argument("--alpha", type=float, default=1.05)
+    p.add_argument("--warm-steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=12, help="fresh batches timed per configuration")
+    p.add_argument("--configs", default="resident,ddr,lmdb", help="comma-separated, of resident, ddr, lmdb")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--json", default="bench/results/tiers.json")
+    p.add_argument("--plot", default=None, help="a PNG of the parts (matplotlib)")
+    args = p.parse_args(argv)
+    warm = _batches(args, 1, args.warm_steps)
+    timed = _batches(args, 1000, args.steps)
+    configs = {}
+    tmp = Path(tempfile.mkdtemp(prefix="bench_tiers_"))
+    try:
+        for name in args.configs.split(","):
+            hbm_rows, ddr_rows = _configs(args.rows)[name]
+            configs[name] = run_config(tmp / name, args, hbm_rows, ddr_rows, warm, timed)
+            shutil.rmtree(tmp / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    width = args.dim + 1  # row-wise Adagrad: one float of state a row
+    for c in configs.values():
+        c["copy_reference"] = copy_references(int(c["moved_bytes"]), width, args.rows, 5, seed=0)
+    ratios = {}
+    if "resident" in configs:
+        base = configs["resident"]["step_median_s"]
+        for name, c in configs.items():
+            if name == "resident":
+                continue
+            over = c["step_median_s"] - base
+            ratios[f"{name}_vs_resident"] = base / c["step_median_s"]
+            ratios[f"{name}_overhead_in_memcpys"] = over / max(c["copy_reference"]["memcpy_s"], 1e-9)
+            ratios[f"{name}_overhead_in_gathers"] = over / max(c["copy_reference"]["gather_s"], 1e-9)
+    out = {
+        "benchmark": "tiers",
+        "command": "python bench/bench_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "config": vars(args),
+        "machine": machine(),
+        "configs": configs,
+        "ratios": ratios,
+    }
+    print(f"{'config':<10} {'step ms':>8} {'moves ms':>9} {'MB moved':>9} {'memcpy ms':>10} {'gather ms':>10}")
+    for name, c in configs.items():
+        ref = c["copy_reference"]
+        print(
+            f"{name:<10} {1e3 * c['step_median_s']:>8.1f} {1e3 * c['moves_s']:>9.1f} {c['moved_bytes'] / 1e6:>9.2f}"
+            f" {1e3 * ref['memcpy_s']:>10.2f} {1e3 * ref['gather_s']:>10.2f}"
+        )
+        for part, m in c["moves"].items():
+            if m["seconds"]:
+                print(f"    {part:<12} {1e3 * m['seconds']:>7.2f} ms {m['rows']:>9.0f} rows {m['bytes'] / 1e6:>7.2f} MB")
+    for name, v in ratios.items():
+        print(f"{name:<32} {v:.2f}")
+    if args.json:
+        write_json(args.json, out)
+    if args.plot:
+        plot(out, args.plot)
+    return out
+
+
+if __name__ == "__main__":
+    main()
