@@ -12,10 +12,25 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-
 #: Vector extensions worth naming: figures from CPUs that differ in them do not compare.
-_VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
-                 "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile", "asimd", "sve", "sve2")
+_VECTOR_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "asimd",
+    "sve",
+    "sve2",
+)
 
 
 def cpu() -> dict:

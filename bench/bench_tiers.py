@@ -169,7 +169,8 @@ def plot(results: dict, path: str) -> None:
         ref = results["configs"][n]["copy_reference"]
         ax.plot([i - 0.4, i + 0.4], [1e3 * ref["gather_s"]] * 2, "k--", lw=1)
     ax.set_ylabel("ms per step")
-    ax.set_title(f"{results['config']['rows']:,} rows x {results['config']['dim']}: a step's parts (dashes: gather of its bytes)")
+    cfg = results["config"]
+    ax.set_title(f"{cfg['rows']:,} rows x {cfg['dim']}: a step's parts (dashes: a gather of its bytes)")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +232,8 @@ def main(argv=None) -> dict:
         )
         for part, m in c["moves"].items():
             if m["seconds"]:
-                print(f"    {part:<12} {1e3 * m['seconds']:>7.2f} ms {m['rows']:>9.0f} rows {m['bytes'] / 1e6:>7.2f} MB")
+                ms, mb = 1e3 * m["seconds"], m["bytes"] / 1e6
+                print(f"    {part:<12} {ms:>7.2f} ms {m['rows']:>9.0f} rows {mb:>7.2f} MB")
     for name, v in ratios.items():
         print(f"{name:<32} {v:.2f}")
     if args.json:

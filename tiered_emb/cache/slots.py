@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, prefetch_row_hint
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
 from tiered_emb.cache.index import (
     index_del,
     index_find,
@@ -223,7 +223,22 @@ def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, u
     vids = np.empty(k, dtype=np.int64)
     vdirty = np.empty(k, dtype=np.uint8)
     n_miss, n_v, pinned = cache_resolve(
-        code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin, slots, miss_idx, vslots, vids, vdirty,
+        code,
+        P,
+        keys,
+        vals,
+        slot_ids,
+        dirty,
+        pins,
+        free,
+        fmeta,
+        uids,
+        force_pin,
+        slots,
+        miss_idx,
+        vslots,
+        vids,
+        vdirty,
         probed,
     )
     return slots, miss_idx[:n_miss], vslots[: max(n_v, 0)], vids[: max(n_v, 0)], vdirty[: max(n_v, 0)], n_v, pinned

@@ -80,7 +80,7 @@ class Table:
                 rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
             )
         s["ssd"].update(ssd)
-        s["moves"] = {part: dict(zip(("seconds", "rows", "bytes"), m)) for part, m in self.moves.items()}
+        s["moves"] = {part: dict(zip(("seconds", "rows", "bytes"), m, strict=True)) for part, m in self.moves.items()}
         s["prefetch"] = {tier: dict(c) for tier, c in self.prefetch_counters.items()}
         for tier in ("hbm", "ddr", "ssd"):
             for d in (s, s["prefetch"]):
