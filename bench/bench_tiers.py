@@ -104,7 +104,12 @@ def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> d
         after = store.stats()["t"]
     steps = len(timed)
     moves = _moves_delta(after["moves"], before["moves"], steps)
-    moved_bytes = sum(m["bytes"] for m in moves.values())
+    delta = {
+        key: (after[tier][key] - before[tier][key]) / steps
+        for tier, key in (("hbm", "misses"), ("hbm", "evictions"), ("ssd", "hits"), ("ssd", "writebacks"))
+    }
+    # rows that crossed a tier boundary: up into HBM, down out of it, down out of DDR
+    moved_rows = delta["misses"] + delta["evictions"] + delta["writebacks"]
     return {
         "hbm_rows": hbm_rows,
         "ddr_rows": ddr_rows,
@@ -112,10 +117,13 @@ def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> d
         "step_p90_s": float(np.percentile(times, 90)),
         "moves": moves,
         "moves_s": sum(m["seconds"] for m in moves.values()),
-        "moved_bytes": moved_bytes,
-        "hbm_misses": (after["hbm"]["misses"] - before["hbm"]["misses"]) / steps,
-        "ssd_reads": (after["ssd"]["hits"] - before["ssd"]["hits"]) / steps,
-        "ssd_writebacks": (after["ssd"]["writebacks"] - before["ssd"]["writebacks"]) / steps,
+        "moved_rows": moved_rows,
+        "moved_bytes": moved_rows * 4 * (args.dim + 1),  # row-wise Adagrad: one float of state a row
+        "copied_bytes": sum(m["bytes"] for m in moves.values()),
+        "hbm_misses": delta["misses"],
+        "hbm_evictions": delta["evictions"],
+        "ssd_reads": delta["hits"],
+        "ssd_writebacks": delta["writebacks"],
     }
 
 

@@ -191,3 +191,19 @@ def test_bench_reliability_smoke(tmp_path):
     assert readers["with_readers"]["reader_lookups_per_s"] > 0
     assert readers["with_cpu_burners"]["cpu_share_each"] > 0
     assert {"writer_steps_ratio", "burners_steps_ratio"} <= set(readers)
+
+
+def test_bench_tiers_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_tiers", BENCH.parent / "bench_tiers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "tiers.json"
+    args = ["--rows", "6000", "--dim", "8", "--bags", "64", "--bag-size", "8", "--warm-steps", "1", "--steps", "2"]
+    mod.main([*args, "--json", str(out), "--plot", str(tmp_path / "tiers.png")])
+    data = json.loads(out.read_text())
+    assert set(data["configs"]) == {"resident", "ddr", "lmdb"}
+    lmdb = data["configs"]["lmdb"]
+    assert lmdb["moved_rows"] > 0 and lmdb["moves"]["ssd_read"]["rows"] > 0
+    assert lmdb["copy_reference"]["gather_s"] > 0 and data["ratios"]["lmdb_vs_resident"] > 0
+    assert data["machine"]["cpu"]["model"]
+    assert (tmp_path / "tiers.png").stat().st_size > 0
