@@ -30,6 +30,8 @@ from tiered_emb.cache.index import (
     new_index,
 )
 from tiered_emb.cache.policies import (
+    COUNT,
+    LAST,
     POLICIES,
     new_policy_state,
     policy_attach,
@@ -170,8 +172,13 @@ def cache_resolve(
     n_miss = 0
     n_victims = 0
     for i in range(k):
-        if i + PREFETCH_DISTANCE < k and out_slots[i + PREFETCH_DISTANCE] < 0:  # a miss's put, further on
-            index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
+        if i + PREFETCH_DISTANCE < k:
+            ahead = out_slots[i + PREFETCH_DISTANCE]
+            if ahead < 0:  # a miss's put, further on
+                index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
+            else:  # a hit's use counters
+                prefetch_hint(P, P[COUNT] + ahead)
+                prefetch_hint(P, P[LAST] + ahead)
         s = out_slots[i]
         if s >= 0:
             policy_touch(P, s)
