@@ -2,6 +2,7 @@
 damaged segments and stores written in the format before segments."""
 
 import json
+from pathlib import Path
 
 import lmdb
 import numba
@@ -637,3 +638,29 @@ def test_an_opening_load_takes_ids_up_to_the_top_of_int64():
     one.add(6, runs[0][1][::3])
     for a, b in zip(one.items(), loaded.items(), strict=True):
         assert a.tolist() == b.tolist()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_the_row_map_asks_for_no_readahead(tmp_path):
+    """Rows are gathered from this process's own map of data.mdb at random; the map is
+    advised so (MADV_RANDOM, ``rr`` in smaps): a fault must not read the device's readahead
+    around it, which under a memory limit evicts pages still in use."""
+    cfg = TableConfig("a", dim=64, optimizer=RowWiseAdagrad(lr=0.1))
+    with TieredStore.create(tmp_path / "s", [cfg], TierConfig(hbm_rows=64, ddr_rows=0, device="cpu"), seed=0) as s:
+        ids = np.arange(5000)
+        s.write("a", ids, np.ones((5000, 64), dtype=np.float32))
+        s.flush()
+        s.lookup("a", ids[:64])  # read from the segments through the map
+        maps, flags = [], {}
+        current = None
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:
+                current = line if line.endswith("data.mdb") and str(tmp_path) in line else None
+                if current:
+                    maps.append(current)
+            elif current and line.startswith("VmFlags:"):
+                flags[current] = line.split()[1:]
+        read_only = [m for m in maps if m.split()[1].startswith("r--")]
+        assert read_only, maps
+        assert all("rr" in flags[m] for m in read_only), flags
