@@ -127,6 +127,49 @@ def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> d
     }
 
 
+def fresh_lookup(path: Path, args, batch: int, repeats: int) -> dict:
+    """``store.lookup`` of ``batch`` ids never looked up since the table was written (all read
+    from LMDB, admitted into HBM and DDR of 5 % each) against a ``numpy.memmap`` gather of
+    the same rows from a file holding the same records, its pages read once before.
+    Disjoint ids each repeat; medians."""
+    cfg = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=LR, eps=EPS))
+    hbm_rows, ddr_rows = _configs(args.rows)["lmdb"]
+    tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device)
+    width = args.dim + 1
+    flat = path.with_suffix(".f32")
+    rng = np.random.default_rng(7)
+    cold = rng.permutation(args.rows - hbm_rows - ddr_rows)  # the rows _fill's lookups left in LMDB alone
+    batch = min(batch, cold.shape[0] // (repeats + 1))
+    ours, peer = [], []
+    with TieredStore.create(path, [cfg], tiers, seed=0) as store:
+        _fill(store, args.rows)
+        table = np.memmap(flat, dtype=np.float32, mode="w+", shape=(args.rows, width))
+        for a in range(0, args.rows, 1 << 16):
+            ids = np.arange(a, min(a + (1 << 16), args.rows))
+            table[ids] = store.peek("t", ids, with_state=True)
+        table.flush()
+        del table
+        table = np.memmap(flat, dtype=np.float32, mode="r", shape=(args.rows, width))
+        np.asarray(table).sum()  # its pages in the page cache, as LMDB's are
+        for r in range(repeats + 1):
+            ids = np.sort(cold[r * batch : (r + 1) * batch]) if args.sorted_fresh else cold[r * batch : (r + 1) * batch]
+            t0 = time.perf_counter()
+            store.lookup("t", ids)
+            t1 = time.perf_counter()
+            np.asarray(table[ids])
+            t2 = time.perf_counter()
+            if r:  # the first: kernels compiled
+                ours.append(t1 - t0)
+                peer.append(t2 - t1)
+    flat.unlink()
+    return {
+        "batch": batch,
+        "ours_rows_per_s": batch / median(ours),
+        "memmap_rows_per_s": batch / median(peer),
+        "ratio": median(peer) / median(ours),
+    }
+
+
 def copy_references(nbytes: int, width: int, table_rows: int, repeats: int, seed: int) -> dict:
     """Median seconds of a contiguous memcpy of ``nbytes`` and of a ``numpy.take`` of as many
     ``width``-float rows drawn at random from a ``table_rows``-row table."""
@@ -196,6 +239,9 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=12, help="fresh batches timed per configuration")
     p.add_argument("--configs", default="resident,ddr,lmdb", help="comma-separated, of resident, ddr, lmdb")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--fresh-batch", type=int, default=65_536, help="ids of the fresh-lookup comparison (0: skip)")
+    p.add_argument("--fresh-repeats", type=int, default=5)
+    p.add_argument("--sorted-fresh", action="store_true", help="fresh ids in id order (default: random order)")
     p.add_argument("--json", default="bench/results/tiers.json")
     p.add_argument("--plot", default=None, help="a PNG of the parts (matplotlib)")
     args = p.parse_args(argv)
@@ -208,6 +254,7 @@ def main(argv=None) -> dict:
             hbm_rows, ddr_rows = _configs(args.rows)[name]
             configs[name] = run_config(tmp / name, args, hbm_rows, ddr_rows, warm, timed)
             shutil.rmtree(tmp / name)
+        fresh = fresh_lookup(tmp / "fresh", args, args.fresh_batch, args.fresh_repeats) if args.fresh_batch else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     width = args.dim + 1  # row-wise Adagrad: one float of state a row
@@ -230,6 +277,7 @@ def main(argv=None) -> dict:
         "machine": machine(),
         "configs": configs,
         "ratios": ratios,
+        "fresh_lookup": fresh,
     }
     print(f"{'config':<10} {'step ms':>8} {'moves ms':>9} {'MB moved':>9} {'memcpy ms':>10} {'gather ms':>10}")
     for name, c in configs.items():
@@ -242,6 +290,12 @@ def main(argv=None) -> dict:
             if m["seconds"]:
                 ms, mb = 1e3 * m["seconds"], m["bytes"] / 1e6
                 print(f"    {part:<12} {ms:>7.2f} ms {m['rows']:>9.0f} rows {mb:>7.2f} MB")
+    if fresh is not None:
+        ratios["fresh_lookup_vs_memmap"] = fresh["ratio"]
+        print(
+            f"fresh lookup of {fresh['batch']:,} ids: ours {fresh['ours_rows_per_s'] / 1e6:.2f} M rows/s,"
+            f" memmap {fresh['memmap_rows_per_s'] / 1e6:.2f} M"
+        )
     for name, v in ratios.items():
         print(f"{name:<32} {v:.2f}")
     if args.json:
