@@ -207,3 +207,18 @@ def test_bench_tiers_smoke(tmp_path):
     assert lmdb["copy_reference"]["gather_s"] > 0 and data["ratios"]["lmdb_vs_resident"] > 0
     assert data["machine"]["cpu"]["model"]
     assert (tmp_path / "tiers.png").stat().st_size > 0
+
+
+def test_bench_memlimit_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_memlimit", BENCH.parent / "bench_memlimit.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not mod.MEMLIMIT.exists():
+        pytest.skip(f"no memlimit tool at {mod.MEMLIMIT}")
+    out = tmp_path / "memlimit.json"
+    shape = ["--steps", "4", "--tail", "2", "--batch", "2000", "--id-space", "1000000"]
+    data = mod.main([*shape, "--hbm-rows", "1000", "--ddr-rows", "2000", "--headroom-mib", "512", "--json", str(out)])
+    if "failed" in data["free"]:
+        pytest.skip(f"memlimit cannot run here: {data['free']['memlimit']}")
+    assert json.loads(out.read_text())["limited_over_free"] > 0
+    assert len(data["limited"]["step_s"]) == 4 and data["free"]["peak_anon_mib"] > 0
