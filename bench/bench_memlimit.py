@@ -107,9 +107,8 @@ def main(argv=None) -> dict:
         limited = _run(args, tmp / "limited", limit)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ratio = (
-        limited["tail_median_s"] / free["tail_median_s"] if "tail_median_s" in limited and "tail_median_s" in free else None
-    )
+    both = "tail_median_s" in limited and "tail_median_s" in free
+    ratio = limited["tail_median_s"] / free["tail_median_s"] if both else None
     out = {
         "benchmark": "memlimit",
         "command": "python bench/bench_memlimit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
