@@ -23,7 +23,9 @@ Command (figures in docs/benchmarks.md, plot in docs/img/tiers.png)::
 
     python bench/bench_tiers.py --json bench/results/tiers.json --plot docs/img/tiers.png
 
-``--device cuda`` runs the same on a GPU (HBM in CuPy).
+Beside them, the peer a user would write with no cache at all (torch: the table and its
+state in host memory, each step's unique rows gathered, sent up, updated and sent back).
+``--device cuda`` runs the same on a GPU (HBM in CuPy; the peer's table in pinned memory).
 """
 
 from __future__ import annotations
@@ -170,6 +172,45 @@ def fresh_lookup(path: Path, args, batch: int, repeats: int) -> dict:
     }
 
 
+def cache_free(args, warm, timed) -> dict:
+    """The peer a user writes with no cache: table and row-wise Adagrad state in host memory
+    (pinned when the step runs on a GPU); each step gathers the batch's unique rows on the
+    host, sends them up, pools, takes the gradient, updates and sends the rows back.  Not
+    deterministic across thread counts (torch's unique and index_add), and its rows start
+    from a fixed draw, not ours: a timing peer only."""
+    dev = torch.device(args.device)
+    gen = torch.Generator().manual_seed(0)
+    table = torch.empty(args.rows, args.dim).uniform_(-0.01, 0.01, generator=gen)
+    state = torch.zeros(args.rows)
+    if dev.type == "cuda":
+        table, state = table.pin_memory(), state.pin_memory()
+
+    def step(ids, offsets, g):
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        rows = table.index_select(0, uniq).to(dev, non_blocking=True).requires_grad_()
+        st = state.index_select(0, uniq).to(dev, non_blocking=True)
+        out = torch.nn.functional.embedding_bag(
+            inverse.to(dev), rows, offsets.to(dev), mode="sum", include_last_offset=True
+        )
+        out.backward(g.to(dev))
+        with torch.no_grad():
+            st += rows.grad.pow(2).mean(1)
+            new = rows - LR * rows.grad / (st.sqrt() + EPS)[:, None]
+            table.index_copy_(0, uniq, new.cpu())
+            state.index_copy_(0, uniq, st.cpu())
+
+    for b in warm:
+        step(*b)
+    times = []
+    for b in timed:
+        t0 = time.perf_counter()
+        step(*b)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return {"step_median_s": median(times), "step_p90_s": float(np.percentile(times, 90))}
+
+
 def copy_references(nbytes: int, width: int, table_rows: int, repeats: int, seed: int) -> dict:
     """Median seconds of a contiguous memcpy of ``nbytes`` and of a ``numpy.take`` of as many
     ``width``-float rows drawn at random from a ``table_rows``-row table."""
@@ -242,6 +283,7 @@ def main(argv=None) -> dict:
     p.add_argument("--fresh-batch", type=int, default=65_536, help="ids of the fresh-lookup comparison (0: skip)")
     p.add_argument("--fresh-repeats", type=int, default=5)
     p.add_argument("--sorted-fresh", action="store_true", help="fresh ids in id order (default: random order)")
+    p.add_argument("--no-cache-free", dest="cache_free", action="store_false", help="skip the cache-free torch peer")
     p.add_argument("--json", default="bench/results/tiers.json")
     p.add_argument("--plot", default=None, help="a PNG of the parts (matplotlib)")
     args = p.parse_args(argv)
@@ -255,6 +297,7 @@ def main(argv=None) -> dict:
             configs[name] = run_config(tmp / name, args, hbm_rows, ddr_rows, warm, timed)
             shutil.rmtree(tmp / name)
         fresh = fresh_lookup(tmp / "fresh", args, args.fresh_batch, args.fresh_repeats) if args.fresh_batch else None
+        free = cache_free(args, warm, timed) if args.cache_free else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     width = args.dim + 1  # row-wise Adagrad: one float of state a row
@@ -278,6 +321,7 @@ def main(argv=None) -> dict:
         "configs": configs,
         "ratios": ratios,
         "fresh_lookup": fresh,
+        "cache_free": free,
     }
     print(f"{'config':<10} {'step ms':>8} {'moves ms':>9} {'MB moved':>9} {'memcpy ms':>10} {'gather ms':>10}")
     for name, c in configs.items():
@@ -290,6 +334,11 @@ def main(argv=None) -> dict:
             if m["seconds"]:
                 ms, mb = 1e3 * m["seconds"], m["bytes"] / 1e6
                 print(f"    {part:<12} {ms:>7.2f} ms {m['rows']:>9.0f} rows {mb:>7.2f} MB")
+    if free is not None:
+        print(f"{'cache-free':<10} {1e3 * free['step_median_s']:>8.1f}  (torch, no cache: the table in host memory)")
+        for name in ("ddr", "lmdb"):
+            if name in configs:
+                ratios[f"{name}_vs_cache_free"] = free["step_median_s"] / configs[name]["step_median_s"]
     if fresh is not None:
         ratios["fresh_lookup_vs_memmap"] = fresh["ratio"]
         print(
