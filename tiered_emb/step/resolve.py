@@ -114,7 +114,6 @@ class Resolver:
         self.lock = threading.RLock()
         self.closed = False
         self._helper: ThreadPoolExecutor | None = None  # a second thread for bookkeeping, made at first use
-        self._victims: np.ndarray | None = None  # HBM's victims of the chunk being resolved
 
     def _beside(self, fn, *args) -> Future:
         """Run ``fn(*args)`` (a kernel that lets the GIL go) on the helper thread."""
@@ -233,10 +232,11 @@ class Resolver:
         instead of raised here.
         Returns ``(slots, pinned)``; an all-hit chunk is not pinned unless ``force_pin``.
 
-        Each index is probed once: HBM's answer goes to its resolve, DDR's to its take.  The
-        rows move in this order, each pass on every thread: HBM's victims out to a buffer,
-        DDR's rows straight into their HBM slots, LMDB's and the initialiser's in, then
-        DDR's dirty victims out to the write-back buffer and HBM's victims into DDR.
+        Each index is probed once: HBM's answer goes to its decisions, DDR's to its take.
+        Decisions first, then the rows, in this order: HBM's victims out to a buffer, DDR's
+        rows straight into their HBM slots, LMDB's and the initialiser's in, then DDR's dirty
+        victims out to the write-back buffer and HBM's victims into DDR (docs/architecture.md,
+        "Moving rows").
         """
         # While the SSD tier's writer works, its thread and process hold a core: the rows
         # move on this thread alone (measured: halves that wait for a busy core lose more
@@ -279,7 +279,7 @@ class Resolver:
         admitting = self._beside(t.ddr.admit_decide, vids, vdirty) if n_v >= _BESIDE_ROWS else None
         try:
             with one_thread(admitting is not None):
-                t0 = self._copy_up(t, c, moves, t0, chunk, slots, miss_idx, vslots, missing, ddr_slots, n_ddr, dirty)
+                t0, vrows = self._copy_up(t, c, moves, t0, slots, miss_idx, vslots, ddr_slots, n_ddr, dirty)
                 if below_at.shape[0]:
                     t0 = self._below_up(t, c, moves, t0, slots[miss_idx], below_at, dirty, sub, on_ssd, fresh)
         finally:
@@ -289,7 +289,7 @@ class Resolver:
             c["hbm"]["writebacks"] += int(vdirty.sum())
             if plan is None:
                 plan = t.ddr.admit_decide(vids, vdirty)
-            ev_ids, ev_rows, n_ev = t.ddr.admit_rows(self._victims, plan)
+            ev_ids, ev_rows, n_ev = t.ddr.admit_rows(vrows, plan)
             row_bytes = 4 * t.cfg.record_width
             t0 = _charge(moves, "ddr_down", t0, n_v, (n_v + ev_ids.shape[0]) * row_bytes)
             c["ddr"]["evictions"] += n_ev
@@ -305,14 +305,15 @@ class Resolver:
                 _charge(moves, "write_back", t0, ev_ids.shape[0], ev_ids.shape[0] * row_bytes)
         return slots, pinned
 
-    def _copy_up(self, t, c, moves, t0, chunk, slots, miss_idx, vslots, missing, ddr_slots, n_ddr, dirty) -> float:
-        """HBM's victims copied out (to ``self._victims``), then DDR's rows into their HBM slots."""
+    def _copy_up(self, t, c, moves, t0, slots, miss_idx, vslots, ddr_slots, n_ddr, dirty):
+        """HBM's victims copied out, then DDR's rows into their HBM slots (the misses are the
+        ids :meth:`_bring_up` found missing, in chunk order).  Returns ``(now, victims' rows)``."""
         row_bytes = 4 * t.cfg.record_width
-        self._victims = t.hbm.victim_rows(vslots)  # out before any row comes in
+        vrows = t.hbm.victim_rows(vslots)  # out before any row comes in
         t0 = _charge(moves, "hbm_victims", t0, vslots.shape[0], vslots.shape[0] * row_bytes)
         m = miss_idx.shape[0]
-        if not m:  # the misses are the ids not resident, in chunk order: ``missing``
-            return t0
+        if not m:
+            return t0, vrows
         to = slots[miss_idx]
         if n_ddr:
             up = ddr_slots >= 0
@@ -321,7 +322,7 @@ class Resolver:
         c["ddr"]["lookups"] += m
         c["ddr"]["hits"] += n_ddr
         c["ddr"]["misses"] += m - n_ddr
-        return _charge(moves, "ddr_up", t0, n_ddr, n_ddr * row_bytes)
+        return _charge(moves, "ddr_up", t0, n_ddr, n_ddr * row_bytes), vrows
 
     def _below_up(self, t, c, moves, t0, to, below_at, dirty, sub, on_ssd, fresh) -> float:
         """The rows read from LMDB or initialised (``sub``) into their HBM slots."""
