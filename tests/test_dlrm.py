@@ -23,7 +23,7 @@ TINY = [
     "--dim",
     "4",
     "--hbm-rows",
-    "64",
+    "128",
     "--ddr-rows",
     "128",
     "--bottom",
@@ -87,10 +87,23 @@ def test_smoke_run_reports(tmp_path, capsys):
         cpu = r["thread_cpu_ms_per_step"]
         assert cpu["main"] > 0 and "tiered_emb-prefetch" in cpu and "writer process" in cpu and min(cpu.values()) >= 0
     assert r["tables_over_capacity"] >= 10
-    assert r["tiers"]["ssd"]["lookups"] > 0 and r["tiers"]["ssd"]["rows"] > 0  # LMDB really used
+    # LMDB really used (by the step, or by the lookahead thread for it)
+    assert r["tiers"]["ssd"]["lookups"] + r["prefetch"]["ssd"]["lookups"] > 0 and r["tiers"]["ssd"]["rows"] > 0
     assert [c["step"] for c in r["checkpoints"]] == [6] and "checkpoints 1 (steps 6)" in out
     for key in ("train_auc", "test_auc", "train_logloss", "test_logloss"):
         assert np.isfinite(r[key])
+
+
+def test_the_window_is_on_by_default_where_hbm_holds_two_batches(tmp_path):
+    """Default --lookahead: 4 where --hbm-rows >= 2 x --batch, else 0 (a window that cannot
+    pin a batch ahead only cuts the step's chunks smaller); the model is the same."""
+    on = _train(tmp_path / "on", "--steps", "3")
+    off = _train(tmp_path / "off", "--steps", "3", "--hbm-rows", "127")
+    given = _train(tmp_path / "given", "--steps", "3", "--hbm-rows", "127", "--lookahead", "2")
+    assert (on["lookahead"], off["lookahead"], given["lookahead"]) == (4, 0, 2)
+    if sys.platform.startswith("linux"):
+        assert "tiered_emb-prefetch" not in off["thread_cpu_ms_per_step"]
+    assert on["test_logloss"] == off["test_logloss"] == given["test_logloss"]
 
 
 def test_resume_from_checkpoint_is_bitwise_an_uninterrupted_run(tmp_path):

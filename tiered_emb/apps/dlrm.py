@@ -125,8 +125,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--lookahead",
         type=int,
-        default=4,
-        help="batches handed to the store ahead of the step (the window; 0: no pipeline)",
+        default=None,
+        help="batches handed to the store ahead of the step (the window; 0: no pipeline; default: 4 "
+        "where HBM holds two batches' ids, --hbm-rows >= 2 x --batch, else 0: a window that cannot "
+        "pin a whole batch ahead only cuts the step's chunks smaller; the model is the same either way)",
     )
     p.add_argument(
         "--load-ahead",
@@ -246,6 +248,15 @@ def _step_threads(args, cfg: dict | None = None) -> int:
     return max(1, cores - 1)
 
 
+def _lookahead(args, cfg: dict, hbm_rows: int) -> int:
+    """``--lookahead``, else 4 where a table's HBM holds the ids of two batches (the one
+    stepping and the one brought up ahead: each sample looks up one id a table), else 0."""
+    given = getattr(args, "lookahead", None)
+    if given is not None:
+        return given
+    return 4 if hbm_rows >= 2 * cfg["batch"] else 0
+
+
 def _check_run_flags(args) -> None:
     """The flags that are not part of the run's identity (checked before anything is touched)."""
 
@@ -263,6 +274,8 @@ def _check_run_flags(args) -> None:
         bad("--checkpoint-every", args.checkpoint_every, "use an int >= 0 (0: checkpoint only at the end)")
     for flag, name in (("--lookahead", "lookahead"), ("--load-ahead", "load_ahead"), ("--read-ahead", "read_ahead")):
         v = getattr(args, name, 0)
+        if v is None and name == "lookahead":  # (chosen from the tiers and the batch)
+            continue
         if not is_int(v) or v < 0:
             bad(flag, v, "use an int >= 0")
     n = getattr(args, "step_threads", None)
@@ -475,13 +488,14 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         return loss_fn(model(x, feats), torch.from_numpy(labels).to(dev))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
+    lookahead = _lookahead(args, cfg, store.tiers.hbm_rows)
     pipeline = TrainPipeline(
         store,
         model,
         opt,
         ids_of,
         loss_of,
-        lookahead_batches=args.lookahead,
+        lookahead_batches=lookahead,
         load_ahead=getattr(args, "load_ahead", 1),
         read_ahead=getattr(args, "read_ahead", 0),
         step_threads=_step_threads(args, cfg),
@@ -507,6 +521,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         "train_seconds": train_s,
         "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
         "step_threads": _step_threads(args, cfg),
+        "lookahead": lookahead,
         "thread_cpu_ms_per_step": thread_cpu,
         "checkpoints": checkpoints,
     }
