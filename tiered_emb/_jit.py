@@ -131,22 +131,33 @@ def take_rows(rows: np.ndarray, at: np.ndarray, out: np.ndarray | None = None) -
     return out
 
 
+@numba.njit(inline="always")
+def _move_row(src, src_at, dst, dst_at, width, i):
+    d = np.int64(i)
+    if dst_at.shape[0]:
+        d = dst_at[i]
+    if d < 0:
+        return
+    s = np.int64(i)
+    if src_at.shape[0]:
+        s = src_at[i]
+    a = src[s]
+    b = dst[d]
+    for k in range(width):
+        b[k] = a[k]
+
+
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _move_rows(src, src_at, dst, dst_at, width):
-    n = max(src_at.shape[0], dst_at.shape[0])
-    for i in numba.prange(n):
-        d = np.int64(i)
-        if dst_at.shape[0]:
-            d = dst_at[i]
-        if d < 0:
-            continue
-        s = np.int64(i)
-        if src_at.shape[0]:
-            s = src_at[i]
-        a = src[s]
-        b = dst[d]
-        for k in range(width):
-            b[k] = a[k]
+    for i in numba.prange(max(src_at.shape[0], dst_at.shape[0])):
+        _move_row(src, src_at, dst, dst_at, width, i)
+
+
+@numba.njit(cache=True, nogil=True)
+def _move_rows_here(src, src_at, dst, dst_at, width):
+    """:func:`_move_rows` on the calling thread: a small move, without waking (or setting) the pool."""
+    for i in range(max(src_at.shape[0], dst_at.shape[0])):
+        _move_row(src, src_at, dst, dst_at, width, i)
 
 
 _ALL = np.empty(0, dtype=np.int64)
@@ -158,9 +169,11 @@ def move_rows(
     """``dst[dst_at[i], :width] = src[src_at[i], :width]`` for every ``i`` with ``dst_at[i] >= 0``
     (``src_at`` None or empty: ``src[i]``; ``dst_at`` None or empty: ``dst[i]``); float32 host
     arrays, int64 positions, each destination distinct.  One copy a row, side by side on
-    Numba's threads with the GIL let go: the row movement of the tier path, whatever the
-    arrays' padding."""
+    Numba's threads with the GIL let go (a move of under ``_SERIAL_BELOW`` floats on the
+    calling thread): the row movement of the tier path, whatever the arrays' padding."""
     src_at = _ALL if src_at is None else src_at
     dst_at = _ALL if dst_at is None else dst_at
-    with threads_for(max(src_at.shape[0], dst_at.shape[0]) * width):
+    if max(src_at.shape[0], dst_at.shape[0]) * width < _SERIAL_BELOW:
+        _move_rows_here(src, src_at, dst, dst_at, width)
+    else:
         _move_rows(src, src_at, dst, dst_at, width)

@@ -109,13 +109,22 @@ def index_del(keys: Keys, vals: Vals, key: int | np.int64) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys) -> None:
-    """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,).
+def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys, lo: int = 0, hi: int = -1) -> None:
+    """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,)
+    (``ids[lo:hi]`` only where given).
 
     The bucket of the id ``_AHEAD`` on is fetched while this one is looked up (a hint: a
     large tier's table misses the caches at nearly every id)."""
-    n = ids.shape[0]
-    for i in range(n):
+    n = ids.shape[0] if hi < 0 else hi
+    for i in range(lo, n):
         if i + _AHEAD < n:
             index_prefetch(keys, vals, ids[i + _AHEAD])
         out[i] = index_find(keys, vals, ids[i])
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def index_find_split(keys: Keys, vals: Vals, ids: Keys, out: Keys, parts: int) -> None:
+    """:func:`index_find_many` cut into ``parts`` slices on Numba's threads (the index is only read)."""
+    n = ids.shape[0]
+    for p in numba.prange(parts):
+        index_find_many(keys, vals, ids, out, n * p // parts, n * (p + 1) // parts)

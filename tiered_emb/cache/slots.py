@@ -20,11 +20,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, split_parts
 from tiered_emb.cache.index import (
     index_del,
     index_find,
     index_find_many,
+    index_find_split,
     index_prefetch,
     index_put,
     new_index,
@@ -44,6 +45,10 @@ from tiered_emb.cache.policies import (
     policy_victim,
 )
 from tiered_emb.errors import ConfigError
+
+
+#: Ids of a find cut into slices on Numba's threads, each at least this many.
+_FIND_SPLIT_FROM = 8192
 
 
 class CacheTier:
@@ -76,7 +81,11 @@ class CacheTier:
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
         out = np.empty(ids.shape[0], dtype=np.int64)
-        index_find_many(self.keys, self.vals, ids, out)
+        parts = split_parts(ids.shape[0], _FIND_SPLIT_FROM)
+        if parts > 1:
+            index_find_split(self.keys, self.vals, ids, out, parts)
+        else:
+            index_find_many(self.keys, self.vals, ids, out)
         return out
 
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
