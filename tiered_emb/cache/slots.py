@@ -46,7 +46,6 @@ from tiered_emb.cache.policies import (
 )
 from tiered_emb.errors import ConfigError
 
-
 #: Ids of a find cut into slices on Numba's threads, each at least this many.
 _FIND_SPLIT_FROM = 8192
 
