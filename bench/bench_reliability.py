@@ -38,6 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 
 READER = """
@@ -195,7 +198,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.rows, args.batch, args.repeats, args.steps, args.checkpoint_every = 200_000, 8192, 3, 40, 10
-    result: dict = {"args": vars(args)}
+    result: dict = {"args": vars(args), "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         if args.part in ("checksums", "both"):
             result["checksums"] = checksums(Path(tmp), args)
