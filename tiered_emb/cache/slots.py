@@ -31,8 +31,6 @@ from tiered_emb.cache.index import (
     new_index,
 )
 from tiered_emb.cache.policies import (
-    COUNT,
-    LAST,
     POLICIES,
     new_policy_state,
     policy_attach,
@@ -166,11 +164,6 @@ def cache_resolve(
                 policy_touch(P, s)  # pinned by a prefetched batch: placed when that batch releases it
         return 0, 0, False
     for i in range(k):
-        if i + PREFETCH_DISTANCE < k:  # the pin and policy entry of a hit further on
-            ahead = out_slots[i + PREFETCH_DISTANCE]
-            if ahead >= 0:
-                prefetch_hint(pins, ahead)
-                policy_prefetch(code, P, ahead)
         s = out_slots[i]
         if s >= 0:
             if pins[s] == 0:
@@ -180,13 +173,8 @@ def cache_resolve(
     n_miss = 0
     n_victims = 0
     for i in range(k):
-        if i + PREFETCH_DISTANCE < k:
-            ahead = out_slots[i + PREFETCH_DISTANCE]
-            if ahead < 0:  # a miss's put, further on
-                index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
-            else:  # a hit's use counters
-                prefetch_hint(P, P[COUNT] + ahead)
-                prefetch_hint(P, P[LAST] + ahead)
+        if i + PREFETCH_DISTANCE < k and out_slots[i + PREFETCH_DISTANCE] < 0:  # a miss's put, further on
+            index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
         s = out_slots[i]
         if s >= 0:
             policy_touch(P, s)
