@@ -396,34 +396,6 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_admit(code, P, keys, vals, slot_ids, dirty, free, fmeta, records, ids, rows, rows_dirty, ev_ids, ev_rows):
-    """Admit rows of ``ids`` (absent here), evicting by policy; dirty evictions go out.
-
-    ``rows`` (k, W) float32 and ``rows_dirty`` (k,) uint8 come from the tier above.  The
-    dirty rows pushed out (possibly incoming rows themselves, when capacity is 0 or
-    smaller than k) are written to ``ev_ids`` / ``ev_rows`` for the tier below.
-    Returns ``(n_dirty_out, n_evicted)``.
-    """
-    n = ids.shape[0]
-    filled = np.full(slot_ids.shape[0], -1, dtype=np.int32)
-    dest = np.empty(n, dtype=np.int64)
-    ev_src = np.empty(n, dtype=np.int64)
-    n_out, n_ev = cache_admit_slots(
-        code, P, keys, vals, slot_ids, dirty, free, fmeta, filled, ids, rows_dirty, dest, ev_ids, ev_src
-    )
-    for j in range(n_out):
-        src = ev_src[j]
-        if src >= 0:
-            ev_rows[j, :] = records[src, :]
-        else:
-            ev_rows[j, :] = rows[-1 - src, :]
-    for i in range(n):
-        if dest[i] >= 0:
-            records[dest[i], :] = rows[i, :]
-    return n_out, n_ev
-
-
-@numba.njit(cache=True, nogil=True)
 def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
     """Run a request trace (int64 (n,)) one request at a time; returns the hit count.
 

@@ -37,9 +37,16 @@ import numba
 import numpy as np
 
 from tiered_emb._args import as_ids, check_nonneg, int_arg
-from tiered_emb.cache.index import index_del, index_find, index_put, new_index
+from tiered_emb.cache.index import index_del, index_find, index_find_many, index_put, new_index
 from tiered_emb.cache.policies import POLICIES
-from tiered_emb.cache.slots import CacheTier, cache_admit, cache_pin, cache_release, cache_resolve_new, cache_take
+from tiered_emb.cache.slots import (
+    CacheTier,
+    cache_admit_slots,
+    cache_pin,
+    cache_release,
+    cache_resolve_new,
+    cache_take_slots,
+)
 from tiered_emb.errors import ConfigError
 from tiered_emb.prefetch.window import pin_budget, repin_due
 from tiered_emb.sim.policies import id_range, next_use_of
@@ -136,11 +143,11 @@ def _no_eviction_rows(rows: int, lookups: int) -> int:
 
 # --------------------------------------------------------------------------- the store's kernels
 @numba.njit(cache=True)
-def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
+def _resolve_counted(h, d, code, ids, force_pin, cnt):
     """Resolve ``ids`` in HBM as ``Resolver.bring_up`` does; misses taken from DDR, victims
     admitted to DDR.  ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
     (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
-    (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, drec) = d
+    (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, dfilled) = d
     slots, miss_idx, _, vids, vdirty, n_vic, pinned = cache_resolve_new(
         code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin, ids[:0]
     )
@@ -148,43 +155,20 @@ def _resolve_counted(h, d, code, ids, force_pin, cnt, scratch):
         raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out
     n_miss = miss_idx.shape[0]
     cnt[0] += n_miss
-    if n_miss > 0:
+    if n_miss > 0:  # the store's decisions, no rows: DDR's take of the misses, its admit of the victims
         miss_ids = ids[miss_idx]
-        found = np.empty(n_miss, dtype=np.uint8)
+        ddr_slots = np.empty(n_miss, dtype=np.int64)
+        index_find_many(dkeys, dvals, miss_ids, ddr_slots)
         out_dirty = np.empty(n_miss, dtype=np.uint8)
-        cnt[1] += cache_take(
-            code,
-            dP,
-            dkeys,
-            dvals,
-            dslot_ids,
-            ddirty,
-            dpins,
-            dfree,
-            dfmeta,
-            drec,
-            miss_ids,
-            scratch[:n_miss],
-            out_dirty,
-            found,
+        cnt[1] += cache_take_slots(
+            code, dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, miss_ids, ddr_slots, out_dirty
         )
     if n_vic > 0:
+        dest = np.empty(n_vic, dtype=np.int64)
         ev_ids = np.empty(n_vic, dtype=np.int64)
-        cache_admit(
-            code,
-            dP,
-            dkeys,
-            dvals,
-            dslot_ids,
-            ddirty,
-            dfree,
-            dfmeta,
-            drec,
-            vids,
-            scratch[:n_vic],
-            vdirty,
-            ev_ids,
-            scratch[:n_vic],
+        ev_src = np.empty(n_vic, dtype=np.int64)
+        cache_admit_slots(
+            code, dP, dkeys, dvals, dslot_ids, ddirty, dfree, dfmeta, dfilled, vids, vdirty, dest, ev_ids, ev_src
         )
     return slots, pinned
 
@@ -222,7 +206,6 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     (hP, hkeys, hvals, _hslot_ids, _hdirty, hpins, _hfree, hfmeta) = h
     nb = boff.shape[0] - 1
     cap = hfmeta[1]
-    scratch = np.empty((max(1, uids.shape[0]), 0), dtype=np.float32)
     # Ticket of batch j: its pinned slots ticket_slots[boff[j]:boff[j] + tlen[j]]; in_ticket
     # marks its ids already pinned.
     ticket_slots = np.empty(uids.shape[0], dtype=np.int64)
@@ -250,7 +233,7 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
             in_ticket[idx] = True
             if take.shape[0] > 0:
                 cnt[:] = 0
-                slots, _ = _resolve_counted(h, d, code, take, True, cnt, scratch)
+                slots, _ = _resolve_counted(h, d, code, take, True, cnt)
                 n_t = tlen[j]
                 ticket_slots[boff[j] + n_t : boff[j] + n_t + slots.shape[0]] = slots
                 tlen[j] = n_t + slots.shape[0]
@@ -267,7 +250,7 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
         cnt[:] = 0
         for start in range(0, u.shape[0], free_cap):
             chunk = u[start : start + free_cap]
-            slots, pinned = _resolve_counted(h, d, code, chunk, False, cnt, scratch)
+            slots, pinned = _resolve_counted(h, d, code, chunk, False, cnt)
             if pinned:
                 cache_release(code, hP, hpins, hfmeta, slots)
         step_placed = step_placed or cnt[0] > 0
@@ -297,10 +280,10 @@ class TierHits:
         return self.ddr_hits / self.ddr_lookups if self.ddr_lookups else 0.0
 
 
-def _tier_arrays(tier: CacheTier, records: bool):
+def _tier_arrays(tier: CacheTier, lower: bool):
     base = (tier.P, tier.keys, tier.vals, tier.slot_ids, tier.dirty, tier.pins, tier.free, tier.fmeta)
-    if records:
-        return base + (np.empty((tier.slot_ids.shape[0], 0), dtype=np.float32),)
+    if lower:  # with cache_admit_slots' scratch (-1 between calls), as DdrTier keeps it
+        return base + (np.full(tier.slot_ids.shape[0], -1, dtype=np.int32),)
     return base
 
 
