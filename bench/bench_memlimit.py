@@ -103,8 +103,11 @@ def main(argv=None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_memlimit_"))
     try:
         free = _run(args, tmp / "free", None)
-        limit = args.limit_mib or (free["peak_anon_mib"] or 0) + args.headroom_mib
-        limited = _run(args, tmp / "limited", limit)
+        if "failed" in free:  # (no memlimit here, or no cgroup: nothing to compare)
+            limited = {"limit_mib": args.limit_mib, "failed": "not run", "memlimit": "the free run failed"}
+        else:
+            limit = args.limit_mib or (free["peak_anon_mib"] or 0) + args.headroom_mib
+            limited = _run(args, tmp / "limited", limit)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     both = "tail_median_s" in limited and "tail_median_s" in free

@@ -251,8 +251,7 @@ class Resolver:
         moves = t.moves
         t0 = perf_counter()
         probe = t.hbm.find(chunk)
-        missing_at = np.flatnonzero(probe < 0)
-        missing = chunk[missing_at]
+        missing = chunk[probe < 0]
         ddr_slots = t.ddr.find(missing) if missing.shape[0] else _NO_IDS
         below_at = np.flatnonzero(ddr_slots < 0)
         t0 = _charge(moves, "probe", t0, chunk.shape[0], 0)
