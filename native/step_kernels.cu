@@ -136,7 +136,10 @@ extern "C" __global__ void reduce_partials(ARR1(const i64, part_first), ARR1(con
 
 // ---------------------------------------------------------------------------------------------
 // The optimizers: one block per unique row, records[slots[k]] updated with grads[k] (float32
-// (k, dim)); params as tiered_emb.optimizers' params().
+// (k, dim)); params as tiered_emb.optimizers' params(), weight decay's [weight_decay, mode] last.
+// Decay as tiered_emb.step.update: L2 (mode 1) uses g + wd * w (w the weight before this update)
+// for g everywhere; decoupled (mode 2) makes the weight update w = c * w - step with
+// c = 1 - lr * wd; mode 0 computes c * w - step with c = 1, exactly w - step.
 
 #define ROW_SETUP                               \
     const i64 k = blockIdx.x;                   \
@@ -144,48 +147,76 @@ extern "C" __global__ void reduce_partials(ARR1(const i64, part_first), ARR1(con
     const float* __restrict__ g_row = grads + k * grads_cols; \
     const i64 dim = grads_cols;
 
-// w -= lr * g
+// The gradient an update uses: g + wd * w with L2 decay (mode 1), else g.
+static __device__ __forceinline__ float decayed(float g, float w, float wd, float mode) {
+    return mode == 1.0f ? __fadd_rn(g, __fmul_rn(wd, w)) : g;
+}
+
+// What a row's weights are scaled by in its update: 1 - lr * wd when decoupled (mode 2), else 1.
+static __device__ __forceinline__ float kept(float lr, float wd, float mode) {
+    return mode == 2.0f ? __fsub_rn(1.0f, __fmul_rn(lr, wd)) : 1.0f;
+}
+
+// w = c * w - lr * g
 extern "C" __global__ void sgd_update(ARR2(float, records), ARR1(const i64, slots), ARR2(const float, grads),
                                       ARR1(const float, params)) {
     ROW_SETUP
     const float lr = params[0];
-    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) row[j] = __fsub_rn(row[j], __fmul_rn(lr, g_row[j]));
+    const float wd = params[1];
+    const float mode = params[2];
+    const float c = kept(lr, wd, mode);
+    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float g = decayed(g_row[j], row[j], wd, mode);
+        row[j] = __fsub_rn(__fmul_rn(c, row[j]), __fmul_rn(lr, g));
+    }
 }
 
-// s += g*g; w -= lr * (g / (sqrt(s) + eps)), element-wise
+// s += g*g; w = c * w - lr * (g / (sqrt(s) + eps)), element-wise
 extern "C" __global__ void adagrad_update(ARR2(float, records), ARR1(const i64, slots), ARR2(const float, grads),
                                           ARR1(const float, params)) {
     ROW_SETUP
     const float lr = params[0];
     const float eps = params[1];
+    const float wd = params[2];
+    const float mode = params[3];
+    const float c = kept(lr, wd, mode);
     for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
-        const float g = g_row[j];
+        const float g = decayed(g_row[j], row[j], wd, mode);
         const float st = __fadd_rn(row[dim + j], __fmul_rn(g, g));
         row[dim + j] = st;
-        row[j] = __fsub_rn(row[j], __fmul_rn(lr, __fdiv_rn(g, __fadd_rn(__fsqrt_rn(st), eps))));
+        row[j] = __fsub_rn(__fmul_rn(c, row[j]), __fmul_rn(lr, __fdiv_rn(g, __fadd_rn(__fsqrt_rn(st), eps))));
     }
 }
 
-// s += float32(sum(g*g) / dim) (float64, in column order); w -= (lr / (sqrt(s) + eps)) * g.  The
-// float64 sum is one serial chain, as on the host: thread 0 runs it and hands the step size on
-// through shared memory.
+// s += float32(sum(g*g) / dim) (float64, in column order); w = c * w - (lr / (sqrt(s) + eps)) * g.
+// The float64 sum is one serial chain, as on the host: thread 0 runs it and hands the step size on
+// through shared memory.  With L2 decay the sum reads the row's weights: it runs before the
+// __syncthreads, so before any thread writes them.
 extern "C" __global__ void rowwise_adagrad_update(ARR2(float, records), ARR1(const i64, slots),
                                                   ARR2(const float, grads), ARR1(const float, params)) {
     ROW_SETUP
+    const float lr = params[0];
+    const float eps = params[1];
+    const float wd = params[2];
+    const float mode = params[3];
+    const float c = kept(lr, wd, mode);
     __shared__ float step;
     if (threadIdx.x == 0) {
         double acc = 0.0;
         for (i64 j = 0; j < dim; ++j) {
-            const double g = (double)g_row[j];
+            const double g = (double)decayed(g_row[j], row[j], wd, mode);
             acc = __dadd_rn(acc, __dmul_rn(g, g));
         }
         const float st = __fadd_rn(row[dim], __double2float_rn(__ddiv_rn(acc, (double)dim)));
         row[dim] = st;
-        step = __fdiv_rn(params[0], __fadd_rn(__fsqrt_rn(st), params[1]));
+        step = __fdiv_rn(lr, __fadd_rn(__fsqrt_rn(st), eps));
     }
     __syncthreads();
     const float lr_row = step;
-    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) row[j] = __fsub_rn(row[j], __fmul_rn(lr_row, g_row[j]));
+    for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float g = decayed(g_row[j], row[j], wd, mode);
+        row[j] = __fsub_rn(__fmul_rn(c, row[j]), __fmul_rn(lr_row, g));
+    }
 }
 
 // base ** n (n >= 0) by squaring, IEEE multiplies only: tiered_emb.step.update.pow_by_squaring.
@@ -201,7 +232,8 @@ static __device__ double pow_by_squaring(double base, i64 n) {
 }
 
 // Lazy Adam with the row's own step count (tiered_emb.optimizers.Adam): thread 0 advances the
-// count and the bias corrections (shared); every thread then updates its columns.
+// count and the bias corrections (shared); every thread then updates its columns,
+// w = c * w - lr * ((m / c1) / (sqrt(v / c2) + eps)).
 extern "C" __global__ void adam_update(ARR2(float, records), ARR1(const i64, slots), ARR2(const float, grads),
                                        ARR1(const float, params)) {
     ROW_SETUP
@@ -209,6 +241,9 @@ extern "C" __global__ void adam_update(ARR2(float, records), ARR1(const i64, slo
     const float b1 = params[1];
     const float b2 = params[2];
     const float eps = params[3];
+    const float wd = params[4];
+    const float mode = params[5];
+    const float c = kept(lr, wd, mode);
     __shared__ float corr[2];
     if (threadIdx.x == 0) {
         const float t = __fadd_rn(row[3 * dim], 1.0f);
@@ -221,11 +256,12 @@ extern "C" __global__ void adam_update(ARR2(float, records), ARR1(const i64, slo
     const float c1 = corr[0];
     const float c2 = corr[1];
     for (i64 j = threadIdx.x; j < dim; j += blockDim.x) {
-        const float g = g_row[j];
+        const float g = decayed(g_row[j], row[j], wd, mode);
         const float m = __fadd_rn(__fmul_rn(b1, row[dim + j]), __fmul_rn(__fsub_rn(1.0f, b1), g));
         const float v = __fadd_rn(__fmul_rn(b2, row[2 * dim + j]), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, b2), g), g));
         row[dim + j] = m;
         row[2 * dim + j] = v;
-        row[j] = __fsub_rn(row[j], __fmul_rn(lr, __fdiv_rn(__fdiv_rn(m, c1), __fadd_rn(__fsqrt_rn(__fdiv_rn(v, c2)), eps))));
+        row[j] = __fsub_rn(__fmul_rn(c, row[j]),
+                           __fmul_rn(lr, __fdiv_rn(__fdiv_rn(m, c1), __fadd_rn(__fsqrt_rn(__fdiv_rn(v, c2)), eps))));
     }
 }

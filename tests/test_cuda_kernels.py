@@ -13,6 +13,8 @@ Every test runs each implementation through :class:`DeviceKernels`:
 Sizes stay tiny: the simulator runs each CUDA thread as a Python thread.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -175,9 +177,21 @@ def _records_for(opt, rng, cap: int, dim: int) -> np.ndarray:
     return records
 
 
+WEIGHT_DECAY = 0.05  # lr * WEIGHT_DECAY < 1 for every optimizer above
+
+
+def _decayed(opt, decay: str | None):
+    """``opt`` with weight decay in mode ``decay`` ("l2", "decoupled"), or as it is (None)."""
+    if decay is None:
+        return opt
+    return dataclasses.replace(opt, weight_decay=WEIGHT_DECAY, weight_decay_mode=decay)
+
+
+@pytest.mark.parametrize("decay", [None, "l2", "decoupled"])
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
-def test_update_equals_the_host_kernel(kernels, opt, seed):
+def test_update_equals_the_host_kernel(kernels, opt, seed, decay):
+    opt = _decayed(opt, decay)
     rng = np.random.default_rng(seed)
     dim, cap = 7, 10
     records = _records_for(opt, rng, cap, dim)
@@ -190,6 +204,29 @@ def test_update_equals_the_host_kernel(kernels, opt, seed):
     kernels.update(opt, got, slots, grads)
     assert np.array_equal(_bits(got), want.view(np.uint32))
     assert not np.array_equal(got, records)  # it did something
+
+
+@pytest.mark.parametrize("decay", ["l2", "decoupled"])
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_weight_decay_changes_every_updated_row(kernels, opt, decay):
+    """Decay is not silently dropped: each updated row's weights differ from the undecayed update's,
+    a row with a zero gradient included (SGD's then, exactly: ``c * w`` or ``w - lr * (wd * w)``)."""
+    rng = np.random.default_rng(5)
+    dim, cap = 7, 8
+    records = _records_for(opt, rng, cap, dim)
+    slots = rng.permutation(cap)[:5].astype(np.int64)
+    grads = (rng.standard_normal((5, dim)) * 3).astype(np.float32)
+    grads[0] = 0.0
+    plain = records.copy()
+    kernels.update(opt, plain, slots, grads)
+    got = records.copy()
+    kernels.update(_decayed(opt, decay), got, slots, grads)
+    assert (got[slots, :dim] != plain[slots, :dim]).any(axis=1).all()
+    if opt.name == "sgd":
+        f32 = np.float32
+        lr, wd, w = f32(opt.lr), f32(WEIGHT_DECAY), records[slots[0], :dim]
+        want = (f32(1.0) - lr * wd) * w if decay == "decoupled" else w - lr * (wd * w)
+        assert np.array_equal(got[slots[0], :dim].view(np.uint32), want.view(np.uint32))
 
 
 def test_empty_launches_do_nothing(kernels):

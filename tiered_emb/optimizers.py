@@ -18,6 +18,17 @@ optimizer          state_width     contents
 ``Adam``           2*dim + 1       m (dim), v (dim), the row's own step count
 =================  ==============  ================================================
 
+Weight decay, on every optimizer (``weight_decay`` > 0), in FBGEMM's two modes:
+
+- ``weight_decay_mode="l2"``: ``g += weight_decay * w`` before the update (torch's
+  ``weight_decay``; for row-wise Adagrad the decayed gradient also feeds the row's mean
+  of ``g*g``, as FBGEMM's ``WeightDecayMode.L2``);
+- ``"decoupled"``: ``w = (1 - lr * weight_decay) * w`` before the update (AdamW, FBGEMM's
+  ``DECOUPLE``).
+
+Decay is applied to the rows a step updates, as FBGEMM's TBE and TorchRec's fused
+optimizers do: a row no batch touches keeps its weights (docs/training.md).
+
 ``Adam`` is the *lazy* (sparse) variant: a row's moments and step count advance only on
 steps where the row receives a gradient, and bias correction uses the row's own count,
 as FBGEMM's row-sparse Adam does.  The count is held as float32, exact up to 2**24
@@ -26,12 +37,19 @@ as FBGEMM's row-sparse Adam does.  The count is held as float32, exact up to 2**
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from tiered_emb.errors import ConfigError
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+#: Weight decay modes, as the kernels take them (``params()[-1]``): none, L2, decoupled.
+DECAY_MODES = {"l2": 1.0, "decoupled": 2.0}
 
 
 def _check_positive(cls: str, field: str, value: float, allow_zero: bool = False) -> None:
@@ -42,23 +60,49 @@ def _check_positive(cls: str, field: str, value: float, allow_zero: bool = False
         )
 
 
+def _check_decay(opt) -> None:
+    """The learning rate and the weight decay of ``opt`` checked together."""
+    cls = type(opt).__name__
+    _check_positive(cls, "lr", opt.lr, allow_zero=True)
+    _check_positive(cls, "weight_decay", opt.weight_decay, allow_zero=True)
+    if opt.weight_decay_mode not in DECAY_MODES:
+        raise ConfigError(
+            f"{cls}.weight_decay_mode={opt.weight_decay_mode!r} is invalid", f"use one of {sorted(DECAY_MODES)}"
+        )
+    if opt.weight_decay_mode == "decoupled" and opt.lr * opt.weight_decay >= 1.0:
+        raise ConfigError(
+            f"{cls}(lr={opt.lr!r}, weight_decay={opt.weight_decay!r}, weight_decay_mode='decoupled') "
+            "would scale rows by 1 - lr * weight_decay <= 0",
+            "keep lr * weight_decay below 1 (decoupled decay shrinks a row by that fraction a step)",
+        )
+
+
+def _decay(opt) -> list[float]:
+    """The decay's two kernel parameters: ``[weight_decay, mode]`` (mode 0: no decay)."""
+    if opt.weight_decay == 0:
+        return [0.0, 0.0]
+    return [opt.weight_decay, DECAY_MODES[opt.weight_decay_mode]]
+
+
 @dataclass(frozen=True)
 class SGD:
     """Plain SGD: ``w -= lr * g``."""
 
     lr: float = 0.01
+    weight_decay: float = 0.0
+    weight_decay_mode: str = "l2"
     name = "sgd"
 
     def __post_init__(self):
-        _check_positive("SGD", "lr", self.lr)
+        _check_decay(self)
 
     def state_width(self, dim: int) -> int:
         """Floats of optimizer state per row of ``dim`` weights: 0 (SGD keeps none)."""
         return 0
 
     def params(self) -> np.ndarray:
-        """The hyper-parameters as the update kernel takes them: float32 (1,), ``[lr]``."""
-        return np.array([self.lr], dtype=np.float32)
+        """The hyper-parameters as the update kernel takes them: float32 (3,), ``[lr, weight_decay, mode]``."""
+        return np.array([self.lr, *_decay(self)], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -67,10 +111,12 @@ class Adagrad:
 
     lr: float = 0.01
     eps: float = 1e-10
+    weight_decay: float = 0.0
+    weight_decay_mode: str = "l2"
     name = "adagrad"
 
     def __post_init__(self):
-        _check_positive("Adagrad", "lr", self.lr)
+        _check_decay(self)
         _check_positive("Adagrad", "eps", self.eps, allow_zero=True)
 
     def state_width(self, dim: int) -> int:
@@ -78,8 +124,8 @@ class Adagrad:
         return dim
 
     def params(self) -> np.ndarray:
-        """The hyper-parameters as the update kernel takes them: float32 (2,), ``[lr, eps]``."""
-        return np.array([self.lr, self.eps], dtype=np.float32)
+        """The hyper-parameters as the update kernel takes them: float32 (4,), ``[lr, eps, weight_decay, mode]``."""
+        return np.array([self.lr, self.eps, *_decay(self)], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -92,10 +138,12 @@ class RowWiseAdagrad:
 
     lr: float = 0.01
     eps: float = 1e-8
+    weight_decay: float = 0.0
+    weight_decay_mode: str = "l2"
     name = "rowwise_adagrad"
 
     def __post_init__(self):
-        _check_positive("RowWiseAdagrad", "lr", self.lr)
+        _check_decay(self)
         _check_positive("RowWiseAdagrad", "eps", self.eps, allow_zero=True)
 
     def state_width(self, dim: int) -> int:
@@ -103,8 +151,8 @@ class RowWiseAdagrad:
         return 1
 
     def params(self) -> np.ndarray:
-        """The hyper-parameters as the update kernel takes them: float32 (2,), ``[lr, eps]``."""
-        return np.array([self.lr, self.eps], dtype=np.float32)
+        """The hyper-parameters as the update kernel takes them: float32 (4,), ``[lr, eps, weight_decay, mode]``."""
+        return np.array([self.lr, self.eps, *_decay(self)], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -114,10 +162,12 @@ class Adam:
     lr: float = 0.001
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
+    weight_decay: float = 0.0
+    weight_decay_mode: str = "l2"
     name = "adam"
 
     def __post_init__(self):
-        _check_positive("Adam", "lr", self.lr)
+        _check_decay(self)
         _check_positive("Adam", "eps", self.eps, allow_zero=True)
         b = self.betas
         if not (
@@ -133,11 +183,24 @@ class Adam:
         return 2 * dim + 1
 
     def params(self) -> np.ndarray:
-        """The hyper-parameters as the update kernel takes them: float32 (4,), ``[lr, beta1, beta2, eps]``."""
-        return np.array([self.lr, self.betas[0], self.betas[1], self.eps], dtype=np.float32)
+        """The hyper-parameters as the update kernel takes them: float32 (6,),
+        ``[lr, beta1, beta2, eps, weight_decay, mode]``."""
+        return np.array([self.lr, self.betas[0], self.betas[1], self.eps, *_decay(self)], dtype=np.float32)
 
 
 OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, RowWiseAdagrad, Adam)}
+
+
+def with_learning_rate(opt, lr, where: str = "set_learning_rate"):
+    """``opt`` with learning rate ``lr``: a finite number >= 0 that float32 holds (a schedule may
+    reach 0); ConfigError naming ``where`` otherwise."""
+    ok = isinstance(lr, numbers.Real) and not isinstance(lr, (bool, np.bool_))
+    if not ok or not math.isfinite(lr) or lr < 0 or lr > _FLOAT32_MAX:
+        raise ConfigError(
+            f"{where}: lr={lr!r} is invalid",
+            "give a finite learning rate >= 0 (a schedule that gives a negative or NaN lr is wrong)",
+        )
+    return dataclasses.replace(opt, lr=float(lr))
 
 
 def optimizer_from_dict(d: dict):

@@ -219,57 +219,91 @@ def reduce_partials(part_first, ids, partial, out, bad):
 
 # ---------------------------------------------------------------------------------------------------------
 # the optimizers: one block per unique row, ``records[slots[k]]`` updated with ``grads[k]``
-# (float32 (k, dim)); ``params`` float32 as :meth:`tiered_emb.optimizers.SGD.params` and the rest.
+# (float32 (k, dim)); ``params`` float32 as :meth:`tiered_emb.optimizers.SGD.params` and the rest,
+# weight decay's ``[weight_decay, mode]`` last.  Decay as :mod:`tiered_emb.step.update`: L2
+# (mode 1) uses ``g + wd * w`` (``w`` the weight before this update) for ``g`` everywhere;
+# decoupled (mode 2) makes the weight update ``w = c * w - step`` with ``c = 1 - lr * wd``;
+# mode 0 computes ``c * w - step`` with ``c = 1``, exactly ``w - step``.
+
+
+@cuda.jit(device=True)
+def _decayed(g, w, wd, mode):
+    """The gradient an update uses: ``g + wd * w`` with L2 decay (mode 1), else ``g``."""
+    if mode == 1.0:
+        return f_add(g, f_mul(wd, w))
+    return g
+
+
+@cuda.jit(device=True)
+def _kept(lr, wd, mode):
+    """What a row's weights are scaled by in its update: ``1 - lr * wd`` when decoupled (mode 2), else 1."""
+    if mode == 2.0:
+        return f_sub(np.float32(1.0), f_mul(lr, wd))
+    return np.float32(1.0)
 
 
 @cuda.jit
 def sgd_update(records, slots, grads, params):
-    """``w -= lr * g``."""
+    """``w = c * w - lr * g``."""
     k = cuda.blockIdx.x
     s = slots[k]
     lr = params[0]
+    wd = params[1]
+    mode = params[2]
+    c = _kept(lr, wd, mode)
     for j in range(cuda.threadIdx.x, grads.shape[1], cuda.blockDim.x):
-        records[s, j] = f_sub(records[s, j], f_mul(lr, grads[k, j]))
+        g = _decayed(grads[k, j], records[s, j], wd, mode)
+        records[s, j] = f_sub(f_mul(c, records[s, j]), f_mul(lr, g))
 
 
 @cuda.jit
 def adagrad_update(records, slots, grads, params):
-    """``s += g*g; w -= lr * (g / (sqrt(s) + eps))``, element-wise."""
+    """``s += g*g; w = c * w - lr * (g / (sqrt(s) + eps))``, element-wise."""
     k = cuda.blockIdx.x
     s = slots[k]
     lr = params[0]
     eps = params[1]
+    wd = params[2]
+    mode = params[3]
+    c = _kept(lr, wd, mode)
     dim = grads.shape[1]
     for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-        g = grads[k, j]
+        g = _decayed(grads[k, j], records[s, j], wd, mode)
         st = f_add(records[s, dim + j], f_mul(g, g))
         records[s, dim + j] = st
-        records[s, j] = f_sub(records[s, j], f_mul(lr, f_div(g, f_add(f_sqrt(st), eps))))
+        records[s, j] = f_sub(f_mul(c, records[s, j]), f_mul(lr, f_div(g, f_add(f_sqrt(st), eps))))
 
 
 @cuda.jit
 def rowwise_adagrad_update(records, slots, grads, params):
-    """``s += float32(sum(g*g) / dim)`` (float64, column order); ``w -= (lr / (sqrt(s) + eps)) * g``.
+    """``s += float32(sum(g*g) / dim)`` (float64, column order); ``w = c * w - (lr / (sqrt(s) + eps)) * g``.
 
     The float64 sum is one serial chain, as on the host: thread 0 runs it and hands the
-    step size to the block through shared memory.
+    step size to the block through shared memory.  With L2 decay the sum reads the row's
+    weights: it runs before ``syncthreads``, so before any thread writes them.
     """
     k = cuda.blockIdx.x
     s = slots[k]
     dim = grads.shape[1]
+    lr = params[0]
+    eps = params[1]
+    wd = params[2]
+    mode = params[3]
+    c = _kept(lr, wd, mode)
     step = cuda.shared.array(1, numba.float32)
     if cuda.threadIdx.x == 0:
         acc = np.float64(0.0)
         for j in range(dim):
-            g = np.float64(grads[k, j])
+            g = np.float64(_decayed(grads[k, j], records[s, j], wd, mode))
             acc = d_add(acc, d_mul(g, g))
         st = f_add(records[s, dim], d_to_f(d_div(acc, np.float64(dim))))
         records[s, dim] = st
-        step[0] = f_div(params[0], f_add(f_sqrt(st), params[1]))
+        step[0] = f_div(lr, f_add(f_sqrt(st), eps))
     cuda.syncthreads()
     lr_row = step[0]
     for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-        records[s, j] = f_sub(records[s, j], f_mul(lr_row, grads[k, j]))
+        g = _decayed(grads[k, j], records[s, j], wd, mode)
+        records[s, j] = f_sub(f_mul(c, records[s, j]), f_mul(lr_row, g))
 
 
 @cuda.jit
@@ -277,7 +311,7 @@ def adam_update(records, slots, grads, params):
     """Lazy Adam with the row's own step count (see :class:`tiered_emb.optimizers.Adam`).
 
     Thread 0 advances the count and the bias corrections (shared); every thread then
-    updates its columns' moments and weights.
+    updates its columns' moments and weights, ``w = c * w - lr * ((m / c1) / (sqrt(v / c2) + eps))``.
     """
     k = cuda.blockIdx.x
     s = slots[k]
@@ -286,6 +320,9 @@ def adam_update(records, slots, grads, params):
     b1 = params[1]
     b2 = params[2]
     eps = params[3]
+    wd = params[4]
+    mode = params[5]
+    c = _kept(lr, wd, mode)
     one = np.float32(1.0)
     corr = cuda.shared.array(2, numba.float32)
     if cuda.threadIdx.x == 0:
@@ -298,12 +335,12 @@ def adam_update(records, slots, grads, params):
     c1 = corr[0]
     c2 = corr[1]
     for j in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
-        g = grads[k, j]
+        g = _decayed(grads[k, j], records[s, j], wd, mode)
         m = f_add(f_mul(b1, records[s, dim + j]), f_mul(f_sub(one, b1), g))
         v = f_add(f_mul(b2, records[s, 2 * dim + j]), f_mul(f_mul(f_sub(one, b2), g), g))
         records[s, dim + j] = m
         records[s, 2 * dim + j] = v
-        records[s, j] = f_sub(records[s, j], f_mul(lr, f_div(f_div(m, c1), f_add(f_sqrt(f_div(v, c2)), eps))))
+        records[s, j] = f_sub(f_mul(c, records[s, j]), f_mul(lr, f_div(f_div(m, c1), f_add(f_sqrt(f_div(v, c2)), eps))))
 
 
 UPDATE_KERNELS = {

@@ -16,31 +16,79 @@ from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
 # parallel over distinct rows (slots are distinct by construction: one per unique id).
 # All arithmetic is float32 except the row-wise mean, accumulated in float64 in a fixed
-# order, so results do not depend on the thread count.
+# order, so results do not depend on the thread count.  Weight decay (the last two
+# params: weight_decay, mode) as tiered_emb.optimizers says: L2 (mode 1) adds
+# weight_decay * w to the gradient first; decoupled (mode 2) scales w by
+# c = 1 - lr * weight_decay in the update, w = c * w - step; no decay (mode 0) is the
+# plain update.
+
+
+@numba.njit(inline="always")
+def _decayed(g, w, wd, mode):
+    """The gradient an update uses: with L2 decay (mode 1) ``g + wd * w``, else ``g``."""
+    if mode == 1.0:
+        return g + wd * w
+    return g
+
+
+@numba.njit(inline="always")
+def _kept(lr, wd, mode):
+    """What a row's weights are scaled by before its step: ``1 - lr * wd`` when decoupled (mode 2), else 1."""
+    if mode == 2.0:
+        return np.float32(1.0) - lr * wd
+    return np.float32(1.0)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _sgd_update(records, slots, grads, params):
     lr = params[0]
+    wd = params[1]
+    mode = params[2]
+    c = _kept(lr, wd, mode)
     dim = grads.shape[1]
     for k in numba.prange(slots.shape[0]):
         r = records[slots[k]]
         for j in range(dim):
-            r[j] = r[j] - lr * grads[k, j]
+            g = _decayed(grads[k, j], r[j], wd, mode)
+            r[j] = c * r[j] - lr * g
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _adagrad_update(records, slots, grads, params):
     lr = params[0]
     eps = params[1]
+    wd = params[2]
+    mode = params[3]
+    c = _kept(lr, wd, mode)
     dim = grads.shape[1]
     for k in numba.prange(slots.shape[0]):
         r = records[slots[k]]
         for j in range(dim):
-            g = grads[k, j]
+            g = _decayed(grads[k, j], r[j], wd, mode)
             s = r[dim + j] + g * g
             r[dim + j] = s
-            r[j] = r[j] - lr * (g / (np.sqrt(s) + eps))
+            r[j] = c * r[j] - lr * (g / (np.sqrt(s) + eps))
+
+
+@numba.njit(inline="always")
+def _rowwise_row(r, g_row, lr, eps, wd, mode, c, dim, acc):
+    """One row's row-wise Adagrad step, its float64 sum of squares ``acc`` given."""
+    s = r[dim] + np.float32(acc / dim)
+    r[dim] = s
+    step = lr / (np.sqrt(s) + eps)
+    for j in range(dim):
+        g = _decayed(g_row[j], r[j], wd, mode)
+        r[j] = c * r[j] - step * g
+
+
+@numba.njit(inline="always")
+def _square_sum(r, g_row, wd, mode, dim):
+    """The float64 sum of a row's squared (decayed) gradient, in column order."""
+    acc = 0.0
+    for j in range(dim):
+        g = np.float64(_decayed(g_row[j], r[j], wd, mode))
+        acc += g * g
+    return acc
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -49,10 +97,14 @@ def _rowwise_adagrad_update(records, slots, grads, params):
     accumulated in float64 in column order.
 
     Each row's float64 sum of squares still runs in column order; four independent rows
-    interleaved hide the latency of that serial chain.
+    interleaved hide the latency of that serial chain (without L2 decay, whose sum reads
+    each row's weights: then row by row).
     """
     lr = params[0]
     eps = params[1]
+    wd = params[2]
+    mode = params[3]
+    c = _kept(lr, wd, mode)
     k = slots.shape[0]
     dim = grads.shape[1]
     for q in numba.prange((k + 3) // 4):
@@ -60,7 +112,7 @@ def _rowwise_adagrad_update(records, slots, grads, params):
         for d in range(2 * PREFETCH_DISTANCE, 2 * PREFETCH_DISTANCE + 4):  # the rows four quads ahead
             if u0 + d < k:
                 prefetch_row_hint(records, slots[u0 + d])
-        if u0 + 4 <= k:
+        if u0 + 4 <= k and mode != 1.0:
             a0 = 0.0
             a1 = 0.0
             a2 = 0.0
@@ -76,24 +128,12 @@ def _rowwise_adagrad_update(records, slots, grads, params):
                 a3 += g3 * g3
             accs = (a0, a1, a2, a3)
             for d in range(4):
-                r = records[slots[u0 + d]]
-                s = r[dim] + np.float32(accs[d] / dim)
-                r[dim] = s
-                step = lr / (np.sqrt(s) + eps)
-                for j in range(dim):
-                    r[j] = r[j] - step * grads[u0 + d, j]
+                _rowwise_row(records[slots[u0 + d]], grads[u0 + d], lr, eps, wd, mode, c, dim, accs[d])
         else:
-            for u in range(u0, k):
+            for u in range(u0, min(u0 + 4, k)):
                 r = records[slots[u]]
-                acc = 0.0
-                for j in range(dim):
-                    g = np.float64(grads[u, j])
-                    acc += g * g
-                s = r[dim] + np.float32(acc / dim)
-                r[dim] = s
-                step = lr / (np.sqrt(s) + eps)
-                for j in range(dim):
-                    r[j] = r[j] - step * grads[u, j]
+                acc = _square_sum(r, grads[u], wd, mode, dim)
+                _rowwise_row(r, grads[u], lr, eps, wd, mode, c, dim, acc)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -120,6 +160,9 @@ def _adam_update(records, slots, grads, params):
     b1 = params[1]
     b2 = params[2]
     eps = params[3]
+    wd = params[4]
+    mode = params[5]
+    c = _kept(lr, wd, mode)
     one = np.float32(1.0)
     dim = grads.shape[1]
     for k in numba.prange(slots.shape[0]):
@@ -129,12 +172,12 @@ def _adam_update(records, slots, grads, params):
         c1 = one - np.float32(pow_by_squaring(np.float64(b1), np.int64(t)))
         c2 = one - np.float32(pow_by_squaring(np.float64(b2), np.int64(t)))
         for j in range(dim):
-            g = grads[k, j]
+            g = _decayed(grads[k, j], r[j], wd, mode)
             m = b1 * r[dim + j] + (one - b1) * g
             v = b2 * r[2 * dim + j] + (one - b2) * g * g
             r[dim + j] = m
             r[2 * dim + j] = v
-            r[j] = r[j] - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
+            r[j] = c * r[j] - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
 
 
 CPU_KERNELS = {

@@ -6,6 +6,8 @@ store's bytes and the Numba policies' decisions with these.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numba
 import numpy as np
 
@@ -111,6 +113,12 @@ class ReferenceStore:
         for i, r in zip(ids, rows, strict=True):
             self.record(table, int(i))[:dim] = r
 
+    def set_learning_rate(self, table: str | None, lr: float) -> None:
+        """The learning rate of ``table`` (every table when None) from the next update on."""
+        for name in self.tables if table is None else [table]:
+            cfg = self.tables[name]
+            self.tables[name] = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, lr=lr))
+
     def apply_gradients(self, table: str, ids, grads) -> None:
         cfg = self.tables[table]
         terms: dict[int, list[np.ndarray]] = {}
@@ -144,24 +152,29 @@ def _power(base: float, n: int) -> float:
 
 
 def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
+    """One row's update, NumPy float32 operation by operation in the kernels' order."""
     opt, dim = cfg.optimizer, cfg.dim
     f32 = np.float32
     p = opt.params()
+    lr, wd, mode = p[0], p[-2], p[-1]
     w = r[:dim]
+    if mode == 1.0:  # L2: the gradient decayed by the weights before the step
+        g = g + wd * w
+    c = f32(1.0) - lr * wd if mode == 2.0 else f32(1.0)  # decoupled: the weights scaled first
     if opt.name == "sgd":
-        w[:] = w - p[0] * g
+        w[:] = c * w - lr * g
     elif opt.name == "adagrad":
         s = r[dim : 2 * dim] + g * g
         r[dim : 2 * dim] = s
-        w[:] = w - p[0] * (g / (np.sqrt(s) + p[1]))
+        w[:] = c * w - lr * (g / (np.sqrt(s) + p[1]))
     elif opt.name == "rowwise_adagrad":
         acc = 0.0
         for x in g.tolist():
             acc += float(f32(x)) * float(f32(x))
         s = f32(r[dim] + f32(acc / dim))
         r[dim] = s
-        step = f32(p[0] / (f32(np.sqrt(s)) + p[1]))
-        w[:] = w - step * g
+        step = f32(lr / (f32(np.sqrt(s)) + p[1]))
+        w[:] = c * w - step * g
     else:
         one = f32(1.0)
         t = f32(r[3 * dim] + one)
@@ -172,7 +185,7 @@ def _update_row(cfg: TableConfig, r: np.ndarray, g: np.ndarray) -> None:
         v = p[2] * r[2 * dim : 3 * dim] + (one - p[2]) * g * g
         r[dim : 2 * dim] = m
         r[2 * dim : 3 * dim] = v
-        w[:] = w - p[0] * ((m / c1) / (np.sqrt(v / c2) + p[3]))
+        w[:] = c * w - lr * ((m / c1) / (np.sqrt(v / c2) + p[3]))
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
