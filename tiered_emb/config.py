@@ -6,6 +6,7 @@ the value given, with a hint.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import re
@@ -15,7 +16,16 @@ from typing import Any
 import numpy as np
 
 from tiered_emb.errors import ConfigError
-from tiered_emb.optimizers import OPTIMIZERS, SGD, Adagrad, Adam, RowWiseAdagrad, optimizer_from_dict, optimizer_to_dict
+from tiered_emb.optimizers import (
+    OPTIMIZERS,
+    SGD,
+    Adagrad,
+    Adam,
+    RowWiseAdagrad,
+    optimizer_from_dict,
+    optimizer_to_dict,
+    with_learning_rate,
+)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # used with fullmatch: '$' would let "a\n" pass
 MAX_ID = 2**63 - 1
@@ -165,6 +175,11 @@ class TableConfig:
                         f"TableConfig.optimizer={self.optimizer!r} is invalid: {k}={v!r} overflows float32",
                         f"use a {k} of at most {FLOAT32_MAX:.7g} in magnitude",
                     )
+
+    def with_learning_rate(self, lr: float) -> TableConfig:
+        """This config with its optimizer's learning rate ``lr``; ConfigError for one that is
+        not a finite number >= 0."""
+        return dataclasses.replace(self, optimizer=with_learning_rate(self.optimizer, lr))
 
     @property
     def state_width(self) -> int:

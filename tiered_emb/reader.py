@@ -40,6 +40,7 @@ WRITES = frozenset(
         "prefetch",
         "read_ahead",
         "release",
+        "set_learning_rate",
         "stepping",
         "write",
     }
@@ -157,14 +158,15 @@ class StoreReader:
     # ------------------------------------------------------------------ reading
     @property
     def tables(self) -> dict[str, TableConfig]:
-        """The store's tables by name (a copy)."""
-        return dict(self._tables)
+        """The store's tables by name (a copy), each with the learning rate of the checkpoint read."""
+        rates = self._open().meta.get("lr", {})
+        return {n: t.with_learning_rate(rates[n]) if n in rates else t for n, t in self._tables.items()}
 
     def table_config(self, table: str) -> TableConfig:
         """The configuration of ``table``; UnknownTableError (with the names there are) if none."""
         if table not in self._tables:
             raise UnknownTableError(f"no table {table!r} in {self.path}", f"tables: {sorted(self._tables)}")
-        return self._tables[table]
+        return self.tables[table]
 
     @property
     def epoch(self) -> int:

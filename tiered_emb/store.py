@@ -78,6 +78,8 @@ class TieredStore:
         self.last_checkpoint_rows = 0
         self._lock_fd = lock_fd
         self._meta = meta
+        rates = meta.get("lr", {})  # the learning rates of the checkpoint opened (the manifest's before them)
+        tables = [t.with_learning_rate(rates[t.name]) if t.name in rates else t for t in tables]
         self._res = Resolver(
             {t.name: Table(t, tiers, self.xp) for t in tables}, ssd, seed, self.xp, str(path), tiers.budget_bytes
         )
@@ -245,6 +247,25 @@ class TieredStore:
     def table_config(self, table: str) -> TableConfig:
         """The configuration of ``table``; UnknownTableError (with the names there are) if none."""
         return self._table(table).cfg
+
+    def set_learning_rate(self, table: str | None, lr: float) -> None:
+        """Set the learning rate of ``table`` (of every table when None) for the updates from now on.
+
+        Call it between steps, or let a torch ``lr_scheduler`` drive it through
+        :class:`tiered_emb.torch.TieredOptimizer`.  The rate is part of each checkpoint: an
+        :meth:`open` (``snapshot=n`` too) restores the rate of the checkpoint it opens at, so a
+        resumed schedule goes on bitwise.  ``table_config(table).optimizer.lr`` reads it.
+
+        ``lr``: a finite number >= 0 (ConfigError, nothing changed, for a negative or NaN one,
+        or one that decoupled weight decay cannot take); UnknownTableError for a table that
+        is not the store's.
+        """
+        with self._res.lock:
+            self._check_open()
+            names = sorted(self._res.tables) if table is None else [self._table(table).cfg.name]
+            configs = {n: self._res.tables[n].cfg.with_learning_rate(lr) for n in names}  # every one checked first
+            for n, cfg in configs.items():
+                self._res.tables[n].cfg = cfg
 
     def tiers_of(self, table: str) -> Table:
         """The HBM and DDR tiers and the counters of ``table`` (for introspection: change rows
@@ -515,7 +536,8 @@ class TieredStore:
         self.prefetcher.drain()
         with self._res.lock:
             counts: dict[str, int] = {}
-            meta = dict(self._meta, epoch=self.epoch + 1)
+            rates = {n: t.cfg.optimizer.lr for n, t in sorted(self._res.tables.items())}
+            meta = dict(self._meta, epoch=self.epoch + 1, lr=rates)
             self.last_checkpoint_rows = self.ssd.checkpoint(self._res.dirty_chunks(counts), meta, extra)
             self._meta = meta
             self._res.written(counts)

@@ -156,12 +156,8 @@ def pow_by_squaring(base, n):
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _adam_update(records, slots, grads, params):
-    lr = params[0]
-    b1 = params[1]
-    b2 = params[2]
-    eps = params[3]
-    wd = params[4]
-    mode = params[5]
+    lr, b1, b2, eps = params[0], params[1], params[2], params[3]
+    wd, mode = params[4], params[5]
     c = _kept(lr, wd, mode)
     one = np.float32(1.0)
     dim = grads.shape[1]

@@ -81,7 +81,7 @@ class HeldGradients:
         self.tables = {}
 
 
-class TieredOptimizer:
+class TieredOptimizer(torch.optim.Optimizer):
     """The update of a model's tiered tables held until :meth:`step`, beside its dense optimizer.
 
     Built over ``model``, it switches every tiered module in it to held updates (see the
@@ -91,6 +91,13 @@ class TieredOptimizer:
     ``GradScaler`` and clipping treat both alike: ``scaler.step(opt)`` unscales the dense
     and the embedding gradients together and skips the whole step, rows included, when
     any of them holds inf or NaN.
+
+    It is a ``torch.optim.Optimizer``: :attr:`param_groups` holds the dense optimizer's
+    groups (the same dicts), then one group per table with its ``"lr"`` (and ``"table"``,
+    its name), so a torch ``lr_scheduler`` (``StepLR``, ``CosineAnnealingLR``, ``LambdaLR``,
+    ``SequentialLR``, ...) drives the rows' learning rate as it drives the dense one:
+    :meth:`step` hands each table's ``lr`` to the store
+    (:meth:`~tiered_emb.TieredStore.set_learning_rate`) before it updates the rows.
 
     Parameters
     ----------
@@ -104,7 +111,9 @@ class TieredOptimizer:
     :meth:`step` applies the table's optimizer (``TableConfig.optimizer``) to each row
     once, after every table's gradient has been checked (its module's ``nonfinite`` rule),
     then the dense optimizer's step.  Two forwards of one table in a step give one update on
-    their summed gradient, as ``nn.EmbeddingBag`` under a torch optimizer would.
+    their summed gradient, as ``nn.EmbeddingBag`` under a torch optimizer would.  A table's
+    group starts at the store's learning rate, which a checkpoint keeps: build the optimizer
+    after opening the store, then load the scheduler's state.
 
     Examples
     --------
@@ -115,12 +124,16 @@ class TieredOptimizer:
     ...                        TierConfig(hbm_rows=16, device="cpu"))
     >>> model = torch.nn.Sequential(TieredEmbeddingBag(s, "t"), torch.nn.Linear(4, 1))
     >>> opt = TieredOptimizer(model, torch.optim.SGD(model[1].parameters(), lr=0.1))
+    >>> schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     >>> scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     >>> opt.zero_grad()
     >>> scaler.scale(model(torch.tensor([[1, 2], [3, 3]])).sum()).backward()  # rows not updated yet
     >>> total_norm = opt.clip_grad_norm_(1.0, scaler)   # unscaled first, then clipped together
     >>> scaler.step(opt)                                 # rows and the Linear, or neither
     >>> scaler.update()
+    >>> schedule.step()                                  # the next step's rate: 0.05, rows and Linear
+    >>> s.table_config("t").optimizer.lr, opt.param_groups[-1]["lr"]
+    (0.1, 0.05)
     >>> s.close()
     """
 
@@ -138,13 +151,43 @@ class TieredOptimizer:
         for m in modules:
             m.defer_updates(self.held)
         self.modules = modules
+        #: (store, table, group) of each table the modules read, in the order first met
+        self._tables: dict[tuple[int, str], tuple[object, str, dict]] = {}
+        for m in modules:
+            key = (id(m.store), m.table)
+            if key not in self._tables:
+                lr = m.store.table_config(m.table).optimizer.lr
+                self._tables[key] = (m.store, m.table, {"params": [], "lr": lr, "table": m.table})
+        self._groups: list[dict] = []
+        super().__init__([g for _, _, g in self._tables.values()], {})
 
-    @property
+    @property  # type: ignore[override]
     def param_groups(self) -> list[dict]:
-        """The dense optimizer's groups, then one group of the held embedding gradients (their
-        tensors' ``.grad``: what ``GradScaler.unscale_`` and clipping act on)."""
+        """The dense optimizer's groups, then one group per table: its ``"lr"`` and the tensor of
+        its held gradient (its ``.grad``: what ``GradScaler.unscale_`` and clipping act on).
+
+        The list and its dicts persist, as a torch optimizer's: a scheduler's changes stay."""
         dense = list(self.dense.param_groups) if self.dense is not None else []
-        return [*dense, {"params": self.held.tensors()}]
+        for key, (_, _, group) in self._tables.items():
+            held = self.held.tables.get(key)
+            group["params"] = [] if held is None else [held.tensor]
+        self._groups[:] = [*dense, *(g for _, _, g in self._tables.values())]
+        return self._groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:
+        """Set by ``torch.optim.Optimizer.__init__`` (the table groups; the dense ones are read live)."""
+        self._groups = list(groups)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Only the table groups, at construction: add dense groups to the dense optimizer."""
+        if any(param_group is g for _, _, g in self._tables.values()):
+            self._groups.append(param_group)
+            return
+        raise ConfigError(
+            "TieredOptimizer.add_param_group() of dense parameters",
+            "add the group to the dense optimizer it was built with (dense.add_param_group)",
+        )
 
     def parameters(self) -> list[torch.Tensor]:
         """Every tensor of :attr:`param_groups` (for ``torch.nn.utils.clip_grad_norm_`` and the like)."""
@@ -165,6 +208,11 @@ class TieredOptimizer:
         """
         if closure is not None:
             raise ConfigError("step(closure) is not supported", "call backward before step(), without a closure")
+        for store, table, group in self._tables.values():  # every rate checked before any is set
+            store.table_config(table).with_learning_rate(_rate(group["lr"], table))
+        for store, table, group in self._tables.values():
+            if float(group["lr"]) != store.table_config(table).optimizer.lr:
+                store.set_learning_rate(table, float(group["lr"]))
         updates = self.held.checked_updates()
         for update in updates:
             update()
@@ -189,11 +237,46 @@ class TieredOptimizer:
             if m.update_target is self.held:
                 m.defer_updates(None)
 
-    def state_dict(self) -> dict:
-        """The dense optimizer's state (the tables' optimizer state lives in the store)."""
-        return self.dense.state_dict() if self.dense is not None else {}
+    def state_dict(self) -> dict:  # type: ignore[override]
+        """``{"dense": the dense optimizer's state (or None), "tables": each table group's
+        settings but its params ("table", "lr", a scheduler's "initial_lr"...), in order}``.
 
-    def load_state_dict(self, state: dict) -> None:
-        """Load the dense optimizer's state that :meth:`state_dict` returned."""
-        if self.dense is not None:
-            self.dense.load_state_dict(state)
+        The rows' optimizer state lives in the store; the group settings are kept so that a
+        resumed run's scheduler goes on from the rates it had, as torch's optimizers keep
+        theirs (build the optimizer, then the scheduler, then load both states)."""
+        return {
+            "dense": self.dense.state_dict() if self.dense is not None else None,
+            "tables": [{k: v for k, v in g.items() if k != "params"} for _, _, g in self._tables.values()],
+        }
+
+    def load_state_dict(self, state: dict) -> None:  # type: ignore[override]
+        """Load what :meth:`state_dict` returned (or a dense optimizer's state alone, as
+        before table groups were kept); ConfigError if its tables are not this optimizer's."""
+        if "tables" not in state:  # a dense optimizer's state dict
+            if self.dense is not None:
+                self.dense.load_state_dict(state)
+            return
+        groups = [g for _, _, g in self._tables.values()]
+        saved = list(state["tables"])
+        if [s.get("table") for s in saved] != [g["table"] for g in groups]:
+            raise ConfigError(
+                f"the state is of tables {[s.get('table') for s in saved]}, this optimizer's are "
+                f"{[g['table'] for g in groups]}",
+                "load the state of an optimizer built over the same model",
+            )
+        for g, s in zip(groups, saved, strict=True):
+            _rate(s["lr"], g["table"])
+        if self.dense is not None and state.get("dense") is not None:
+            self.dense.load_state_dict(state["dense"])
+        for g, s in zip(groups, saved, strict=True):
+            g.update(s)
+
+
+def _rate(lr, table: str) -> float:
+    """A group's ``lr`` as a float (a scheduler may leave a 0-d tensor)."""
+    try:
+        return float(lr)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"the learning rate of table {table!r} is {lr!r}", "set param_groups[i]['lr'] to a number"
+        ) from err
