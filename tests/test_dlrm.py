@@ -2,6 +2,7 @@
 
 import io
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -228,7 +229,9 @@ def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
         (["--seed", "-1"], "--seed -1"),
         (["--alpha", "nan"], "--alpha"),
         (["--dense-lr", "-1"], "--dense-lr"),
-        (["--lr", "0"], "lr=0"),
+        (["--lr", "-1"], "lr=-1"),
+        (["--lr-schedule", "cosine", "--warmup-steps", "-1"], "--warmup-steps"),
+        (["--weight-decay", "nan"], "--weight-decay"),
         (["--rows", "0"], "--rows 0"),
         (["--batch", "0"], "--batch 0"),
         (["--policy", "mru"], "policy"),
@@ -405,3 +408,46 @@ def test_resume_after_an_interrupted_step_is_bitwise_an_uninterrupted_run(
     state = _state(tmp_path / "parts")
     assert state[1]["step"] == 6
     _assert_bitwise_equal(uninterrupted, state)
+
+
+def test_a_warmup_then_decay_schedule_resumes_bitwise(tmp_path):
+    """The rates are a function of the step and the run's config.json: a run cut in two with
+    a cosine schedule ends bitwise where an uninterrupted one does, and apart from a constant rate."""
+    sched = ["--lr-schedule", "cosine", "--warmup-steps", "2", "--decay-steps", "4", "--weight-decay", "0.01"]
+    whole = _train(tmp_path / "whole", "--steps", "6", "--checkpoint-every", "0", *sched)
+    _train(tmp_path / "parts", "--steps", "3", "--checkpoint-every", "2", *sched)
+    r = _train(tmp_path / "parts", "--steps", "6", "--resume")  # the schedule is the run's
+    assert r["steps_this_run"] == 3 and whole["lr_schedule"] == "cosine"
+    assert whole["lr_final"] == r["lr_final"] == pytest.approx(0.05 * 0.5 * (1 + math.cos(math.pi * 4 / 4)))
+    rows_a, saved_a = _state(tmp_path / "whole")
+    rows_b, saved_b = _state(tmp_path / "parts")
+    assert rows_a == rows_b
+    _assert_same_model(saved_a["model"], saved_b["model"])
+    constant = _train(tmp_path / "constant", "--steps", "6", "--checkpoint-every", "0")
+    assert constant["lr_final"] == 0.05
+    assert _state(tmp_path / "constant")[0] != rows_a
+
+
+def test_lr_factor_warms_up_then_decays():
+    from tiered_emb.apps.dlrm_config import lr_factor
+
+    cfg = {"warmup_steps": 4, "decay_steps": 10}
+    cosine = [lr_factor(dict(cfg, lr_schedule="cosine"), s) for s in range(16)]
+    poly = [lr_factor(dict(cfg, lr_schedule="poly"), s) for s in range(16)]
+    assert cosine[:4] == poly[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert cosine[4] == poly[4] == 1.0
+    assert cosine[9] == pytest.approx(0.5) and poly[9] == pytest.approx(0.25)
+    assert cosine[14:] == poly[14:] == [0.0, 0.0]
+    assert sorted(cosine[4:], reverse=True) == cosine[4:]
+    assert lr_factor(dict(cfg, lr_schedule="constant"), 100) == 1.0
+
+
+def test_a_run_kept_before_schedules_resumes_with_a_constant_rate(tmp_path):
+    _train(tmp_path / "old", "--steps", "2")
+    path = tmp_path / "old" / "config.json"
+    cfg = json.loads(path.read_text())
+    for k in ("lr_schedule", "warmup_steps", "decay_steps", "weight_decay"):
+        del cfg[k]
+    path.write_text(json.dumps(cfg))
+    r = _train(tmp_path / "old", "--steps", "3", "--resume")
+    assert r["steps_this_run"] == 1 and r["lr_final"] == 0.05

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -27,44 +26,34 @@ import numpy as np
 from tiered_emb._options import STDOUT, add_command, check_run_dir, count, make_run_dir, require
 from tiered_emb._progress import progress_bar
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
-from tiered_emb.apps.clicks import NUM_CATS, NUM_DENSE, CriteoTSV, SyntheticClicks
+from tiered_emb.apps.clicks import NUM_DENSE, CriteoTSV, SyntheticClicks
+from tiered_emb.apps.dlrm_config import (
+    EMB_OPTIMIZERS,
+    SCHEDULES,
+    check_model,
+    check_run_flags,
+    feature_names,
+    flag_conflicts,
+    lr_factor,
+    mlp_sizes,
+    read_run_config,
+    run_config,
+    table_configs,
+)
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
 from tiered_emb.cache.policies import POLICIES
-from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.config import TierConfig
 from tiered_emb.errors import (
     ConfigError,
-    CorruptStoreError,
     DeviceError,
-    MissingExtraError,
     StoreNotFoundError,
     TieredEmbError,
 )
-from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
 
 LOG = logging.getLogger(__name__)
-
-_EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
-# Every option that shapes the model or the data; fixed for the life of a run directory.
-_RUN_KEYS = ("data", "rows", "dim", "batch", "alpha", "bottom", "top", "optimizer", "lr", "dense_lr", "seed", "model")
-# Their defaults.  The parser's defaults are None, so that ``--resume`` knows which flags
-# were given (and refuses those that differ from the run's config.json).
-_RUN_DEFAULTS = {
-    "data": None,
-    "rows": 100_000,
-    "dim": 16,
-    "batch": 2048,
-    "alpha": 1.05,
-    "bottom": "64",
-    "top": "64",
-    "optimizer": "rowwise_adagrad",
-    "lr": 0.05,
-    "dense_lr": 0.05,
-    "seed": 0,
-    "model": "dlrm",
-}
 
 
 def add_parser(sub) -> None:
@@ -99,11 +88,22 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--optimizer",
-        choices=sorted(_EMB_OPTIMIZERS),
+        choices=sorted(EMB_OPTIMIZERS),
         help="the store's optimizer for the embedding rows (default: rowwise_adagrad)",
     )
     p.add_argument("--lr", type=float, help="embedding learning rate (default: 0.05)")
     p.add_argument("--dense-lr", type=float, help="learning rate of the MLPs (torch Adagrad; default: 0.05)")
+    p.add_argument(
+        "--lr-schedule",
+        choices=SCHEDULES,
+        help="how --lr and --dense-lr change over the run after the warm-up: constant (the default), "
+        "cosine or poly (quadratic) decay to 0 over --decay-steps",
+    )
+    p.add_argument("--warmup-steps", type=count, help="steps of linear warm-up of both rates (default: 0)")
+    p.add_argument(
+        "--decay-steps", type=count, help="steps of the decay after the warm-up (default: the rest of --steps)"
+    )
+    p.add_argument("--weight-decay", type=float, help="L2 weight decay of the embedding rows (default: 0)")
     p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default: 64)")
     p.add_argument("--top", help="top MLP hidden sizes, comma separated (then 1; default: 64)")
     p.add_argument("--eval-batches", type=count, default=8, help="held-out (and train) batches for the report")
@@ -202,10 +202,6 @@ def build_model(store, features: list[str], dim: int, bottom: list[int], top: li
 
 
 # --------------------------------------------------------------------------- the job
-def _features() -> list[str]:
-    return [f"C{i + 1}" for i in range(NUM_CATS)]
-
-
 def _data(cfg: dict):
     if cfg["data"]:
         return CriteoTSV(cfg["data"], cfg["rows"], cfg["batch"])
@@ -215,18 +211,8 @@ def _data(cfg: dict):
 def _to_torch(torch, dense, cats, device="cpu"):
     """The batch as the model takes it: dense features on ``device``, ids on the host (the store plans there)."""
     lengths = torch.ones(cats.shape[0], dtype=torch.int64)
-    feats = {f: (torch.from_numpy(np.ascontiguousarray(cats[:, i])), lengths) for i, f in enumerate(_features())}
+    feats = {f: (torch.from_numpy(np.ascontiguousarray(cats[:, i])), lengths) for i, f in enumerate(feature_names())}
     return torch.from_numpy(dense).to(device), feats
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError as err:
-        raise ConfigError(f"MLP sizes {text!r} are invalid", "give comma-separated ints, e.g. 64,32") from err
-    if any(s < 1 for s in sizes):
-        raise ConfigError(f"MLP sizes {text!r} are invalid", "give sizes >= 1")
-    return sizes
 
 
 def _save_state(torch, store, step: int, model, opt) -> dict:
@@ -234,6 +220,16 @@ def _save_state(torch, store, step: int, model, opt) -> dict:
     buf = io.BytesIO()
     torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, buf)
     return timed_checkpoint(store, step, buf.getvalue())
+
+
+def _set_rates(store, opt, cfg: dict, step: int) -> None:
+    """The rows' and the MLPs' learning rates for ``step`` (the run's schedule, :func:`lr_factor`)."""
+    if cfg["lr_schedule"] == "constant" and not cfg["warmup_steps"]:
+        return
+    f = lr_factor(cfg, step)
+    store.set_learning_rate(None, cfg["lr"] * f)
+    for group in opt.param_groups:
+        group["lr"] = cfg["dense_lr"] * f
 
 
 def _step_threads(args, cfg: dict | None = None) -> int:
@@ -257,75 +253,6 @@ def _lookahead(args, cfg: dict, hbm_rows: int) -> int:
     return 4 if hbm_rows >= 2 * cfg["batch"] else 0
 
 
-def _check_run_flags(args) -> None:
-    """The flags that are not part of the run's identity (checked before anything is touched)."""
-
-    def bad(flag, value, hint):
-        raise ConfigError(f"{flag} {value!r} is invalid", hint)
-
-    def is_int(v):
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if not is_int(args.steps) or args.steps < 0:
-        bad("--steps", args.steps, "use an int >= 0: the train steps of the run in total")
-    if not is_int(args.eval_batches) or args.eval_batches < 1:
-        bad("--eval-batches", args.eval_batches, "use an int >= 1: the report's log loss and AUC need a batch")
-    if not is_int(args.checkpoint_every) or args.checkpoint_every < 0:
-        bad("--checkpoint-every", args.checkpoint_every, "use an int >= 0 (0: checkpoint only at the end)")
-    for flag, name in (("--lookahead", "lookahead"), ("--load-ahead", "load_ahead"), ("--read-ahead", "read_ahead")):
-        v = getattr(args, name, 0)
-        if v is None and name == "lookahead":  # (chosen from the tiers and the batch)
-            continue
-        if not is_int(v) or v < 0:
-            bad(flag, v, "use an int >= 0")
-    n = getattr(args, "step_threads", None)
-    if n is not None and (not is_int(n) or n < 1):
-        bad("--step-threads", n, "use an int >= 1, or leave it out (every core but one)")
-
-
-def _run_config(args) -> dict:
-    """The run's identity (``_RUN_KEYS``) from the flags given, defaults for the others; checked."""
-    cfg = {}
-    for k in _RUN_KEYS:
-        v = getattr(args, k, None)
-        cfg[k] = _RUN_DEFAULTS[k] if v is None else v
-    if cfg["data"]:
-        cfg["data"] = str(Path(cfg["data"]).resolve())
-    for k in ("rows", "batch"):
-        v = cfg[k]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"--{k} {v!r} is invalid", "use an int >= 1")
-    seed = cfg["seed"]
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-        raise ConfigError(f"--seed {seed!r} is invalid", "use an int in [0, 2**64)")
-    for k, flag, lo in (("alpha", "--alpha", "0 (0: uniform ids)"), ("dense_lr", "--dense-lr", "0")):
-        v = cfg[k]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-            raise ConfigError(f"{flag} {v!r} is invalid", f"use a finite number >= {lo}")
-    if cfg["optimizer"] not in _EMB_OPTIMIZERS:
-        raise ConfigError(f"--optimizer {cfg['optimizer']!r} is unknown", f"use one of {sorted(_EMB_OPTIMIZERS)}")
-    _sizes(cfg["bottom"])
-    _sizes(cfg["top"])
-    _check_model(cfg)
-    return cfg
-
-
-def _check_model(cfg: dict) -> None:
-    """``--model`` is known, and ``torchrec`` importable for it; checked before the run directory is touched."""
-    if cfg["model"] not in ("dlrm", "torchrec"):
-        raise ConfigError(f"--model {cfg['model']!r} is unknown", "use dlrm or torchrec")
-    if cfg["model"] == "torchrec":
-        from tiered_emb.torchrec import INSTALL, TORCHREC_ERROR
-
-        if TORCHREC_ERROR is not None:
-            raise MissingExtraError(f"--model torchrec: torchrec cannot be imported ({TORCHREC_ERROR})", INSTALL)
-
-
-def _tables(cfg: dict) -> list[TableConfig]:
-    opt_cls = _EMB_OPTIMIZERS[cfg["optimizer"]]
-    return [TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt_cls(lr=cfg["lr"])) for f in _features()]
-
-
 def _load_data(cfg: dict):
     """The run's batches; a --data file that cannot be read is a ConfigError."""
     try:
@@ -337,49 +264,6 @@ def _load_data(cfg: dict):
             f"--data {cfg['data']!r} cannot be read ({err})",
             "give a Criteo-format TSV: label, 13 ints, 26 hex ids, tab separated",
         ) from err
-
-
-def _read_run_config(config_path: Path) -> dict:
-    try:
-        cfg = json.loads(config_path.read_text())
-    except (OSError, ValueError) as err:
-        raise CorruptStoreError(
-            f"the run's {str(config_path)!r} cannot be read ({err})",
-            "restore it from a backup, or start a new run without --resume",
-        ) from err
-    if isinstance(cfg, dict):
-        cfg.setdefault("model", "dlrm")  # a run kept before --model was
-    if not isinstance(cfg, dict) or any(k not in cfg for k in _RUN_KEYS):
-        raise CorruptStoreError(
-            f"the run's {str(config_path)!r} is not a run config (needs {list(_RUN_KEYS)})",
-            "restore it from a backup, or start a new run without --resume",
-        )
-    n = cfg.get("step_threads")  # absent or None: a run kept before the count was
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        raise CorruptStoreError(
-            f"the run's {str(config_path)!r} has step_threads={n!r}",
-            "set it to the int >= 1 the run began with (or remove it), or start a new run",
-        )
-    return cfg
-
-
-def _conflicts(args, stored: dict) -> list[str]:
-    """The run flags given (not None) that differ from the run's stored config."""
-    out = []
-    for k in _RUN_KEYS:
-        given = getattr(args, k, None)
-        if given is None:
-            continue
-        had = stored[k]
-        if k == "data":
-            same = had is not None and str(Path(given).resolve()) == had
-        elif k in ("bottom", "top"):
-            same = _sizes(given) == _sizes(had)
-        else:
-            same = given == had
-        if not same:
-            out.append(f"--{k.replace('_', '-')} {given!r} (the run's: {had!r})")
-    return out
 
 
 def train(args) -> dict:
@@ -397,7 +281,7 @@ def train(args) -> dict:
     if not args.resume:
         check_run_dir(run_dir, "train")
     torch = require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
-    _check_run_flags(args)
+    check_run_flags(args)
     if args.json not in (None, STDOUT):
         check_output(args.json, "--json")
     if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():  # before the run dir is touched
@@ -412,9 +296,9 @@ def train(args) -> dict:
     if args.resume:
         if not config_path.is_file():
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
-        cfg = _read_run_config(config_path)
-        _check_model(cfg)
-        conflicts = _conflicts(args, cfg)
+        cfg = read_run_config(config_path)
+        check_model(cfg)
+        conflicts = flag_conflicts(args, cfg)
         given, had = getattr(args, "step_threads", None), cfg.get("step_threads")
         if given is not None and had is not None and given != had:  # (a run from before it was kept has none)
             conflicts.append(
@@ -433,11 +317,11 @@ def train(args) -> dict:
         data = _load_data(cfg)
         store = TieredStore.open(store_dir, tiers=tiers)
     else:
-        cfg = _run_config(args)
+        cfg = run_config(args)
         # Kept with the run: torch's results depend on its thread count (docs/determinism.md),
         # so a resume on another machine, whose default differs, goes on as the run began.
         cfg["step_threads"] = _step_threads(args)
-        tables = _tables(cfg)
+        tables = table_configs(cfg)
         data = _load_data(cfg)
         make_run_dir(run_dir, "train")
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -461,7 +345,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     if cfg["model"] == "torchrec":
         from tiered_emb.apps.torchrec_dlrm import build_torchrec_model as build
     dev = torch.device(getattr(args, "device", "cpu"))
-    model = build(store, _features(), cfg["dim"], _sizes(cfg["bottom"]), _sizes(cfg["top"])).to(dev)
+    model = build(store, feature_names(), cfg["dim"], mlp_sizes(cfg["bottom"]), mlp_sizes(cfg["top"])).to(dev)
     dense_params = list(model.parameters())
     opt = torch.optim.Adagrad(dense_params, lr=cfg["dense_lr"])
     start = 0
@@ -476,7 +360,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     cpu0 = thread_cpu_s(store)
     t0 = time.perf_counter()
     ema = None
-    features = _features()
+    features = feature_names()
 
     def ids_of(batch):
         cats = batch[1]
@@ -501,8 +385,10 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         step_threads=_step_threads(args, cfg),
     )
     checkpoints = []  # this run's, one record each: step, seconds, rows written
+    _set_rates(store, opt, cfg, start)
     with progress_bar(max(args.steps - start, 0), "steps", args.quiet) as bar:
         for step, loss in enumerate(pipeline.run(batches), start=start):
+            _set_rates(store, opt, cfg, step + 1)  # (the pipeline starts the next step when asked for it)
             ema = loss if ema is None else 0.98 * ema + 0.02 * loss
             if checkpoint_due(step + 1, args.checkpoint_every, args.steps):
                 checkpoints.append(_save_state(torch, store, step + 1, model, opt))
@@ -522,6 +408,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         "samples_per_s": done * cfg["batch"] / train_s if done else 0.0,
         "step_threads": _step_threads(args, cfg),
         "lookahead": lookahead,
+        "lr_schedule": cfg["lr_schedule"],
+        "lr_final": store.table_config(feature_names()[0]).optimizer.lr,
         "thread_cpu_ms_per_step": thread_cpu,
         "checkpoints": checkpoints,
     }
@@ -548,7 +436,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             for name, s in stats.items()
         }
     )
-    capacity = len(_features()) * (store.tiers.hbm_rows + store.tiers.ddr_rows)
+    capacity = len(feature_names()) * (store.tiers.hbm_rows + store.tiers.ddr_rows)
     table_rows = sum(data.num_rows)
     report.update(
         tiers=total,

@@ -1,0 +1,222 @@
+"""The DLRM job's run: the flags that make a run what it is (kept in its config.json, checked
+again on ``--resume``), their defaults and checks, its tables, and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tiered_emb.apps.clicks import NUM_CATS
+from tiered_emb.config import TableConfig
+from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError
+from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+
+EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
+# Every option that shapes the model or the data; fixed for the life of a run directory.
+RUN_KEYS = (
+    "data",
+    "rows",
+    "dim",
+    "batch",
+    "alpha",
+    "bottom",
+    "top",
+    "optimizer",
+    "lr",
+    "dense_lr",
+    "seed",
+    "model",
+    "lr_schedule",
+    "warmup_steps",
+    "decay_steps",
+    "weight_decay",
+)
+#: The learning-rate schedules of ``--lr-schedule`` (see :func:`lr_factor`).
+SCHEDULES = ("constant", "cosine", "poly")
+# Their defaults.  The parser's defaults are None, so that ``--resume`` knows which flags
+# were given (and refuses those that differ from the run's config.json).
+RUN_DEFAULTS = {
+    "data": None,
+    "rows": 100_000,
+    "dim": 16,
+    "batch": 2048,
+    "alpha": 1.05,
+    "bottom": "64",
+    "top": "64",
+    "optimizer": "rowwise_adagrad",
+    "lr": 0.05,
+    "dense_lr": 0.05,
+    "seed": 0,
+    "model": "dlrm",
+    "lr_schedule": "constant",
+    "warmup_steps": 0,
+    "decay_steps": None,  # the run's --steps after the warm-up, as the run began
+    "weight_decay": 0.0,
+}
+# Kept by runs made before these keys were: their value then.
+_BEFORE = {"model": "dlrm", "lr_schedule": "constant", "warmup_steps": 0, "decay_steps": 0, "weight_decay": 0.0}
+
+
+def feature_names() -> list[str]:
+    return [f"C{i + 1}" for i in range(NUM_CATS)]
+
+
+def mlp_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError as err:
+        raise ConfigError(f"MLP sizes {text!r} are invalid", "give comma-separated ints, e.g. 64,32") from err
+    if any(s < 1 for s in sizes):
+        raise ConfigError(f"MLP sizes {text!r} are invalid", "give sizes >= 1")
+    return sizes
+
+
+def check_run_flags(args) -> None:
+    """The flags that are not part of the run's identity (checked before anything is touched)."""
+
+    def bad(flag, value, hint):
+        raise ConfigError(f"{flag} {value!r} is invalid", hint)
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not is_int(args.steps) or args.steps < 0:
+        bad("--steps", args.steps, "use an int >= 0: the train steps of the run in total")
+    if not is_int(args.eval_batches) or args.eval_batches < 1:
+        bad("--eval-batches", args.eval_batches, "use an int >= 1: the report's log loss and AUC need a batch")
+    if not is_int(args.checkpoint_every) or args.checkpoint_every < 0:
+        bad("--checkpoint-every", args.checkpoint_every, "use an int >= 0 (0: checkpoint only at the end)")
+    for flag, name in (("--lookahead", "lookahead"), ("--load-ahead", "load_ahead"), ("--read-ahead", "read_ahead")):
+        v = getattr(args, name, 0)
+        if v is None and name == "lookahead":  # (chosen from the tiers and the batch)
+            continue
+        if not is_int(v) or v < 0:
+            bad(flag, v, "use an int >= 0")
+    n = getattr(args, "step_threads", None)
+    if n is not None and (not is_int(n) or n < 1):
+        bad("--step-threads", n, "use an int >= 1, or leave it out (every core but one)")
+
+
+def run_config(args) -> dict:
+    """The run's identity (``RUN_KEYS``) from the flags given, defaults for the others; checked."""
+    cfg = {}
+    for k in RUN_KEYS:
+        v = getattr(args, k, None)
+        cfg[k] = RUN_DEFAULTS[k] if v is None else v
+    if cfg["data"]:
+        cfg["data"] = str(Path(cfg["data"]).resolve())
+    for k in ("rows", "batch"):
+        v = cfg[k]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"--{k} {v!r} is invalid", "use an int >= 1")
+    seed = cfg["seed"]
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+        raise ConfigError(f"--seed {seed!r} is invalid", "use an int in [0, 2**64)")
+    for k, flag, lo in (("alpha", "--alpha", "0 (0: uniform ids)"), ("dense_lr", "--dense-lr", "0")):
+        v = cfg[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"{flag} {v!r} is invalid", f"use a finite number >= {lo}")
+    if cfg["optimizer"] not in EMB_OPTIMIZERS:
+        raise ConfigError(f"--optimizer {cfg['optimizer']!r} is unknown", f"use one of {sorted(EMB_OPTIMIZERS)}")
+    _check_schedule(cfg, args.steps)
+    table_configs(cfg)  # (the optimizer checks lr and weight decay)
+    mlp_sizes(cfg["bottom"])
+    mlp_sizes(cfg["top"])
+    check_model(cfg)
+    return cfg
+
+
+def check_model(cfg: dict) -> None:
+    """``--model`` is known, and ``torchrec`` importable for it; checked before the run directory is touched."""
+    if cfg["model"] not in ("dlrm", "torchrec"):
+        raise ConfigError(f"--model {cfg['model']!r} is unknown", "use dlrm or torchrec")
+    if cfg["model"] == "torchrec":
+        from tiered_emb.torchrec import INSTALL, TORCHREC_ERROR
+
+        if TORCHREC_ERROR is not None:
+            raise MissingExtraError(f"--model torchrec: torchrec cannot be imported ({TORCHREC_ERROR})", INSTALL)
+
+
+def _check_schedule(cfg: dict, steps: int) -> None:
+    """``--lr-schedule``, ``--warmup-steps``, ``--decay-steps`` and ``--weight-decay`` checked;
+    ``decay_steps`` set to the steps after the warm-up when not given."""
+    if cfg["lr_schedule"] not in SCHEDULES:
+        raise ConfigError(f"--lr-schedule {cfg['lr_schedule']!r} is unknown", f"use one of {list(SCHEDULES)}")
+    for k in ("warmup_steps", "decay_steps"):
+        v = cfg[k]
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ConfigError(f"--{k.replace('_', '-')} {v!r} is invalid", "use an int >= 0")
+    if cfg["decay_steps"] is None:
+        cfg["decay_steps"] = max(steps - cfg["warmup_steps"], 1)
+    wd = cfg["weight_decay"]
+    if not isinstance(wd, (int, float)) or isinstance(wd, bool) or not math.isfinite(wd) or wd < 0:
+        raise ConfigError(f"--weight-decay {wd!r} is invalid", "use a finite number >= 0")
+
+
+def lr_factor(cfg: dict, step: int) -> float:
+    """What the run's learning rates (``--lr``, ``--dense-lr``) are multiplied by at ``step`` (from 0).
+
+    A linear warm-up over ``warmup_steps`` (``(step + 1) / warmup_steps``), then over
+    ``decay_steps``: ``constant`` 1, ``cosine`` ``(1 + cos(pi * t)) / 2``, ``poly``
+    ``(1 - t) ** 2`` (the polynomial decay of facebookresearch/dlrm's ``LRPolicyScheduler``),
+    ``t`` the fraction of the decay done; 0 after it for those two.  A pure function of the
+    step, so a resumed run goes on with the same rates.
+    """
+    warm, kind = cfg["warmup_steps"], cfg["lr_schedule"]
+    if step < warm:
+        return (step + 1) / warm
+    if kind == "constant":
+        return 1.0
+    t = min(1.0, (step - warm) / max(cfg["decay_steps"], 1))
+    return 0.5 * (1.0 + math.cos(math.pi * t)) if kind == "cosine" else (1.0 - t) ** 2
+
+
+def table_configs(cfg: dict) -> list[TableConfig]:
+    """The run's 26 tables, their optimizer at the run's ``lr`` and weight decay (L2, as FBGEMM's)."""
+    opt = EMB_OPTIMIZERS[cfg["optimizer"]](lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    return [TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt) for f in feature_names()]
+
+
+def read_run_config(config_path: Path) -> dict:
+    try:
+        cfg = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CorruptStoreError(
+            f"the run's {str(config_path)!r} cannot be read ({err})",
+            "restore it from a backup, or start a new run without --resume",
+        ) from err
+    if isinstance(cfg, dict):
+        for k, v in _BEFORE.items():  # a run kept before the key was
+            cfg.setdefault(k, v)
+    if not isinstance(cfg, dict) or any(k not in cfg for k in RUN_KEYS):
+        raise CorruptStoreError(
+            f"the run's {str(config_path)!r} is not a run config (needs {list(RUN_KEYS)})",
+            "restore it from a backup, or start a new run without --resume",
+        )
+    n = cfg.get("step_threads")  # absent or None: a run kept before the count was
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise CorruptStoreError(
+            f"the run's {str(config_path)!r} has step_threads={n!r}",
+            "set it to the int >= 1 the run began with (or remove it), or start a new run",
+        )
+    return cfg
+
+
+def flag_conflicts(args, stored: dict) -> list[str]:
+    """The run flags given (not None) that differ from the run's stored config."""
+    out = []
+    for k in RUN_KEYS:
+        given = getattr(args, k, None)
+        if given is None:
+            continue
+        had = stored[k]
+        if k == "data":
+            same = had is not None and str(Path(given).resolve()) == had
+        elif k in ("bottom", "top"):
+            same = mlp_sizes(given) == mlp_sizes(had)
+        else:
+            same = given == had
+        if not same:
+            out.append(f"--{k.replace('_', '-')} {given!r} (the run's: {had!r})")
+    return out
