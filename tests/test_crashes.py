@@ -4,6 +4,7 @@ a completed checkpoint, and damaged bytes are a typed error, never wrong rows.
 A few seeds run in every CI run; many under ``-m slow`` (``python -m pytest -m slow
 tests/test_crashes.py``)."""
 
+import inspect
 import os
 import signal
 import subprocess
@@ -53,16 +54,40 @@ s.ssd.writeback_rows = 32
 print("start", flush=True)
 for step in range(1, 100_000):
     random_updates([s], tables, 1, seed=step, ids_below=300)
+    if phase == "delete":  # (deletions, and a purge of every stale copy every other checkpoint)
+        deletions([s], tables, step)
+        if step % 10 == 0:
+            with s.lock:
+                s.ssd.purge(["a", "b"])
     if step % 5 == 0:
         s.checkpoint()
         print(step, flush=True)
 """
 
 
-def _reference(steps: int) -> dict:
+def deletions(stores, tables, step: int) -> None:
+    """Step ``step``'s deletions: 6 ids of each table, seeded by the step."""
+    rng = np.random.default_rng(10_000 + step)
+    for t in tables:
+        ids = rng.integers(0, 300, 6)
+        for s in stores:
+            s.delete(t.name, ids)
+
+
+_TRAIN = _TRAIN.replace(
+    "from tiered_emb.testing import random_updates", "import numpy as np\nfrom tiered_emb.testing import random_updates"
+)
+_TRAIN = _TRAIN.replace(
+    "path, phase = sys.argv[1], sys.argv[2]", inspect.getsource(deletions) + "\npath, phase = sys.argv[1], sys.argv[2]"
+)
+
+
+def _reference(steps: int, delete: bool = False) -> dict:
     ref = ReferenceStore(TABLES, seed=4)
     for step in range(1, steps + 1):
         random_updates([ref], TABLES, 1, seed=step, ids_below=300)
+        if delete:
+            deletions([ref], TABLES, step)
     return {t.name: ref.peek_records(t.name, np.arange(300)) for t in TABLES}
 
 
@@ -93,20 +118,21 @@ def _killed_at(args: list[str], after: str, delay: float) -> list[str]:
     lines += p.stdout.read().split()
     p.stdout.close()
     p.wait()
+    assert p.returncode in (0, -signal.SIGKILL), f"the child failed by itself (exit {p.returncode})"
     return lines
 
 
-def _crash_and_recover(tmp_path: Path, seed: int) -> None:
+def _crash_and_recover(tmp_path: Path, seed: int, phase: str = "train") -> None:
     rng = np.random.default_rng(seed)
     path = tmp_path / "s"
-    lines = _killed_at([str(path), "train"], "start", float(rng.uniform(0.0, 3.0)))
+    lines = _killed_at([str(path), phase], "start", float(rng.uniform(0.0, 3.0)))
     done = [int(x) for x in lines if x.isdigit()]
     last = done[-1] if done else 0
     # a kill while the store opens (deleting what came after its checkpoint), at a random instant
     _killed_at([str(path), "open"], "opening", float(rng.uniform(0.0, 0.3)))
     got = _rows(path)
     # the checkpoint whose commit came just before the kill may not have printed its step
-    for want in (_reference(last), _reference(last + EVERY)):
+    for want in (_reference(last, phase == "delete"), _reference(last + EVERY, phase == "delete")):
         if all(np.array_equal(got[t], want[t]) for t in got):
             return
     raise AssertionError(f"seed {seed}: reopened rows are no completed checkpoint's (last printed: {last})")
@@ -121,6 +147,20 @@ def test_a_kill_at_a_random_instant_reopens_at_a_completed_checkpoint(tmp_path, 
 @pytest.mark.parametrize("seed", range(3, 40))
 def test_many_kills_at_random_instants(tmp_path, seed):
     _crash_and_recover(tmp_path, seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_kill_while_rows_are_deleted_and_purged_loses_and_resurrects_nothing(tmp_path, seed):
+    """Deletions every step and a purge every 10: killed at a random instant (deleting,
+    compacting, checkpointing), the store reopens at a completed checkpoint: no deleted row
+    back, no row lost."""
+    _crash_and_recover(tmp_path, seed, "delete")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3, 30))
+def test_many_kills_while_rows_are_deleted(tmp_path, seed):
+    _crash_and_recover(tmp_path, seed, "delete")
 
 
 def _crash_going_back(tmp_path: Path, seed: int) -> None:

@@ -23,6 +23,7 @@ _COMMANDS = [
     "tiered_emb.apps.stream",
     "tiered_emb.apps.dlrm",
     "tiered_emb.apps.portable",
+    "tiered_emb.apps.lifecycle",
     "tiered_emb.apps.inspect",
     "tiered_emb.sim.cli",
 ]

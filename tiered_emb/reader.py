@@ -34,6 +34,7 @@ WRITES = frozenset(
         "apply_pooled_gradients",
         "bring_up",
         "checkpoint",
+        "delete",
         "flush",
         "gradient_update",
         "pooled_update",

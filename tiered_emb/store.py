@@ -30,7 +30,7 @@ from numpy.typing import ArrayLike
 
 from tiered_emb import _directory, _opening
 from tiered_emb._args import extra_bytes, nonfinite_rule, table_ids, table_rows
-from tiered_emb._backend import resolve_xp, to_xp
+from tiered_emb._backend import resolve_xp
 from tiered_emb._version import __version__
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, NonFiniteGradientError, StoreClosedError
@@ -372,16 +372,27 @@ class TieredStore:
             uids, inverse = plan.dedupe(ids)
             # each id's last row (no id repeated: every row, in place; each tier copies what it keeps)
             rows_u = r if uids.shape[0] == ids.shape[0] else r[plan.last_occurrence(inverse, uids.shape[0])]
-            if uids.shape[0] > t.hbm.unpinned_capacity:  # a bulk write: what is not resident goes to LMDB
-                self._res.check_budget(t, uids.shape[0])  # (as for any batch; before anything is written)
-                self.ssd.raise_failed_write()
-                resident = self._res.write_below(t, uids, rows_u)
-                uids, rows_u = uids[resident], rows_u[resident]
-            for start, slots in self._res.chunks(t, uids):
-                t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(
-                    self.xp, rows_u[start : start + slots.shape[0]]
-                )
-                t.hbm.dirty[slots] = 1
+            self._res.write(t, uids, rows_u)
+
+    def delete(self, table: str, ids: ArrayLike) -> None:
+        """Delete the rows of ``ids`` (weights and optimizer state): from now on each reads as
+        its initial value, as an id never written, until written or updated again.
+
+        Durable at the next :meth:`checkpoint` (a tombstone in the segment log; a crash before
+        it brings the rows back, as it does any change since).  ``open(snapshot=n)`` of a
+        checkpoint from before the delete brings them back: compaction keeps what a kept
+        checkpoint reads.  See docs/durability.md for when the bytes leave the files.
+        UnknownTableError, IdTypeError, IdRangeError or ConfigError (an id pinned by a
+        prefetched batch), each with nothing changed.
+        """
+        self._check_open()
+        self.prefetcher.drain()
+        with self._res.lock:
+            t = self._table(table)
+            uids = plan.dedupe(table_ids(table, ids, t.cfg.num_rows))[0]
+            self.ssd.raise_failed_write()
+            if uids.shape[0]:
+                self._res.delete(t, uids)
 
     def peek(self, table: str, ids: ArrayLike, with_state: bool = False) -> np.ndarray:
         """Newest values of ``ids`` as NumPy, without touching any cache state.

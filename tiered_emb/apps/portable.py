@@ -16,6 +16,7 @@ made when the export turns out damaged).
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -34,6 +35,27 @@ def _chunk_rows(tiers: TierConfig, width: int) -> int:
     return max(1, tiers.budget_bytes // (8 + 4 * width))
 
 
+def _shrink_npy(path: Path, shape: tuple) -> None:
+    """Cut the ``.npy`` file at ``path`` down to its first ``shape[0]`` rows, in place: the
+    header rewritten to the same length (numpy pads it to 64 bytes), the file truncated."""
+    fmt = np.lib.format
+    with open(path, "r+b") as f:
+        version = fmt.read_magic(f)
+        read, write = {
+            (1, 0): (fmt.read_array_header_1_0, fmt.write_array_header_1_0),
+            (2, 0): (fmt.read_array_header_2_0, fmt.write_array_header_2_0),
+        }[version]
+        _, fortran, dtype = read(f)
+        start = f.tell()
+        buf = io.BytesIO()
+        write(buf, {"descr": fmt.dtype_to_descr(dtype), "fortran_order": fortran, "shape": shape})
+        if buf.tell() != start:
+            raise CorruptStoreError(f"cannot rewrite the header of {path}", "export again")
+        f.seek(0)
+        f.write(buf.getvalue())
+        f.truncate(start + int(np.prod(shape)) * dtype.itemsize)
+
+
 def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint") -> dict:
     """Write the store at ``path``, opened at ``restore`` (see :meth:`TieredStore.open`), into
     the new directory ``dest``; returns the rows written per table."""
@@ -48,24 +70,21 @@ def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint"
             cfg = store.table_config(name)
             width = cfg.record_width
             step = _chunk_rows(store.tiers, width)
-            stored, chunks = store.ssd.stored_ids(name, step)
+            stored, chunks = store.ssd.stored_rows(name, step)  # (deleted rows skipped)
             out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (stored,))
             out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (stored, width))
             a = 0
-            for chunk in chunks:
-                rows = np.empty((chunk.shape[0], width), dtype=np.float32)
-                found = store.ssd.read(name, chunk, rows)
-                if not found.all():
-                    raise CorruptStoreError(
-                        f"table {name!r} of {path} lists rows it cannot read",
-                        "restore the store directory from a backup",
-                    )
-                out_ids[a : a + chunk.shape[0]] = chunk
-                out_rows[a : a + chunk.shape[0]] = rows
-                a += chunk.shape[0]
+            for ids, rows in chunks:
+                out_ids[a : a + ids.shape[0]] = ids
+                out_rows[a : a + ids.shape[0]] = rows
+                a += ids.shape[0]
             out_ids.flush()
             out_rows.flush()
             del out_ids, out_rows
+            if a < stored:
+                for f, shape in ((f"{name}.ids.npy", (a,)), (f"{name}.rows.npy", (a, width))):
+                    _shrink_npy(dest / f, shape)
+            stored = a
             counts[name] = int(stored)
         meta = {
             "format": EXPORT_FORMAT,

@@ -19,6 +19,7 @@ from time import perf_counter
 
 import numpy as np
 
+from tiered_emb._backend import to_xp
 from tiered_emb._jit import one_thread, take_rows
 from tiered_emb._order import stable_argsort
 from tiered_emb.config import TableConfig, TierConfig
@@ -26,6 +27,7 @@ from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.init import init_rows
 from tiered_emb.step.device import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
+from tiered_emb.tiers.ssd.codec import tombstones
 
 TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
 #: The parts of a resolve timed in ``Table.moves``, in the order a chunk runs them:
@@ -181,6 +183,53 @@ class Resolver:
             if moves is not None:
                 _charge(moves, "init", t0, fresh.shape[0], fresh.shape[0] * row_bytes)
         return sub, on_ssd, fresh
+
+    def write(self, t: Table, uids: np.ndarray, rows: np.ndarray) -> None:
+        """Set the weights of distinct ``uids`` to ``rows`` (float32 (k, dim), checked): in HBM,
+        chunk by chunk; a bulk write of more than HBM holds sets those not resident straight
+        in LMDB (:meth:`write_below`)."""
+        if uids.shape[0] > t.hbm.unpinned_capacity:
+            self.check_budget(t, uids.shape[0])  # (as for any batch; before anything is written)
+            self.ssd.raise_failed_write()
+            resident = self.write_below(t, uids, rows)
+            uids, rows = uids[resident], rows[resident]
+        for start, slots in self.chunks(t, uids):
+            t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(self.xp, rows[start : start + slots.shape[0]])
+            t.hbm.dirty[slots] = 1
+
+    def delete(self, t: Table, uids: np.ndarray) -> None:
+        """Delete the rows of distinct ``uids``: each one held in HBM or DDR is set to its initial
+        record there, clean (nothing writes its old bytes), and each one LMDB may hold gets a
+        tombstone in the write-back buffer, read as no row at once and written with the next
+        write-back or checkpoint.  ConfigError, nothing changed, for a row pinned by prefetch.
+        A slice of an eighth of the budget's records at a time."""
+        hs = t.hbm.find(uids)
+        at_h = np.flatnonzero(hs >= 0)
+        pinned = at_h[t.hbm.pins[hs[at_h]] > 0]
+        if pinned.shape[0]:
+            raise ConfigError(
+                f"{pinned.shape[0]} of the ids to delete from table {t.cfg.name!r} are pinned for a "
+                f"prefetched batch (id {int(uids[pinned[0]])} first)",
+                "release the tickets of the batches that hold them (store.release), then delete",
+            )
+        step = max(1, self.budget_bytes // (32 * t.cfg.record_width))
+        for a in range(0, uids.shape[0], step):
+            self._delete_slice(t, uids[a : a + step], hs[a : a + step])
+
+    def _delete_slice(self, t: Table, uids: np.ndarray, hs: np.ndarray) -> None:
+        at_h = np.flatnonzero(hs >= 0)
+        if at_h.shape[0]:
+            t.hbm.records[to_xp(self.xp, hs[at_h])] = to_xp(self.xp, init_rows(t.cfg, uids[at_h], self.seed))
+            t.hbm.dirty[hs[at_h]] = 0
+        ds = t.ddr.find(uids)
+        at_d = np.flatnonzero(ds >= 0)
+        if at_d.shape[0]:
+            t.ddr.records[ds[at_d]] = init_rows(t.cfg, uids[at_d], self.seed)
+            t.ddr.dirty[ds[at_d]] = 0
+        below = self.ssd.written.maybe_stored(t.cfg.name, uids, np.arange(uids.shape[0]))
+        if below.shape[0]:
+            dead = tombstones(below.shape[0], t.cfg.record_width)
+            self.ssd.write_pending({t.cfg.name: (uids[below], dead)}, durable=False)
 
     def check_budget(self, t: Table, n: int) -> None:
         """ConfigError when ``n`` distinct records of ``t`` exceed the budget (a batch must fit)."""

@@ -113,6 +113,11 @@ class ReferenceStore:
         for i, r in zip(ids, rows, strict=True):
             self.record(table, int(i))[:dim] = r
 
+    def delete(self, table: str, ids) -> None:
+        """Forget the rows of ``ids``: each reads as its initial record again."""
+        for i in ids:
+            self.rows[table].pop(int(i), None)
+
     def set_learning_rate(self, table: str | None, lr: float) -> None:
         """The learning rate of ``table`` (every table when None) from the next update on."""
         for name in self.tables if table is None else [table]:

@@ -23,6 +23,21 @@ import numpy as np
 RAW = 0
 ZSTD = 1
 
+#: Every word of a *tombstone*, the record a deleted row's id is written with: a quiet NaN
+#: whose payload no arithmetic makes (a NaN an operation yields carries its operand's
+#: payload or the CPU's default one), and no row holds a NaN (writes and gradients are checked).
+TOMBSTONE_WORD = 0x7FC0DE1E
+
+
+def tombstones(n: int, width: int) -> np.ndarray:
+    """``n`` tombstone records of ``width`` words, float32 (n, width)."""
+    return np.full((n, width), TOMBSTONE_WORD, dtype=np.uint32).view(np.float32)
+
+
+def is_tombstone(rows: np.ndarray) -> np.ndarray:
+    """Which records of ``rows`` (k, W) float32 are tombstones (their first word), bool (k,)."""
+    return rows[:, 0].view(np.uint32) == TOMBSTONE_WORD
+
 
 def encode_rows(rows: np.ndarray, compressor) -> list[bytes]:
     """The LMDB values of ``rows`` (k, W) float32: a tag byte, then the record's bytes

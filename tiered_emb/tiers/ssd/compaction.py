@@ -63,6 +63,8 @@ class Compactor:
         self.budget_bytes = int(budget_bytes)
         self.cursor = dict.fromkeys(sorted(self._widths), 0)  # the number the next run starts at
         self.runs = 0
+        #: True while :meth:`purge` runs: every segment holding a stale copy is worth a run
+        self.every_stale = False
         # segment -> (mark, rows) when it was rewritten and kept rows the index does not name
         # (the checkpoint's copies of rows written since): not again until the mark moves
         self._tried: dict[int, tuple[int, int]] = {}
@@ -87,6 +89,16 @@ class Compactor:
             self.cursor[t] = 0
             while self.compact_run(t):
                 pass
+
+    def purge(self, tables: list[str]) -> None:
+        """:meth:`compact` taking every segment that holds a stale copy, however few: after
+        it, a row's old copies (a deleted row's bytes) are in no segment but those a kept
+        checkpoint reads (LMDB keeps the freed pages in its file until it reuses them)."""
+        self.every_stale = True
+        try:
+            self.compact(tables)
+        finally:
+            self.every_stale = False
 
     def compact_run(self, table: str) -> bool:
         """Rewrite the next run of ``table`` from :attr:`cursor`; False when there was none left
@@ -144,7 +156,8 @@ class Compactor:
         mark already, keeping copies only a reopening at the checkpoint reads)."""
         seg = self._segments
         n = int(seg.nrows[seq]) if seq < seg.nrows.shape[0] else 0
-        return n > 0 and 2 * int(seg.live[seq]) <= n and self._tried.get(seq) != (seg.mark, n)
+        stale = int(seg.live[seq]) < n if self.every_stale else 2 * int(seg.live[seq]) <= n
+        return n > 0 and stale and self._tried.get(seq) != (seg.mark, n)
 
     def _next_run(self, table: str) -> list[int]:
         """The numbers of the segments of the run from :attr:`cursor`: the first segment worth

@@ -17,7 +17,7 @@ import zstandard
 
 from tiered_emb._order import stable_argsort
 from tiered_emb.errors import CorruptStoreError
-from tiered_emb.tiers.ssd.codec import RAW, ZSTD, lmdb_keys
+from tiered_emb.tiers.ssd.codec import RAW, ZSTD, is_tombstone, lmdb_keys
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.rowbuf import ABSENT, FOUND, RowBuffer
@@ -64,8 +64,15 @@ class Reader:
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W).
 
-        Returns the found mask (bool (k,)).
+        Returns the found mask (bool (k,)): a row whose newest copy is a tombstone (a
+        deleted row, :func:`.codec.tombstones`) is not found.
         """
+        found = self._read(table, ids, out_rows)
+        if found.any():
+            found &= ~is_tombstone(out_rows)
+        return found
+
+    def _read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         at = self._written.maybe_stored(table, ids, np.arange(ids.shape[0]))
         if at.shape[0] == ids.shape[0]:

@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
+from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.checkpoint import Checkpointer
+from tiered_emb.tiers.ssd.codec import is_tombstone
 from tiered_emb.tiers.ssd.compaction import Compactor
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
@@ -214,6 +216,12 @@ class SsdTier:
         if due:
             self.compactor.compact(due)
 
+    def purge(self, tables: list[str]) -> None:
+        """Rewrite every segment of ``tables`` that holds a stale copy (:meth:`.Compactor.purge`).
+        Under the store's lock, with no write in flight."""
+        self.writer.wait_writes()
+        self.compactor.purge(sorted(tables))
+
     # ----------------------------------------------------------------- checkpoints
     def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
         """Make ``batches`` (a dict or an iterable of them: :meth:`write_pending`) and everything
@@ -280,10 +288,17 @@ class SsdTier:
             return self.segments.pending(table)[0]
 
     def stored_ids(self, table: str, chunk_rows: int = 1 << 20):
-        """``(count, chunks)``: how many ids have a row in LMDB, and a generator of them
-        (int64, increasing) ``chunk_rows`` at a time, copied from the index as it goes (a
-        store of the format before segments: its ``t:`` keys too, all at once).  Nothing
-        may write to the tier meanwhile."""
+        """``(count, chunks)``: at most how many ids have a row in LMDB (the index's, tombstones
+        of deleted rows included), and a generator of the ids that do (int64, increasing),
+        at most ``chunk_rows`` at a time (:meth:`stored_rows`, their rows dropped)."""
+        count, parts = self.stored_rows(table, chunk_rows)
+        return count, (ids for ids, _ in parts)
+
+    def stored_rows(self, table: str, chunk_rows: int = 1 << 20):
+        """``(count, chunks)`` as :meth:`stored_ids`, each chunk ``(ids, records)``: the ids
+        come from the index as it goes (a store of the format before segments: its ``t:``
+        keys too, all at once), their records are read and the deleted ones skipped.
+        Nothing may write to the tier meanwhile."""
         self.writer.wait_writes()
         ix = self.segments.index[table]
         with self._lock:
@@ -292,9 +307,26 @@ class SsdTier:
             with self.lmdb.reading() as txn, txn.cursor(db=self.lmdb.main[table]) as cur:
                 keys = b"".join(cur.iternext(keys=True, values=False))
             ids = np.union1d(ix.ids_between(0, len(ix)), np.frombuffer(keys, dtype=">i8").astype(np.int64))
-            return ids.shape[0], (ids[a : a + chunk_rows] for a in range(0, ids.shape[0], chunk_rows))
-        n = len(ix)
-        return n, (ix.ids_between(a, a + chunk_rows) for a in range(0, n, chunk_rows))
+            count, pieces = ids.shape[0], (ids[a : a + chunk_rows] for a in range(0, ids.shape[0], chunk_rows))
+        else:
+            count = len(ix)
+            pieces = (ix.ids_between(a, a + chunk_rows) for a in range(0, count, chunk_rows))
+        return count, (self._live(table, ids) for ids in pieces)
+
+    def _live(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, records)`` of those of ``ids`` (listed by the index) whose row is not deleted."""
+        rows = np.zeros((ids.shape[0], self.widths[table]), dtype=np.float32)  # (no word of a tombstone)
+        found = self.read(table, ids, rows)
+        if found.all():
+            return ids, rows
+        stored = np.zeros(ids.shape[0], dtype=bool)
+        stored[self.written.maybe_stored(table, ids, np.arange(ids.shape[0]))] = True
+        tombs = ~found & stored & is_tombstone(rows)
+        if (~found & ~tombs).any():
+            raise CorruptStoreError(
+                f"table {table!r} of {self.path} lists rows it cannot read", "restore the store directory from a backup"
+            )
+        return ids[found], rows[found]
 
     def verify(self) -> dict:
         """Check every stored byte (:func:`.verify.verify`): what was checked and each damaged record."""
