@@ -4,6 +4,7 @@ a completed checkpoint, and damaged bytes are a typed error, never wrong rows.
 A few seeds run in every CI run; many under ``-m slow`` (``python -m pytest -m slow
 tests/test_crashes.py``)."""
 
+import dataclasses
 import inspect
 import os
 import signal
@@ -40,7 +41,7 @@ path, phase = sys.argv[1], sys.argv[2]
 Compactor.COMPACT_MIN_ROWS = 100
 tables = [
     TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
-    TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5)),
+    TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5), min_count=3 if phase == "admit" else 1),
 ]
 keep = int(sys.argv[3]) if phase == "train" and len(sys.argv) > 3 else None
 tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", keep_checkpoints=keep)
@@ -82,10 +83,11 @@ _TRAIN = _TRAIN.replace(
 )
 
 
-def _reference(steps: int, delete: bool = False) -> dict:
-    ref = ReferenceStore(TABLES, seed=4)
+def _reference(steps: int, delete: bool = False, admit: bool = False) -> dict:
+    tables = [TABLES[0], dataclasses.replace(TABLES[1], min_count=3)] if admit else TABLES
+    ref = ReferenceStore(tables, seed=4)
     for step in range(1, steps + 1):
-        random_updates([ref], TABLES, 1, seed=step, ids_below=300)
+        random_updates([ref], tables, 1, seed=step, ids_below=300)
         if delete:
             deletions([ref], TABLES, step)
     return {t.name: ref.peek_records(t.name, np.arange(300)) for t in TABLES}
@@ -132,8 +134,16 @@ def _crash_and_recover(tmp_path: Path, seed: int, phase: str = "train") -> None:
     _killed_at([str(path), "open"], "opening", float(rng.uniform(0.0, 0.3)))
     got = _rows(path)
     # the checkpoint whose commit came just before the kill may not have printed its step
-    for want in (_reference(last, phase == "delete"), _reference(last + EVERY, phase == "delete")):
+    for steps in (last, last + EVERY):
+        want = _reference(steps, phase == "delete", phase == "admit")
         if all(np.array_equal(got[t], want[t]) for t in got):
+            if phase == "admit":  # the counts came back too: five more steps go on as the reference
+                with TieredStore.open(path) as s:
+                    for step in range(steps + 1, steps + 6):
+                        random_updates([s], TABLES, 1, seed=step, ids_below=300)
+                    more = {t.name: s.peek(t.name, np.arange(300), with_state=True) for t in TABLES}
+                want = _reference(steps + 5, admit=True)
+                assert all(np.array_equal(more[t], want[t]) for t in more), f"seed {seed}: the counts were not restored"
             return
     raise AssertionError(f"seed {seed}: reopened rows are no completed checkpoint's (last printed: {last})")
 
@@ -161,6 +171,13 @@ def test_a_kill_while_rows_are_deleted_and_purged_loses_and_resurrects_nothing(t
 @pytest.mark.parametrize("seed", range(3, 30))
 def test_many_kills_while_rows_are_deleted(tmp_path, seed):
     _crash_and_recover(tmp_path, seed, "delete")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_kill_under_admission_reopens_with_the_counts_of_its_checkpoint(tmp_path, seed):
+    """Table b admits ids at their third sighting: after a kill the rows and the counts are
+    those of one completed checkpoint (the next steps admit as an uninterrupted run would)."""
+    _crash_and_recover(tmp_path, seed, "admit")
 
 
 def _crash_going_back(tmp_path: Path, seed: int) -> None:

@@ -128,6 +128,14 @@ class TableConfig:
         Initialiser of rows never written; a pure function of (seed, table, id).
     optimizer : SGD | Adagrad | RowWiseAdagrad | Adam
         Applied by :meth:`TieredStore.apply_gradients`; its state lives in the row.
+    min_count : int
+        Admission: an id's gradients update its row from the update that sees it for the
+        ``min_count``-th time on (1..255; 1: every id at once).  Before, its gradients are
+        dropped and it reads as its initial value; nothing of it reaches LMDB
+        (:mod:`tiered_emb.admission`).
+    admission_bytes : int
+        Memory of the admission counts (>= 4096): one byte per id of a bounded table that
+        fits, else a count-min sketch of this many bytes (docs/tuning.md: its error).
 
     Examples
     --------
@@ -142,6 +150,8 @@ class TableConfig:
     dtype: str = "float32"
     init: Uniform | Normal = field(default_factory=Uniform)
     optimizer: SGD | Adagrad | RowWiseAdagrad | Adam = field(default_factory=SGD)
+    min_count: int = 1
+    admission_bytes: int = 1 << 22
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -153,6 +163,16 @@ class TableConfig:
         if self.num_rows is not None and (not _is_int(self.num_rows) or not 1 <= self.num_rows <= MAX_ID):
             raise ConfigError(
                 f"TableConfig.num_rows={self.num_rows!r} is invalid", "use None (unbounded ids) or an int >= 1"
+            )
+        if not _is_int(self.min_count) or not 1 <= self.min_count <= 255:
+            raise ConfigError(
+                f"TableConfig.min_count={self.min_count!r} is invalid",
+                "use an int in 1..255 (1: every id admitted at once)",
+            )
+        if not _is_int(self.admission_bytes) or not 4096 <= self.admission_bytes <= 1 << 40:
+            raise ConfigError(
+                f"TableConfig.admission_bytes={self.admission_bytes!r} is invalid",
+                "use an int from 4096 to 2**40 (bytes of the admission counts)",
             )
         if self.dtype != "float32":
             raise ConfigError(f"TableConfig.dtype={self.dtype!r} is not supported", "use 'float32'")
@@ -201,6 +221,8 @@ class TableConfig:
             "dtype": self.dtype,
             "init": init,
             "optimizer": optimizer_to_dict(self.optimizer),
+            "min_count": self.min_count,
+            "admission_bytes": self.admission_bytes,
         }
 
     @classmethod
@@ -215,6 +237,8 @@ class TableConfig:
             dtype=d["dtype"],
             init=init_cls(**init),
             optimizer=optimizer_from_dict(d["optimizer"]),
+            min_count=d.get("min_count", 1),  # (a manifest written before admission: none)
+            admission_bytes=d.get("admission_bytes", 1 << 22),
         )
 
 

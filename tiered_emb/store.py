@@ -83,6 +83,7 @@ class TieredStore:
         self._res = Resolver(
             {t.name: Table(t, tiers, self.xp) for t in tables}, ssd, seed, self.xp, str(path), tiers.budget_bytes
         )
+        self._res.load_admission()  # (the counts of the checkpoint opened)
         #: The prefetch window over this store's tables (see :mod:`tiered_emb.prefetch`).
         self.window = Window(self._res, tiers.policy)
         #: The prefetch thread that runs the window's jobs.
@@ -345,7 +346,9 @@ class TieredStore:
 
         def run() -> None:
             with self._res.lock:
-                update.update_rows(self._res, self._table(table), uids, summed, checked=True)
+                t = self._table(table)
+                kept, part, _ = update.admitted(t, uids, summed)  # (counted as the update applies)
+                update.update_rows(self._res, t, kept, part, checked=True)
 
         return run
 
@@ -549,7 +552,8 @@ class TieredStore:
             counts: dict[str, int] = {}
             rates = {n: t.cfg.optimizer.lr for n, t in sorted(self._res.tables.items())}
             meta = dict(self._meta, epoch=self.epoch + 1, lr=rates)
-            self.last_checkpoint_rows = self.ssd.checkpoint(self._res.dirty_chunks(counts), meta, extra)
+            blobs = self._res.admission_blobs()
+            self.last_checkpoint_rows = self.ssd.checkpoint(self._res.dirty_chunks(counts), meta, extra, blobs)
             self._meta = meta
             self._res.written(counts)
             self.write_manifest()

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiered_emb._backend import to_host
+from tiered_emb._backend import to_host, to_xp
 from tiered_emb.step import reduce
 from tiered_emb.step.plan import dedupe
-from tiered_emb.step.update import apply_update, update_rows
+from tiered_emb.step.update import admitted, apply_update, update_rows
 
 
 @dataclass
@@ -108,7 +108,21 @@ def update(res, t, plan, grad_out, nonfinite: str) -> Callable[[], None]:
         # rows left are resolved again (and counted) as apply_gradients does
         uids, summed = reduce.screen_nonfinite(t.cfg.name, to_host(g.uids), summed, bad.astype(bool), nonfinite)
         return lambda: _update_again(res, t, uids, summed)
+    if t.admission is not None:
+        return lambda: _admit_then_apply(res, t, g.uids, summed, plan.ids)
     return lambda: _apply(res, t, g.uids, summed, plan.ids)
+
+
+def _admit_then_apply(res, t, uids, summed, ids: np.ndarray) -> None:
+    """:func:`_apply` of the ids ``t``'s admission lets through (each counted a sighting)."""
+    host = to_host(uids)
+    with res.lock:
+        ok = t.admission.sight(host)
+    if ok.all():
+        _apply(res, t, uids, summed, ids)
+    elif ok.any():
+        at = np.flatnonzero(ok)
+        _update_again(res, t, host[at], summed[to_xp(res.xp, at)], admit=False)
 
 
 def _apply(res, t, uids, summed, ids: np.ndarray) -> None:
@@ -118,8 +132,10 @@ def _apply(res, t, uids, summed, ids: np.ndarray) -> None:
         t.hbm.dirty[ids] = 1
 
 
-def _update_again(res, t, uids: np.ndarray, summed) -> None:
+def _update_again(res, t, uids: np.ndarray, summed, admit: bool = True) -> None:
     with res.lock:
+        if admit:
+            uids, summed, _ = admitted(t, uids, summed)
         update_rows(res, t, uids, summed, checked=True)
 
 

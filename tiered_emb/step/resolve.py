@@ -22,6 +22,7 @@ import numpy as np
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import one_thread, take_rows
 from tiered_emb._order import stable_argsort
+from tiered_emb.admission import admission_of
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.init import init_rows
@@ -57,6 +58,8 @@ class Table:
 
     def __init__(self, cfg: TableConfig, tiers: TierConfig, xp):
         self.cfg = cfg
+        #: the table's admission counts (None: every id admitted at once)
+        self.admission = admission_of(cfg)
         if cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
             self.hbm = DirectHbmTier(cfg.num_rows, cfg.record_width, xp)
         else:
@@ -183,6 +186,17 @@ class Resolver:
             if moves is not None:
                 _charge(moves, "init", t0, fresh.shape[0], fresh.shape[0] * row_bytes)
         return sub, on_ssd, fresh
+
+    def admission_blobs(self) -> dict[str, bytes]:
+        """The admission counts of every table that has them, as a checkpoint saves them."""
+        return {f"admission:{n}": t.admission.to_bytes() for n, t in sorted(self.tables.items()) if t.admission}
+
+    def load_admission(self) -> None:
+        """Take the admission counts saved with the SSD tier's last checkpoint (none: all zero)."""
+        for name, t in sorted(self.tables.items()):
+            saved = self.ssd.read_blob(f"admission:{name}") if t.admission else None
+            if saved is not None:
+                t.admission.load(saved, f"table {name!r} of {self.ssd.path}")
 
     def write(self, t: Table, uids: np.ndarray, rows: np.ndarray) -> None:
         """Set the weights of distinct ``uids`` to ``rows`` (float32 (k, dim), checked): in HBM,

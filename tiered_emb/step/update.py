@@ -214,6 +214,19 @@ def _still_resident(slot_ids, slots, uids):
     return True
 
 
+def admitted(t, uids: np.ndarray, summed):
+    """``(uids, summed, at)``: those of an update's ids (distinct) that ``t``'s admission lets
+    through, each counted one sighting (:mod:`tiered_emb.admission`), and their positions
+    ``at`` among ``uids`` (None: all of them)."""
+    if t.admission is None or uids.shape[0] == 0:
+        return uids, summed, None
+    ok = t.admission.sight(uids)
+    if ok.all():
+        return uids, summed, None
+    at = np.flatnonzero(ok)
+    return uids[at], summed[at], at
+
+
 def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = False) -> None:
     """One optimizer update per unique id of table ``t``, chunk by chunk in HBM (``summed``
     float32 (k, dim), screened); ``checked`` as :meth:`~tiered_emb.step.resolve.Resolver.chunks`."""
@@ -226,27 +239,34 @@ def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = Fa
 
 def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, work: int) -> None:
     """The pooled backward's update: on the slots the forward found (``plan.slots``) when they
-    still hold these ids, else resolved again as ``apply_gradients`` does.
+    still hold these ids, else resolved again as ``apply_gradients`` does.  The ids the
+    table's admission holds back are dropped first (:func:`admitted`).
 
     While the batch's rows are pinned for it by the prefetch window no lock is taken
     (pinned slots are never victims); a backward run after its batch's step has moved on
     (gradients accumulated over batches, say) finds its slots perhaps given to other
     rows, and takes the locked path at once.
     """
-    if plan.pinned is not None and plan.checked is t and window.still_pinned(plan.pinned):
+    slots = plan.slots if plan.checked is t and uids is plan.uids else None
+    if t.admission is not None:
+        with res.lock:  # (the counts change under the store's lock, as the rows)
+            uids, summed, at = admitted(t, uids, summed)
+        if at is not None and slots is not None:
+            slots = slots[at]
+    if plan.pinned is not None and slots is not None and window.still_pinned(plan.pinned):
         with threads_for(work):
-            if _update_in_place(res, t, plan, uids, summed, pinned=True):
+            if _update_in_place(res, t, slots, uids, summed, pinned=True):
                 return
     with res.lock, threads_for(work):
-        if not _update_in_place(res, t, plan, uids, summed):
+        if not _update_in_place(res, t, slots, uids, summed):
             update_rows(res, t, uids, summed, checked=True)
 
 
-def _update_in_place(res, t, plan, uids, summed, pinned: bool = False) -> bool:
-    """Update the forward's slots in place when they still hold ``uids`` (always, when
-    ``pinned``); False, with nothing changed, where the rows must be resolved again."""
-    slots = plan.slots if plan.checked is t else None  # slots of this table's forward only
-    if slots is None or uids is not plan.uids:
+def _update_in_place(res, t, slots, uids, summed, pinned: bool = False) -> bool:
+    """Update ``slots`` (the forward's, of ``uids``; None: none) in place when they still hold
+    ``uids`` (always, when ``pinned``); False, with nothing changed, where the rows must be
+    resolved again."""
+    if slots is None:
         return False
     if not pinned and not _still_resident(t.hbm.slot_ids, slots, uids):
         return False

@@ -89,6 +89,8 @@ class ReferenceStore:
         self.tables = {t.name: t for t in tables}
         self.seed = seed
         self.rows: dict[str, dict[int, np.ndarray]] = {t.name: {} for t in tables}
+        #: updates that held each id (exact admission counts, up to ``min_count``)
+        self.seen: dict[str, dict[int, int]] = {t.name: {} for t in tables}
 
     def record(self, table: str, i: int) -> np.ndarray:
         """The record (weights and optimizer state) of row ``i``, made lazily; changed in place by the caller."""
@@ -129,8 +131,11 @@ class ReferenceStore:
         terms: dict[int, list[np.ndarray]] = {}
         for i, g in zip(ids, grads, strict=True):
             terms.setdefault(int(i), []).append(g.astype(np.float32))
+        seen = self.seen[table]
         for i, rows in terms.items():
-            _update_row(cfg, self.record(table, i), chunked_sum(rows))
+            seen[i] = min(seen.get(i, 0) + 1, cfg.min_count)
+            if seen[i] >= cfg.min_count:  # admitted: from the min_count-th update that holds it
+                _update_row(cfg, self.record(table, i), chunked_sum(rows))
 
 
 def chunked_sum(rows: list[np.ndarray]) -> np.ndarray:

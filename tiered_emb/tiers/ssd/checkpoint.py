@@ -54,22 +54,28 @@ class Checkpointer:
         #: how many checkpoints the store keeps (TierConfig.keep_checkpoints)
         self.keep = 1
 
-    def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
+    def checkpoint(self, batches, meta: dict, extra: bytes | None, blobs: dict | None = None) -> int:
         """Make ``batches`` ({table: (ids, rows)}, or an iterable of them taken one at a time:
         :meth:`.Writer.write_pending`) and everything pending the new checkpoint, with
-        ``meta``, atomically; returns the rows of ``batches``."""
+        ``meta`` (and ``blobs``: :func:`.snapshots.put`), atomically; returns the rows of ``batches``."""
         n = self._writer.write_pending(batches, durable=True)
         mark = self._segments.next_seq
-        self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra))
+        self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra, blobs))
         self._segments.mark = mark  # (committed: compaction must keep the new checkpoint's copies)
         self._segments.marks = self.kept_marks()
         self._lmdb.env.sync(True)
         self._lmdb.clear_dead_readers()  # (a dead reader's snapshot would keep its pages from reuse)
         return n
 
-    def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None) -> None:
-        """The checkpoint's own transaction: its meta record, its mark and the trainer's bytes."""
-        snapshots.put(txn, self._lmdb.meta, meta, mark, extra, self.keep)
+    def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None, blobs: dict | None = None) -> None:
+        """The checkpoint's own transaction: its meta record, its mark, the trainer's bytes and ``blobs``."""
+        snapshots.put(txn, self._lmdb.meta, meta, mark, extra, self.keep, blobs)
+
+    def read_blob(self, name: str) -> bytes | None:
+        """The blob ``name`` of the last checkpoint (None: none saved)."""
+        epoch = int(self.read_meta().get("epoch", 0))
+        with self._lmdb.corrupt_on_error("reading the checkpoint records of"), self._lmdb.reading() as txn:
+            return snapshots.read_blob(txn, self._lmdb.meta, epoch, name, self._lmdb.path)
 
     def snapshots(self) -> list[tuple[int, int, dict]]:
         """``(epoch, mark, meta)`` of every checkpoint kept, oldest first."""

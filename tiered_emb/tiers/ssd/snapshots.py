@@ -27,6 +27,7 @@ from tiered_emb.errors import CorruptStoreError, SnapshotNotFoundError
 
 SNAP = b"snap:"
 SNAPX = b"snapx:"
+SNAPA = b"snapa:"
 SEAL = b"TSM1"
 GOING_BACK = b"going_back"
 
@@ -80,9 +81,10 @@ def read_mark(txn, db, path: Path | None) -> int:
     return 0 if payload is None else int.from_bytes(payload, "big")
 
 
-def put(txn, db, meta: dict, mark: int, extra: bytes | None, keep: int) -> None:
-    """Record checkpoint ``meta["epoch"]`` (``mark``; ``extra`` when not None) in ``txn`` as
-    the last, and drop the oldest beyond ``keep``."""
+def put(txn, db, meta: dict, mark: int, extra: bytes | None, keep: int, blobs: dict | None = None) -> None:
+    """Record checkpoint ``meta["epoch"]`` (``mark``; ``extra`` when not None; ``blobs``, name
+    -> bytes, as ``snapa:<epoch><name>``: a checkpoint's blob of a name is the newest at or
+    before it) in ``txn`` as the last, and drop the oldest beyond ``keep``."""
     epoch = int(meta["epoch"])
     body = json.dumps(meta, sort_keys=True).encode()
     txn.put(b"meta", seal(body), db=db)
@@ -91,10 +93,15 @@ def put(txn, db, meta: dict, mark: int, extra: bytes | None, keep: int) -> None:
     if extra is not None:
         txn.put(_key(SNAPX, epoch), seal(bytes(extra)), db=db)
         txn.delete(b"extra", db=db)  # (the bytes of a store written before numbered checkpoints)
+    for name, blob in sorted((blobs or {}).items()):
+        txn.put(_key(SNAPA, epoch) + name.encode(), seal(bytes(blob)), db=db)
     kept = listed(txn, db, None)
     for old, _, _ in kept[:-keep]:
         txn.delete(_key(SNAP, old), db=db)
     oldest = kept[-keep:][0][0]
+    for (e, name), key in _blobs(txn, db).items():  # (each name's blob of the oldest kept stays)
+        if e < (_blob_epoch(txn, db, oldest, name) or 0):
+            txn.delete(key, db=db)
     base = _extra_epoch(txn, db, oldest)
     for e in _epochs(txn, db, SNAPX):  # (the oldest kept checkpoint's extra stays)
         if base is not None and e < base:
@@ -111,6 +118,32 @@ def _epochs(txn, db, prefix: bytes) -> list[int]:
                     break
                 out.append(int.from_bytes(key[len(prefix) :], "big"))
     return out
+
+
+def _blobs(txn, db) -> dict[tuple[int, str], bytes]:
+    """``(epoch, name) -> key`` of every ``snapa`` record."""
+    out = {}
+    with txn.cursor(db=db) as cur:
+        if cur.set_range(SNAPA):
+            for key in cur.iternext(keys=True, values=False):
+                key = bytes(key)
+                if not key.startswith(SNAPA):
+                    break
+                at = len(SNAPA)
+                out[(int.from_bytes(key[at : at + 8], "big"), key[at + 8 :].decode())] = key
+    return out
+
+
+def _blob_epoch(txn, db, epoch: int, name: str) -> int | None:
+    """The epoch of the newest ``snapa`` of ``name`` at or before ``epoch`` (None: none)."""
+    before = [e for e, n in _blobs(txn, db) if n == name and e <= epoch]
+    return max(before) if before else None
+
+
+def read_blob(txn, db, epoch: int, name: str, path: Path | None) -> bytes | None:
+    """The blob ``name`` of checkpoint ``epoch``: the newest saved at or before it (None: none)."""
+    at = _blob_epoch(txn, db, epoch, name)
+    return None if at is None else _get(txn, db, _key(SNAPA, at) + name.encode(), path)
 
 
 def _extra_epoch(txn, db, epoch: int) -> int | None:
@@ -162,6 +195,9 @@ def back_to(txn, db, epoch: int, path: Path) -> int:
     for later in _epochs(txn, db, SNAPX):
         if later > epoch:
             txn.delete(_key(SNAPX, later), db=db)
+    for (later, _), key in _blobs(txn, db).items():
+        if later > epoch:
+            txn.delete(key, db=db)
     txn.put(b"meta", seal(json.dumps(meta, sort_keys=True).encode()), db=db)
     txn.put(b"mark", seal(int(mark).to_bytes(8, "big")), db=db)
     txn.put(GOING_BACK, seal(int(mark).to_bytes(8, "big")), db=db)
@@ -210,6 +246,7 @@ __all__ = [
     "listed",
     "problems",
     "put",
+    "read_blob",
     "read_mark",
     "read_meta",
     "seal",

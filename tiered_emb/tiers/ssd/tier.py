@@ -223,10 +223,14 @@ class SsdTier:
         self.compactor.purge(sorted(tables))
 
     # ----------------------------------------------------------------- checkpoints
-    def checkpoint(self, batches, meta: dict, extra: bytes | None) -> int:
+    def checkpoint(self, batches, meta: dict, extra: bytes | None, blobs: dict | None = None) -> int:
         """Make ``batches`` (a dict or an iterable of them: :meth:`write_pending`) and everything
-        pending the new checkpoint, with ``meta``, atomically."""
-        return self.checkpoints.checkpoint(batches, meta, extra)
+        pending the new checkpoint, with ``meta`` and ``blobs`` (name -> bytes), atomically."""
+        return self.checkpoints.checkpoint(batches, meta, extra, blobs)
+
+    def read_blob(self, name: str) -> bytes | None:
+        """The blob ``name`` saved with the last checkpoint, or before it (None: none)."""
+        return self.checkpoints.read_blob(name)
 
     def discard_pending(self) -> None:
         """Drop what was written since the last checkpoint (reopen at the checkpoint)."""
