@@ -232,6 +232,7 @@ def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
         (["--lr", "-1"], "lr=-1"),
         (["--lr-schedule", "cosine", "--warmup-steps", "-1"], "--warmup-steps"),
         (["--weight-decay", "nan"], "--weight-decay"),
+        (["--min-count", "0"], "min_count=0"),
         (["--rows", "0"], "--rows 0"),
         (["--batch", "0"], "--batch 0"),
         (["--policy", "mru"], "policy"),
@@ -446,7 +447,7 @@ def test_a_run_kept_before_schedules_resumes_with_a_constant_rate(tmp_path):
     _train(tmp_path / "old", "--steps", "2")
     path = tmp_path / "old" / "config.json"
     cfg = json.loads(path.read_text())
-    for k in ("lr_schedule", "warmup_steps", "decay_steps", "weight_decay"):
+    for k in ("lr_schedule", "warmup_steps", "decay_steps", "weight_decay", "min_count"):
         del cfg[k]
     path.write_text(json.dumps(cfg))
     r = _train(tmp_path / "old", "--steps", "3", "--resume")

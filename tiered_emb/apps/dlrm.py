@@ -104,6 +104,9 @@ def add_parser(sub) -> None:
         "--decay-steps", type=count, help="steps of the decay after the warm-up (default: the rest of --steps)"
     )
     p.add_argument("--weight-decay", type=float, help="L2 weight decay of the embedding rows (default: 0)")
+    p.add_argument(
+        "--min-count", type=int, help="admit an id's row after this many batches held it (1..255; default: 1)"
+    )
     p.add_argument("--bottom", help="bottom MLP hidden sizes, comma separated (then dim; default: 64)")
     p.add_argument("--top", help="top MLP hidden sizes, comma separated (then 1; default: 64)")
     p.add_argument("--eval-batches", type=count, default=8, help="held-out (and train) batches for the report")

@@ -31,6 +31,7 @@ RUN_KEYS = (
     "warmup_steps",
     "decay_steps",
     "weight_decay",
+    "min_count",
 )
 #: The learning-rate schedules of ``--lr-schedule`` (see :func:`lr_factor`).
 SCHEDULES = ("constant", "cosine", "poly")
@@ -53,9 +54,17 @@ RUN_DEFAULTS = {
     "warmup_steps": 0,
     "decay_steps": None,  # the run's --steps after the warm-up, as the run began
     "weight_decay": 0.0,
+    "min_count": 1,
 }
 # Kept by runs made before these keys were: their value then.
-_BEFORE = {"model": "dlrm", "lr_schedule": "constant", "warmup_steps": 0, "decay_steps": 0, "weight_decay": 0.0}
+_BEFORE = {
+    "model": "dlrm",
+    "lr_schedule": "constant",
+    "warmup_steps": 0,
+    "decay_steps": 0,
+    "weight_decay": 0.0,
+    "min_count": 1,
+}
 
 
 def feature_names() -> list[str]:
@@ -173,9 +182,13 @@ def lr_factor(cfg: dict, step: int) -> float:
 
 
 def table_configs(cfg: dict) -> list[TableConfig]:
-    """The run's 26 tables, their optimizer at the run's ``lr`` and weight decay (L2, as FBGEMM's)."""
+    """The run's 26 tables: their optimizer at the run's ``lr`` and weight decay (L2, as
+    FBGEMM's), their admission after ``min_count`` sightings."""
     opt = EMB_OPTIMIZERS[cfg["optimizer"]](lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    return [TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt) for f in feature_names()]
+    return [
+        TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt, min_count=cfg["min_count"])
+        for f in feature_names()
+    ]
 
 
 def read_run_config(config_path: Path) -> dict:
