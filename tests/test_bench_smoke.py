@@ -222,3 +222,19 @@ def test_bench_memlimit_smoke(tmp_path):
         pytest.skip(f"memlimit cannot run here: {data['free']['memlimit']}")
     assert json.loads(out.read_text())["limited_over_free"] > 0
     assert len(data["limited"]["step_s"]) == 4 and data["free"]["peak_anon_mib"] > 0
+
+
+def test_bench_lifecycle_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_lifecycle", BENCH.parent / "bench_lifecycle.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "lifecycle.json"
+    shape = ["--steps", "16", "--every", "4", "--batch", "256", "--window", "2000", "--shift", "100"]
+    small = ["--hbm-rows", "64", "--ddr-rows", "64", "--dim", "4", "--no-dlrm"]
+    data = mod.main([*shape, *small, "--json", str(out), "--plot", str(tmp_path / "lifecycle.png")])
+    stream = json.loads(out.read_text())["stream"]
+    assert set(stream) == {"plain", "admit2", "admit5", "delete"}
+    last = {n: r["points"][-1] for n, r in stream.items()}
+    assert last["admit5"]["rows"] < last["admit2"]["rows"] < last["plain"]["rows"]
+    assert data["admission_step_cost"]["admit2"] > 0
+    assert (tmp_path / "lifecycle.png").stat().st_size > 0

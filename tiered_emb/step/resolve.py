@@ -213,8 +213,8 @@ class Resolver:
 
     def delete(self, t: Table, uids: np.ndarray) -> None:
         """Delete the rows of distinct ``uids``: each one held in HBM or DDR is set to its initial
-        record there, clean (nothing writes its old bytes), and each one LMDB may hold gets a
-        tombstone in the write-back buffer, read as no row at once and written with the next
+        record there, clean (nothing writes its old bytes), and each one LMDB holds a row of
+        gets a tombstone in the write-back buffer, read as no row at once and written with the next
         write-back or checkpoint.  ConfigError, nothing changed, for a row pinned by prefetch.
         A slice of an eighth of the budget's records at a time."""
         hs = t.hbm.find(uids)
@@ -241,6 +241,9 @@ class Resolver:
             t.ddr.records[ds[at_d]] = init_rows(t.cfg, uids[at_d], self.seed)
             t.ddr.dirty[ds[at_d]] = 0
         below = self.ssd.written.maybe_stored(t.cfg.name, uids, np.arange(uids.shape[0]))
+        if below.shape[0]:  # a tombstone for each id LMDB holds a live row of
+            found = self.ssd.read(t.cfg.name, uids[below], np.empty((below.shape[0], t.cfg.record_width), np.float32))
+            below = below[found]
         if below.shape[0]:
             dead = tombstones(below.shape[0], t.cfg.record_width)
             self.ssd.write_pending({t.cfg.name: (uids[below], dead)}, durable=False)
