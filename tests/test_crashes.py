@@ -41,7 +41,14 @@ path, phase = sys.argv[1], sys.argv[2]
 Compactor.COMPACT_MIN_ROWS = 100
 tables = [
     TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
-    TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5), min_count=3 if phase == "admit" else 1),
+    TableConfig(
+        "b",
+        dim=2,
+        num_rows=300,
+        optimizer=SGD(lr=0.5),
+        min_count=3 if phase == "admit" else 1,
+        ttl_steps=4 if phase == "expire" else None,
+    ),
 ]
 keep = int(sys.argv[3]) if phase == "train" and len(sys.argv) > 3 else None
 tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", keep_checkpoints=keep)
@@ -55,6 +62,8 @@ s.ssd.writeback_rows = 32
 print("start", flush=True)
 for step in range(1, 100_000):
     random_updates([s], tables, 1, seed=step, ids_below=300)
+    if phase == "expire":
+        s.advance_step()
     if phase == "delete":  # (deletions, and a purge of every stale copy every other checkpoint)
         deletions([s], tables, step)
         if step % 10 == 0:
@@ -83,11 +92,15 @@ _TRAIN = _TRAIN.replace(
 )
 
 
-def _reference(steps: int, delete: bool = False, admit: bool = False) -> dict:
+def _reference(steps: int, delete: bool = False, admit: bool = False, expire: bool = False) -> dict:
     tables = [TABLES[0], dataclasses.replace(TABLES[1], min_count=3)] if admit else TABLES
+    if expire:
+        tables = [TABLES[0], dataclasses.replace(TABLES[1], ttl_steps=4)]
     ref = ReferenceStore(tables, seed=4)
     for step in range(1, steps + 1):
         random_updates([ref], tables, 1, seed=step, ids_below=300)
+        if expire:
+            ref.advance_step()
         if delete:
             deletions([ref], TABLES, step)
     return {t.name: ref.peek_records(t.name, np.arange(300)) for t in TABLES}
@@ -135,15 +148,17 @@ def _crash_and_recover(tmp_path: Path, seed: int, phase: str = "train") -> None:
     got = _rows(path)
     # the checkpoint whose commit came just before the kill may not have printed its step
     for steps in (last, last + EVERY):
-        want = _reference(steps, phase == "delete", phase == "admit")
+        want = _reference(steps, phase == "delete", phase == "admit", phase == "expire")
         if all(np.array_equal(got[t], want[t]) for t in got):
-            if phase == "admit":  # the counts came back too: five more steps go on as the reference
+            if phase in ("admit", "expire"):  # the counts / the counter and logs came back: 8 more steps
                 with TieredStore.open(path) as s:
-                    for step in range(steps + 1, steps + 6):
+                    for step in range(steps + 1, steps + 9):
                         random_updates([s], TABLES, 1, seed=step, ids_below=300)
+                        if phase == "expire":
+                            s.advance_step()
                     more = {t.name: s.peek(t.name, np.arange(300), with_state=True) for t in TABLES}
-                want = _reference(steps + 5, admit=True)
-                assert all(np.array_equal(more[t], want[t]) for t in more), f"seed {seed}: the counts were not restored"
+                want = _reference(steps + 8, admit=phase == "admit", expire=phase == "expire")
+                assert all(np.array_equal(more[t], want[t]) for t in more), f"seed {seed}: {phase} state not restored"
             return
     raise AssertionError(f"seed {seed}: reopened rows are no completed checkpoint's (last printed: {last})")
 
@@ -171,6 +186,13 @@ def test_a_kill_while_rows_are_deleted_and_purged_loses_and_resurrects_nothing(t
 @pytest.mark.parametrize("seed", range(3, 30))
 def test_many_kills_while_rows_are_deleted(tmp_path, seed):
     _crash_and_recover(tmp_path, seed, "delete")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_kill_while_rows_expire_reopens_at_a_completed_checkpoint(tmp_path, seed):
+    """Table b's rows expire 4 steps after their last update, every step: after a kill the
+    rows (their last update included) are those of one completed checkpoint."""
+    _crash_and_recover(tmp_path, seed, "expire")
 
 
 @pytest.mark.parametrize("seed", range(2))

@@ -136,6 +136,10 @@ class TableConfig:
     admission_bytes : int
         Memory of the admission counts (>= 4096): one byte per id of a bounded table that
         fits, else a count-min sketch of this many bytes (docs/tuning.md: its error).
+    ttl_steps : int or None
+        Expiry: a row no update touched for more than this many steps (the store's step
+        counter, :meth:`TieredStore.advance_step`) is deleted; None: rows never expire.
+        Its record holds one more word, the step of its last update (:mod:`tiered_emb.expiry`).
 
     Examples
     --------
@@ -152,6 +156,7 @@ class TableConfig:
     optimizer: SGD | Adagrad | RowWiseAdagrad | Adam = field(default_factory=SGD)
     min_count: int = 1
     admission_bytes: int = 1 << 22
+    ttl_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -173,6 +178,11 @@ class TableConfig:
             raise ConfigError(
                 f"TableConfig.admission_bytes={self.admission_bytes!r} is invalid",
                 "use an int from 4096 to 2**40 (bytes of the admission counts)",
+            )
+        if self.ttl_steps is not None and (not _is_int(self.ttl_steps) or not 1 <= self.ttl_steps < 2**31):
+            raise ConfigError(
+                f"TableConfig.ttl_steps={self.ttl_steps!r} is invalid",
+                "use None (rows never expire) or an int >= 1: the steps a row may go without an update",
             )
         if self.dtype != "float32":
             raise ConfigError(f"TableConfig.dtype={self.dtype!r} is not supported", "use 'float32'")
@@ -203,8 +213,9 @@ class TableConfig:
 
     @property
     def state_width(self) -> int:
-        """Floats of optimizer state per record, after the ``dim`` weights."""
-        return self.optimizer.state_width(self.dim)
+        """Words of state per record, after the ``dim`` weights: the optimizer's, then with
+        ``ttl_steps`` the step of the row's last update (a uint32 in the last word)."""
+        return self.optimizer.state_width(self.dim) + (1 if self.ttl_steps is not None else 0)
 
     @property
     def record_width(self) -> int:
@@ -223,6 +234,7 @@ class TableConfig:
             "optimizer": optimizer_to_dict(self.optimizer),
             "min_count": self.min_count,
             "admission_bytes": self.admission_bytes,
+            "ttl_steps": self.ttl_steps,
         }
 
     @classmethod
@@ -239,6 +251,7 @@ class TableConfig:
             optimizer=optimizer_from_dict(d["optimizer"]),
             min_count=d.get("min_count", 1),  # (a manifest written before admission: none)
             admission_bytes=d.get("admission_bytes", 1 << 22),
+            ttl_steps=d.get("ttl_steps"),
         )
 
 

@@ -29,14 +29,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from tiered_emb import _directory, _opening
-from tiered_emb._args import extra_bytes, nonfinite_rule, table_ids, table_rows
+from tiered_emb._args import extra_bytes, table_ids, table_rows
 from tiered_emb._backend import resolve_xp
 from tiered_emb._version import __version__
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, NonFiniteGradientError, StoreClosedError
 from tiered_emb.prefetch import Prefetcher, Ticket, Window
 from tiered_emb.reader import StoreReader
-from tiered_emb.step import device_plan, gather, plan, reduce, update
+from tiered_emb.step import backward, gather, plan, reduce
 from tiered_emb.step.resolve import Resolver, Table
 from tiered_emb.tiers import SsdTier
 
@@ -84,6 +84,9 @@ class TieredStore:
             {t.name: Table(t, tiers, self.xp) for t in tables}, ssd, seed, self.xp, str(path), tiers.budget_bytes
         )
         self._res.load_admission()  # (the counts of the checkpoint opened)
+        self._res.step = int(meta.get("step", 0))
+        if any(t.expiry for t in self._res.tables.values()) and ssd.snapshots():
+            ssd.checkpoints.drop_logs_from(self._res.step + 1)  # (the logs of steps after it)
         #: The prefetch window over this store's tables (see :mod:`tiered_emb.prefetch`).
         self.window = Window(self._res, tiers.policy)
         #: The prefetch thread that runs the window's jobs.
@@ -332,25 +335,7 @@ class TieredStore:
         raises, it raises here, having changed nothing), the update when the returned
         callable is called (it takes the store's lock).  A backward through several tables
         checks them all before it updates any (:mod:`tiered_emb.torch`)."""
-        t = self._table(table)
-        ids = table_ids(table, ids, t.cfg.num_rows)
-        g = table_rows(table, grads, ids.shape[0], t.cfg.dim, "gradients")
-        nonfinite_rule(nonfinite)
-        if ids.shape[0] == 0:
-            return update.no_update
-        uids, inverse = plan.dedupe(ids)
-        summed = reduce.reduce_grads(g, inverse, uids.shape[0])
-        bad = None if reduce.all_finite(summed) else ~np.isfinite(summed).all(axis=1)
-        uids, summed = reduce.screen_nonfinite(table, uids, summed, bad, nonfinite)
-        self.raise_failed_write()
-
-        def run() -> None:
-            with self._res.lock:
-                t = self._table(table)
-                kept, part, _ = update.admitted(t, uids, summed)  # (counted as the update applies)
-                update.update_rows(self._res, t, kept, part, checked=True)
-
-        return run
+        return backward.gradient_update(self._res, self._table(table), ids, grads, nonfinite)
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back of evicted rows (a full disk), once, if
@@ -430,24 +415,7 @@ class TieredStore:
         self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise"
     ) -> Callable[[], None]:
         """:meth:`apply_pooled_gradients` in two halves, as :meth:`gradient_update`."""
-        t = self._table(table)
-        nonfinite_rule(nonfinite)
-        kernels = self._res.kernels  # with the step's CUDA kernels a device gradient stays on the device
-        grad_out = table_rows(table, grad_out, bags.num_bags, t.cfg.dim, "bag gradients", kernels is not None)
-        if bags.checked is not t:  # not already checked by lookup_pooled for this table
-            table_ids(table, bags.ids, t.cfg.num_rows)
-        if bags.ids.shape[0] == 0:
-            return update.no_update
-        grouped = bags.device_grouping
-        if isinstance(grouped, device_plan.DeviceGrouping) and grouped.table is t:  # grouped on the device
-            apply = device_plan.update(self._res, t, bags, grad_out, nonfinite)
-            self.raise_failed_write()
-            return apply
-        work = bags.ids.shape[0] * t.cfg.dim
-        summed, bad = reduce.reduce_bag_grads(bags, grad_out, kernels)
-        uids, summed = reduce.screen_nonfinite(table, bags.uids, summed, bad.astype(bool), nonfinite)
-        self.raise_failed_write()
-        return lambda: update.update_pooled(self._res, self.window, t, bags, uids, summed, work)
+        return backward.pooled_update(self._res, self.window, self._table(table), bags, grad_out, nonfinite)
 
     # ------------------------------------------------------------------ lookahead
     def prefetch(self, batch: dict[str, ArrayLike], bring_up: bool = True) -> Ticket:
@@ -552,12 +520,44 @@ class TieredStore:
             counts: dict[str, int] = {}
             rates = {n: t.cfg.optimizer.lr for n, t in sorted(self._res.tables.items())}
             meta = dict(self._meta, epoch=self.epoch + 1, lr=rates)
-            blobs = self._res.admission_blobs()
-            self.last_checkpoint_rows = self.ssd.checkpoint(self._res.dirty_chunks(counts), meta, extra, blobs)
+            meta["step"] = self._res.step
+            blobs, logs = self._res.admission_blobs(), self._checkpoint_logs(meta)
+            try:
+                self.last_checkpoint_rows = self.ssd.checkpoint(
+                    self._res.dirty_chunks(counts), meta, extra, blobs, logs
+                )
+            except BaseException:
+                self._res.hold_logs(logs)  # (kept for the next checkpoint)
+                raise
             self._meta = meta
             self._res.written(counts)
             self.write_manifest()
             return self.epoch
+
+    def _checkpoint_logs(self, meta: dict[str, Any]) -> tuple[dict[tuple[str, int], Any], dict[str, int]] | None:
+        """The touch logs a checkpoint writes, and the step below which each table's may go:
+        ``ttl_steps + 1`` before the oldest checkpoint kept once it is taken."""
+        if not any(t.expiry for t in self._res.tables.values()):
+            return None
+        kept = [m for _, _, m in self.ssd.snapshots()] + [meta]
+        oldest = int(kept[-max(1, self.tiers.keep_checkpoints or 1) :][0].get("step", 0))
+        before = {n: oldest - t.expiry.ttl - 1 for n, t in self._res.tables.items() if t.expiry}
+        return self._res.take_logs(), before
+
+    @property
+    def step(self) -> int:
+        """The store's step counter: :meth:`advance_step` moves it on, each checkpoint keeps it."""
+        return self._res.step
+
+    def advance_step(self) -> int:
+        """End a training step: the step counter moves on by one, and the rows of tables with
+        ``ttl_steps`` that no update touched for more than that many steps are deleted
+        (:mod:`tiered_emb.expiry`).  ``TieredOptimizer.step()`` and ``TrainPipeline`` call it;
+        a loop of its own over ``apply_gradients`` calls it once a step.  Returns the new step."""
+        with self._res.lock:  # (the prefetch thread's moves give the same rows before or after)
+            self._check_open()
+            self._res.advance()
+            return self._res.step
 
     def snapshots(self) -> list[int]:
         """The numbers of the checkpoints this store keeps (``TierConfig.keep_checkpoints``),

@@ -130,6 +130,8 @@ def _apply(res, t, uids, summed, ids: np.ndarray) -> None:
     with res.lock:
         apply_update(t.cfg.optimizer, t.hbm.records, uids, summed, res.kernels)
         t.hbm.dirty[ids] = 1
+        if t.expiry is not None:  # (the direct tier: a row's slot is its id)
+            t.expiry.touch(t.hbm.records, uids, np.unique(ids), res.step, res.xp)
 
 
 def _update_again(res, t, uids: np.ndarray, summed, admit: bool = True) -> None:

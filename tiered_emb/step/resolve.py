@@ -19,12 +19,14 @@ from time import perf_counter
 
 import numpy as np
 
+from tiered_emb import expiry
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import one_thread, take_rows
 from tiered_emb._order import stable_argsort
 from tiered_emb.admission import admission_of
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
+from tiered_emb.expiry import expiry_of
 from tiered_emb.init import init_rows
 from tiered_emb.step.device import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
@@ -60,6 +62,8 @@ class Table:
         self.cfg = cfg
         #: the table's admission counts (None: every id admitted at once)
         self.admission = admission_of(cfg)
+        #: the table's touch log (None: its rows never expire)
+        self.expiry = expiry_of(cfg)
         if cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
             self.hbm = DirectHbmTier(cfg.num_rows, cfg.record_width, xp)
         else:
@@ -118,6 +122,8 @@ class Resolver:
         self.kernels = kernels_for(xp)
         self.lock = threading.RLock()
         self.closed = False
+        #: the store's step counter (:meth:`advance`; kept with each checkpoint)
+        self.step = 0
         self._helper: ThreadPoolExecutor | None = None  # a second thread for bookkeeping, made at first use
 
     def _beside(self, fn, *args) -> Future:
@@ -210,17 +216,58 @@ class Resolver:
         for start, slots in self.chunks(t, uids):
             t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(self.xp, rows[start : start + slots.shape[0]])
             t.hbm.dirty[slots] = 1
+            if t.expiry is not None:  # (a write is an update: the row's last one now)
+                t.expiry.touch(
+                    t.hbm.records, to_xp(self.xp, slots), uids[start : start + slots.shape[0]], self.step, self.xp
+                )
 
-    def delete(self, t: Table, uids: np.ndarray) -> None:
+    def advance(self) -> None:
+        """One step more: the counter moves on, and each table with ``ttl_steps`` deletes the rows
+        of its touch log of step ``step - ttl_steps - 1`` whose last update is still that step
+        (:mod:`tiered_emb.expiry`); the logs held in memory are written once past an eighth of
+        the budget."""
+        self.step += 1
+        held = 0
+        for name, t in sorted(self.tables.items()):
+            if t.expiry is None:
+                continue
+            due = self.step - t.expiry.ttl - 1
+            if due >= 0:
+                ids = np.union1d(t.expiry.held_log(due), self.ssd.checkpoints.read_log(name, due))
+                if ids.shape[0]:
+                    gone = ids[t.expiry.last_update(self.peek(t, ids)) == due]
+                    if gone.shape[0]:
+                        self.delete(t, gone, pinned_too=True)
+                t.expiry.held.pop(due, None)  # (a reopening replays the steps after its checkpoint)
+            held += t.expiry.held_bytes
+        if held > self.budget_bytes // expiry.HELD_SHARE:
+            self.ssd.checkpoints.put_logs(self.take_logs())
+
+    def take_logs(self) -> dict:
+        """The touch logs held in memory, ``{(table, step): ids}``, handed over to be written."""
+        return {
+            (name, step): ids
+            for name, t in sorted(self.tables.items())
+            if t.expiry is not None
+            for step, ids in t.expiry.take_held().items()
+        }
+
+    def hold_logs(self, logs) -> None:
+        """Hold again the touch logs :meth:`take_logs` handed to a checkpoint that failed."""
+        for (name, step), ids in (logs[0] if logs else {}).items():
+            self.tables[name].expiry.log(ids, step)
+
+    def delete(self, t: Table, uids: np.ndarray, pinned_too: bool = False) -> None:
         """Delete the rows of distinct ``uids``: each one held in HBM or DDR is set to its initial
         record there, clean (nothing writes its old bytes), and each one LMDB holds a row of
         gets a tombstone in the write-back buffer, read as no row at once and written with the next
-        write-back or checkpoint.  ConfigError, nothing changed, for a row pinned by prefetch.
+        write-back or checkpoint.  ConfigError, nothing changed, for a row pinned by prefetch
+        (unless ``pinned_too``: expiry resets a pinned row in its slot, between two steps).
         A slice of an eighth of the budget's records at a time."""
         hs = t.hbm.find(uids)
         at_h = np.flatnonzero(hs >= 0)
         pinned = at_h[t.hbm.pins[hs[at_h]] > 0]
-        if pinned.shape[0]:
+        if pinned.shape[0] and not pinned_too:
             raise ConfigError(
                 f"{pinned.shape[0]} of the ids to delete from table {t.cfg.name!r} are pinned for a "
                 f"prefetched batch (id {int(uids[pinned[0]])} first)",
@@ -281,6 +328,9 @@ class Resolver:
             else:
                 recs, _, fresh = self.read_below(t, uids[at])
                 recs[:, : t.cfg.dim] = take_rows(rows, at)
+                if t.expiry is not None:
+                    t.expiry.stamp(recs, self.step)
+                    t.expiry.log(uids[at], self.step)
             # a failed write (an earlier failure was raised by the caller) waits for the next
             # operation, its rows in memory and on the read path: the write goes on to its end
             self.ssd.write_sorted(t.cfg.name, uids[at], recs, defer_errors=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
 
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
@@ -235,6 +236,13 @@ def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = Fa
         chunk = summed[start : start + slots.shape[0]]
         apply_update(opt, t.hbm.records, slots, chunk, res.kernels)
         t.hbm.dirty[slots] = 1
+        touched(res, t, slots, uids[start : start + slots.shape[0]])
+
+
+def touched(res, t, slots, uids: np.ndarray) -> None:
+    """Mark ``t``'s HBM ``slots`` (of ``uids``) as updated at the store's step, where its rows expire."""
+    if t.expiry is not None:
+        t.expiry.touch(t.hbm.records, to_xp(res.xp, slots), uids, res.step, res.xp)
 
 
 def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, work: int) -> None:
@@ -272,6 +280,7 @@ def _update_in_place(res, t, slots, uids, summed, pinned: bool = False) -> bool:
         return False
     apply_update(t.cfg.optimizer, t.hbm.records, slots, summed, res.kernels)
     t.hbm.dirty[slots] = 1
+    touched(res, t, slots, uids)
     return True
 
 

@@ -91,6 +91,9 @@ class ReferenceStore:
         self.rows: dict[str, dict[int, np.ndarray]] = {t.name: {} for t in tables}
         #: updates that held each id (exact admission counts, up to ``min_count``)
         self.seen: dict[str, dict[int, int]] = {t.name: {} for t in tables}
+        #: the step counter (``advance_step``), and the step of each row's last update
+        self.step = 0
+        self.touched: dict[str, dict[int, int]] = {t.name: {} for t in tables}
 
     def record(self, table: str, i: int) -> np.ndarray:
         """The record (weights and optimizer state) of row ``i``, made lazily; changed in place by the caller."""
@@ -114,11 +117,28 @@ class ReferenceStore:
         dim = self.tables[table].dim
         for i, r in zip(ids, rows, strict=True):
             self.record(table, int(i))[:dim] = r
+            self._touch(table, int(i))
 
     def delete(self, table: str, ids) -> None:
         """Forget the rows of ``ids``: each reads as its initial record again."""
         for i in ids:
             self.rows[table].pop(int(i), None)
+            self.touched[table].pop(int(i), None)
+
+    def _touch(self, table: str, i: int) -> None:
+        cfg = self.tables[table]
+        if cfg.ttl_steps is not None:
+            self.touched[table][i] = self.step
+            self.record(table, i).view(np.uint32)[-1] = self.step
+
+    def advance_step(self) -> int:
+        """The next step: rows of a table with ``ttl_steps`` not updated for more steps are deleted."""
+        self.step += 1
+        for name, cfg in self.tables.items():
+            if cfg.ttl_steps is not None:
+                old = [i for i, u in self.touched[name].items() if self.step - u > cfg.ttl_steps]
+                self.delete(name, old)
+        return self.step
 
     def set_learning_rate(self, table: str | None, lr: float) -> None:
         """The learning rate of ``table`` (every table when None) from the next update on."""
@@ -136,6 +156,7 @@ class ReferenceStore:
             seen[i] = min(seen.get(i, 0) + 1, cfg.min_count)
             if seen[i] >= cfg.min_count:  # admitted: from the min_count-th update that holds it
                 _update_row(cfg, self.record(table, i), chunked_sum(rows))
+                self._touch(table, i)
 
 
 def chunked_sum(rows: list[np.ndarray]) -> np.ndarray:

@@ -204,6 +204,7 @@ class TieredOptimizer(torch.optim.Optimizer):
 
         Every table is checked before any row or dense weight changes; a ``nonfinite="raise"``
         module with NaN/inf in its held gradient raises NonFiniteGradientError, changing nothing.
+        Each store's step counter then moves on (``store.advance_step()``: expiry runs there).
         Under ``GradScaler.step(opt)`` this runs only for a step without inf/NaN.
         """
         if closure is not None:
@@ -216,6 +217,8 @@ class TieredOptimizer(torch.optim.Optimizer):
         updates = self.held.checked_updates()
         for update in updates:
             update()
+        for store in {id(s): s for s, _, _ in self._tables.values()}.values():  # once each, in order met
+            store.advance_step()
         return self.dense.step() if self.dense is not None else None
 
     def clip_grad_norm_(self, max_norm: float, scaler=None, norm_type: float = 2.0) -> torch.Tensor:

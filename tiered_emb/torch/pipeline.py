@@ -121,6 +121,8 @@ class TrainPipeline:
                 loss.backward()
                 if self.optimizer is not None:
                     self.optimizer.step()
+                if not isinstance(self.optimizer, TieredOptimizer):  # (its step() moves the counter)
+                    self.store.advance_step()
                 yield float(loss.detach())
 
 

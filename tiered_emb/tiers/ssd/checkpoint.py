@@ -54,13 +54,22 @@ class Checkpointer:
         #: how many checkpoints the store keeps (TierConfig.keep_checkpoints)
         self.keep = 1
 
-    def checkpoint(self, batches, meta: dict, extra: bytes | None, blobs: dict | None = None) -> int:
+    def checkpoint(self, batches, meta: dict, extra: bytes | None, blobs: dict | None = None, logs=None) -> int:
         """Make ``batches`` ({table: (ids, rows)}, or an iterable of them taken one at a time:
         :meth:`.Writer.write_pending`) and everything pending the new checkpoint, with
-        ``meta`` (and ``blobs``: :func:`.snapshots.put`), atomically; returns the rows of ``batches``."""
+        ``meta`` (and ``blobs``: :func:`.snapshots.put`; ``logs``: ``(touch logs, the steps
+        below which each table's go)``, :func:`.snapshots.put_logs`), atomically; returns
+        the rows of ``batches``."""
         n = self._writer.write_pending(batches, durable=True)
         mark = self._segments.next_seq
-        self._lmdb.write(lambda txn: self.put_meta(txn, meta, mark, extra, blobs))
+
+        def fn(txn):
+            self.put_meta(txn, meta, mark, extra, blobs)
+            if logs is not None:
+                snapshots.put_logs(txn, self._lmdb.meta, logs[0], self._lmdb.path)
+                snapshots.drop_logs(txn, self._lmdb.meta, before=logs[1])
+
+        self._lmdb.write(fn)
         self._segments.mark = mark  # (committed: compaction must keep the new checkpoint's copies)
         self._segments.marks = self.kept_marks()
         self._lmdb.env.sync(True)
@@ -70,6 +79,19 @@ class Checkpointer:
     def put_meta(self, txn, meta: dict, mark: int, extra: bytes | None, blobs: dict | None = None) -> None:
         """The checkpoint's own transaction: its meta record, its mark, the trainer's bytes and ``blobs``."""
         snapshots.put(txn, self._lmdb.meta, meta, mark, extra, self.keep, blobs)
+
+    def put_logs(self, logs: dict) -> None:
+        """Write touch logs now, in a transaction of their own (:func:`.snapshots.put_logs`)."""
+        self._lmdb.write(lambda txn: snapshots.put_logs(txn, self._lmdb.meta, logs, self._lmdb.path))
+
+    def drop_logs_from(self, step: int) -> None:
+        """Delete the touch logs of ``step`` and after (written after the checkpoint opened at)."""
+        self._lmdb.write(lambda txn: snapshots.drop_logs(txn, self._lmdb.meta, from_step=step))
+
+    def read_log(self, table: str, step: int):
+        """The ids of ``table``'s touch log of ``step`` written so far."""
+        with self._lmdb.corrupt_on_error("reading a touch log of"), self._lmdb.reading() as txn:
+            return snapshots.read_log(txn, self._lmdb.meta, table, step, self._lmdb.path)
 
     def read_blob(self, name: str) -> bytes | None:
         """The blob ``name`` of the last checkpoint (None: none saved)."""

@@ -23,11 +23,14 @@ import json
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 from tiered_emb.errors import CorruptStoreError, SnapshotNotFoundError
 
 SNAP = b"snap:"
 SNAPX = b"snapx:"
 SNAPA = b"snapa:"
+TOUCH = b"touch:"
 SEAL = b"TSM1"
 GOING_BACK = b"going_back"
 
@@ -146,6 +149,45 @@ def read_blob(txn, db, epoch: int, name: str, path: Path | None) -> bytes | None
     return None if at is None else _get(txn, db, _key(SNAPA, at) + name.encode(), path)
 
 
+def _touch_key(table: str, step: int) -> bytes:
+    return TOUCH + int(step).to_bytes(8, "big") + table.encode()
+
+
+def put_logs(txn, db, logs: dict, path: Path | None) -> None:
+    """Add ``logs`` ({(table, step): distinct int64 ids}) to the touch logs (a step's ids
+    joined with those it already holds)."""
+    for (table, step), ids in sorted(logs.items()):
+        key = _touch_key(table, step)
+        old = _get(txn, db, key, path)
+        if old is not None:
+            ids = np.union1d(np.frombuffer(old, dtype=np.int64), ids)
+        txn.put(key, seal(np.ascontiguousarray(ids, dtype=np.int64).tobytes()), db=db)
+
+
+def read_log(txn, db, table: str, step: int, path: Path | None) -> np.ndarray:
+    """The ids of ``table``'s touch log of ``step`` (empty: none)."""
+    data = _get(txn, db, _touch_key(table, step), path)
+    return np.empty(0, np.int64) if data is None else np.frombuffer(data, dtype=np.int64).copy()
+
+
+def drop_logs(txn, db, before: dict | None = None, from_step: int | None = None) -> None:
+    """Delete the touch logs of each table's steps below ``before[table]``, and of every step at
+    or after ``from_step``."""
+    doomed = []
+    with txn.cursor(db=db) as cur:
+        if cur.set_range(TOUCH):
+            for key in cur.iternext(keys=True, values=False):
+                key = bytes(key)
+                if not key.startswith(TOUCH):
+                    break
+                step = int.from_bytes(key[len(TOUCH) : len(TOUCH) + 8], "big")
+                table = key[len(TOUCH) + 8 :].decode()
+                if (from_step is not None and step >= from_step) or (before and step < before.get(table, -1)):
+                    doomed.append(key)
+    for key in doomed:
+        txn.delete(key, db=db)
+
+
 def _extra_epoch(txn, db, epoch: int) -> int | None:
     """The epoch of the newest ``snapx`` at or before ``epoch`` (None: none)."""
     before = [e for e in _epochs(txn, db, SNAPX) if e <= epoch]
@@ -240,13 +282,16 @@ def problems(txn, db, path: Path) -> list[str]:
 
 __all__ = [
     "back_to",
+    "drop_logs",
     "find",
     "going_back",
     "gone_back",
     "listed",
     "problems",
     "put",
+    "put_logs",
     "read_blob",
+    "read_log",
     "read_mark",
     "read_meta",
     "seal",

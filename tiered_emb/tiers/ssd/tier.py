@@ -223,10 +223,11 @@ class SsdTier:
         self.compactor.purge(sorted(tables))
 
     # ----------------------------------------------------------------- checkpoints
-    def checkpoint(self, batches, meta: dict, extra: bytes | None, blobs: dict | None = None) -> int:
+    def checkpoint(self, batches, meta: dict, extra: bytes | None, blobs: dict | None = None, logs=None) -> int:
         """Make ``batches`` (a dict or an iterable of them: :meth:`write_pending`) and everything
-        pending the new checkpoint, with ``meta`` and ``blobs`` (name -> bytes), atomically."""
-        return self.checkpoints.checkpoint(batches, meta, extra, blobs)
+        pending the new checkpoint, with ``meta``, ``blobs`` (name -> bytes) and touch ``logs``
+        (:meth:`.Checkpointer.checkpoint`), atomically."""
+        return self.checkpoints.checkpoint(batches, meta, extra, blobs, logs)
 
     def read_blob(self, name: str) -> bytes | None:
         """The blob ``name`` saved with the last checkpoint, or before it (None: none)."""
