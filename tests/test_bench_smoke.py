@@ -229,12 +229,13 @@ def test_bench_lifecycle_smoke(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "lifecycle.json"
-    shape = ["--steps", "16", "--every", "4", "--batch", "256", "--window", "2000", "--shift", "100"]
+    shape = ["--steps", "16", "--every", "4", "--batch", "256", "--window", "2000", "--shift", "100", "--ttl", "4"]
     small = ["--hbm-rows", "64", "--ddr-rows", "64", "--dim", "4", "--no-dlrm"]
     data = mod.main([*shape, *small, "--json", str(out), "--plot", str(tmp_path / "lifecycle.png")])
     stream = json.loads(out.read_text())["stream"]
-    assert set(stream) == {"plain", "admit2", "admit5", "delete"}
+    assert set(stream) == {"plain", "admit2", "admit5", "expire", "expire_admit2"}
     last = {n: r["points"][-1] for n, r in stream.items()}
     assert last["admit5"]["rows"] < last["admit2"]["rows"] < last["plain"]["rows"]
-    assert data["admission_step_cost"]["admit2"] > 0
+    assert last["expire"]["live_rows"] < last["plain"]["live_rows"]
+    assert data["step_cost"]["admit2"] > 0
     assert (tmp_path / "lifecycle.png").stat().st_size > 0

@@ -33,6 +33,7 @@ from tiered_emb.apps.portable import export_store
 from tiered_emb.errors import ReadOnlyError
 from tiered_emb.init import init_rows
 from tiered_emb.testing.reference import ReferenceStore
+from tiered_emb.tiers.ssd.codec import TOMBSTONE_WORD
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS, DIM = 200, 4
@@ -252,8 +253,12 @@ def test_the_delete_command_and_a_purge_leave_no_byte_of_the_rows(tmp_path, purg
     files = b"".join(p.read_bytes() for p in (tmp_path / "s").rglob("*") if p.is_file())
     assert all(rows[i].tobytes() in files for i in range(1, ROWS, 2))
     assert any(rows[i].tobytes() in files for i in range(0, ROWS, 2)) != purge
+    # the purge dropped the tombstones too: nothing needs them once no older copy is left
+    tomb = np.uint32(TOMBSTONE_WORD).tobytes() * 4
+    assert (tomb in files) != purge
     with TieredStore.open(tmp_path / "s", mode="r") as r:
         got = r.peek("a", np.arange(ROWS))
+        assert r.stats()["a"]["ssd"]["rows"] == (ROWS // 2 if purge else ROWS)  # (tombstones are ids held)
     assert got[1::2].tobytes() == rows[1::2].tobytes()
     assert got[0::2].tobytes() == init_rows(TABLES[0], np.arange(0, ROWS, 2), 7)[:, :DIM].tobytes()
 

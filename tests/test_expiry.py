@@ -168,3 +168,41 @@ def test_old_touch_logs_leave_the_file(tmp_path, monkeypatch):
 def test_bad_ttl_is_a_config_error(ttl):
     with pytest.raises(ConfigError, match="ttl_steps"):
         TableConfig("a", 4, ttl_steps=ttl)
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_lifecycle_is_the_same_for_every_window_load_ahead_and_thread_count(tmp_path, held):
+    """Admission and expiry on a table trained through TrainPipeline (fused or held updates):
+    the same rows with no prefetch, a window of 3 loading 1 or 2 ahead, on 1 or 2 threads,
+    and as tiny tiers give."""
+    torch = pytest.importorskip("torch")
+    from tiered_emb.torch import TieredEmbeddingBag, TieredOptimizer, TrainPipeline
+
+    cfg = TableConfig("a", DIM, ROWS, optimizer=RowWiseAdagrad(lr=0.1), min_count=2, ttl_steps=3)
+    batches = []
+    for step in range(14):
+        rng = np.random.default_rng(step)
+        batches.append(torch.from_numpy((2 * step + rng.integers(0, 25, (8, 3))) % ROWS))
+    results = []
+    for k, (window, load, threads, hbm) in enumerate([(0, 0, 1, 64), (3, 1, 2, 64), (3, 2, 1, 64), (3, 1, 1, 200)]):
+        tiers = TierConfig(hbm_rows=hbm, ddr_rows=8, policy="lookahead+lru", device="cpu")
+        s = TieredStore.create(tmp_path / f"s{k}", [cfg], tiers, seed=3)
+        torch.manual_seed(0)
+        bag = TieredEmbeddingBag(s, "a")
+        opt = TieredOptimizer(bag) if held else None
+        pipe = TrainPipeline(
+            s,
+            bag,
+            opt,
+            lambda b: {"a": b.reshape(-1).numpy()},
+            lambda m, b: m(b).square().sum(),
+            lookahead_batches=window,
+            load_ahead=load,
+            step_threads=threads,
+        )
+        for _ in pipe.run(iter(batches)):
+            pass
+        assert s.step == 14
+        results.append(s.peek("a", np.arange(ROWS), with_state=True).tobytes())
+        s.close()
+    assert all(r == results[0] for r in results)

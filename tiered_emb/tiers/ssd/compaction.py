@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from tiered_emb.tiers.ssd.codec import put_segment, segment_key
+from tiered_emb.tiers.ssd.codec import is_tombstone, put_segment, segment_key
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.index import POS_BITS
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
@@ -63,8 +63,10 @@ class Compactor:
         self.budget_bytes = int(budget_bytes)
         self.cursor = dict.fromkeys(sorted(self._widths), 0)  # the number the next run starts at
         self.runs = 0
-        #: True while :meth:`purge` runs: every segment holding a stale copy is worth a run
-        self.every_stale = False
+        #: while :meth:`purge` runs: ``"stale"``, every segment holding a stale copy is worth a
+        #: run; ``"all"``, every segment below the oldest kept mark (for its tombstones)
+        self.purging: str | None = None
+        self._dropped: set[str] = set()  # tables whose tombstones a purge dropped
         # segment -> (mark, rows) when it was rewritten and kept rows the index does not name
         # (the checkpoint's copies of rows written since): not again until the mark moves
         self._tried: dict[int, tuple[int, int]] = {}
@@ -93,12 +95,23 @@ class Compactor:
     def purge(self, tables: list[str]) -> None:
         """:meth:`compact` taking every segment that holds a stale copy, however few: after
         it, a row's old copies (a deleted row's bytes) are in no segment but those a kept
-        checkpoint reads (LMDB keeps the freed pages in its file until it reuses them)."""
-        self.every_stale = True
+        checkpoint reads (LMDB keeps the freed pages in its file until it reuses them).
+
+        It also drops the tombstones nothing needs: one in a run below the oldest kept mark
+        (every kept checkpoint reads it as its id's newest copy) whose id has no older copy
+        left, which the first pass, oldest segments first, has made sure of (every older copy
+        was stale, and no kept checkpoint read it); a second pass reads every segment below
+        that mark for them.  Each table that lost one is indexed again from its segments at
+        the end (the runs' moves named them until then)."""
         try:
-            self.compact(tables)
+            for self.purging in ("stale", "all"):
+                self.compact(tables)
         finally:
-            self.every_stale = False
+            self.purging = None
+            for table in sorted(self._dropped):  # (their index still names the dropped tombstones)
+                with self._lock:
+                    self._segments.reload(table)
+            self._dropped.clear()
 
     def compact_run(self, table: str) -> bool:
         """Rewrite the next run of ``table`` from :attr:`cursor`; False when there was none left
@@ -156,8 +169,11 @@ class Compactor:
         mark already, keeping copies only a reopening at the checkpoint reads)."""
         seg = self._segments
         n = int(seg.nrows[seq]) if seq < seg.nrows.shape[0] else 0
-        stale = int(seg.live[seq]) < n if self.every_stale else 2 * int(seg.live[seq]) <= n
-        return n > 0 and stale and self._tried.get(seq) != (seg.mark, n)
+        if self.purging == "all":
+            worth = seq < min(seg.marks, default=0)
+        else:
+            worth = int(seg.live[seq]) < n if self.purging else 2 * int(seg.live[seq]) <= n
+        return n > 0 and worth and self._tried.get(seq) != (seg.mark, n)
 
     def _next_run(self, table: str) -> list[int]:
         """The numbers of the segments of the run from :attr:`cursor`: the first segment worth
@@ -206,5 +222,11 @@ class Compactor:
         # a kept checkpoint after the run reads the run's copy unless a newer one lies before its mark
         after = [m for m in self._segments.marks if m > run[0]]
         keep = named | (bool(after) & ((now >> POS_BITS) >= (after[0] if after else 0)))
-        rows = np.concatenate(parts_rows)[last[keep]]
-        return ids[keep], np.ascontiguousarray(rows), np.flatnonzero(named[keep])
+        rows = np.concatenate(parts_rows)[last]
+        # (a store of the format before segments may hold an older copy in t:, read below them)
+        if self.purging and run[-1] < min(self._segments.marks, default=0) and not self._lmdb.records[table]:
+            gone = named & is_tombstone(rows)  # (see purge: no older copy, no checkpoint needs it)
+            if gone.any():
+                keep &= ~gone
+                self._dropped.add(table)
+        return ids[keep], np.ascontiguousarray(rows[keep]), np.flatnonzero(named[keep])

@@ -185,6 +185,16 @@ class SegmentLog:
         for a in range(0, len(index), 1 << 20):
             self._written.set(table, index.ids[a : a + (1 << 20)])
 
+    def reload(self, table: str) -> None:
+        """Index ``table`` again from its segments, as an open does (after a purge dropped
+        tombstones its index still named); under the tier's lock."""
+        with self._lmdb.reading() as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
+            seqs = [int.from_bytes(key, "big") for key in cur.iternext(keys=True, values=False)]
+        self._unplace(seqs)
+        self.stored_rows[table] = 0
+        self.index[table].clear()
+        self.load(table)
+
     def _grow(self, seq: int) -> None:
         """Make the per-segment arrays hold segment ``seq``."""
         if seq >= self.base.shape[0]:
