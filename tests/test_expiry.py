@@ -206,3 +206,24 @@ def test_lifecycle_is_the_same_for_every_window_load_ahead_and_thread_count(tmp_
         results.append(s.peek("a", np.arange(ROWS), with_state=True).tobytes())
         s.close()
     assert all(r == results[0] for r in results)
+
+
+def test_an_expired_row_is_gone_for_readers_and_export_after_its_checkpoint(tmp_path):
+    from tiered_emb.apps.portable import export_store
+
+    cfg = TableConfig("t", DIM, ROWS, optimizer=SGD(lr=0.1), ttl_steps=1)
+    s = _store(tmp_path / "s", [cfg])
+    s.write("t", np.arange(10), np.ones((10, DIM), np.float32))  # written at step 0
+    s.checkpoint()
+    for _ in range(3):
+        s.apply_gradients("t", [5], np.ones((1, DIM), np.float32))  # 5 kept alive
+        s.advance_step()
+    s.checkpoint()
+    s.close()
+    with TieredStore.open(tmp_path / "s", mode="r") as r:
+        got = r.peek("t", np.arange(10))
+    first = init_rows(cfg, np.arange(10), 3)[:, :DIM]
+    assert np.array_equal(np.delete(got, 5, axis=0), np.delete(first, 5, axis=0))
+    assert not np.array_equal(got[5], first[5])
+    assert export_store(tmp_path / "s", tmp_path / "x")["t"] == 1
+    assert np.load(tmp_path / "x" / "t.ids.npy").tolist() == [5]
