@@ -111,7 +111,8 @@ def put(txn, db, meta: dict, mark: int, extra: bytes | None, keep: int, blobs: d
             txn.delete(_key(SNAPX, e), db=db)
 
 
-def _epochs(txn, db, prefix: bytes) -> list[int]:
+def _keys(txn, db, prefix: bytes) -> list[bytes]:
+    """The keys of ``db`` that begin with ``prefix``, in order."""
     out = []
     with txn.cursor(db=db) as cur:
         if cur.set_range(prefix):
@@ -119,22 +120,18 @@ def _epochs(txn, db, prefix: bytes) -> list[int]:
                 key = bytes(key)
                 if not key.startswith(prefix):
                     break
-                out.append(int.from_bytes(key[len(prefix) :], "big"))
+                out.append(key)
     return out
+
+
+def _epochs(txn, db, prefix: bytes) -> list[int]:
+    return [int.from_bytes(key[len(prefix) :], "big") for key in _keys(txn, db, prefix)]
 
 
 def _blobs(txn, db) -> dict[tuple[int, str], bytes]:
     """``(epoch, name) -> key`` of every ``snapa`` record."""
-    out = {}
-    with txn.cursor(db=db) as cur:
-        if cur.set_range(SNAPA):
-            for key in cur.iternext(keys=True, values=False):
-                key = bytes(key)
-                if not key.startswith(SNAPA):
-                    break
-                at = len(SNAPA)
-                out[(int.from_bytes(key[at : at + 8], "big"), key[at + 8 :].decode())] = key
-    return out
+    at = len(SNAPA)
+    return {(int.from_bytes(key[at : at + 8], "big"), key[at + 8 :].decode()): key for key in _keys(txn, db, SNAPA)}
 
 
 def _blob_epoch(txn, db, epoch: int, name: str) -> int | None:
@@ -173,19 +170,11 @@ def read_log(txn, db, table: str, step: int, path: Path | None) -> np.ndarray:
 def drop_logs(txn, db, before: dict | None = None, from_step: int | None = None) -> None:
     """Delete the touch logs of each table's steps below ``before[table]``, and of every step at
     or after ``from_step``."""
-    doomed = []
-    with txn.cursor(db=db) as cur:
-        if cur.set_range(TOUCH):
-            for key in cur.iternext(keys=True, values=False):
-                key = bytes(key)
-                if not key.startswith(TOUCH):
-                    break
-                step = int.from_bytes(key[len(TOUCH) : len(TOUCH) + 8], "big")
-                table = key[len(TOUCH) + 8 :].decode()
-                if (from_step is not None and step >= from_step) or (before and step < before.get(table, -1)):
-                    doomed.append(key)
-    for key in doomed:
-        txn.delete(key, db=db)
+    at = len(TOUCH)
+    for key in _keys(txn, db, TOUCH):
+        step, table = int.from_bytes(key[at : at + 8], "big"), key[at + 8 :].decode()
+        if (from_step is not None and step >= from_step) or (before and step < before.get(table, -1)):
+            txn.delete(key, db=db)
 
 
 def _extra_epoch(txn, db, epoch: int) -> int | None:
