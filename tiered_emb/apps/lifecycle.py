@@ -21,6 +21,7 @@ import numpy as np
 
 from tiered_emb import _directory
 from tiered_emb._options import add_command
+from tiered_emb.apps.portable import read_npy_header
 from tiered_emb.errors import ConfigError, IdTypeError, StoreLockedError
 from tiered_emb.sim.bench import emit_json
 from tiered_emb.store import TieredStore
@@ -31,30 +32,39 @@ DELETE_SLICE = 1 << 20
 VACUUM_DIR = "vacuum.tmp"
 
 
-def _ids_file(path: Path) -> np.ndarray:
-    """The ids of ``path`` (a 1-D integer ``.npy``), mapped, not read."""
-    try:
-        ids = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"IDS {str(path)!r} cannot be read as a .npy file ({err})", "save the ids with numpy.save"
-        ) from err
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise IdTypeError(
-            f"IDS {str(path)!r} holds {ids.dtype} of shape {ids.shape}", "save a 1-D array of integer ids"
-        )
-    return ids
+class IdsFile:
+    """The ids of a 1-D integer ``.npy`` file, read a slice at a time (no map of it stays)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                _, shape, _, dtype = read_npy_header(f)
+                self.offset = f.tell()
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                f"IDS {str(path)!r} cannot be read as a .npy file ({err})", "save the ids with numpy.save"
+            ) from err
+        if len(shape) != 1 or not np.issubdtype(dtype, np.integer):
+            raise IdTypeError(f"IDS {str(path)!r} holds {dtype} of shape {shape}", "save a 1-D array of integer ids")
+        self.shape, self.dtype = shape, dtype
+
+    def slices(self, rows: int):
+        """The ids, ``rows`` at a time."""
+        for a in range(0, self.shape[0], rows):
+            n = min(rows, self.shape[0] - a)
+            yield np.fromfile(self.path, dtype=self.dtype, count=n, offset=self.offset + a * self.dtype.itemsize)
 
 
-def delete_rows(path: str | os.PathLike[str], table: str, ids: np.ndarray, purge: bool = False) -> dict:
-    """Delete ``ids`` of ``table`` in the store at ``path`` and checkpoint; with ``purge`` also
-    rewrite what holds their old bytes (see the module docstring).  Returns a report."""
+def delete_rows(path: str | os.PathLike[str], table: str, ids: IdsFile, purge: bool = False) -> dict:
+    """Delete the ids of ``ids`` from ``table`` in the store at ``path`` and checkpoint; with
+    ``purge`` also rewrite what holds their old bytes (see the module docstring).  Returns a report."""
     path = Path(path)
     store = TieredStore.open(path)
     try:
-        store.check_ids(table, ids[:0])  # (an unknown table before any slice is read)
-        for a in range(0, ids.shape[0], DELETE_SLICE):
-            store.delete(table, np.asarray(ids[a : a + DELETE_SLICE]))
+        store.check_ids(table, np.empty(0, np.int64))  # (an unknown table before any slice is read)
+        for part in ids.slices(DELETE_SLICE):
+            store.delete(table, part)
         epoch = store.checkpoint()
         if purge:
             with store.lock:
@@ -129,7 +139,7 @@ def add_parser(sub) -> None:
 
 
 def _run(args) -> int:
-    report = delete_rows(args.path, args.table, _ids_file(Path(args.ids)), args.purge)
+    report = delete_rows(args.path, args.table, IdsFile(Path(args.ids)), args.purge)
     if emit_json(args.json, report):
         return 0
     if not args.quiet:
@@ -142,4 +152,4 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["delete_rows", "vacuum"]
+__all__ = ["IdsFile", "delete_rows", "vacuum"]

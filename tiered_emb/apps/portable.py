@@ -35,17 +35,28 @@ def _chunk_rows(tiers: TierConfig, width: int) -> int:
     return max(1, tiers.budget_bytes // (8 + 4 * width))
 
 
+_NPY = {
+    (1, 0): (np.lib.format.read_array_header_1_0, np.lib.format.write_array_header_1_0),
+    (2, 0): (np.lib.format.read_array_header_2_0, np.lib.format.write_array_header_2_0),
+}
+
+
+def read_npy_header(f) -> tuple[tuple[int, int], tuple, bool, np.dtype]:
+    """``(version, shape, fortran_order, dtype)`` of the ``.npy`` file open at ``f`` (left at its data)."""
+    version = np.lib.format.read_magic(f)
+    if version not in _NPY:
+        raise ValueError(f".npy format version {version} is not one numpy writes")
+    shape, fortran, dtype = _NPY[version][0](f)
+    return version, shape, fortran, dtype
+
+
 def _shrink_npy(path: Path, shape: tuple) -> None:
     """Cut the ``.npy`` file at ``path`` down to its first ``shape[0]`` rows, in place: the
     header rewritten to the same length (numpy pads it to 64 bytes), the file truncated."""
     fmt = np.lib.format
     with open(path, "r+b") as f:
-        version = fmt.read_magic(f)
-        read, write = {
-            (1, 0): (fmt.read_array_header_1_0, fmt.write_array_header_1_0),
-            (2, 0): (fmt.read_array_header_2_0, fmt.write_array_header_2_0),
-        }[version]
-        _, fortran, dtype = read(f)
+        version, _, fortran, dtype = read_npy_header(f)
+        write = _NPY[version][1]
         start = f.tell()
         buf = io.BytesIO()
         write(buf, {"descr": fmt.dtype_to_descr(dtype), "fortran_order": fortran, "shape": shape})
