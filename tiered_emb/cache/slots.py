@@ -81,8 +81,8 @@ class CacheTier:
         parts = split_parts(ids.shape[0], _FIND_SPLIT_FROM)
         if parts > 1:
             index_find_split(self.keys, self.vals, ids, out, parts)
-        else:
-            index_find_many(self.keys, self.vals, ids, out)
+        else:  # (every argument given: a call that leaves one to its default is dispatched ~75 us slower)
+            index_find_many(self.keys, self.vals, ids, out, 0, -1)
         return out
 
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
