@@ -297,8 +297,8 @@ print(json.dumps({"grew": memory.peak() - start}))
 
 def test_deleting_many_ids_takes_memory_of_a_slice_not_of_the_ids(tmp_path):
     """The ids file is read a slice at a time: deleting 2M or 8M ids (16 or 64 MiB of them)
-    grows the process's own memory by about the same (opening the store and compiling its
-    kernels included: 58 and 59 MiB measured here)."""
+    grows the process's own memory by about the same (opening the store and loading its
+    kernels included)."""
     import json
 
     n = 8_000_000

@@ -1,9 +1,8 @@
 """No call into a Numba kernel takes Numba's slow dispatch once a store is warm.
 
 A call of a jitted function that leaves an argument to its default (or passes a type not
-seen yet) goes through ``Dispatcher._compile_for_args``: about 75 us a call here, where the
-fast path takes under 1 us.  ``CacheTier.find`` did so on every probe (83 calls a step of
-the DLRM job: its throughput rose 1.21x once it passed every argument).  This test runs
+seen yet) goes through ``Dispatcher._compile_for_args``, a hundred times the fast path
+(the CHANGELOG has what ``CacheTier.find`` cost the DLRM job).  This test runs
 the store's paths (lookup, the fused and held pooled updates, prefetch and the pipeline,
 admission, expiry, delete, peek, checkpoint) twice to warm them, then counts the slow
 dispatches of a third round: at most two a kernel (the first call of a signature not met

@@ -81,7 +81,7 @@ class CacheTier:
         parts = split_parts(ids.shape[0], _FIND_SPLIT_FROM)
         if parts > 1:
             index_find_split(self.keys, self.vals, ids, out, parts)
-        else:  # (every argument given: a call that leaves one to its default is dispatched ~75 us slower)
+        else:  # (every argument given: a call that leaves one to its default takes Numba's slow dispatch)
             index_find_many(self.keys, self.vals, ids, out, 0, -1)
         return out
 
