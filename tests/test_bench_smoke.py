@@ -1,4 +1,4 @@
-"""The bench scripts at tiny size (train, prefetch, reliability), so they never rot."""
+"""The bench scripts at tiny size (train, prefetch, reliability, tiers, memlimit, lifecycle), so they never rot."""
 
 import importlib.util
 import json
@@ -12,10 +12,16 @@ pytest.importorskip("torch")
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_train.py"
 
 
-def test_bench_train_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_train", BENCH)
+def _bench(name: str):
+    """The script ``bench/<name>.py`` loaded as a module (the bench folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH.parent / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_train_smoke(tmp_path):
+    mod = _bench("bench_train")
     out = tmp_path / "train.json"
     with warnings.catch_warnings():  # fbgemm_gpu, when present, warns about its optional ops
         warnings.simplefilter("ignore")
@@ -50,9 +56,7 @@ def test_bench_train_smoke(tmp_path):
 
 def test_bench_prefetch_smoke(tmp_path):
     """Both parts of bench/bench_prefetch.py at tiny size: every configuration runs and reports."""
-    spec = importlib.util.spec_from_file_location("bench_prefetch", BENCH.parent / "bench_prefetch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("bench_prefetch")
     out = tmp_path / "prefetch.json"
     res = mod.main(
         [
@@ -162,9 +166,7 @@ def test_the_cli_tells_its_version_and_stream_documents_every_flag(capsys):
 
 def test_bench_gpu_without_a_gpu_exits_cleanly_having_measured_nothing(tmp_path, capsys):
     """bench/bench_gpu.py imports without a GPU and says why it stops (tests/test_gpu.py runs it on one)."""
-    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH.parent / "bench_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("bench_gpu")
     if mod.gpu_or_reason() is None:
         pytest.skip("a GPU is usable here: tests/test_gpu.py runs the benchmark")
     with pytest.raises(SystemExit) as exit_info:
@@ -194,9 +196,7 @@ def test_bench_reliability_smoke(tmp_path):
 
 
 def test_bench_tiers_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_tiers", BENCH.parent / "bench_tiers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("bench_tiers")
     out = tmp_path / "tiers.json"
     args = ["--rows", "6000", "--dim", "8", "--bags", "64", "--bag-size", "8", "--warm-steps", "1", "--steps", "2"]
     mod.main([*args, "--json", str(out), "--plot", str(tmp_path / "tiers.png")])
@@ -210,9 +210,7 @@ def test_bench_tiers_smoke(tmp_path):
 
 
 def test_bench_memlimit_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_memlimit", BENCH.parent / "bench_memlimit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("bench_memlimit")
     if not mod.MEMLIMIT.exists():
         pytest.skip(f"no memlimit tool at {mod.MEMLIMIT}")
     out = tmp_path / "memlimit.json"
@@ -225,9 +223,7 @@ def test_bench_memlimit_smoke(tmp_path):
 
 
 def test_bench_lifecycle_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_lifecycle", BENCH.parent / "bench_lifecycle.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("bench_lifecycle")
     out = tmp_path / "lifecycle.json"
     shape = ["--steps", "16", "--every", "4", "--batch", "256", "--window", "2000", "--shift", "100", "--ttl", "4"]
     small = ["--hbm-rows", "64", "--ddr-rows", "64", "--dim", "4", "--no-dlrm"]
