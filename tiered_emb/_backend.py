@@ -87,20 +87,32 @@ _HUGE_PAGE_BYTES = 2 << 20
 
 
 def host_zeros(shape: tuple[int, int]) -> npt.NDArray[np.float32]:
-    """Zeroed float32 host array for a tier's records, on transparent huge pages where Linux offers them.
+    """Zeroed float32 host array for a tier's records, on transparent huge pages where Linux
+    offers them (:func:`host_full`)."""
+    return host_full(shape, np.float32, 0)
 
-    A step reads rows at random across the whole array; with 4 KiB pages nearly every
-    row read also misses the TLB.  2 MiB pages (``MADV_HUGEPAGE``, honoured when
+
+def host_full(shape: Any, dtype: Any, fill: Any) -> npt.NDArray[Any]:
+    """A host array of ``shape`` filled with ``fill``, on transparent huge pages where Linux offers them.
+
+    A step reads rows, index buckets and slot state at random across whole arrays; with
+    4 KiB pages nearly every such read also misses the TLB, and a prefetch that misses the
+    TLB does not hide the miss.  2 MiB pages (``MADV_HUGEPAGE``, honoured when
     ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise``) take that
-    miss out of the pooled forward (docs/training.md).  The price: memory is committed
-    2 MiB at a time, so a tier's resident size approaches its capacity sooner.  Small arrays, and systems without
-    ``madvise``, get ``np.zeros``.
+    miss out of the pooled forward and the tiers' decisions (docs/training.md,
+    docs/benchmarks.md).  The price: memory is committed 2 MiB at a time, so a tier's
+    resident size approaches its capacity sooner.  Small arrays, and systems without
+    ``madvise``, get ``np.full``.
     """
-    nbytes = int(shape[0]) * int(shape[1]) * 4
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if nbytes < _HUGE_PAGE_BYTES or advice is None:
-        return np.zeros(shape, dtype=np.float32)
+        return np.full(shape, fill, dtype=dt)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(OSError):  # a kernel without THP: the mapping is still good, with small pages
         buf.madvise(advice)
-    return np.frombuffer(buf, dtype=np.float32).reshape(shape)
+    out = np.frombuffer(buf, dtype=dt).reshape(shape)
+    if fill != 0:  # (fresh anonymous pages are zero)
+        out.fill(fill)
+    return out

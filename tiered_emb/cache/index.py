@@ -15,6 +15,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tiered_emb._backend import host_full
 from tiered_emb._jit import prefetch_hint
 
 # Kernel arguments: annotations for the reader and for mypy; Numba compiles from the runtime types.
@@ -34,7 +35,7 @@ def table_size_for(capacity_rows: int) -> int:
 def new_index(capacity_rows: int) -> tuple[Keys, Vals]:
     """Empty ``(keys, vals)`` for a tier of ``capacity_rows``."""
     size = table_size_for(capacity_rows)
-    return np.full(size, EMPTY, dtype=np.int64), np.zeros(size, dtype=np.int32)
+    return host_full(size, np.int64, EMPTY), host_full(size, np.int32, 0)
 
 
 @numba.njit(inline="always")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._backend import host_full
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, split_parts
 from tiered_emb.cache.index import (
     index_del,
@@ -57,12 +58,11 @@ class CacheTier:
         self.code = POLICIES[policy].code
         self.keys, self.vals = new_index(cap)
         self.P = new_policy_state(cap)
-        self.slot_ids = np.full(cap, -1, dtype=np.int64)
-        self.dirty = np.zeros(cap, dtype=np.uint8)
-        self.pins = np.zeros(cap, dtype=np.int32)
-        self.free = np.arange(self.capacity_rows - 1, -1, -1, dtype=np.int32)
-        if self.free.shape[0] == 0:
-            self.free = np.zeros(1, dtype=np.int32)
+        self.slot_ids = host_full(cap, np.int64, -1)
+        self.dirty = host_full(cap, np.uint8, 0)
+        self.pins = host_full(cap, np.int32, 0)
+        self.free = host_full(cap, np.int32, 0)
+        self.free[: self.capacity_rows] = np.arange(self.capacity_rows - 1, -1, -1, dtype=np.int32)
         self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
 
     @property
@@ -161,9 +161,14 @@ def cache_resolve(
             if pins[s] == 0:
                 policy_hit(code, P, s)
             else:
-                policy_touch(P, s)  # pinned by a prefetched batch: placed when that batch releases it
+                policy_touch(code, P, s)  # pinned by a prefetched batch: placed when that batch releases it
         return 0, 0, False
     for i in range(k):
+        if i + PREFETCH_DISTANCE < k:  # the pin and policy entry of a hit further on
+            ahead = out_slots[i + PREFETCH_DISTANCE]
+            if ahead >= 0:
+                prefetch_hint(pins, ahead)
+                policy_prefetch(code, P, ahead)
         s = out_slots[i]
         if s >= 0:
             if pins[s] == 0:
@@ -177,7 +182,7 @@ def cache_resolve(
             index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
         s = out_slots[i]
         if s >= 0:
-            policy_touch(P, s)
+            policy_touch(code, P, s)
             continue
         if fmeta[0] > 0:
             fmeta[0] -= 1
@@ -198,7 +203,7 @@ def cache_resolve(
         slot_ids[s] = uids[i]
         dirty[s] = 0
         index_put(keys, vals, uids[i], s)
-        policy_fresh(P, s)
+        policy_fresh(code, P, s)
         pins[s] = 1
         fmeta[2] += 1
         out_slots[i] = s
@@ -356,6 +361,8 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
         dest[i] = -1
         if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
             index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
+        if fmeta[0] > PREFETCH_DISTANCE:  # the state of the free slot taken that many ids on
+            _prefetch_slot(code, P, slot_ids, dirty, filled, free[fmeta[0] - 1 - PREFETCH_DISTANCE])
         if cap == 0:
             n_ev += 1
             if rows_dirty[i]:
@@ -386,7 +393,7 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
         dirty[s] = rows_dirty[i]
         filled[s] = i
         dest[i] = s
-        policy_fresh(P, s)
+        policy_fresh(code, P, s)
         policy_attach(code, P, s)
     for i in range(n):  # the scratch back to -1 (a slot pushed out again was filled again at once)
         s = dest[i]
@@ -418,7 +425,7 @@ def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
             index_del(keys, vals, slot_ids[s])
         slot_ids[s] = key
         index_put(keys, vals, key, s)
-        policy_fresh(P, s)
+        policy_fresh(code, P, s)
         policy_attach(code, P, s)
     return hits
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tiered_emb._backend import host_zeros
+from tiered_emb._backend import host_full, host_zeros
 from tiered_emb._jit import move_rows
 from tiered_emb.cache.slots import CacheTier, cache_admit_slots, cache_take, cache_take_slots
 
@@ -24,7 +24,7 @@ class DdrTier(CacheTier):
         super().__init__(capacity_rows, policy)
         self.width = width
         self.records = host_zeros((max(capacity_rows, 1), width))
-        self._filled = np.full(self.slot_ids.shape[0], -1, dtype=np.int32)  # cache_admit_slots' scratch
+        self._filled = host_full(self.slot_ids.shape[0], np.int32, -1)  # cache_admit_slots' scratch
         # pushed-out rows of the last admit, reused (the caller hands them on before the next)
         self._ev_ids = np.empty(0, dtype=np.int64)
         self._ev_rows = np.empty((0, width), dtype=np.float32)

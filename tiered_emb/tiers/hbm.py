@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._backend import host_zeros, to_host, to_xp
+from tiered_emb._backend import host_full, host_zeros, to_host, to_xp
 from tiered_emb._jit import move_rows, take_rows
 from tiered_emb.cache.slots import CacheTier, cache_pin, cache_release, cache_resolve_new
 
@@ -129,9 +129,9 @@ class DirectHbmTier(HbmTier):
         self.xp = xp
         self.width = width
         self.records = _records(xp, cap, width)
-        self.slot_ids = np.full(cap, -1, dtype=np.int64)
-        self.dirty = np.zeros(cap, dtype=np.uint8)
-        self.pins = np.zeros(cap, dtype=np.int32)
+        self.slot_ids = host_full(cap, np.int64, -1)
+        self.dirty = host_full(cap, np.uint8, 0)
+        self.pins = host_full(cap, np.int32, 0)
         self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
         if xp is np:
             # Rows not brought up yet read as NaN (stored rows are finite), so a pooled

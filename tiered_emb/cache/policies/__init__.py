@@ -9,7 +9,8 @@ object in the hot loop).  Each policy supplies three operations on the state tup
 - ``detach(slot)``: the slot stops being a candidate (pinned by a batch, or removed);
 - ``victim()``: detach and return the next slot to evict.
 
-Use metadata (count, last use) is kept by :func:`policy_touch` / :func:`policy_fresh`, common to all.
+Use metadata (count, last use) is kept by :func:`policy_touch` / :func:`policy_fresh` for LFU,
+which reads it; LRU keeps none.
 Pinned slots are simply not attached, so a policy never sees them.  ``P`` is one flat
 int64 array (:mod:`._state`).
 """
@@ -73,11 +74,7 @@ def policy_upcoming(code, P, ahead):
     tell cheaply (LFU: its heap's order below the root): a hint, nothing changes."""
     if code != LRU:
         return -1
-    s = lru_upcoming(P, ahead)
-    if s >= 0:  # (its use metadata, which policy_fresh writes when the slot is taken)
-        prefetch_hint(P, P[COUNT] + s)
-        prefetch_hint(P, P[LAST] + s)
-    return s
+    return lru_upcoming(P, ahead)
 
 
 @numba.njit(inline="always")
@@ -96,7 +93,7 @@ def policy_hit(code, P, slot):
     Equivalent to detach, touch, attach; cheaper: LRU appends one ring entry, LFU sifts
     the slot down (its key only grew).
     """
-    policy_touch(P, slot)
+    policy_touch(code, P, slot)
     if code == LRU:
         lru_attach(P, slot)  # appending makes the slot's older entry stale
     else:
@@ -104,8 +101,11 @@ def policy_hit(code, P, slot):
 
 
 @numba.njit(inline="always")
-def policy_touch(P, slot):
-    """Record one more use of a resident slot."""
+def policy_touch(code, P, slot):
+    """Record one more use of a resident slot (LFU's count and last use; LRU's order is its
+    ring, so LRU keeps neither and touches no memory here)."""
+    if code == LRU:
+        return
     c = P[CLOCK] + 1
     P[CLOCK] = c
     P[P[COUNT] + slot] += 1
@@ -113,8 +113,10 @@ def policy_touch(P, slot):
 
 
 @numba.njit(inline="always")
-def policy_fresh(P, slot):
-    """Start the use metadata of a newly admitted slot (one use, now)."""
+def policy_fresh(code, P, slot):
+    """Start the use metadata of a newly admitted slot (one use, now; nothing under LRU)."""
+    if code == LRU:
+        return
     c = P[CLOCK] + 1
     P[CLOCK] = c
     P[P[COUNT] + slot] = 1

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tiered_emb._backend import host_full
+
 NIL = -1
 CLOCK = 0
 HEAD = 1  # LRU ring: first entry not yet consumed
@@ -39,7 +41,7 @@ def new_policy_state(capacity_rows: int) -> np.ndarray:
     cap = max(int(capacity_rows), 1)
     ring = 2 * cap + 16
     sizes = [(RING, ring), (RGEN, ring), (GEN, cap), (COUNT, cap), (LAST, cap), (HEAP, cap), (HPOS, cap)]
-    P = np.zeros(HEADER + 2 * ring + 5 * cap, dtype=np.int64)
+    P = host_full(HEADER + 2 * ring + 5 * cap, np.int64, 0)
     at = HEADER
     for field, n in sizes:
         P[field] = at
