@@ -32,6 +32,7 @@ state in host memory, each step's unique rows gathered, sent up, updated and sen
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -47,7 +48,7 @@ from _common import machine, median, write_json
 from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.step.resolve import MOVE_PARTS
-from tiered_emb.torch import TieredEmbeddingBag
+from tiered_emb.torch import TieredEmbeddingBag, TrainPipeline
 
 LR, EPS = 0.01, 1e-8
 
@@ -88,27 +89,59 @@ def _moves_delta(after: dict, before: dict, steps: int) -> dict:
     }
 
 
-def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> dict:
+def _piped(store, bag, warm, timed, args) -> tuple[dict, list]:
+    """The batches through a :class:`TrainPipeline` (lookahead 2, the next batch's rows brought
+    up on its thread while this one trains, the step on one thread fewer than the cores):
+    the store's stats after the warm-up steps and the timed steps' times."""
+    pipe = TrainPipeline(
+        store,
+        bag,
+        None,
+        lambda b: {"t": b[0]},
+        lambda m, b: (m(b[0], b[1]) * b[2]).sum(),
+        lookahead_batches=2,
+        step_threads=max(1, (os.cpu_count() or 2) - 1),
+    )
+    times, before = [], None
+    t0 = time.perf_counter()
+    for k, _ in enumerate(pipe.run(iter(warm + timed))):
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if k == len(warm) - 1:
+            before = store.stats()["t"]
+        elif k >= len(warm):
+            times.append(now - t0)
+        t0 = now
+    return before, times
+
+
+def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed, piped: bool = False) -> dict:
     cfg = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=LR, eps=EPS))
     tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device)
     with TieredStore.create(path, [cfg], tiers, seed=0) as store:
         _fill(store, args.rows)
         bag = TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
-        for ids, offsets, g in warm:
-            bag(ids, offsets).backward(g)
-        before = store.stats()["t"]
-        times = []
-        for ids, offsets, g in timed:
-            t0 = time.perf_counter()
-            bag(ids, offsets).backward(g)
-            if args.device != "cpu":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+        if piped:
+            before, times = _piped(store, bag, warm, timed, args)
+        else:
+            for ids, offsets, g in warm:
+                bag(ids, offsets).backward(g)
+            before = store.stats()["t"]
+            times = []
+            for ids, offsets, g in timed:
+                t0 = time.perf_counter()
+                bag(ids, offsets).backward(g)
+                if args.device != "cpu":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
         after = store.stats()["t"]
     steps = len(timed)
     moves = _moves_delta(after["moves"], before["moves"], steps)
+    # the step's own traffic and the prefetch thread's (the pipelined configurations' moves)
     delta = {
-        key: (after[tier][key] - before[tier][key]) / steps
+        key: sum(a[tier][key] - b[tier][key] for a, b in ((after, before), (after["prefetch"], before["prefetch"])))
+        / steps
         for tier, key in (("hbm", "misses"), ("hbm", "evictions"), ("ssd", "hits"), ("ssd", "writebacks"))
     }
     # rows that crossed a tier boundary: up into HBM, down out of it, down out of DDR
@@ -117,6 +150,7 @@ def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> d
         "hbm_rows": hbm_rows,
         "ddr_rows": ddr_rows,
         "step_median_s": median(times),
+        "step_s": times,
         "step_p90_s": float(np.percentile(times, 90)),
         # the parts are sums over the timed steps: set beside the mean step, not the median
         "step_mean_s": float(np.mean(times)),
@@ -134,9 +168,10 @@ def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed) -> d
 
 def fresh_lookup(path: Path, args, batch: int, repeats: int) -> dict:
     """``store.lookup`` of ``batch`` ids never looked up since the table was written (all read
-    from LMDB, admitted into HBM and DDR of 5 % each) against a ``numpy.memmap`` gather of
-    the same rows from a file holding the same records, its pages read once before.
-    Disjoint ids each repeat; medians."""
+    from LMDB, admitted into HBM and DDR of 5 % each), and ``store.lookup(admit=False)`` of
+    the same ids first (read where they are, nothing moved), against a ``numpy.memmap``
+    gather of the same rows from a file holding the same records, its pages read once
+    before.  Disjoint ids each repeat; medians."""
     cfg = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=LR, eps=EPS))
     hbm_rows, ddr_rows = _configs(args.rows)["lmdb"]
     tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device)
@@ -145,7 +180,7 @@ def fresh_lookup(path: Path, args, batch: int, repeats: int) -> dict:
     rng = np.random.default_rng(7)
     cold = rng.permutation(args.rows - hbm_rows - ddr_rows)  # the rows _fill's lookups left in LMDB alone
     batch = min(batch, cold.shape[0] // (repeats + 1))
-    ours, peer = [], []
+    ours, peer, through = [], [], []
     with TieredStore.create(path, [cfg], tiers, seed=0) as store:
         _fill(store, args.rows)
         table = np.memmap(flat, dtype=np.float32, mode="w+", shape=(args.rows, width))
@@ -159,19 +194,24 @@ def fresh_lookup(path: Path, args, batch: int, repeats: int) -> dict:
         for r in range(repeats + 1):
             ids = np.sort(cold[r * batch : (r + 1) * batch]) if args.sorted_fresh else cold[r * batch : (r + 1) * batch]
             t0 = time.perf_counter()
-            store.lookup("t", ids)
+            store.lookup("t", ids, admit=False)  # (first: it leaves the rows where they are)
             t1 = time.perf_counter()
             np.asarray(table[ids])
             t2 = time.perf_counter()
+            store.lookup("t", ids)
+            t3 = time.perf_counter()
             if r:  # the first: kernels compiled
-                ours.append(t1 - t0)
+                through.append(t1 - t0)
                 peer.append(t2 - t1)
+                ours.append(t3 - t2)
     flat.unlink()
     return {
         "batch": batch,
         "ours_rows_per_s": batch / median(ours),
         "memmap_rows_per_s": batch / median(peer),
         "ratio": median(peer) / median(ours),
+        "read_through_rows_per_s": batch / median(through),
+        "read_through_ratio": median(peer) / median(through),
     }
 
 
@@ -281,7 +321,11 @@ def main(argv=None) -> dict:
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--warm-steps", type=int, default=5)
     p.add_argument("--steps", type=int, default=12, help="fresh batches timed per configuration")
-    p.add_argument("--configs", default="resident,ddr,lmdb", help="comma-separated, of resident, ddr, lmdb")
+    p.add_argument(
+        "--configs",
+        default="resident,ddr,lmdb,ddr+pipe,lmdb+pipe",
+        help="comma-separated, of resident, ddr, lmdb, and ddr+pipe, lmdb+pipe (through TrainPipeline)",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--fresh-batch", type=int, default=65_536, help="ids of the fresh-lookup comparison (0: skip)")
     p.add_argument("--fresh-repeats", type=int, default=5)
@@ -296,8 +340,8 @@ def main(argv=None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_tiers_"))
     try:
         for name in args.configs.split(","):
-            hbm_rows, ddr_rows = _configs(args.rows)[name]
-            configs[name] = run_config(tmp / name, args, hbm_rows, ddr_rows, warm, timed)
+            hbm_rows, ddr_rows = _configs(args.rows)[name.removesuffix("+pipe")]
+            configs[name] = run_config(tmp / name, args, hbm_rows, ddr_rows, warm, timed, name.endswith("+pipe"))
             shutil.rmtree(tmp / name)
         fresh = fresh_lookup(tmp / "fresh", args, args.fresh_batch, args.fresh_repeats) if args.fresh_batch else None
         free = cache_free(args, warm, timed) if args.cache_free else None
@@ -345,8 +389,10 @@ def main(argv=None) -> dict:
                 ratios[f"{name}_vs_cache_free"] = free["step_median_s"] / configs[name]["step_median_s"]
     if fresh is not None:
         ratios["fresh_lookup_vs_memmap"] = fresh["ratio"]
+        ratios["fresh_read_through_vs_memmap"] = fresh["read_through_ratio"]
         print(
             f"fresh lookup of {fresh['batch']:,} ids: ours {fresh['ours_rows_per_s'] / 1e6:.2f} M rows/s,"
+            f" (read through {fresh['read_through_rows_per_s'] / 1e6:.2f} M),"
             f" memmap {fresh['memmap_rows_per_s'] / 1e6:.2f} M"
         )
     for name, v in ratios.items():

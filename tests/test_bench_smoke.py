@@ -201,10 +201,13 @@ def test_bench_tiers_smoke(tmp_path):
     args = ["--rows", "6000", "--dim", "8", "--bags", "64", "--bag-size", "8", "--warm-steps", "1", "--steps", "2"]
     mod.main([*args, "--json", str(out), "--plot", str(tmp_path / "tiers.png")])
     data = json.loads(out.read_text())
-    assert set(data["configs"]) == {"resident", "ddr", "lmdb"}
-    lmdb = data["configs"]["lmdb"]
-    assert lmdb["moved_rows"] > 0 and lmdb["moves"]["ssd_read"]["rows"] > 0
-    assert lmdb["copy_reference"]["gather_s"] > 0 and data["ratios"]["lmdb_vs_resident"] > 0
+    assert set(data["configs"]) == {"resident", "ddr", "lmdb", "ddr+pipe", "lmdb+pipe"}
+    for name in ("lmdb", "lmdb+pipe"):
+        lmdb = data["configs"][name]
+        assert lmdb["moved_rows"] > 0 and lmdb["moves"]["ssd_read"]["rows"] > 0
+        assert lmdb["copy_reference"]["gather_s"] > 0 and data["ratios"][f"{name}_vs_resident"] > 0
+        assert len(lmdb["step_s"]) == 2
+    assert data["fresh_lookup"]["read_through_ratio"] > 0
     assert data["machine"]["cpu"]["model"]
     assert (tmp_path / "tiers.png").stat().st_size > 0
 

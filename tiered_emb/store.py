@@ -30,7 +30,7 @@ from numpy.typing import ArrayLike
 
 from tiered_emb import _directory, _opening
 from tiered_emb._args import extra_bytes, table_ids, table_rows
-from tiered_emb._backend import resolve_xp
+from tiered_emb._backend import resolve_xp, to_xp
 from tiered_emb._version import __version__
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, NonFiniteGradientError, StoreClosedError
@@ -185,11 +185,9 @@ class TieredStore:
         If the checkpoint fails (``StoreFullError``: the disk is full) the store stays open
         with every row it holds, so nothing is lost: free space and call ``close()`` again.
 
-        ``extra`` is saved with that checkpoint, as with :meth:`checkpoint`; without it the
-        bytes of an earlier checkpoint stay (see :attr:`extra`).  ``checkpoint=False``
-        closes without one: every change since the last checkpoint is given up, as after a
-        crash (:meth:`open` restores that checkpoint).  For a trainer whose step failed
-        midway, whose own state was saved with that checkpoint.
+        ``extra`` is saved with that checkpoint (:meth:`checkpoint`, :attr:`extra`).
+        ``checkpoint=False`` closes without one, giving up every change since the last, as
+        after a crash: for a trainer whose step failed midway, its state saved with that one.
         """
         if self.closed:
             return
@@ -255,10 +253,9 @@ class TieredStore:
     def set_learning_rate(self, table: str | None, lr: float) -> None:
         """Set the learning rate of ``table`` (of every table when None) for the updates from now on.
 
-        Call it between steps, or let a torch ``lr_scheduler`` drive it through
-        :class:`tiered_emb.torch.TieredOptimizer`.  The rate is part of each checkpoint: an
-        :meth:`open` (``snapshot=n`` too) restores the rate of the checkpoint it opens at, so a
-        resumed schedule goes on bitwise.  ``table_config(table).optimizer.lr`` reads it.
+        Call it between steps, or let a torch ``lr_scheduler`` drive it (``TieredOptimizer``).
+        Each checkpoint keeps the rate and :meth:`open` restores it, so a resumed schedule
+        goes on bitwise.  ``table_config(table).optimizer.lr`` reads it.
 
         ``lr``: a finite number >= 0 (ConfigError, nothing changed, for a negative or NaN one,
         or one that decoupled weight decay cannot take); UnknownTableError for a table that
@@ -272,8 +269,7 @@ class TieredStore:
                 self._res.tables[n].cfg = cfg
 
     def tiers_of(self, table: str) -> Table:
-        """The HBM and DDR tiers and the counters of ``table`` (for introspection: change rows
-        through the store's methods)."""
+        """The HBM and DDR tiers and counters of ``table``, to look at (change rows through the store)."""
         return self._table(table)
 
     @property
@@ -300,13 +296,16 @@ class TieredStore:
         return table_ids(t.cfg.name, ids, t.cfg.num_rows)
 
     # ------------------------------------------------------------------ the step
-    def lookup(self, table: str, ids: ArrayLike) -> Any:
+    def lookup(self, table: str, ids: ArrayLike, admit: bool = True) -> Any:
         """Newest rows of ``ids``, duplicates allowed.
 
         Parameters
         ----------
         table : str
         ids : int array (n,), >= 0 and below ``num_rows`` when it is set
+        admit : bool
+            False: each row is read where it is (HBM, DDR, LMDB, the initialiser) and no row
+            moves, the caches as they were: a lookup no update follows (evaluation, serving).
 
         Returns
         -------
@@ -315,7 +314,9 @@ class TieredStore:
         with self._res.lock:
             t = self._table(table)
             uids, inverse = plan.dedupe(table_ids(table, ids, t.cfg.num_rows))
-            return gather.gather(self._res, t, uids, inverse)
+            if admit:
+                return gather.gather(self._res, t, uids, inverse)
+            return to_xp(self.xp, self._res.read_through(t, uids, inverse, t.cfg.dim, t.counters))
 
     def apply_gradients(self, table: str, ids: ArrayLike, grads: Any, nonfinite: str = "raise") -> None:
         """Apply the table's optimizer: duplicate ids' gradients summed in batch order, one update per row.
@@ -390,8 +391,7 @@ class TieredStore:
         with self._res.lock:
             t = self._table(table)
             uids, inverse = plan.dedupe(table_ids(table, ids, t.cfg.num_rows))  # the LMDB read takes distinct ids
-            out = self._res.peek(t, uids)[inverse]
-            return out if with_state else np.ascontiguousarray(out[:, : t.cfg.dim])
+            return self._res.read_through(t, uids, inverse, t.cfg.record_width if with_state else t.cfg.dim)
 
     def lookup_pooled(self, table: str, bags: plan.BagPlan, backward: bool = True) -> Any:
         """Pooled rows of every bag of ``bags`` (:func:`tiered_emb.step.plan.plan_bags`): float32 (B, dim),

@@ -125,3 +125,47 @@ def test_moves_count_the_rows_the_tiers_count(tmp_path):
     width_bytes = 4 * 17
     assert m["ddr_up"]["bytes"] == width_bytes * m["ddr_up"]["rows"]
     assert all(p["seconds"] >= 0 for p in m.values()) and m["ddr_up"]["seconds"] > 0
+
+
+def _tiers_state(s: TieredStore, ids: np.ndarray) -> tuple:
+    """Where each of ``ids`` is held (HBM, DDR) and every counter but the lookups' own."""
+    with s.lock:
+        t = s.tiers_of("t")
+        held = (t.hbm.find(ids).tobytes(), t.ddr.find(ids).tobytes())
+    stats = s.stats()["t"]
+    return held, {
+        tier: (stats[tier]["rows"], stats[tier]["evictions"], stats[tier]["writebacks"]) for tier in ("hbm", "ddr")
+    }
+
+
+@pytest.mark.parametrize("device_rows", [(50, 80), (0, 0), (400, 0)])
+def test_a_lookup_that_does_not_admit_reads_rows_where_they_are(tmp_path, device_rows):
+    """``lookup(admit=False)``: the rows ``lookup`` gives, byte for byte (from HBM, DDR, LMDB
+    and the initialiser, duplicates too), with no row moved and the caches as they were; it
+    counts its lookups and hits per tier."""
+    hbm_rows, ddr_rows = device_rows
+    cfg = TableConfig("t", dim=6, num_rows=400, optimizer=RowWiseAdagrad(lr=0.1))
+    rng = np.random.default_rng(1)
+    with TieredStore.create(
+        tmp_path / "s", [cfg], TierConfig(hbm_rows=max(hbm_rows, 1), ddr_rows=ddr_rows, device="cpu"), seed=5
+    ) as s:
+        for step in range(12):
+            ids = rng.integers(0, 300, 60)
+            s.lookup("t", ids)
+            s.apply_gradients("t", ids, rng.normal(size=(60, 6)).astype(np.float32))
+            if step == 5:
+                s.checkpoint()
+        ids = np.concatenate([rng.integers(0, 400, 200), [399, 399, 0]])  # never written ones too
+        before = _tiers_state(s, np.arange(400))
+        stats0 = s.stats()["t"]
+        got = s.lookup("t", ids, admit=False)
+        stats1 = s.stats()["t"]
+        assert _tiers_state(s, np.arange(400)) == before
+        n = np.unique(ids).shape[0]
+        assert stats1["hbm"]["lookups"] - stats0["hbm"]["lookups"] == n
+        asked = {tier: stats1[tier]["lookups"] - stats0[tier]["lookups"] for tier in ("hbm", "ddr", "ssd")}
+        hits = {tier: stats1[tier]["hits"] - stats0[tier]["hits"] for tier in ("hbm", "ddr", "ssd")}
+        assert asked["ddr"] == n - hits["hbm"] and asked["ssd"] == asked["ddr"] - hits["ddr"]
+        assert got.dtype == np.float32 and got.shape == (ids.shape[0], 6) and got.flags.c_contiguous
+        assert got.tobytes() == s.peek("t", ids).tobytes() == s.lookup("t", ids).tobytes()
+        assert s.lookup("t", ids[:0], admit=False).shape == (0, 6)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tiered_emb import expiry
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import one_thread, take_rows
+from tiered_emb._jit import move_rows, one_thread, take_rows
 from tiered_emb._order import stable_argsort
 from tiered_emb.admission import admission_of
 from tiered_emb.config import TableConfig, TierConfig
@@ -40,6 +40,7 @@ TIER_COUNTERS = ("lookups", "hits", "misses", "evictions", "writebacks")
 #: handed to the SSD tier's write-back buffer.
 MOVE_PARTS = ("probe", "hbm_victims", "ddr_up", "ssd_read", "init", "below_up", "ddr_down", "write_back")
 _NO_IDS = np.empty(0, dtype=np.int64)
+_ALL = _NO_IDS  # (an ``inverse`` that is the identity)
 #: Below this many rows taken up from DDR, its take runs on the step's thread: handing it to
 #: the helper costs more than running it beside HBM's decisions saves.
 _BESIDE_ROWS = 4096
@@ -451,17 +452,51 @@ class Resolver:
 
     def peek(self, t: Table, uids: np.ndarray) -> np.ndarray:
         """Newest records (float32 (k, record_width)) of distinct ``uids``, touching no cache state."""
-        out = np.empty((uids.shape[0], t.cfg.record_width), dtype=np.float32)
+        return self.read_through(t, uids, _ALL, t.cfg.record_width)
+
+    def read_through(
+        self, t: Table, uids: np.ndarray, inverse: np.ndarray, cols: int, c: dict | None = None
+    ) -> np.ndarray:
+        """The first ``cols`` floats of the newest records of ``uids[inverse]`` (distinct ``uids``;
+        ``inverse`` empty: ``uids`` themselves), read where they are, HBM, DDR, LMDB or the
+        initialiser: float32 host (n, cols).  No row moves and no cache state changes (a
+        row never written is made, not kept).  ``c``: the counters to charge (None: none).
+
+        Each row is copied once into the answer, except LMDB's and the initialiser's,
+        read into a buffer of their own first (:meth:`read_below`).
+        """
+        k, width = uids.shape[0], t.cfg.record_width
         hs = t.hbm.find(uids)
-        at_h = np.flatnonzero(hs >= 0)
-        if at_h.shape[0]:
-            out[at_h] = t.hbm.rows_at(hs[at_h])
         rest = np.flatnonzero(hs < 0)
-        ds = t.ddr.find(uids[rest])
-        at_d = ds >= 0
-        out[rest[at_d]] = t.ddr.records[ds[at_d]]
-        rest = rest[~at_d]
-        out[rest] = self.read_below(t, uids[rest])[0]
+        ds = t.ddr.find(uids[rest]) if rest.shape[0] else _NO_IDS
+        below = rest[ds < 0]
+        if below.shape[0] == k:  # (all from below: the buffer is the answer's source)
+            src, on_ssd, _ = self.read_below(t, uids)
+        else:
+            src = np.empty((k, width), dtype=np.float32)
+            at_h = np.flatnonzero(hs >= 0)
+            if self.xp is np:
+                move_rows(t.hbm.records, hs[at_h], src, at_h, width)
+            elif at_h.shape[0]:
+                src[at_h] = t.hbm.rows_at(hs[at_h])
+            move_rows(t.ddr.records, ds, src, np.where(ds >= 0, rest, -1), width)
+            on_ssd = np.zeros(0, dtype=bool)
+            if below.shape[0]:
+                rows, on_ssd, _ = self.read_below(t, uids[below])
+                move_rows(rows, None, src, below, width)
+        if c is not None:
+            for tier, asked, found in (
+                ("hbm", k, k - rest.shape[0]),
+                ("ddr", rest.shape[0], rest.shape[0] - below.shape[0]),
+                ("ssd", below.shape[0], int(on_ssd.sum())),
+            ):
+                c[tier]["lookups"] += asked
+                c[tier]["hits"] += found
+                c[tier]["misses"] += asked - found
+        if cols == width and not inverse.shape[0]:
+            return src
+        out = np.empty((inverse.shape[0] if inverse.shape[0] else k, cols), dtype=np.float32)
+        move_rows(src, inverse if inverse.shape[0] else None, out, None, cols)
         return out
 
     def dirty_chunks(self, counts: dict[str, int]):
