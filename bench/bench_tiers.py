@@ -118,7 +118,7 @@ def _piped(store, bag, warm, timed, args) -> tuple[dict, list]:
 
 def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed, piped: bool = False) -> dict:
     cfg = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=LR, eps=EPS))
-    tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device)
+    tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device, policy=args.policy)
     with TieredStore.create(path, [cfg], tiers, seed=0) as store:
         _fill(store, args.rows)
         bag = TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
@@ -327,6 +327,7 @@ def main(argv=None) -> dict:
         help="comma-separated, of resident, ddr, lmdb, and ddr+pipe, lmdb+pipe (through TrainPipeline)",
     )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--policy", default="lru", help="the tiers' eviction policy (TierConfig.policy)")
     p.add_argument("--fresh-batch", type=int, default=65_536, help="ids of the fresh-lookup comparison (0: skip)")
     p.add_argument("--fresh-repeats", type=int, default=5)
     p.add_argument("--sorted-fresh", action="store_true", help="fresh ids in id order (default: random order)")

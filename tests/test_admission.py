@@ -69,7 +69,7 @@ def test_an_id_updates_from_its_min_count_th_sighting(tmp_path):
 @given(
     hbm=st.sampled_from([4, 16, 300]),
     ddr=st.sampled_from([0, 16]),
-    policy=st.sampled_from(["lru", "lfu"]),
+    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
     cuts=st.lists(st.integers(1, 11), max_size=3),
 )
 def test_admission_is_the_reference_whatever_the_tiers_and_reopens(tmp_path_factory, hbm, ddr, policy, cuts):

@@ -89,7 +89,7 @@ def test_a_deleted_row_reads_as_its_initial_record_from_every_tier(tmp_path):
 @given(
     hbm=st.sampled_from([4, 8, 300]),
     ddr=st.sampled_from([0, 8, 64]),
-    policy=st.sampled_from(["lru", "lfu", "lookahead+lru"]),
+    policy=st.sampled_from(["lru", "lfu", "lookahead+lru", "sieve", "lookahead+clock"]),
     ops=st.lists(
         st.tuples(st.sampled_from(["train", "delete", "checkpoint", "reopen"]), st.integers(0, 10**6)), max_size=12
     ),

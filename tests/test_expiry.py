@@ -84,7 +84,7 @@ def test_a_row_reads_its_initial_value_once_its_ttl_passes(tmp_path):
 @given(
     hbm=st.sampled_from([4, 16, 200]),
     ddr=st.sampled_from([0, 16]),
-    policy=st.sampled_from(["lru", "lfu"]),
+    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
     cuts=st.lists(st.tuples(st.integers(1, 14), st.sampled_from(["checkpoint", "reopen", "crash"])), max_size=3),
     spill=st.booleans(),
 )

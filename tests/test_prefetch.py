@@ -186,7 +186,7 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         tiers = TierConfig(
             int(rng.integers(2, 40)),
             int(rng.integers(0, 20)),
-            str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu"])),
+            str(rng.choice(["lru", "lfu", "lookahead+lru", "lookahead+lfu", "fifo", "lookahead+sieve"])),
             "cpu",
         )
         depth = int(rng.integers(1, 6))

@@ -28,7 +28,7 @@ tiers_st = st.builds(
     TierConfig,
     hbm_rows=st.integers(1, 5) | st.just(12),
     ddr_rows=st.integers(0, 4),
-    policy=st.sampled_from(["lru", "lfu"]),
+    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
     device=st.just("cpu"),
     ssd_compression=st.sampled_from([None, 1]),
     background_writes=st.booleans(),

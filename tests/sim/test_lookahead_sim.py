@@ -11,7 +11,7 @@ from tiered_emb.sim.engine import simulate
 from tiered_emb.sim.lookahead import batch_uniques, store_hits, window_belady_hits
 from tiered_emb.sim.traces import zipf_ids
 
-POLICIES = ["lru", "lfu", "lookahead+lru", "lookahead+lfu"]
+POLICIES = ["lru", "lfu", "sieve", "clock", "lookahead+lru", "lookahead+lfu", "lookahead+sieve"]
 
 
 def drive_store(tmp_path, trace, batch, hbm, ddr, policy, window, load):

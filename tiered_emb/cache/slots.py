@@ -39,6 +39,7 @@ from tiered_emb.cache.policies import (
     policy_fresh,
     policy_hit,
     policy_prefetch,
+    policy_remove,
     policy_touch,
     policy_upcoming,
     policy_victim,
@@ -57,7 +58,7 @@ class CacheTier:
         self.capacity_rows = int(capacity_rows)
         self.code = POLICIES[policy].code
         self.keys, self.vals = new_index(cap)
-        self.P = new_policy_state(cap)
+        self.P = new_policy_state(cap, self.code)
         self.slot_ids = host_full(cap, np.int64, -1)
         self.dirty = host_full(cap, np.uint8, 0)
         self.pins = host_full(cap, np.int32, 0)
@@ -310,9 +311,8 @@ def cache_take_slots(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, id
             continue
         n_found += 1
         out_dirty[i] = dirty[s]
-        if pins[s] == 0:
-            policy_detach(code, P, s)
-        else:
+        policy_remove(code, P, s, pins[s] > 0)
+        if pins[s] > 0:
             fmeta[2] -= 1
         pins[s] = 0
         index_del(keys, vals, ids[i])

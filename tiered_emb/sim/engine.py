@@ -2,11 +2,11 @@
 
 A policy is data, as in :mod:`tiered_emb.cache.policies`: :data:`SIM_POLICIES` maps a name to
 its kernel driver and to libCacheSim's name for the same algorithm.  The names are the
-CLI's.  ``lru`` and ``lfu`` name the simulator's *twins* of the store's LRU and LFU
-(:mod:`tiered_emb.sim.policies.lru`, :mod:`~tiered_emb.sim.policies.lfu`): other kernels
-that make the same decisions as the store's, which ``SimPolicy.twin`` names and
-``tests/cache/test_policy_contract.py`` checks request by request; ``lru-store`` /
-``lfu-store`` run the store's own kernel (:func:`tiered_emb.cache.slots.simulate`).
+CLI's.  ``lru``, ``lfu``, ``fifo``, ``clock`` and ``sieve`` name the simulator's *twins* of
+the store's policies of those names (:mod:`tiered_emb.sim.policies`): other kernels that
+make the same decisions as the store's, which ``SimPolicy.twin`` names and
+``tests/cache/test_policy_contract.py`` checks request by request; ``<name>-store`` runs
+the store's own kernel (:func:`tiered_emb.cache.slots.simulate`).
 """
 
 from __future__ import annotations
@@ -45,9 +45,16 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     "lfu": SimPolicy(
         "fewest uses since admission, then least recent (twin of the store's LFU)", _p.lfu_hits, "LFU", twin="lfu"
     ),
-    "fifo": SimPolicy("first in, first out", _p.fifo_hits, "FIFO"),
-    "clock": SimPolicy("FIFO with a reference bit (second chance)", _p.clock_hits, "Clock"),
-    "sieve": SimPolicy("SIEVE: visited bit, hand from old to new, no reordering", _p.sieve_hits, "Sieve"),
+    "fifo": SimPolicy("first in, first out (twin of the store's FIFO)", _p.fifo_hits, "FIFO", twin="fifo"),
+    "clock": SimPolicy(
+        "FIFO with a reference bit, second chance (twin of the store's CLOCK)", _p.clock_hits, "Clock", twin="clock"
+    ),
+    "sieve": SimPolicy(
+        "SIEVE: visited bit, hand from old to new, no reordering (twin of the store's SIEVE)",
+        _p.sieve_hits,
+        "Sieve",
+        twin="sieve",
+    ),
     "s3fifo": SimPolicy("S3-FIFO: small + main FIFO + ghost ids", _p.s3fifo_hits, "S3FIFO"),
     "arc": SimPolicy("ARC: adaptive split of recency and frequency lists with ghosts", _p.arc_hits, "ARC"),
     "belady": SimPolicy(
@@ -55,6 +62,10 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     ),
     "lru-store": SimPolicy("the store's LRU kernel itself (slower; a cross-check)", _store("lru"), "LRU", twin="lru"),
     "lfu-store": SimPolicy("the store's LFU kernel itself (slower; a cross-check)", _store("lfu"), "LFU", twin="lfu"),
+    **{
+        f"{name}-store": SimPolicy(f"the store's {lcs} kernel itself (a cross-check)", _store(name), lcs, twin=name)
+        for name, lcs in (("fifo", "FIFO"), ("clock", "Clock"), ("sieve", "Sieve"))
+    },
 }
 
 

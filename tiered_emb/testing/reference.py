@@ -22,12 +22,13 @@ class ReferencePolicy:
     A batch's distinct ids (first-occurrence order) are taken in chunks of at most
     ``capacity`` ids.  Within a chunk the resident ids are pinned first; then, in order,
     a resident id is used again and a missing id takes the lowest free slot, or the slot
-    of the victim: the unpinned resident with the smallest key, where the key is
-    ``last use`` for LRU and ``(use count, last use, slot)`` for LFU.
+    of the victim: for LRU and LFU the unpinned resident with the smallest key, where the
+    key is ``last use`` for LRU and ``(use count, last use, slot)`` for LFU; for FIFO,
+    CLOCK and SIEVE the one their order gives (:meth:`_queue_victim`).
     """
 
     def __init__(self, capacity: int, policy: str):
-        assert policy in ("lru", "lfu")
+        assert policy in ("lru", "lfu", "fifo", "clock", "sieve")
         self.capacity = capacity
         self.policy = policy
         self.clock = 0
@@ -35,6 +36,35 @@ class ReferencePolicy:
         self.count: dict[int, int] = {}
         self.last: dict[int, int] = {}
         self.free = list(range(capacity))  # lowest slot first
+        self.order: list[int] = []  # FIFO, CLOCK, SIEVE: residents, oldest first
+        self.ref: dict[int, bool] = {}  # CLOCK's and SIEVE's bit
+        self.hand: int | None = None  # SIEVE: the id its hand is at (None: the oldest)
+
+    def _queue_victim(self, pinned: set[int]) -> int:
+        """FIFO: the oldest; CLOCK: from the oldest, a referenced id loses its bit and
+        becomes the newest, the first unreferenced is the victim; SIEVE: from the hand,
+        bits are cleared in place, the first unreferenced is the victim and the hand stays
+        at the next newer id.  A pinned id is passed over: FIFO and CLOCK make it the
+        newest, bit kept; SIEVE's hand goes past it."""
+        if self.policy == "sieve":
+            at = self.order.index(self.hand) if self.hand is not None else 0
+            while True:
+                v = self.order[at]
+                if v not in pinned and not self.ref[v]:
+                    self.hand = self.order[at + 1] if at + 1 < len(self.order) else None
+                    self.order.pop(at)
+                    return v
+                if v not in pinned:
+                    self.ref[v] = False
+                at = (at + 1) % len(self.order)
+        while True:
+            v = self.order.pop(0)
+            if v in pinned or (self.policy == "clock" and self.ref[v]):
+                if v not in pinned:
+                    self.ref[v] = False
+                self.order.append(v)
+                continue
+            return v
 
     def _key(self, i: int):
         if self.policy == "lru":
@@ -52,18 +82,26 @@ class ReferencePolicy:
                 hits.append(True)
                 self.count[i] += 1
                 self.last[i] = self.clock
+                self.ref[i] = self.policy != "fifo"
                 continue
             hits.append(False)
             if self.free:
                 slot = self.free.pop(0)
             else:
-                victim = min((j for j in self.slot_of if j not in pinned), key=self._key)
+                if self.policy in ("lru", "lfu"):
+                    victim = min((j for j in self.slot_of if j not in pinned), key=self._key)
+                else:
+                    victim = self._queue_victim(pinned)
+                    del self.ref[victim]
                 slot = self.slot_of.pop(victim)
                 del self.count[victim], self.last[victim]
                 evicted.append(victim)
             self.slot_of[i] = slot
             self.count[i] = 1
             self.last[i] = self.clock
+            if self.policy not in ("lru", "lfu"):
+                self.order.append(i)
+                self.ref[i] = False
             pinned.add(i)
         return hits, evicted
 

@@ -2,17 +2,19 @@
 
 A policy is data: an entry of :data:`POLICIES` maps a name to a small integer code, and
 the tier kernels dispatch on that code (Numba compiles one kernel; no jitclass, no Python
-object in the hot loop).  Each policy supplies three operations on the state tuple ``P``
-(see :mod:`tiered_emb.cache.policies._state`):
+object in the hot loop).  Each policy supplies these operations on its state ``P``, one
+flat int64 array (see :mod:`tiered_emb.cache.policies._state`):
 
+- ``fresh(slot)``: the slot took an id (not a candidate until attached);
 - ``attach(slot)``: the slot becomes a candidate for eviction (released by its batch);
-- ``detach(slot)``: the slot stops being a candidate (pinned by a batch, or removed);
-- ``victim()``: detach and return the next slot to evict.
+- ``detach(slot)``: the slot stops being a candidate (pinned by a batch);
+- ``remove(slot)``: the slot's row left the tier (taken up into HBM);
+- ``victim()``: remove and return the next slot to evict;
+- ``hit(slot)`` / ``touch(slot)``: one more use of a candidate / of a pinned slot.
 
-Use metadata (count, last use) is kept by :func:`policy_touch` / :func:`policy_fresh` for LFU,
-which reads it; LRU keeps none.
-Pinned slots are simply not attached, so a policy never sees them.  ``P`` is one flat
-int64 array (:mod:`._state`).
+LRU and LFU keep only candidates (a pinned slot is out of the ring or heap, and attaching
+it again is its use); FIFO, CLOCK and SIEVE keep every slot in insertion order and pin a
+slot with a bit (:mod:`.queue`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,21 @@ from dataclasses import dataclass
 import numba
 
 from tiered_emb._jit import prefetch_hint
-from tiered_emb.cache.policies._state import CLOCK, COUNT, GEN, HPOS, LAST, new_policy_state  # noqa: F401  (re-exported)
+from tiered_emb.cache.policies._state import COUNT, GEN, HPOS, LAST, USE_CLOCK, new_policy_state  # noqa: F401
 from tiered_emb.cache.policies.lfu import lfu_attach, lfu_detach, lfu_sift_down, lfu_victim
 from tiered_emb.cache.policies.lru import lru_attach, lru_detach, lru_upcoming, lru_victim
+from tiered_emb.cache.policies.queue import (
+    CLOCK,
+    FIFO,
+    SIEVE,
+    queue_attach,
+    queue_detach,
+    queue_insert,
+    queue_prefetch,
+    queue_remove,
+    queue_use,
+    queue_victim,
+)
 
 LRU = 0
 LFU = 1
@@ -37,11 +51,21 @@ class PolicySpec:
     lookahead: bool = False  # rows of prefetched batches are pinned as soon as they enter the window
 
 
-POLICIES: dict[str, PolicySpec] = {
+_BASE = {
     "lru": PolicySpec(LRU, "least recently used first"),
     "lfu": PolicySpec(LFU, "lowest use count first, then least recently used, then lowest slot"),
-    "lookahead+lru": PolicySpec(LRU, "rows needed within the prefetch window kept; others by LRU", True),
-    "lookahead+lfu": PolicySpec(LFU, "rows needed within the prefetch window kept; others by LFU", True),
+    "fifo": PolicySpec(FIFO, "first in, first out; a use changes nothing"),
+    "clock": PolicySpec(CLOCK, "FIFO with a reference bit: a used row gets a second chance"),
+    "sieve": PolicySpec(SIEVE, "a visited bit and a hand from old to new; nothing moves on a use"),
+}
+POLICIES: dict[str, PolicySpec] = {
+    **_BASE,
+    **{
+        f"lookahead+{name}": PolicySpec(
+            spec.code, f"rows needed within the prefetch window kept; others by {name}", True
+        )
+        for name, spec in _BASE.items()
+    },
 }
 
 
@@ -49,29 +73,45 @@ POLICIES: dict[str, PolicySpec] = {
 def policy_attach(code, P, slot):
     if code == LRU:
         lru_attach(P, slot)
-    else:
+    elif code == LFU:
         lfu_attach(P, slot)
+    else:
+        queue_attach(P, slot)
 
 
 @numba.njit(inline="always")
 def policy_detach(code, P, slot):
     if code == LRU:
         lru_detach(P, slot)
-    else:
+    elif code == LFU:
         lfu_detach(P, slot)
+    else:
+        queue_detach(P, slot)
+
+
+@numba.njit(inline="always")
+def policy_remove(code, P, slot, pinned):
+    """``slot``'s row leaves the tier (``pinned``: detached already)."""
+    if code > LFU:
+        queue_remove(P, slot)
+    elif not pinned:
+        policy_detach(code, P, slot)
 
 
 @numba.njit(inline="always")
 def policy_victim(code, P):
     if code == LRU:
         return lru_victim(P)
-    return lfu_victim(P)
+    if code == LFU:
+        return lfu_victim(P)
+    return queue_victim(code, P)
 
 
 @numba.njit(inline="always")
 def policy_upcoming(code, P, ahead):
     """A slot likely to be the victim ``ahead`` victims on, or -1 where the policy cannot
-    tell cheaply (LFU: its heap's order below the root): a hint, nothing changes."""
+    tell cheaply (LFU: its heap's order below the root; the list policies: their bits):
+    a hint, nothing changes."""
     if code != LRU:
         return -1
     return lru_upcoming(P, ahead)
@@ -82,8 +122,10 @@ def policy_prefetch(code, P, slot):
     """Fetch the policy state of ``slot`` a detach or touch will change: a hint, nothing changes."""
     if code == LRU:
         prefetch_hint(P, P[GEN] + slot)
-    else:
+    elif code == LFU:
         prefetch_hint(P, P[HPOS] + slot)
+    else:
+        queue_prefetch(P, slot)
 
 
 @numba.njit(inline="always")
@@ -91,33 +133,39 @@ def policy_hit(code, P, slot):
     """One more use of an attached (unpinned) slot: the single-request fast path.
 
     Equivalent to detach, touch, attach; cheaper: LRU appends one ring entry, LFU sifts
-    the slot down (its key only grew).
+    the slot down (its key only grew), the list policies set a bit.
     """
     policy_touch(code, P, slot)
     if code == LRU:
         lru_attach(P, slot)  # appending makes the slot's older entry stale
-    else:
+    elif code == LFU:
         lfu_sift_down(P, P[P[HPOS] + slot])
 
 
 @numba.njit(inline="always")
 def policy_touch(code, P, slot):
-    """Record one more use of a resident slot (LFU's count and last use; LRU's order is its
-    ring, so LRU keeps neither and touches no memory here)."""
+    """Record one more use of a resident slot (LFU's count and last use, CLOCK's and SIEVE's
+    bit; LRU's order is its ring, placed when the slot is attached)."""
     if code == LRU:
         return
-    c = P[CLOCK] + 1
-    P[CLOCK] = c
+    if code != LFU:
+        queue_use(code, P, slot)
+        return
+    c = P[USE_CLOCK] + 1
+    P[USE_CLOCK] = c
     P[P[COUNT] + slot] += 1
     P[P[LAST] + slot] = c
 
 
 @numba.njit(inline="always")
 def policy_fresh(code, P, slot):
-    """Start the use metadata of a newly admitted slot (one use, now; nothing under LRU)."""
+    """A newly admitted slot: LFU's one use now; the list policies' newest, pinned until attached."""
     if code == LRU:
         return
-    c = P[CLOCK] + 1
-    P[CLOCK] = c
+    if code != LFU:
+        queue_insert(P, slot)
+        return
+    c = P[USE_CLOCK] + 1
+    P[USE_CLOCK] = c
     P[P[COUNT] + slot] = 1
     P[P[LAST] + slot] = c

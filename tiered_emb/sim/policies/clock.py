@@ -1,7 +1,7 @@
 """CLOCK: FIFO with one reference bit, set on a hit (libCacheSim ``Clock``, 1-bit counter).
 
-The hand clears set bits (a second chance) and evicts the first clear one.  No store
-policy: a simulator-only baseline.
+The hand clears set bits (a second chance) and evicts the first clear one.  The twin of
+the store's CLOCK (:mod:`tiered_emb.cache.policies.queue`).
 
 >>> import numpy as np
 >>> clock_hits(np.array([1, 2, 1, 3, 1]), 2, np.zeros(0, np.uint8))

@@ -1,6 +1,6 @@
 """FIFO: evict the oldest insertion; hits change nothing (libCacheSim ``FIFO``).
 
-No store policy: a simulator-only baseline.  A hit changes nothing, so the order of
+The twin of the store's FIFO (:mod:`tiered_emb.cache.policies.queue`).  A hit changes nothing, so the order of
 insertion is never rearranged: a ring of ids is the whole state, and the victim is always
 at the hand, which moves one place per eviction.
 

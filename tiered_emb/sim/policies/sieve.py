@@ -1,7 +1,8 @@
 """SIEVE: an insertion-order list and one visited bit (libCacheSim ``Sieve``).
 
 The hand walks from the oldest towards the newest, clearing bits, evicts the first
-unvisited object and stays where it was.  No store policy: simulator only.
+unvisited object and stays where it was.  The twin of the store's SIEVE
+(:mod:`tiered_emb.cache.policies.queue`).
 
 >>> import numpy as np
 >>> sieve_hits(np.array([1, 2, 3, 1, 4, 5, 1]), 3, np.zeros(0, np.uint8))
