@@ -1,0 +1,68 @@
+"""Where Numba keeps the compiled kernels: one directory per version of the package's source.
+
+Numba's on-disk cache checks a kernel against its own source file only.  A kernel that
+inlines functions of another module (the tier kernels inline the policies, the
+simulator's batch loop inlines the tier kernels) keeps the machine code of the old
+functions when only those change: after a ``git pull`` that touched
+``cache/policies/`` and not ``sim/lookahead.py``, the cached ``_store_lookahead`` read the
+policy state by the old layout and wrote outside its arrays.  So the cache directory is
+named by a hash of every source file of the package: any change to any of them starts a
+fresh cache (one full compile, as on the first run), and the kernels never mix versions.
+
+The directory is ``tiered_emb/__pycache__/kernels-<hash>`` beside the sources when that is
+writable, else ``~/.cache/tiered_emb/kernels-<hash>``.  In the first, directories of older
+sources are removed but for the two newest, so that a tree edited often does not keep
+every version it went through (they are this module's own).  A ``NUMBA_CACHE_DIR`` set
+in the environment is left as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import numba
+
+PACKAGE = Path(__file__).resolve().parent
+KEEP_OLDER = 2  # directories of older sources kept beside the current one
+
+
+def source_hash(root: Path = PACKAGE) -> str:
+    """A hash of the path and bytes of every ``.py`` file under ``root``, in path order."""
+    h = hashlib.blake2b(digest_size=8)
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_dir(root: Path = PACKAGE) -> Path:
+    """The directory for the kernels of the source under ``root`` (see the module doc)."""
+    name = f"kernels-{source_hash(root)}"
+    beside = root / "__pycache__"
+    if os.access(beside if beside.exists() else root, os.W_OK):
+        return beside / name
+    return Path.home() / ".cache" / "tiered_emb" / name
+
+
+def prune_older(current: Path) -> None:
+    """Remove the older ``kernels-*`` directories beside ``current`` but the newest few."""
+    older = [p for p in current.parent.glob("kernels-*") if p != current and p.is_dir()]
+    older.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for p in older[KEEP_OLDER:]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def use() -> None:
+    """Point Numba's cache at :func:`cache_dir`; before any kernel module is imported."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    where = cache_dir()
+    fresh = not where.exists()
+    where.mkdir(parents=True, exist_ok=True)
+    # (numba.config sets its attributes at run time from the environment: mypy sees none)
+    setattr(numba.config, "CACHE_DIR", str(where))  # noqa: B010
+    if fresh and where.parent.parent == PACKAGE:
+        prune_older(where)
