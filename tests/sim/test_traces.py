@@ -1,5 +1,8 @@
 """Trace sources: seeded and deterministic, and every reader round-trips."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -18,7 +21,7 @@ from tiered_emb.sim import (
     write_oracle_general,
     zipf_ids,
 )
-from tiered_emb.sim.traces import ORACLE_GENERAL_DTYPE
+from tiered_emb.sim.traces import CDF_MAX_IDS, ORACLE_GENERAL_DTYPE, zipf_ranks_rejection
 
 ids_lists = st.lists(st.integers(0, 2**62), min_size=0, max_size=200)
 
@@ -261,3 +264,43 @@ def test_criteo_tsv_clicks_bad_lines(tmp_path):
     with pytest.raises(ConfigError, match="num_rows"):  # ZeroDivisionError (modulo 0)
         CriteoTSV(p, 0, 2)
     assert len(CriteoTSV(p, 100, 2)) == 3
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 1.05, 1.5])
+def test_zipf_by_rejection_has_the_zipf_distribution(alpha):
+    """Rejection-inversion's ranks against the exact masses: chi-square over 1,000 ranks
+    of 1M seeded draws (its mean is the degrees of freedom, its spread sqrt(2 dof) = 45)."""
+    n = 1000
+    r = zipf_ranks_rejection(n, alpha, 1_000_000, np.random.default_rng(11))
+    assert r.min() >= 0 and r.max() < n
+    w = np.arange(1, n + 1, dtype=np.float64) ** -alpha
+    p = w / w.sum()
+    chi2 = float((((np.bincount(r, minlength=n) / r.shape[0] - p) ** 2) / p).sum() * r.shape[0])
+    assert abs(chi2 - (n - 1)) < 5 * np.sqrt(2 * (n - 1)), chi2
+
+
+def test_zipf_above_the_table_size_is_seeded_and_a_prefix():
+    n = CDF_MAX_IDS + 7
+    a = zipf_ids(n, 1.05, 200_000, seed=5)
+    assert np.array_equal(a, zipf_ids(n, 1.05, 200_000, seed=5))
+    assert np.array_equal(a[:1000], zipf_ids(n, 1.05, 1000, seed=5))
+    assert a.min() >= 0 and a.max() < n
+    values, counts = np.unique(a, return_counts=True)
+    assert values[counts.argmax()] == 12345  # rank 0, the hottest, at the scatter image of 0
+    u = zipf_ids(n, 0.0, 100_000, seed=5)  # uniform
+    assert u.min() >= 0 and u.max() < n and np.unique(u).shape[0] > 98_000  # (collisions: ~1,190 expected)
+
+
+def test_zipf_over_1e9_ids_costs_the_trace_alone():
+    """The table of a 1e9-id space would be 8 GB: a child process draws 65,536 ids from it
+    in a few MiB beyond what importing takes."""
+    code = (
+        "import resource\n"
+        "from tiered_emb.sim import zipf_ids\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "ids = zipf_ids(1_000_000_000, 1.05, 65_536, seed=1)\n"
+        "assert 0 <= ids.min() and ids.max() < 1_000_000_000\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) < 64, out.stdout  # MiB of peak RSS the draw added

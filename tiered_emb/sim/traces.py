@@ -19,18 +19,60 @@ import numpy as np
 from tiered_emb._args import as_ids, finite_arg, int_arg
 from tiered_emb.errors import ConfigError, IdRangeError, TraceFileError
 
+#: Up to this many ids a Zipf draw searches the distribution's table (8 bytes an id, 32 MiB
+#: here); above, it draws by rejection-inversion (:func:`zipf_ranks_rejection`) in memory
+#: that does not grow with the id space.
+CDF_MAX_IDS = 1 << 22
+#: Draws of a rejection-inversion pass: its scratch memory (a few arrays of this many
+#: floats).  Fixed, so a shorter trace is the start of a longer one with the same seed.
+_REJECTION_CHUNK = 1 << 16
+
 
 @lru_cache(maxsize=4)
 def _zipf_cdf(n_ids: int, alpha: float) -> np.ndarray:
-    try:
-        w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
-    except (MemoryError, ValueError):  # ValueError: "array is too big" (beyond what numpy can index)
-        raise ConfigError(
-            f"n_ids={n_ids} needs a table of {8 * n_ids:,} bytes, which does not fit in memory", "use fewer ids"
-        ) from None
+    w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
     return cdf
+
+
+def _h_integral(x: np.ndarray | float, q: float) -> np.ndarray:
+    """The integral of ``t**-alpha`` from 1 to ``x`` (``q = 1 - alpha``): ``(x**q - 1) / q``,
+    ``log(x)`` at ``q = 0``, written to stay exact near it."""
+    lx = np.log(x)
+    t = q * lx
+    return np.where(np.abs(t) > 1e-8, np.expm1(t) / np.where(t == 0, 1.0, t), 1.0 + t / 2) * lx
+
+
+def _h_integral_inverse(y: np.ndarray, q: float) -> np.ndarray:
+    t = np.maximum(y * q, -1.0)
+    return np.exp(np.where(np.abs(t) > 1e-8, np.log1p(t) / np.where(t == 0, 1.0, t), 1.0 - t / 2) * y)
+
+
+def zipf_ranks_rejection(n_ids: int, alpha: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` ranks in ``[0, n_ids)`` with P(rank r) proportional to (r + 1)**-alpha, exactly,
+    by rejection-inversion (Hoermann and Derflinger, 1996; as Apache Commons RNG's
+    ``RejectionInversionZipfSampler``): a draw inverts the integral of ``x**-alpha`` and
+    keeps the rank when it falls under the rank's own mass (most do for the skews of
+    embedding ids).  Memory: the answer and a few arrays of ``_REJECTION_CHUNK`` draws,
+    whatever ``n_ids``.  Deterministic: draws are made and kept in order, a chunk at a
+    time, so the first ``m`` of ``size`` ranks are the ranks of ``size = m``."""
+    q = 1.0 - alpha
+    top = float(_h_integral(1.5, q)) - 1.0  # the integral's value at rank 1's upper edge, less rank 1's mass
+    bottom = float(_h_integral(n_ids + 0.5, q))
+    # ranks this close below x are accepted without the test (the bound of the method)
+    s = 2.0 - float(_h_integral_inverse(np.array(_h_integral(2.5, q) - 2.0**-alpha), q))
+    out = np.empty(size, dtype=np.int64)
+    done = 0
+    while done < size:
+        u = bottom + rng.random(_REJECTION_CHUNK) * (top - bottom)
+        x = _h_integral_inverse(u, q)
+        k = np.clip(np.floor(x + 0.5), 1, n_ids)
+        keep = (k - x <= s) | (u >= _h_integral(k + 0.5, q) - k**-alpha)
+        got = (k[keep] - 1).astype(np.int64)[: size - done]
+        out[done : done + got.shape[0]] = got
+        done += got.shape[0]
+    return out
 
 
 def _check_zipf(n_ids, alpha, size, seed) -> tuple[int, float, int, int]:
@@ -52,6 +94,10 @@ def _scatter_multiplier(n_ids: int) -> int:
 def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = True) -> np.ndarray:
     """``size`` ids in ``[0, n_ids)`` with P(rank r) proportional to r**-alpha (exact, finite support).
 
+    Up to :data:`CDF_MAX_IDS` ids a draw searches the distribution's table (8 bytes an id);
+    above, it draws by rejection-inversion (:func:`zipf_ranks_rejection`, uniform draws at
+    ``alpha`` 0), so a trace over 1e9 ids costs the trace alone.
+
     Parameters
     ----------
     n_ids : int, number of distinct ids (>= 1)
@@ -72,12 +118,20 @@ def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = Tru
     """
     n_ids, alpha, size, seed = _check_zipf(n_ids, alpha, size, seed)
     rng = np.random.default_rng(seed)
-    cdf = _zipf_cdf(n_ids, alpha)
-    ranks = np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
-    np.minimum(ranks, n_ids - 1, out=ranks)
+    if alpha == 0:
+        ranks = rng.integers(0, n_ids, size, dtype=np.int64) if n_ids > CDF_MAX_IDS else None
+    else:
+        ranks = zipf_ranks_rejection(n_ids, alpha, size, rng) if n_ids > CDF_MAX_IDS else None
+    if ranks is None:
+        cdf = _zipf_cdf(n_ids, alpha)
+        ranks = np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
+        np.minimum(ranks, n_ids - 1, out=ranks)
     if scatter:
         a = _scatter_multiplier(n_ids)
-        ranks = (ranks * a + 12345) % n_ids
+        if (n_ids - 1) * a + 12345 < 2**63:
+            ranks = (ranks * a + 12345) % n_ids
+        else:  # (an id space past ~3.4e9: the products need more than 64 bits)
+            ranks = np.array([(int(r) * a + 12345) % n_ids for r in ranks], dtype=np.int64)
     return ranks
 
 
