@@ -18,8 +18,8 @@ def stable_argsort(keys: np.ndarray, runs: bool = False) -> np.ndarray:
 
     ``runs``: the keys are a few sorted runs one after another (the segments of a store
     that opens): NumPy's merge sort, which finds and merges runs, sorts the packed keys
-    there, 3.5x faster than its SIMD sort (32 against 113 ms for 40 runs of 40K ids), which
-    is faster on keys in no order (89 against 105 ms for 1.6M).
+    there faster than its SIMD sort, which is the faster on keys in no order
+    (figures: docs/benchmarks.md, "The SSD tier at scale").
 
     Examples
     --------

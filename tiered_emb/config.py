@@ -295,8 +295,8 @@ class TierConfig:
         glibc's ``mallopt`` thresholds, set for the whole process at a store's first write
         (and in its writer process), so that buffers up to 32 MiB come from the heap and
         free memory up to a quarter of ``budget_bytes`` (32 MiB to 1 GiB) is not given back.
-        Bulk writes ran about 1.4x faster with it here; False leaves the process's
-        allocator as it is (docs/tuning.md).  No effect off glibc.
+        False leaves the process's allocator as it is (what it is worth: docs/tuning.md).
+        No effect off glibc.
     """
 
     hbm_rows: int

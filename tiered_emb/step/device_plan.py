@@ -1,10 +1,9 @@
 """The pooled step of a table held whole in HBM on the device: planned there, not on the host.
 
-On a GPU the host's plan is most of a resident step: deduping the batch's ids (1.5-2.3 ms
-for 163,840 ids on the H200's host) and grouping their positions by id (1.0 ms), against
-a few hundred microseconds of kernels (docs/gpu.md).  A table held whole (a direct tier:
-row ``id`` lives in slot ``id``) needs neither for its forward, and its backward can group
-on the device:
+On a GPU the host's plan is most of a resident step: deduping the batch's ids and
+grouping their positions by id take longer than the step's kernels (docs/gpu.md).  A
+table held whole (a direct tier: row ``id`` lives in slot ``id``) needs neither for its
+forward, and its backward can group on the device:
 
 - the forward brings up the rows of the batch not up yet (their ids deduped on the host:
   a few, once the table is warm) and pools by id;

@@ -1,9 +1,9 @@
 """The step's CUDA C kernels (``native/step_kernels.cu``): their source, its compile options, their launch.
 
 On a GPU the step launches these through CuPy's ``RawModule`` (NVRTC compiles the source
-once per process and device).  A launch then costs a few microseconds of host time; the
-numba-cuda twins (:mod:`tiered_emb.step.cuda_kernels`) cost 100-190 µs each, because
-numba-cuda types every CuPy argument at every call (docs/gpu.md).  Both give the bytes of
+once per process and device).  A launch then costs little host time; the numba-cuda
+twins (:mod:`tiered_emb.step.cuda_kernels`) cost far more a launch, because numba-cuda
+types every CuPy argument at every call (figures: docs/gpu.md).  Both give the bytes of
 the host's Numba kernels, which are the reference the tests hold them to.
 
 The launch convention is the one the source declares: every array argument is passed as

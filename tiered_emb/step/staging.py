@@ -2,8 +2,8 @@
 
 Each kernel launch of the step takes a few host arrays (slots, positions, offsets, the
 reduce's grouping, the optimizer's parameters).  Copied one by one from pageable memory
-each is a synchronous ``cudaMemcpy`` through the driver's own bounce buffer: about
-100 µs apiece on an H200, 1.4 ms of a 7.7 ms resident step (docs/gpu.md).  :class:`Stager`
+each is a synchronous ``cudaMemcpy`` through the driver's own bounce buffer, a sizeable
+part of a resident step (figures: docs/gpu.md).  :class:`Stager`
 packs them into one page-locked buffer and issues one asynchronous copy on the current
 stream, so the host goes on while the bytes travel.
 

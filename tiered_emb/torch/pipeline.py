@@ -42,8 +42,8 @@ class TrainPipeline:
         of torch and Numba for the step from ``run``'s first batch until it ends or is
         closed (so also for the caller's code between its yields; torch's setting is the
         process's).  Fewer threads than cores leave
-        the background thread a core of its own: on 2 cores, 1 made the DLRM job ~1.1x
-        faster (docs/benchmarks.md).  Not the default because torch's dense kernels may sum in
+        the background thread a core of its own: on 2 cores, 1 made the DLRM job faster
+        (docs/benchmarks.md).  Not the default because torch's dense kernels may sum in
         another order on another thread count, so the dense model (and, through its
         gradients, the rows) would differ from a run without the pipeline; the store's own
         results never depend on it.

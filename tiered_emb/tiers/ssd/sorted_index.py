@@ -57,8 +57,8 @@ def loc_items(keys, vals, out_ids, out_locs):
     return m
 
 
-# a batch of finds is cut into slices of at least this many ids for Numba's threads: about
-# 0.2 ms of work each, well above the cost of waking the pool
+# a batch of finds is cut into slices of at least this many ids for Numba's threads: each
+# slice's work well above the cost of waking the pool
 FIND_SPLIT_FROM = 4096
 
 
