@@ -169,3 +169,30 @@ def test_a_lookup_that_does_not_admit_reads_rows_where_they_are(tmp_path, device
         assert got.dtype == np.float32 and got.shape == (ids.shape[0], 6) and got.flags.c_contiguous
         assert got.tobytes() == s.peek("t", ids).tobytes() == s.lookup("t", ids).tobytes()
         assert s.lookup("t", ids[:0], admit=False).shape == (0, 6)
+
+
+def test_the_write_back_buffer_does_not_grow_again_each_cycle():
+    """Each write-back buffer starts as large as the last one grew to: a cycle of the same
+    puts (the last crossing the write-back threshold) grows it once, the next not at all,
+    and every row reads back as put."""
+    import threading
+
+    from tiered_emb.tiers.ssd.held import HeldRows
+
+    held = HeldRows({"t": 3}, threading.Lock())
+    rng = np.random.default_rng(4)
+    caps = []
+    for _cycle in range(3):
+        before = held.writeback["t"].capacity
+        for _ in range(3):
+            ids = rng.choice(1 << 40, 3000, replace=False)
+            rows = rng.normal(size=(3000, 3)).astype(np.float32)
+            held.put("t", ids, rows)
+            out, state = np.zeros_like(rows), np.zeros(3000, dtype=np.uint8)
+            held.get("t", ids, out, state)
+            assert state.all() and out.tobytes() == rows.tobytes()
+        caps.append((before, held.writeback["t"].capacity))
+        held.waiting()
+        held.committed()
+    assert caps[0][1] > caps[0][0]  # the first cycle grew from the default
+    assert caps[1][0] == caps[0][1] and caps[2] == (caps[1][1], caps[1][1])  # then never again

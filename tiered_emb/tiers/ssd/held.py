@@ -62,8 +62,10 @@ class HeldRows:
         """Every write-back not yet in LMDB, oldest first; the buffer starts afresh."""
         snaps = self.flushing + [self.writeback]
         self.flushing = snaps
-        # Sized as the last one filled: growing from empty re-inserts every row at each doubling.
-        self.writeback = {n: RowBuffer(w, len(snaps[-1][n])) for n, w in sorted(self._widths.items())}
+        # Sized as the last one grew to: growing re-inserts every row (and sorts them) at each
+        # doubling, and a buffer sized to the rows it last held grew once more each time
+        # (the put that crosses the write-back threshold comes on top of them).
+        self.writeback = {n: RowBuffer(w, snaps[-1][n].capacity) for n, w in sorted(self._widths.items())}
         return snaps
 
     def waiting_with(self, table: str, rows) -> list[dict]:

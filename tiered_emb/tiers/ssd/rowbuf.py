@@ -119,6 +119,11 @@ class RowBuffer:
     def __len__(self) -> int:
         return self.live
 
+    @property
+    def capacity(self) -> int:
+        """Rows it holds before it grows."""
+        return int(self.ids.shape[0])
+
     def _room(self, extra: int) -> None:
         if self.n + extra <= self.ids.shape[0]:
             return
