@@ -462,8 +462,10 @@ class Resolver:
         initialiser: float32 host (n, cols).  No row moves and no cache state changes (a
         row never written is made, not kept).  ``c``: the counters to charge (None: none).
 
-        Each row is copied once into the answer, except LMDB's and the initialiser's,
-        read into a buffer of their own first (:meth:`read_below`).
+        The records are gathered into one buffer (LMDB's and the initialiser's through a
+        buffer of their own, :meth:`read_below`, unless they are all of them), which is the
+        answer when it is one (``cols`` the whole record, ``inverse`` the identity); else its
+        rows are copied to the answer by ``inverse``, ``cols`` floats each.
         """
         k, width = uids.shape[0], t.cfg.record_width
         hs = t.hbm.find(uids)
