@@ -10,10 +10,17 @@ named by a hash of every source file of the package: any change to any of them s
 fresh cache (one full compile, as on the first run), and the kernels never mix versions.
 
 The directory is ``tiered_emb/__pycache__/kernels-<hash>`` beside the sources when that is
-writable, else ``~/.cache/tiered_emb/kernels-<hash>``.  In the first, directories of older
-sources are removed but for the two newest, so that a tree edited often does not keep
-every version it went through (they are this module's own).  A ``NUMBA_CACHE_DIR`` set
-in the environment is left as it is.
+writable, else ``~/.cache/tiered_emb/kernels-<hash>``; where neither can be made, Numba's
+own default stays.  In the first, directories of older sources are removed but for the
+two newest and any touched in the last hour (another process of an older tree may still
+be saving there), so that a tree edited often does not keep every version it went
+through (they are this module's own).
+
+The choice is made through ``NUMBA_CACHE_DIR`` in the environment as well as Numba's
+config: Numba reloads its config from the environment when a ``NUMBA_*`` variable
+changes, which would otherwise drop the directory, and the processes the store starts
+(its writer) inherit it.  Kernels of other packages compiled in the same process are
+cached there too.  A ``NUMBA_CACHE_DIR`` set before the import is left as it is.
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numba
 
 PACKAGE = Path(__file__).resolve().parent
 KEEP_OLDER = 2  # directories of older sources kept beside the current one
+RECENT_S = 3600  # nor is one removed that was touched this recently
 
 
 def source_hash(root: Path = PACKAGE) -> str:
@@ -51,8 +60,10 @@ def prune_older(current: Path) -> None:
     """Remove the older ``kernels-*`` directories beside ``current`` but the newest few."""
     older = [p for p in current.parent.glob("kernels-*") if p != current and p.is_dir()]
     older.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    now = time.time()
     for p in older[KEEP_OLDER:]:
-        shutil.rmtree(p, ignore_errors=True)
+        if now - p.stat().st_mtime > RECENT_S:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def use() -> None:
@@ -61,7 +72,11 @@ def use() -> None:
         return
     where = cache_dir()
     fresh = not where.exists()
-    where.mkdir(parents=True, exist_ok=True)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError:  # (a read-only tree and no home to write in: Numba's default)
+        return
+    os.environ["NUMBA_CACHE_DIR"] = str(where)
     # (numba.config sets its attributes at run time from the environment: mypy sees none)
     setattr(numba.config, "CACHE_DIR", str(where))  # noqa: B010
     if fresh and where.parent.parent == PACKAGE:

@@ -23,6 +23,8 @@ from tiered_emb.errors import ConfigError, IdRangeError, TraceFileError
 #: here); above, it draws by rejection-inversion (:func:`zipf_ranks_rejection`) in memory
 #: that does not grow with the id space.
 CDF_MAX_IDS = 1 << 22
+#: The most ids a Zipf draw takes: rejection-inversion's ranks are float64, exact up to 2**53.
+MAX_IDS = 1 << 53
 #: Draws of a rejection-inversion pass: its scratch memory (a few arrays of this many
 #: floats).  Fixed, so a shorter trace is the start of a longer one with the same seed.
 _REJECTION_CHUNK = 1 << 16
@@ -117,6 +119,11 @@ def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = Tru
     (dtype('int64'), True, True)
     """
     n_ids, alpha, size, seed = _check_zipf(n_ids, alpha, size, seed)
+    if n_ids > MAX_IDS:
+        raise ConfigError(
+            f"n_ids={n_ids:,} is more than a Zipf draw tells apart (its ranks are float64: 2**53 ids)",
+            "use at most 2**53 ids",
+        )
     rng = np.random.default_rng(seed)
     if alpha == 0:
         ranks = rng.integers(0, n_ids, size, dtype=np.int64) if n_ids > CDF_MAX_IDS else None

@@ -495,10 +495,10 @@ class Resolver:
                 c[tier]["lookups"] += asked
                 c[tier]["hits"] += found
                 c[tier]["misses"] += asked - found
-        if cols == width and not inverse.shape[0]:
-            return src
-        out = np.empty((inverse.shape[0] if inverse.shape[0] else k, cols), dtype=np.float32)
-        move_rows(src, inverse if inverse.shape[0] else None, out, None, cols)
+        if not inverse.shape[0]:
+            return src if cols == width else np.ascontiguousarray(src[:, :cols])
+        out = np.empty((inverse.shape[0], cols), dtype=np.float32)
+        move_rows(src, inverse, out, None, cols)
         return out
 
     def dirty_chunks(self, counts: dict[str, int]):

@@ -64,8 +64,12 @@ class HeldRows:
         self.flushing = snaps
         # Sized as the last one grew to: growing re-inserts every row (and sorts them) at each
         # doubling, and a buffer sized to the rows it last held grew once more each time
-        # (the put that crosses the write-back threshold comes on top of them).
-        self.writeback = {n: RowBuffer(w, snaps[-1][n].capacity) for n, w in sorted(self._widths.items())}
+        # (the put that crosses the write-back threshold comes on top of them).  At most
+        # twice those rows, so that one large put does not size every buffer after it.
+        self.writeback = {
+            n: RowBuffer(w, max(len(snaps[-1][n]), min(snaps[-1][n].capacity, 2 * len(snaps[-1][n]))))
+            for n, w in sorted(self._widths.items())
+        }
         return snaps
 
     def waiting_with(self, table: str, rows) -> list[dict]:
