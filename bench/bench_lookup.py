@@ -15,9 +15,10 @@ Workload: batches of 65,536 Zipf(1.05) ids over 10M ids, dim 64 and 128.
   per repeat); ratios are medians of the per-pair ratios.
 - *hbm 10% / 1%*: HBM holds 10% / 1% of the touched rows, DDR the rest (rows move
   HBM <-> DDR every batch); reported relative to resident.
-- *policy kernels*: LRU and LFU decisions on a 20M-request Zipf(1.05) trace over 10M
-  ids with a cache of 1% of the ids, one request at a time (index probe + policy update);
-  libCacheSim's LRU on the same trace when it is installed.
+- *policy kernels*: the decisions of each store policy (LRU, LFU, FIFO, CLOCK, SIEVE) on a
+  20M-request Zipf(1.05) trace over 10M ids with a cache of 1% of the ids, one request at
+  a time (index probe + policy update); libCacheSim's LRU on the same trace when it is
+  installed.
 
 Medians of ``--repeats`` runs; ratios are ours / peer (higher is better for us).
 """
@@ -118,11 +119,15 @@ def _paired(ours, peers, repeats: int) -> list[list[float]]:
     return out
 
 
+#: The store's policies, each timed through its own kernel one request at a time.
+STORE_POLICIES = ("lru", "lfu", "fifo", "clock", "sieve")
+
+
 def bench_policies(n_ids: int, requests: int, cache_frac: float, repeats: int, seed: int) -> dict:
     trace = zipf_ids(n_ids, 1.05, requests, seed=seed)
     cap = int(cache_frac * n_ids)
     out = {"requests": requests, "cache_rows": cap}
-    for policy in ("lru", "lfu"):
+    for policy in STORE_POLICIES:
         hits = simulate(trace[:1000], cap, policy)  # compile
         ts = []
         for _ in range(repeats):
@@ -182,7 +187,7 @@ def main(argv=None) -> int:
         )
     pol = bench_policies(a.ids, a.requests, 0.01, max(1, a.repeats // 2), a.seed)
     result["policies"] = pol
-    for name in ("lru", "lfu"):
+    for name in STORE_POLICIES:
         print(
             f"policy {name}: {pol[name]['decisions_per_s'] / 1e6:6.1f} M decisions/s, "
             f"hit ratio {pol[name]['hit_ratio']:.4f}"
