@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, timed, write_json
 
 from tiered_emb import TableConfig, TierConfig, TieredStore
+from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.cache.slots import simulate
 from tiered_emb.sim.compare import libcachesim_hashpower
 from tiered_emb.sim.traces import zipf_ids
@@ -120,7 +121,7 @@ def _paired(ours, peers, repeats: int) -> list[list[float]]:
 
 
 #: The store's policies, each timed through its own kernel one request at a time.
-STORE_POLICIES = ("lru", "lfu", "fifo", "clock", "sieve")
+STORE_POLICIES = BASE_POLICIES
 
 
 def bench_policies(n_ids: int, requests: int, cache_frac: float, repeats: int, seed: int) -> dict:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tiered_emb import SGD, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.admission import Admission
+from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.init import init_rows
 from tiered_emb.testing.reference import ReferenceStore
 
@@ -69,7 +70,7 @@ def test_an_id_updates_from_its_min_count_th_sighting(tmp_path):
 @given(
     hbm=st.sampled_from([4, 16, 300]),
     ddr=st.sampled_from([0, 16]),
-    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
+    policy=st.sampled_from(BASE_POLICIES),
     cuts=st.lists(st.integers(1, 11), max_size=3),
 )
 def test_admission_is_the_reference_whatever_the_tiers_and_reopens(tmp_path_factory, hbm, ddr, policy, cuts):

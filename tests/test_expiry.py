@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb import SGD, Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore, expiry
+from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.init import init_rows
 from tiered_emb.testing.reference import ReferenceStore
 
@@ -84,7 +85,7 @@ def test_a_row_reads_its_initial_value_once_its_ttl_passes(tmp_path):
 @given(
     hbm=st.sampled_from([4, 16, 200]),
     ddr=st.sampled_from([0, 16]),
-    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
+    policy=st.sampled_from(BASE_POLICIES),
     cuts=st.lists(st.tuples(st.integers(1, 14), st.sampled_from(["checkpoint", "reopen", "crash"])), max_size=3),
     spill=st.booleans(),
 )

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_emb.cache.policies import POLICIES
+from tiered_emb.cache.policies import BASE_POLICIES, POLICIES
 from tiered_emb.cache.slots import CacheTier, cache_release, cache_resolve, simulate
 from tiered_emb.step.plan import dedupe
 from tiered_emb.testing.reference import ReferencePolicy
@@ -99,14 +99,14 @@ def test_batch_larger_than_capacity_is_chunked_and_pinned():
 
 
 @pytest.mark.parametrize("force_pin", [False, True])
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "clock", "sieve"])
+@pytest.mark.parametrize("policy", BASE_POLICIES)
 @given(capacity=st.integers(1, 6), batches=st.lists(st.lists(st.integers(0, 12), min_size=0, max_size=10), max_size=25))
 def test_kernel_decisions_equal_reference(policy, force_pin, capacity, batches):
     """Both resolve paths (all-hit without pins, and pinned) make the reference's decisions."""
     run_both(policy, capacity, batches, force_pin)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "clock", "sieve"])
+@pytest.mark.parametrize("policy", BASE_POLICIES)
 @pytest.mark.parametrize(
     "capacity, trace",
     [
@@ -120,7 +120,7 @@ def test_simulate_equals_reference_hand_traced_long_runs(policy, capacity, trace
     assert simulate(np.array(trace, dtype=np.int64), capacity, policy) == hits
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "clock", "sieve"])
+@pytest.mark.parametrize("policy", BASE_POLICIES)
 @settings(max_examples=150, deadline=None)
 @given(
     capacity=st.integers(4, 16),
@@ -131,7 +131,7 @@ def test_kernel_decisions_equal_reference_deeper_heaps(policy, capacity, batches
     run_both(policy, capacity, batches, True)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "clock", "sieve"])
+@pytest.mark.parametrize("policy", BASE_POLICIES)
 @given(capacity=st.integers(1, 8), trace=st.lists(st.integers(0, 20), max_size=300))
 def test_simulate_equals_reference_one_request_at_a_time(policy, capacity, trace):
     ref = ReferencePolicy(capacity, policy)

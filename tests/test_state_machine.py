@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tiered_emb import SGD, Adagrad, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.testing import crash
 from tiered_emb.testing.reference import ReferenceStore
 
@@ -28,7 +29,7 @@ tiers_st = st.builds(
     TierConfig,
     hbm_rows=st.integers(1, 5) | st.just(12),
     ddr_rows=st.integers(0, 4),
-    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
+    policy=st.sampled_from(BASE_POLICIES),
     device=st.just("cpu"),
     ssd_compression=st.sampled_from([None, 1]),
     background_writes=st.booleans(),

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb._jit import move_rows
+from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.step.resolve import MOVE_PARTS
 from tiered_emb.tiers import DdrTier
@@ -41,7 +42,7 @@ def _row(i: int, width: int) -> np.ndarray:
 
 @settings(max_examples=150, deadline=None)
 @given(
-    policy=st.sampled_from(["lru", "lfu", "fifo", "clock", "sieve"]),
+    policy=st.sampled_from(BASE_POLICIES),
     cap=st.integers(0, 6),
     history=st.lists(st.integers(0, 30), max_size=40),
     incoming=st.lists(st.integers(100, 140), min_size=1, max_size=12, unique=True),
@@ -104,7 +105,7 @@ def _train(path, hbm_rows, ddr_rows, policy, steps=4):
         return s.peek("t", np.arange(60_000), with_state=True), stats
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "clock", "sieve"])
+@pytest.mark.parametrize("policy", BASE_POLICIES)
 def test_large_moves_on_the_helper_thread_equal_a_resident_table(tmp_path, policy):
     """Thousands of rows a chunk move up and down (the take and the admit decided on the
     resolve's helper thread): every row and state byte for byte as with the table resident."""

@@ -58,6 +58,8 @@ _BASE = {
     "clock": PolicySpec(CLOCK, "FIFO with a reference bit: a used row gets a second chance"),
     "sieve": PolicySpec(SIEVE, "a visited bit and a hand from old to new; nothing moves on a use"),
 }
+#: The policies by name, without their ``lookahead+`` forms (in the order above).
+BASE_POLICIES: tuple[str, ...] = tuple(_BASE)
 POLICIES: dict[str, PolicySpec] = {
     **_BASE,
     **{
