@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fbgemm_tbe, machine, write_json
 
-from tiered_emb.step.device import KERNELS_ENV
+from tiered_emb.step.device.launch import KERNELS_ENV
 
 LR, EPS = 0.01, 1e-8
 
@@ -140,7 +140,7 @@ def pool_bandwidth(args) -> dict:
     import cupy
 
     from tiered_emb.sim.traces import zipf_ids
-    from tiered_emb.step.device import kernels_for
+    from tiered_emb.step.device.launch import kernels_for
     from tiered_emb.step.plan import dedupe
 
     kernels = kernels_for(cupy)

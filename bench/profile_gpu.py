@@ -49,8 +49,8 @@ def timed(cupy, call, reps: int = 50) -> str:
 
 def kernels(cupy):
     """(name, DeviceKernels) for the CUDA C kernels and, where they import, the numba twins."""
-    from tiered_emb.step.device import DeviceKernels
-    from tiered_emb.step.native import cupy_module
+    from tiered_emb.step.device.launch import DeviceKernels
+    from tiered_emb.step.device.native import cupy_module
 
     out = [("native", DeviceKernels(cupy, cupy_module(0)))]
     try:

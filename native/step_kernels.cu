@@ -2,7 +2,7 @@
 //
 // Each kernel gives the bytes of its twins: the Numba CPU kernels of tiered_emb/step/gather.py,
 // reduce.py and update.py (the reference), and the numba-cuda kernels of
-// tiered_emb/step/cuda_kernels.py, which these follow line for line:
+// tiered_emb/step/device/cuda_kernels.py, which these follow line for line:
 //   - the same order of every sum: one block per bag (pool), chunk of an id (reduce) or row
 //     (update), threads striding over the row's columns, each summing its column in position
 //     order; no atomics, no tree reductions;
@@ -10,9 +10,9 @@
 //     into a multiply-add (and the module is compiled with --fmad=false besides); division
 //     and square root the IEEE ones.
 //
-// Argument convention (tiered_emb/step/native.py passes it): every array is its pointer
+// Argument convention (tiered_emb/step/device/native.py passes it): every array is its pointer
 // followed by its extents as long long (a 1-D array: n; a 2-D array: rows, cols), C-contiguous;
-// every scalar is a long long.  tiered_emb/step/native.py's SIGNATURES mirrors each kernel's
+// every scalar is a long long.  tiered_emb/step/device/native.py's SIGNATURES mirrors each kernel's
 // parameters, and a launch is checked against it.  REDUCE_CHUNK comes from the compiler's command line.
 //
 // CI has no GPU: native/host_shim.h lets a host C++ compiler build this same file, and the

@@ -2,7 +2,7 @@
 
 Every test runs each implementation through :class:`DeviceKernels`:
 
-- ``numba``: the numba-cuda kernels (tiered_emb/step/cuda_kernels.py); without a GPU in
+- ``numba``: the numba-cuda kernels (tiered_emb/step/device/cuda_kernels.py); without a GPU in
   Numba's CUDA simulator (tests/conftest.py sets ``NUMBA_ENABLE_CUDASIM=1``), with one
   compiled, on NumPy arrays Numba copies to the device and back;
 - ``c-host``: the CUDA C kernels (native/step_kernels.cu) built for the host with
@@ -21,9 +21,9 @@ import pytest
 from tiered_emb._backend import to_host
 from tiered_emb.errors import ConfigError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
-from tiered_emb.step.device import KERNELS_ENV, DeviceKernels, kernels_for
+from tiered_emb.step.device.launch import KERNELS_ENV, DeviceKernels, kernels_for
+from tiered_emb.step.device.native import KERNEL_NAMES, expand
 from tiered_emb.step.gather import pool_kernel
-from tiered_emb.step.native import KERNEL_NAMES, expand
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.step.reduce import REDUCE_CHUNK, group_bag_positions, reduce_bag_grads
 from tiered_emb.step.update import CPU_KERNELS, pow_by_squaring

@@ -1,7 +1,7 @@
 """A whole training run on the GPU's code path equals the host path's, byte for byte.
 
 ``TIERED_EMB_DEVICE_KERNELS=1`` makes the store run every pooled forward, gather, reduce
-and optimizer update through the CUDA kernel launches (tiered_emb/step/device.py) while
+and optimizer update through the CUDA kernel launches (tiered_emb/step/device/launch.py) while
 its HBM records stay in host memory; without a GPU those kernels run in Numba's simulator
 (tests/conftest.py), so CI checks the device path's wiring (chunks, spills, the prefetch
 window's pinned batches, checkpoints and reopening) against the host's on every run.
@@ -18,7 +18,7 @@ import pytest
 from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.errors import DeviceError, NonFiniteGradientError
 from tiered_emb.prefetch import lookahead
-from tiered_emb.step.device import DeviceKernels, kernels_for
+from tiered_emb.step.device.launch import DeviceKernels, kernels_for
 from tiered_emb.step.plan import plan_bags
 
 TABLES = [
@@ -104,7 +104,7 @@ def test_prefetched_batches_on_the_device_path(tmp_path, monkeypatch):
     """Batches pinned by the prefetch window are pooled and updated by the kernels too, without
     the lock while the thread places the next batches' rows, bitwise."""
     if not DeviceKernels(np).simulated:
-        pytest.skip("on a GPU host arrays are copied back whole after each launch (step/device.py)")
+        pytest.skip("on a GPU host arrays are copied back whole after each launch (step/device/launch.py)")
 
     def run(path):
         rng = np.random.default_rng(5)
@@ -161,7 +161,7 @@ def test_device_kernels_without_a_gpu_or_the_simulator_are_a_device_error():
     code = (
         "import numpy as np\n"
         "from tiered_emb.errors import DeviceError\n"
-        "from tiered_emb.step.device import kernels_for\n"
+        "from tiered_emb.step.device.launch import kernels_for\n"
         "try:\n"
         "    kernels_for(np)\n"
         "except DeviceError as err:\n"
@@ -173,10 +173,10 @@ def test_device_kernels_without_a_gpu_or_the_simulator_are_a_device_error():
 
 
 def test_a_table_held_whole_is_planned_on_the_device_with_the_hosts_counts(tmp_path, monkeypatch):
-    """A direct tier's pooled step groups its positions on the device (step/device_plan.py): the
+    """A direct tier's pooled step groups its positions on the device (step/device/plan.py): the
     same bytes and the same HBM counts (lookups and hits per unique id, misses per row brought up)
     as the host path, and the kernels' path does take it.  Non-finite sums follow the rules."""
-    from tiered_emb.step import device_plan
+    from tiered_emb.step.device import plan as device_plan
 
     table = TableConfig("m", dim=3, optimizer=Adam(lr=0.05), num_rows=40)
 

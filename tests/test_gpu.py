@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
-from tiered_emb.step.device import KERNELS_ENV
+from tiered_emb.step.device.launch import KERNELS_ENV
 from tiered_emb.step.plan import plan_bags
 
 pytestmark = pytest.mark.gpu
@@ -80,7 +80,7 @@ def test_the_numba_kernels_without_division_hold_no_fused_multiply_add(tmp_path,
     """NVVM fuses a*b+c unless each operation is an _rn intrinsic: the PTX must show none.  (The
     CUDA C kernels' PTX is checked on every run, tests/test_cuda_kernels.py.)"""
     pytest.importorskip("numba_cuda")
-    from tiered_emb.step import cuda_kernels
+    from tiered_emb.step.device import cuda_kernels
 
     monkeypatch.setenv(KERNELS_ENV, "numba")
     _train(tmp_path / "gpu", "cuda", steps=2)  # compiles every kernel

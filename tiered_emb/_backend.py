@@ -4,7 +4,7 @@
 ``device="cuda"`` without a usable GPU raises :class:`DeviceError`; ``"auto"`` falls
 back to NumPy with one :class:`DeviceFallbackWarning` per process.  A GPU is usable when
 CuPy sees a device: CuPy's NVRTC compiles the step's CUDA C kernels
-(:mod:`tiered_emb.step.native`).  Their numba-cuda twins (``TIERED_EMB_CUDA_KERNELS=numba``)
+(:mod:`tiered_emb.step.device.native`).  Their numba-cuda twins (``TIERED_EMB_CUDA_KERNELS=numba``)
 need numba-cuda besides; both come with the ``gpu-cuda12`` / ``gpu-cuda13`` extras (docs/gpu.md).
 """
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from tiered_emb._args import nonfinite_rule, table_ids, table_rows
 from tiered_emb.errors import StoreClosedError
-from tiered_emb.step import device_plan, plan, reduce, update
+from tiered_emb.step import plan, reduce, update
+from tiered_emb.step.device import plan as device_plan
 
 
 def gradient_update(res, t, ids: Any, grads: Any, nonfinite: str) -> Callable[[], None]:

@@ -16,7 +16,7 @@ import numpy as np
 from tiered_emb._args import table_ids
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
-from tiered_emb.step import device_plan
+from tiered_emb.step.device import plan as device_plan
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

@@ -103,7 +103,7 @@ class BagPlan:
     # The store table whose id range ``ids`` were last checked against (the ids never change);
     # ``slots``, when set, are that table's: a lookup sets both.
     checked: object = None
-    # the positions grouped by id on the device (:mod:`tiered_emb.step.device_plan`), for the backward
+    # the positions grouped by id on the device (:mod:`tiered_emb.step.device.plan`), for the backward
     device_grouping: object = None
     _unique: tuple[np.ndarray, np.ndarray] | None = None
 

@@ -250,7 +250,7 @@ def reduce_bag_grads(plan: BagPlan, grad_out, kernels=None) -> tuple[np.ndarray,
 
     Returns ``(summed, bad)``: float32 (k, dim) summed in batch order per id, and uint8
     (k,) flags of the ids whose sum holds NaN or infinity.  With ``kernels``
-    (:class:`~tiered_emb.step.device.DeviceKernels`) the sums are made on the device and
+    (:class:`~tiered_emb.step.device.launch.DeviceKernels`) the sums are made on the device and
     stay there (``grad_out`` host or device), bitwise the host's.
     """
     if kernels is not None:

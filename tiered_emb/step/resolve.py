@@ -28,7 +28,7 @@ from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.expiry import expiry_of
 from tiered_emb.init import init_rows
-from tiered_emb.step.device import kernels_for
+from tiered_emb.step.device.launch import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
 from tiered_emb.tiers.ssd.codec import tombstones
 
@@ -119,7 +119,7 @@ class Resolver:
         self.ssd = ssd
         self.seed = seed
         self.xp = xp
-        # the step's CUDA kernels when HBM is on a GPU (step/device.py); None: the host's Numba kernels
+        # the step's CUDA kernels when HBM is on a GPU (step/device/launch.py); None: the host's Numba kernels
         self.kernels = kernels_for(xp)
         self.lock = threading.RLock()
         self.closed = False

@@ -2,7 +2,7 @@
 backward's last stage).
 
 Each optimizer has one body, a Numba kernel over ``records[slots[k]]`` (CPU), and a CUDA
-twin that gives the same bytes (:mod:`tiered_emb.step.cuda_kernels`), launched by the
+twin that gives the same bytes (:mod:`tiered_emb.step.device.cuda_kernels`), launched by the
 resolver's ``kernels`` when the HBM tier is on a GPU (:func:`apply_update`).
 """
 
@@ -143,7 +143,7 @@ def pow_by_squaring(base, n):
 
     Adam's bias corrections use it rather than ``pow``: a libm's ``pow`` and CUDA's differ
     in their last bits, products do not, so the GPU twin
-    (:func:`tiered_emb.step.cuda_kernels.pow_by_squaring`) gets the same bytes.
+    (:func:`tiered_emb.step.device.cuda_kernels.pow_by_squaring`) gets the same bytes.
     """
     result = 1.0
     b = base
@@ -198,7 +198,7 @@ def apply_update(opt, records, slots, grads, kernels=None) -> None:
     records : float32 array (capacity, dim + state_width), on the device of ``kernels``
     slots : int64 array (k,), distinct
     grads : float32 array (k, dim), host, or device with ``kernels``
-    kernels : :class:`~tiered_emb.step.device.DeviceKernels` or None (the host's Numba kernels)
+    kernels : :class:`~tiered_emb.step.device.launch.DeviceKernels` or None (the host's Numba kernels)
     """
     if kernels is not None:
         kernels.update(opt, records, slots, grads)

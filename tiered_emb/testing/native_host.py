@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_emb.step.native import KERNEL_NAMES, NVRTC_OPTIONS, SOURCE_NAME, expand, native_dir, source
+from tiered_emb.step.device.native import KERNEL_NAMES, NVRTC_OPTIONS, SOURCE_NAME, expand, native_dir, source
 from tiered_emb.step.reduce import REDUCE_CHUNK
 
 _SHIM = "host_shim.h"

@@ -2,7 +2,7 @@
 
 On a GPU the step launches these through CuPy's ``RawModule`` (NVRTC compiles the source
 once per process and device).  A launch then costs little host time; the numba-cuda
-twins (:mod:`tiered_emb.step.cuda_kernels`) cost far more a launch, because numba-cuda
+twins (:mod:`tiered_emb.step.device.cuda_kernels`) cost far more a launch, because numba-cuda
 types every CuPy argument at every call (figures: docs/gpu.md).  Both give the bytes of
 the host's Numba kernels, which are the reference the tests hold them to.
 
@@ -46,7 +46,7 @@ NVRTC_OPTIONS = ("--fmad=false", "-std=c++14", f"-DREDUCE_CHUNK={REDUCE_CHUNK}")
 
 def native_dir() -> Path:
     """The folder holding the CUDA C sources: ``tiered_emb/native`` in a wheel, ``native/`` in a checkout."""
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     for folder in (here / "native", here.parent / "native"):
         if (folder / SOURCE_NAME).is_file():
             return folder

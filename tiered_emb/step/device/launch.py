@@ -4,8 +4,8 @@
 ``kernels`` when the HBM tier lives on a GPU (``xp`` is CuPy): the pooled forward, the
 gather, the backward's reduce and the optimizer updates then run as CUDA kernels on the
 HBM records, bitwise the host's Numba kernels.  ``None`` is the host path.  The kernels are
-the CUDA C ones of ``native/`` (:mod:`tiered_emb.step.native`) or, with
-``TIERED_EMB_CUDA_KERNELS=numba``, their numba-cuda twins (:mod:`tiered_emb.step.cuda_kernels`);
+the CUDA C ones of ``native/`` (:mod:`tiered_emb.step.device.native`) or, with
+``TIERED_EMB_CUDA_KERNELS=numba``, their numba-cuda twins (:mod:`tiered_emb.step.device.cuda_kernels`);
 both take the same arguments in the same order.
 
 ``TIERED_EMB_DEVICE_KERNELS=1`` makes a store whose HBM tier is in host memory (NumPy)
@@ -27,8 +27,8 @@ import numpy as np
 
 from tiered_emb._backend import GPU_HINT, to_host
 from tiered_emb.errors import ConfigError, DeviceError
+from tiered_emb.step.device.staging import Stager
 from tiered_emb.step.reduce import REDUCE_CHUNK
-from tiered_emb.step.staging import Stager
 
 # Numba's performance hints that the step accepts: a small batch launches few blocks, and the
 # host-memory check (TIERED_EMB_DEVICE_KERNELS=1) hands the kernels host arrays on purpose.  numba-cuda
@@ -59,7 +59,7 @@ class DeviceKernels:
             # CUDA C (native/): CuPy's RawModule on a GPU, or the host build the tests run
             self.simulated = xp is np
             return
-        from tiered_emb.step import cuda_kernels  # imports numba.cuda: only where it is used
+        from tiered_emb.step.device import cuda_kernels  # imports numba.cuda: only where it is used
 
         self.cuda = cuda_kernels
         self.simulated = cuda_kernels.SIMULATED
@@ -100,7 +100,7 @@ class DeviceKernels:
 
     def stage(self, *pairs) -> list:
         """Each ``(array, dtype)`` as a contiguous ``xp`` array of ``dtype``: the host arrays go up
-        together in one copy (:class:`~tiered_emb.step.staging.Stager`), device ones as they are."""
+        together in one copy (:class:`~tiered_emb.step.device.staging.Stager`), device ones as they are."""
         if self.stager is None:
             return [np.ascontiguousarray(a, dtype=dtype) for a, dtype in pairs]
         out = [None if isinstance(a, np.ndarray) else self.asarray(a, dtype) for a, dtype in pairs]
@@ -198,7 +198,7 @@ KERNELS_ENV = "TIERED_EMB_CUDA_KERNELS"
 def kernels_for(xp) -> DeviceKernels | None:
     """The step's device kernels for an HBM tier on ``xp``, None for the host's Numba path.
 
-    On a GPU: the CUDA C kernels (:mod:`tiered_emb.step.native`), or their numba-cuda twins with
+    On a GPU: the CUDA C kernels (:mod:`tiered_emb.step.device.native`), or their numba-cuda twins with
     ``TIERED_EMB_CUDA_KERNELS=numba``.  On the host: None, or the numba twins with
     ``TIERED_EMB_DEVICE_KERNELS=1`` (see the module docstring).
     """
@@ -211,7 +211,7 @@ def kernels_for(xp) -> DeviceKernels | None:
         return _numba_kernels(xp)
     if choice == "numba":
         return _numba_kernels(xp)
-    from tiered_emb.step.native import cupy_module
+    from tiered_emb.step.device.native import cupy_module
 
     return DeviceKernels(xp, cupy_module(xp.cuda.Device().id))
 
