@@ -35,8 +35,8 @@ python -c "import platform, torch, cupy; print(platform.python_version(), torch.
     >> "$OUT/device.txt" 2>&1
 
 part tests
-timeout 150 python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_device_path.py \
-    tests/test_cuda_kernels.py tests/tiers/test_moves.py > "$OUT/tests.txt" 2>&1
+timeout 150 python -m pytest -q -p no:cacheprovider tests/step/device/test_gpu.py tests/step/device/test_device_path.py \
+    tests/step/device/test_cuda_kernels.py tests/tiers/test_moves.py > "$OUT/tests.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/tests.txt"
 
 part bench_gpu

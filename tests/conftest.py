@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # Without an NVIDIA driver and numba-cuda the step's CUDA kernels run in Numba's simulator, so
-# every CI run checks their logic bitwise against the host kernels (tests/test_cuda_kernels.py,
-# tests/test_device_path.py; docs/gpu.md).  Numba reads the variable when it is first imported:
+# every CI run checks their logic bitwise against the host kernels (tests/step/device/test_cuda_kernels.py,
+# tests/step/device/test_device_path.py; docs/gpu.md).  Numba reads the variable when it is first imported:
 # it must be set before anything imports numba.  NUMBA_ENABLE_CUDASIM=0 in the environment wins.
 if shutil.which("nvidia-smi") is None or importlib.util.find_spec("numba_cuda") is None:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")

@@ -165,10 +165,10 @@ def test_the_cli_tells_its_version_and_stream_documents_every_flag(capsys):
 
 
 def test_bench_gpu_without_a_gpu_exits_cleanly_having_measured_nothing(tmp_path, capsys):
-    """bench/bench_gpu.py imports without a GPU and says why it stops (tests/test_gpu.py runs it on one)."""
+    """bench/bench_gpu.py imports without a GPU and says why it stops (tests/step/device/test_gpu.py runs it on one)."""
     mod = _bench("bench_gpu")
     if mod.gpu_or_reason() is None:
-        pytest.skip("a GPU is usable here: tests/test_gpu.py runs the benchmark")
+        pytest.skip("a GPU is usable here: tests/step/device/test_gpu.py runs the benchmark")
     with pytest.raises(SystemExit) as exit_info:
         mod.main(["--json", str(tmp_path / "gpu.json")])
     assert exit_info.value.code == 2

@@ -5,7 +5,7 @@ store's counter reads as its initial value again, in every tier and after reopen
   the policy, the checkpoints and reopenings, and however the touch logs are held (in
   memory, spilled, in checkpoints);
 - the counter is kept with each checkpoint; ``TieredOptimizer.step()`` and ``TrainPipeline``
-  move it; what a killed run reopens at is a completed checkpoint (tests/test_crashes.py);
+  move it; what a killed run reopens at is a completed checkpoint (tests/tiers/ssd/test_crashes.py);
 - old touch logs leave LMDB; bad settings are ConfigErrors.
 """
 

@@ -303,7 +303,7 @@ def test_bench_scale_quick_measures_every_part(tmp_path):
     import os
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     out = tmp_path / "scale.json"
     run = [
         sys.executable,

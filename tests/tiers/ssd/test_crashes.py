@@ -2,7 +2,7 @@
 a completed checkpoint, and damaged bytes are a typed error, never wrong rows.
 
 A few seeds run in every CI run; many under ``-m slow`` (``python -m pytest -m slow
-tests/test_crashes.py``)."""
+tests/tiers/ssd/test_crashes.py``)."""
 
 import dataclasses
 import inspect
@@ -21,7 +21,7 @@ from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TABLES = [
     TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
     TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5)),

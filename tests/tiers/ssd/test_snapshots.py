@@ -18,7 +18,7 @@ from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers.ssd.compaction import Compactor
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TABLES = [
     TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
     TableConfig("b", dim=2, num_rows=300, optimizer=SGD(lr=0.5)),

@@ -308,7 +308,7 @@ def test_ddp_over_two_processes_is_refused_on_every_rank(tmp_path):
     import sys
     from pathlib import Path
 
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _RANK, str(rank), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env

@@ -35,7 +35,7 @@ from tiered_emb.init import init_rows
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers.ssd.codec import TOMBSTONE_WORD
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROWS, DIM = 200, 4
 TABLES = [
     TableConfig("a", DIM, ROWS, optimizer=RowWiseAdagrad(lr=0.1)),

@@ -33,7 +33,7 @@ from tiered_emb.errors import ReadOnlyError, StoreClosedError
 from tiered_emb.testing.reference import ReferenceStore
 
 ROWS, DIM = 30, 4
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _store(path, opt=None, keep=1, tables=("t",)):

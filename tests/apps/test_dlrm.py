@@ -35,7 +35,7 @@ TINY = [
     "2",
     "--quiet",
 ]
-CRITEO_SAMPLE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "criteo_sample_900.tsv"
+CRITEO_SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "criteo_sample_900.tsv"
 
 
 def _train(run_dir, *extra):
@@ -148,7 +148,9 @@ def test_resume_needs_a_run(tmp_path):
         main(["train", "--run-dir", str(tmp_path / "none"), "--resume", *TINY])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is usable here: tests/test_gpu.py trains on it")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="a GPU is usable here: tests/step/device/test_gpu.py trains on it"
+)
 def test_device_cuda_without_a_gpu_is_a_device_error_before_the_run_dir_is_touched(tmp_path):
     from tiered_emb.errors import DeviceError
 

@@ -2,7 +2,7 @@
 
 Skipped where no CUDA GPU is usable (tests/conftest.py); the kernels' logic is checked on
 every run anyway: the numba-cuda twins in Numba's simulator, the CUDA C kernels built for the host
-(tests/test_cuda_kernels.py, tests/test_device_path.py).
+(tests/step/device/test_cuda_kernels.py, tests/step/device/test_device_path.py).
 Here the compiled kernels run on CuPy arrays: a training run with device="cuda" must give
 the bytes of the same run with device="cpu", through the store, the torch modules and the
 DLRM job.
@@ -78,7 +78,7 @@ def test_a_training_run_on_the_gpu_is_bitwise_the_cpus(tmp_path, monkeypatch, ke
 
 def test_the_numba_kernels_without_division_hold_no_fused_multiply_add(tmp_path, monkeypatch):
     """NVVM fuses a*b+c unless each operation is an _rn intrinsic: the PTX must show none.  (The
-    CUDA C kernels' PTX is checked on every run, tests/test_cuda_kernels.py.)"""
+    CUDA C kernels' PTX is checked on every run, tests/step/device/test_cuda_kernels.py.)"""
     pytest.importorskip("numba_cuda")
     from tiered_emb.step.device import cuda_kernels
 
@@ -175,7 +175,7 @@ def test_dlrm_job_end_to_end_on_cuda(tmp_path):
 
 
 def test_bench_gpu_at_tiny_size(tmp_path):
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu.py"
+    path = Path(__file__).resolve().parents[3] / "bench" / "bench_gpu.py"
     spec = importlib.util.spec_from_file_location("bench_gpu", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
