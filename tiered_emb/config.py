@@ -267,7 +267,7 @@ class TierConfig:
         Rows per table held in host DDR below HBM; >= 0 (0: HBM misses go to LMDB).
     policy : str
         Eviction policy name from :data:`tiered_emb.cache.policies.POLICIES`: ``"lru"``, ``"lfu"``,
-        ``"fifo"``, ``"clock"``, ``"sieve"``, or one of them after ``"lookahead+"``.
+        ``"fifo"``, ``"clock"``, ``"sieve"``, ``"s3fifo"``, ``"arc"``, or one of them after ``"lookahead+"``.
     device : str
         ``"auto"`` (CuPy when a GPU is usable, else NumPy with one warning), ``"cpu"`` or ``"cuda"``
         (a GPU: the ``gpu-cuda12`` / ``gpu-cuda13`` extra, docs/gpu.md).

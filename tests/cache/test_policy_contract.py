@@ -253,6 +253,21 @@ HAND_TRACED = {
         # newest, where CLOCK's returns to 1 | 1 hits
         (3, [1, 2, 3, 1, 4, 5, 6, 1], "...H...H"),
     ],
+    "s3fifo": [
+        # capacity 2: small 1, main 1, ghost 1.  1 into small | 2: small full before any
+        # eviction, into main | 3: small's 1 unused, evicted to the ghost | 1: a ghost, into
+        # main; small's 3 evicted (ghost 3) | 2 hit (one use) | 4: main over its share: 2
+        # spends its use and goes round, 1 evicted (no ghost from main) | 1: small's 4
+        # evicted, ghost full: 3 forgotten | 2 hit
+        (2, [1, 2, 3, 1, 2, 4, 1, 2], "....H..H"),
+    ],
+    "arc": [
+        # capacity 2.  1 hit: T2 [1], T1 [2] | 3: |T1| = 1 > p = 0, 2 to B1 | 2: a ghost of
+        # B1, p = 1, |T1| = p so T2's 1 to B2; 2 into T2 | 4: T2's 2 to B2 | 1: a ghost of
+        # B2, p = 0: T1's 3 to B1; 1 into T2 | 3: a ghost of B1, p = 1: T2's 1 to B2, 3 into
+        # T2 | 4 still in T1: a hit
+        (2, [1, 2, 1, 3, 2, 4, 1, 3, 4], "..H.....H"),
+    ],
     "belady": [
         # 4 at t4: next uses 1 t6, 2 t5, 3 t8: evicts 3 | 2, 1 hit | 5: 2 and 4 never again,
         # one goes | 3 evicts the other | 1 hit

@@ -34,6 +34,7 @@ from tiered_emb.cache.index import (
 from tiered_emb.cache.policies import (
     POLICIES,
     new_policy_state,
+    policy_admit,
     policy_attach,
     policy_detach,
     policy_fresh,
@@ -185,6 +186,7 @@ def cache_resolve(
         if s >= 0:
             policy_touch(code, P, s)
             continue
+        policy_admit(code, P, uids[i])
         if fmeta[0] > 0:
             fmeta[0] -= 1
             s = free[fmeta[0]]
@@ -192,7 +194,7 @@ def cache_resolve(
             far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
             if far >= 0:
                 prefetch_hint(pins, far)
-            s = policy_victim(code, P)
+            s = policy_victim(code, P, slot_ids)
             if s < 0:
                 return n_miss, -1, True
             vid = slot_ids[s]
@@ -370,6 +372,7 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
                 ev_src[n_out] = -1 - i
                 n_out += 1
             continue
+        policy_admit(code, P, ids[i])
         if fmeta[0] > 0:
             fmeta[0] -= 1
             s = free[fmeta[0]]
@@ -377,7 +380,7 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
             far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
             if far >= 0:
                 prefetch_hint(filled, far)
-            s = policy_victim(code, P)
+            s = policy_victim(code, P, slot_ids)
             vid = slot_ids[s]
             n_ev += 1
             was = filled[s]  # an incoming row of this call, pushed out again
@@ -417,11 +420,12 @@ def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
             hits += 1
             policy_hit(code, P, s)
             continue
+        policy_admit(code, P, key)
         if fmeta[0] > 0:
             fmeta[0] -= 1
             s = free[fmeta[0]]
         else:
-            s = policy_victim(code, P)
+            s = policy_victim(code, P, slot_ids)
             index_del(keys, vals, slot_ids[s])
         slot_ids[s] = key
         index_put(keys, vals, key, s)

@@ -55,8 +55,15 @@ SIM_POLICIES: dict[str, SimPolicy] = {
         "Sieve",
         twin="sieve",
     ),
-    "s3fifo": SimPolicy("S3-FIFO: small + main FIFO + ghost ids", _p.s3fifo_hits, "S3FIFO"),
-    "arc": SimPolicy("ARC: adaptive split of recency and frequency lists with ghosts", _p.arc_hits, "ARC"),
+    "s3fifo": SimPolicy(
+        "S3-FIFO: small + main FIFO + ghost ids (twin of the store's S3-FIFO)", _p.s3fifo_hits, "S3FIFO", twin="s3fifo"
+    ),
+    "arc": SimPolicy(
+        "ARC: adaptive split of recency and frequency lists with ghosts (twin of the store's ARC)",
+        _p.arc_hits,
+        "ARC",
+        twin="arc",
+    ),
     "belady": SimPolicy(
         "Belady's MIN (offline optimum): evict the farthest next use", _p.belady_hits, "Belady", offline=True
     ),
@@ -64,7 +71,13 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     "lfu-store": SimPolicy("the store's LFU kernel itself (slower; a cross-check)", _store("lfu"), "LFU", twin="lfu"),
     **{
         f"{name}-store": SimPolicy(f"the store's {lcs} kernel itself (a cross-check)", _store(name), lcs, twin=name)
-        for name, lcs in (("fifo", "FIFO"), ("clock", "Clock"), ("sieve", "Sieve"))
+        for name, lcs in (
+            ("fifo", "FIFO"),
+            ("clock", "Clock"),
+            ("sieve", "Sieve"),
+            ("s3fifo", "S3FIFO"),
+            ("arc", "ARC"),
+        )
     },
 }
 

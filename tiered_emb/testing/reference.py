@@ -14,6 +14,7 @@ import numpy as np
 from tiered_emb.config import TableConfig
 from tiered_emb.init import init_rows
 from tiered_emb.step.reduce import REDUCE_CHUNK
+from tiered_emb.testing.reference_ghosts import GHOST_POLICIES
 
 
 class ReferencePolicy:
@@ -24,13 +25,15 @@ class ReferencePolicy:
     a resident id is used again and a missing id takes the lowest free slot, or the slot
     of the victim: for LRU and LFU the unpinned resident with the smallest key, where the
     key is ``last use`` for LRU and ``(use count, last use, slot)`` for LFU; for FIFO,
-    CLOCK and SIEVE the one their order gives (:meth:`_queue_victim`).
+    CLOCK and SIEVE the one their order gives (:meth:`_queue_victim`); for S3-FIFO and
+    ARC their own (:mod:`tiered_emb.testing.reference_ghosts`).
     """
 
     def __init__(self, capacity: int, policy: str):
-        assert policy in ("lru", "lfu", "fifo", "clock", "sieve")
+        assert policy in ("lru", "lfu", "fifo", "clock", "sieve", *GHOST_POLICIES)
         self.capacity = capacity
         self.policy = policy
+        self.ghosts = GHOST_POLICIES[policy](capacity) if policy in GHOST_POLICIES else None
         self.clock = 0
         self.slot_of: dict[int, int] = {}
         self.count: dict[int, int] = {}
@@ -83,15 +86,24 @@ class ReferencePolicy:
                 self.count[i] += 1
                 self.last[i] = self.clock
                 self.ref[i] = self.policy != "fifo"
+                if self.ghosts is not None:
+                    self.ghosts.use(i)
                 continue
             hits.append(False)
+            if self.ghosts is not None:
+                self.ghosts.admit(i)
             if self.free:
                 slot = self.free.pop(0)
             else:
-                if self.policy in ("lru", "lfu"):
+                if self.ghosts is not None:
+                    victim = self.ghosts.victim(pinned)
+                    assert victim is not None, "every resident pinned: chunks are cut by capacity"
+                    self.ghosts.forget(victim)
+                elif self.policy in ("lru", "lfu"):
                     victim = min((j for j in self.slot_of if j not in pinned), key=self._key)
                 else:
                     victim = self._queue_victim(pinned)
+                if victim in self.ref:
                     del self.ref[victim]
                 slot = self.slot_of.pop(victim)
                 del self.count[victim], self.last[victim]
@@ -99,7 +111,9 @@ class ReferencePolicy:
             self.slot_of[i] = slot
             self.count[i] = 1
             self.last[i] = self.clock
-            if self.policy not in ("lru", "lfu"):
+            if self.ghosts is not None:
+                self.ghosts.insert(i)
+            elif self.policy not in ("lru", "lfu"):
                 self.order.append(i)
                 self.ref[i] = False
             pinned.add(i)

@@ -9,12 +9,16 @@ flat int64 array (see :mod:`tiered_emb.cache.policies._state`):
 - ``attach(slot)``: the slot becomes a candidate for eviction (released by its batch);
 - ``detach(slot)``: the slot stops being a candidate (pinned by a batch);
 - ``remove(slot)``: the slot's row left the tier (taken up into HBM);
-- ``victim()``: remove and return the next slot to evict;
+- ``admit(id)``: ``id`` missed and is about to take a slot (S3-FIFO and ARC ask whether it
+  is a ghost; the others do nothing);
+- ``victim(slot_ids)``: remove and return the next slot to evict (S3-FIFO and ARC keep
+  its id, ``slot_ids[slot]``, as a ghost);
 - ``hit(slot)`` / ``touch(slot)``: one more use of a candidate / of a pinned slot.
 
 LRU and LFU keep only candidates (a pinned slot is out of the ring or heap, and attaching
 it again is its use); FIFO, CLOCK and SIEVE keep every slot in insertion order and pin a
-slot with a bit (:mod:`.queue`).
+slot with a bit (:mod:`.queue`), as do S3-FIFO (:mod:`.s3fifo`) and ARC (:mod:`.arc`),
+over two lists of slots and a pool of ghost ids (:mod:`.ghost`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,18 @@ from dataclasses import dataclass
 import numba
 
 from tiered_emb._jit import prefetch_hint
-from tiered_emb.cache.policies._state import COUNT, GEN, HPOS, LAST, USE_CLOCK, new_policy_state  # noqa: F401
+from tiered_emb.cache.policies._state import (  # noqa: F401
+    ARC_CODE,
+    COUNT,
+    GEN,
+    HPOS,
+    LAST,
+    S3FIFO_CODE,
+    USE_CLOCK,
+    new_policy_state,
+    s3fifo_sizes,
+)
+from tiered_emb.cache.policies.arc import arc_admit, arc_fresh, arc_remove, arc_use, arc_victim
 from tiered_emb.cache.policies.lfu import lfu_attach, lfu_detach, lfu_sift_down, lfu_victim
 from tiered_emb.cache.policies.lru import lru_attach, lru_detach, lru_upcoming, lru_victim
 from tiered_emb.cache.policies.queue import (
@@ -39,9 +54,12 @@ from tiered_emb.cache.policies.queue import (
     queue_use,
     queue_victim,
 )
+from tiered_emb.cache.policies.s3fifo import s3fifo_admit, s3fifo_fresh, s3fifo_remove, s3fifo_use, s3fifo_victim
 
 LRU = 0
 LFU = 1
+S3FIFO = S3FIFO_CODE
+ARC = ARC_CODE
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,8 @@ _BASE = {
     "fifo": PolicySpec(FIFO, "first in, first out; a use changes nothing"),
     "clock": PolicySpec(CLOCK, "FIFO with a reference bit: a used row gets a second chance"),
     "sieve": PolicySpec(SIEVE, "a visited bit and a hand from old to new; nothing moves on a use"),
+    "s3fifo": PolicySpec(S3FIFO, "a small FIFO, a main FIFO with a 2-bit clock, a ghost queue of evicted ids"),
+    "arc": PolicySpec(ARC, "recency and frequency lists, their split adapted by ghosts of evicted ids"),
 }
 #: The policies by name, without their ``lookahead+`` forms (in the order above).
 BASE_POLICIES: tuple[str, ...] = tuple(_BASE)
@@ -94,18 +114,37 @@ def policy_detach(code, P, slot):
 @numba.njit(inline="always")
 def policy_remove(code, P, slot, pinned):
     """``slot``'s row leaves the tier (``pinned``: detached already)."""
-    if code > LFU:
+    if code == S3FIFO:
+        s3fifo_remove(P, slot)
+    elif code == ARC:
+        arc_remove(P, slot)
+    elif code > LFU:
         queue_remove(P, slot)
     elif not pinned:
         policy_detach(code, P, slot)
 
 
 @numba.njit(inline="always")
-def policy_victim(code, P):
+def policy_admit(code, P, key):
+    """``key`` missed and is about to take a slot (free or a victim's): before
+    :func:`policy_victim` and :func:`policy_fresh`."""
+    if code == S3FIFO:
+        s3fifo_admit(P, key)
+    elif code == ARC:
+        arc_admit(P, key)
+
+
+@numba.njit(inline="always")
+def policy_victim(code, P, slot_ids):
+    """Remove and return the next slot to evict, or -1 when every slot is pinned."""
     if code == LRU:
         return lru_victim(P)
     if code == LFU:
         return lfu_victim(P)
+    if code == S3FIFO:
+        return s3fifo_victim(P, slot_ids)
+    if code == ARC:
+        return arc_victim(P, slot_ids)
     return queue_victim(code, P)
 
 
@@ -150,6 +189,12 @@ def policy_touch(code, P, slot):
     bit; LRU's order is its ring, placed when the slot is attached)."""
     if code == LRU:
         return
+    if code == S3FIFO:
+        s3fifo_use(P, slot)
+        return
+    if code == ARC:
+        arc_use(P, slot)
+        return
     if code != LFU:
         queue_use(code, P, slot)
         return
@@ -163,6 +208,12 @@ def policy_touch(code, P, slot):
 def policy_fresh(code, P, slot):
     """A newly admitted slot: LFU's one use now; the list policies' newest, pinned until attached."""
     if code == LRU:
+        return
+    if code == S3FIFO:
+        s3fifo_fresh(P, slot)
+        return
+    if code == ARC:
+        arc_fresh(P, slot)
         return
     if code != LFU:
         queue_insert(P, slot)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numba
 
 from tiered_emb._jit import prefetch_hint
+from tiered_emb.cache.policies._lists import list_push, list_unlink
 from tiered_emb.cache.policies._state import BITS, HAND, NEWER, NEWEST, NIL, OLDER, OLDEST, QLEN
 
 FIFO = 2
@@ -41,32 +42,12 @@ PIN = 2
 
 @numba.njit(inline="always")
 def _unlink(P, s):
-    newer, older = P[NEWER], P[OLDER]
-    a = P[older + s]
-    b = P[newer + s]
-    if a == NIL:
-        P[OLDEST] = b
-    else:
-        P[newer + a] = b
-    if b == NIL:
-        P[NEWEST] = a
-    else:
-        P[older + b] = a
-    P[QLEN] -= 1
+    list_unlink(P, P[NEWER], P[OLDER], NEWEST, s)
 
 
 @numba.njit(inline="always")
 def _push(P, s):
-    newer, older = P[NEWER], P[OLDER]
-    n = P[NEWEST]
-    P[older + s] = n
-    P[newer + s] = NIL
-    if n == NIL:
-        P[OLDEST] = s
-    else:
-        P[newer + n] = s
-    P[NEWEST] = s
-    P[QLEN] += 1
+    list_push(P, P[NEWER], P[OLDER], NEWEST, s)
 
 
 @numba.njit(inline="always")

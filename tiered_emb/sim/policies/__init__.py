@@ -8,10 +8,10 @@ request by request with :mod:`tiered_emb.testing.sim_reference`).
 
 One module a policy, each with its driver ``<name>_hits``:
 
-- :mod:`.lru`, :mod:`.lfu`, :mod:`.fifo`, :mod:`.clock`, :mod:`.sieve`: twins of the
-  store's policies (:mod:`tiered_emb.cache.policies`): the same decisions as the store's
-  kernel (:func:`tiered_emb.cache.slots.simulate`), by simpler structures a request at a time;
-- :mod:`.s3fifo`, :mod:`.arc`: simulator only;
+- :mod:`.lru`, :mod:`.lfu`, :mod:`.fifo`, :mod:`.clock`, :mod:`.sieve`, :mod:`.s3fifo`,
+  :mod:`.arc`: twins of the store's policies (:mod:`tiered_emb.cache.policies`): the same
+  decisions as the store's kernel (:func:`tiered_emb.cache.slots.simulate`), by simpler
+  structures a request at a time;
 - every one after libCacheSim's definitions so that hit ratios compare request for request
   (``docs/policies.md`` gives the few places where they do not, and why);
 - :mod:`.belady`: the offline optimum, and :func:`next_use_of`, the future it reads;

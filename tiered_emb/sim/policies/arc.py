@@ -1,6 +1,6 @@
 """ARC: T1/T2/B1/B2 with a float target ``p``, as libCacheSim's ``ARC.c``.
 
-No store policy: simulator only.
+Twin of the store's ARC (:mod:`tiered_emb.cache.policies.arc`).
 
 >>> import numpy as np
 >>> arc_hits(np.array([1, 2, 1, 3, 1, 2]), 2, np.zeros(0, np.uint8))

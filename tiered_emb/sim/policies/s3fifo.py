@@ -1,8 +1,8 @@
 """S3-FIFO: small FIFO (10 %), main FIFO (90 %) with a 2-bit clock, ghost FIFO of ids (90 %).
 
 The variant of libCacheSim 0.3.x (``S3FIFO.c``), including its warm-up rule: objects
-admitted before the first eviction go to main once small is full.  No store policy:
-simulator only.
+admitted before the first eviction go to main once small is full.  Twin of the store's
+S3-FIFO (:mod:`tiered_emb.cache.policies.s3fifo`), whose queue sizes it shares.
 
 >>> s3fifo_sizes(100)
 (10, 90, 90)
@@ -14,6 +14,7 @@ import numba
 import numpy as np
 
 from tiered_emb._args import finite_arg
+from tiered_emb.cache.policies import s3fifo_sizes as store_sizes
 from tiered_emb.errors import ConfigError
 from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_unlink, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
@@ -173,15 +174,14 @@ def _s3fifo_simulate(
 
 
 def s3fifo_sizes(capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9) -> tuple[int, int, int]:
-    """``(small, main, ghost)`` object counts, computed as libCacheSim does (C doubles cast
-    to int64), except that the small queue holds at least one object.  ``small_ratio`` is
-    in [0, 1] and ``ghost_ratio`` finite and >= 0 (a :class:`ConfigError` otherwise)."""
+    """``(small, main, ghost)`` object counts, as the store's S3-FIFO sizes its queues
+    (:func:`tiered_emb.cache.policies.s3fifo_sizes`).  ``small_ratio`` is in [0, 1] and
+    ``ghost_ratio`` finite and >= 0 (a :class:`ConfigError` otherwise)."""
     small_ratio = finite_arg("small_ratio", small_ratio, 0.0, "give small_ratio in [0, 1]")
     ghost_ratio = finite_arg("ghost_ratio", ghost_ratio, 0.0, "give a finite ghost_ratio >= 0")
     if small_ratio > 1:
         raise ConfigError(f"small_ratio={small_ratio!r} is invalid", "give small_ratio in [0, 1]")
-    small = max(int(capacity * small_ratio), 1) if capacity > 1 else 0
-    return small, capacity - small, int(capacity * ghost_ratio)
+    return store_sizes(capacity, small_ratio, ghost_ratio)
 
 
 def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_ratio=0.1, ghost_ratio=0.9, threshold=2):

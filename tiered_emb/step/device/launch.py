@@ -11,7 +11,7 @@ both take the same arguments in the same order.
 ``TIERED_EMB_DEVICE_KERNELS=1`` makes a store whose HBM tier is in host memory (NumPy)
 run every step through the same launches too.  Under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) that is how CI trains, checkpoints and reopens a whole store
-on the GPU's code path without a GPU (tests/test_device_path.py); the kernels then work on
+on the GPU's code path without a GPU (tests/step/device/test_device_path.py); the kernels then work on
 the host arrays in place, as on device memory.  On a machine with a GPU and no simulator
 Numba copies each host array to the device and the whole of it back after each launch:
 slow, and a prefetch thread's rows placed meanwhile would be overwritten, so there it is a
