@@ -21,6 +21,7 @@ from tiered_emb.errors import (
     ConfigError,
     CorruptStoreError,
     StoreExistsError,
+    StoreFormatError,
     StoreFullError,
     StoreLockedError,
     StoreNotFoundError,
@@ -31,10 +32,8 @@ FORMAT = "tiered_emb/3"
 #: rows written since as segments.  It opens as it is: ``t:`` is read below the segments and
 #: never written again; the manifest then says FORMAT.
 FORMAT_2 = "tiered_emb/2"
-#: An older format :meth:`TieredStore.open` still takes: the same but for the rows written
-#: after the last checkpoint (one LMDB record per row; now segments), which only
-#: ``restore="checkpoint"`` can take (it drops them); the store is then rewritten as FORMAT.
-FORMAT_1 = "tiered_emb/1"
+#: Formats no release reads: a store of one is refused with :class:`StoreFormatError`.
+REFUSED_FORMATS = ("tiered_emb/1",)
 
 
 def refuse_existing(path: Path) -> None:
@@ -117,13 +116,21 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], list[TableConfig], TierCo
         manifest = json.loads(manifest_path.read_text())
         if not isinstance(manifest, dict):
             raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
-        if manifest.get("format") not in (FORMAT, FORMAT_2, FORMAT_1):
+        if manifest.get("format") in REFUSED_FORMATS:
+            raise StoreFormatError(
+                f"{str(path)!r} is a store of format {manifest['format']}, which this version does not read "
+                f"(it reads {FORMAT} and {FORMAT_2})",
+                "rebuild it from its source (or an export of it, tiered-emb export) with this version",
+            )
+        if manifest.get("format") not in (FORMAT, FORMAT_2):
             raise ValueError(f"format {manifest.get('format')!r}")
         tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
         stored_tiers = TierConfig(**manifest["tiers"])
         seed = manifest["seed"]
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
             raise ValueError(f"seed {seed!r}")
+    except StoreFormatError:
+        raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise CorruptStoreError(
             f"manifest {str(manifest_path)!r} is corrupt ({type(err).__name__}: {err})",

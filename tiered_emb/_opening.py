@@ -68,8 +68,7 @@ def open_writer(cls: Any, path: Any, tiers: Any, restore: str, snapshot: int | N
     try:
         resolve_xp(tiers.device)
         map_size = max(tiers.map_size_bytes, stored_tiers.map_size_bytes)
-        legacy = manifest["format"] == _directory.FORMAT_1
-        ssd = _ssd_tier(path, tables, tiers, map_size, legacy_pending=legacy, existing=True)
+        ssd = _ssd_tier(path, tables, tiers, map_size, existing=True)
         if snapshot is not None:
             ssd.open_at(snapshot)
         elif restore == "latest":

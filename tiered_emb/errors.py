@@ -68,6 +68,10 @@ class CorruptStoreError(TieredEmbError, OSError):
     """The manifest or the LMDB environment cannot be read back."""
 
 
+class StoreFormatError(TieredEmbError, ValueError):
+    """A store written in a format this version does not read (the manifest names it)."""
+
+
 class StoreFullError(TieredEmbError, OSError):
     """The disk under the store is full; the failed write was rolled back."""
 

@@ -72,12 +72,7 @@ class StoreReader:
 
     def __init__(self, path: str | os.PathLike[str], snapshot: int | None = None):
         self.path = Path(path)
-        manifest, tables, tiers, seed = _directory.read_manifest(self.path)
-        if manifest["format"] == _directory.FORMAT_1:
-            raise ConfigError(
-                f"{self.path} is in format {manifest['format']}, which only its writer can read",
-                "open it once with TieredStore.open(path) (it is rewritten in the current format)",
-            )
+        _, tables, tiers, seed = _directory.read_manifest(self.path)
         _directory.check_data_file(self.path)
         self.seed = seed
         self._tables = {t.name: t for t in tables}

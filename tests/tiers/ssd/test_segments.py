@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb._jit import split_parts
-from tiered_emb.errors import ConfigError, CorruptStoreError
+from tiered_emb.errors import CorruptStoreError, StoreFormatError
 from tiered_emb.testing import crash, random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers.ssd import codec
@@ -434,37 +434,19 @@ def test_a_store_of_records_opens_and_its_rows_move_to_segments(tmp_path):
         _same_rows(r, ref)
 
 
-def _legacy(path, ids):
-    """Make the store at ``path`` one written by the format before segments, with rows of
-    ``ids`` in ``p:a`` after its checkpoint."""
-    env = lmdb.open(str(path / "lmdb"), max_dbs=16)
-    with env.begin(write=True) as txn:
-        codec.put_rows(txn, env.open_db(b"p:a", txn=txn), ids, np.ones((ids.shape[0], 5), np.float32), None)
-    env.close()
-    manifest = json.loads((path / "manifest.json").read_text())
+def test_a_store_of_the_first_format_is_refused_naming_it(tmp_path):
+    """A store of format tiered_emb/1 (rows after its checkpoint one record per id) is
+    refused by the writer and by readers, with the version named, and nothing of it changes."""
+    TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=4).close()
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     manifest["format"] = "tiered_emb/1"
-    (path / "manifest.json").write_text(json.dumps(manifest))
-
-
-def test_a_store_of_the_format_before_segments_opens_at_its_checkpoint(tmp_path):
-    s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu"), seed=4)
-    ref = ReferenceStore(TABLES, seed=4)
-    _train(s, ref, 5)
-    _closed_as_records(s, tmp_path / "s")
-    _legacy(tmp_path / "s", np.arange(10))
-    with pytest.raises(ConfigError, match="restore='checkpoint'"):
-        TieredStore.open(tmp_path / "s", restore="latest")
-    with TieredStore.open(tmp_path / "s") as r:  # its rows after the checkpoint are given up, as always
-        assert json.loads((tmp_path / "s" / "manifest.json").read_text())["format"] == "tiered_emb/3"
-        _same_rows(r, ref)
-        _train(r, ref, 3, seed=2)
-    r = TieredStore.open(tmp_path / "s", restore="latest")
-    _same_rows(r, ref)
-    _closed_as_records(r, tmp_path / "s")
-    # one closed cleanly (nothing after its checkpoint) opens either way
-    _legacy(tmp_path / "s", np.arange(0))
-    with TieredStore.open(tmp_path / "s", restore="latest") as r:
-        _same_rows(r, ref)
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
+    before = {p.name: p.read_bytes() for p in sorted((tmp_path / "s").rglob("*")) if p.is_file()}
+    for open_it in (lambda: TieredStore.open(tmp_path / "s"), lambda: TieredStore.open(tmp_path / "s", mode="r")):
+        with pytest.raises(StoreFormatError, match="tiered_emb/1") as err:
+            open_it()
+        assert err.value.hint
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "s").rglob("*")) if p.is_file()} == before
 
 
 def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from tiered_emb.errors import ConfigError, CorruptStoreError
+from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import snapshots
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
@@ -29,11 +29,7 @@ DELETES_PER_TXN = 64
 
 
 class Checkpointer:
-    """Checkpoints, the choice of restore point at open, and the ``meta`` database.
-
-    ``legacy_pending``: ``p:`` holds rows as an older version wrote them (a record per id;
-    format tiered_emb/1): only dropped (:meth:`discard_pending`), never read.
-    """
+    """Checkpoints, the choice of restore point at open, and the ``meta`` database."""
 
     def __init__(
         self,
@@ -50,7 +46,6 @@ class Checkpointer:
         self._segments = segments
         self._writer = writer
         self._lock = lock
-        self.legacy_pending = False
         #: how many checkpoints the store keeps (TierConfig.keep_checkpoints)
         self.keep = 1
 
@@ -130,9 +125,6 @@ class Checkpointer:
         mark = self.read_mark()
         for t in sorted(self._widths):
             db = self._lmdb.pending[t]
-            if self.legacy_pending:
-                self._lmdb.write(lambda txn, db=db: txn.drop(db, delete=False))
-                continue
             while True:
                 gone: list[int] = []
 
@@ -153,7 +145,6 @@ class Checkpointer:
                 self._lmdb.write(fn)
                 if not gone:
                     break
-        self.legacy_pending = False
         with self._lmdb.corrupt_on_error("reading"), self._lmdb.reading() as txn:
             back = snapshots.going_back(txn, self._lmdb.meta)
         if back:  # (a going back to a checkpoint has now deleted all that came after it)
@@ -165,13 +156,6 @@ class Checkpointer:
 
     def promote_pending(self) -> None:
         """Open at the latest write: keep the segments written since the checkpoint and make them its."""
-        if self.legacy_pending:
-            raise ConfigError(
-                f"the rows written after the last checkpoint of {self._lmdb.path} are in the format of "
-                "an older tiered_emb (tiered_emb/1), which restore='latest' does not read",
-                "open it with restore='checkpoint' (those rows are given up), or reopen it with the "
-                "version that wrote it and checkpoint it there",
-            )
         with self._lmdb.corrupt_on_error("reading"), self._lmdb.reading() as txn:
             back = snapshots.going_back(txn, self._lmdb.meta)
         if back:  # going back to a checkpoint was cut short: finish it (that checkpoint is the restore point)

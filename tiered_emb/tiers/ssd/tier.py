@@ -72,7 +72,6 @@ class SsdTier:
         writeback_rows: int = 1 << 16,
         background_writes: bool = True,
         table_rows: dict[str, int | None] | None = None,
-        legacy_pending: bool = False,
         existing: bool = False,
         budget_bytes: int = 256 << 20,
         keep_checkpoints: int = 1,
@@ -118,8 +117,6 @@ class SsdTier:
             with self.lmdb.corrupt_on_error("reading"):
                 for n in tables:
                     self.written.load(n, table_rows[n])
-                    if legacy_pending:
-                        self.checkpoints.legacy_pending |= self.lmdb.entries(self.lmdb.pending[n]) > 0
         except BaseException:
             self.segments.close()
             self.lmdb.env.close()
