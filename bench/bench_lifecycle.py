@@ -9,7 +9,7 @@ and what admission and a learning-rate schedule do to the DLRM job's held-out AU
    - ``plain``: every id trained and kept;
    - ``admit2`` / ``admit5``: ``min_count`` 2 and 5;
    - ``expire`` / ``expire_admit2``: ``ttl_steps`` ``--ttl`` (and ``min_count`` 2), with
-     ``store.ssd.purge`` of the table every fourth checkpoint (stale copies and the
+     ``store.engine.ssd.purge`` of the table every fourth checkpoint (stale copies and the
      tombstones nothing needs any more out of the segments).
 
    For each, at each checkpoint: the live rows in LMDB (``stored_ids``), the ids its
@@ -73,18 +73,18 @@ def _stream(name: str, args, root: Path) -> dict:
         step_s.append(time.perf_counter() - t0)
         if (step + 1) % args.every == 0:
             if expires and (step + 1) % (4 * args.every) == 0:
-                with store.lock:
-                    store.ssd.purge(["t"])
+                with store.engine.lock:
+                    store.engine.ssd.purge(["t"])
             store.checkpoint()
             ssd = store.stats()["t"]["ssd"]
-            _, chunks = store.ssd.stored_ids("t")  # (reads each row: deleted ones are skipped)
+            _, chunks = store.engine.ssd.stored_ids("t")  # (reads each row: deleted ones are skipped)
             points.append(
                 {
                     "step": step + 1,
                     "live_rows": sum(c.shape[0] for c in chunks),
                     "rows": int(ssd["rows"]),
-                    "stored_rows": int(store.ssd.table_stats("t")["stored_rows"]),
-                    "file_bytes": store.disk_bytes(),
+                    "stored_rows": int(store.engine.ssd.table_stats("t")["stored_rows"]),
+                    "file_bytes": store.engine.disk_bytes(),
                 }
             )
     store.close()

@@ -100,15 +100,15 @@ def checksums(path: Path, args) -> dict:
     for rep in range(args.repeats + 1):
         ids = np.sort(rng.choice(args.rows, args.batch, replace=False)).astype(np.int64)
         for mode in ("checked", "unchecked") if rep % 2 else ("unchecked", "checked"):
-            store.ssd.segments.check_sums = mode == "checked"
+            store.engine.ssd.segments.check_sums = mode == "checked"
             got = np.empty((args.batch, args.dim), dtype=np.float32)
             s = time.perf_counter()
-            store.ssd.read("t", ids, got)
+            store.engine.ssd.read("t", ids, got)
             took = time.perf_counter() - s
             assert np.array_equal(got, data[ids])
             if rep:
                 rates[mode].append(args.batch / took)
-    store.ssd.segments.check_sums = True
+    store.engine.ssd.segments.check_sums = True
     store.close()
     med = {m: statistics.median(v) for m, v in rates.items()}
     return {"rows_per_s": med, "cost": 1 - med["checked"] / med["unchecked"], "rows": args.rows, "dim": args.dim}

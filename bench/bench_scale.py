@@ -85,7 +85,7 @@ def run_part(path: Path, args) -> dict:
         s = time.perf_counter()
         store.apply_gradients("t", uids, grads)
         step_s = time.perf_counter() - s
-        if step % args.reference_every == 0 and not store.ssd.writing:
+        if step % args.reference_every == 0 and not store.engine.ssd.writing:
             drift += [(step, x) for x in reference.times(2)]
         byte, bit = uids >> 3, (uids & 7).astype(np.uint8)
         new = (seen_bits[byte] >> bit) & 1 == 0
@@ -102,7 +102,7 @@ def run_part(path: Path, args) -> dict:
         if step % args.checkpoint_every == 0:
             s = time.perf_counter()
             store.checkpoint()
-            rows = store.last_checkpoint_rows
+            rows = store.engine.last_checkpoint_rows
             ck = {
                 "step": step,
                 "seconds": time.perf_counter() - s,
@@ -120,8 +120,8 @@ def run_part(path: Path, args) -> dict:
                 "copies_stored": st["stored_rows"],
                 "rss": _status("VmRSS"),
                 "rss_anon": _status("RssAnon"),
-                "index_bytes": store.ssd.index_bytes(),
-                "disk_bytes": store.disk_bytes(),
+                "index_bytes": store.engine.ssd.index_bytes(),
+                "disk_bytes": store.engine.disk_bytes(),
             }
         )
         if step % 50 == 0:
@@ -134,7 +134,9 @@ def run_part(path: Path, args) -> dict:
             print(f"checkpoint at step {step}: {ck['seconds']:.2f} s, {ck['rows_written']:,} rows", flush=True)
     s = time.perf_counter()
     store.checkpoint()
-    checkpoints.append({"step": step, "seconds": time.perf_counter() - s, "rows_written": store.last_checkpoint_rows})
+    checkpoints.append(
+        {"step": step, "seconds": time.perf_counter() - s, "rows_written": store.engine.last_checkpoint_rows}
+    )
     store.close()
     reference.close()
     reopen = _reopen(path, tiers)
@@ -229,7 +231,7 @@ tiers = TierConfig(**json.loads(sys.argv[2]))
 s = time.perf_counter()
 store = TieredStore.open(sys.argv[1], tiers)
 took = time.perf_counter() - s
-out = {"seconds": took, "peak_rss_anon": memory.peak(), "index_bytes": store.ssd.index_bytes()}
+out = {"seconds": took, "peak_rss_anon": memory.peak(), "index_bytes": store.engine.ssd.index_bytes()}
 store.close(checkpoint=False)
 print(json.dumps(out))
 """
@@ -311,7 +313,7 @@ def _checkpoint_of_dirty(path: Path, table: TableConfig, data: np.ndarray, k: in
     def timed() -> float:
         s = time.perf_counter()
         store.checkpoint()
-        rate = store.last_checkpoint_rows / (time.perf_counter() - s)
+        rate = store.engine.last_checkpoint_rows / (time.perf_counter() - s)
         store.close()
         shutil.rmtree(path)
         return rate
@@ -356,7 +358,7 @@ def io_part(path: Path, args) -> dict:
                 store.write("t", np.arange(a, min(rows, a + 4 * k)), data[a : a + 4 * k])
             store.checkpoint()
             rate = rows / (time.perf_counter() - s)
-            out["checkpoint_rows_written"] = store.last_checkpoint_rows
+            out["checkpoint_rows_written"] = store.engine.last_checkpoint_rows
             store.close()
             if rep or name != "w":
                 shutil.rmtree(path / f"{name}{rep}")
@@ -387,7 +389,7 @@ def io_part(path: Path, args) -> dict:
     with env.begin(write=True) as txn, txn.cursor() as cur:
         cur.putmulti(zip(np.arange(rows).astype(">i8").view("V8").tolist(), [r.tobytes() for r in data], strict=False))
     rng = np.random.default_rng(2)
-    ssd = store.ssd
+    ssd = store.engine.ssd
     res: dict = {"ours": [], "memmap": [], "lmdb_get": []}
     for rep in range(args.repeats + 1):
         ids = np.sort(rng.choice(rows, k, replace=False)).astype(np.int64)

@@ -32,7 +32,7 @@ def _tables(min_count=3):
 def _store(path, tables, hbm=8, ddr=8, policy="lru", keep=1):
     tiers = TierConfig(hbm_rows=hbm, ddr_rows=ddr, policy=policy, device="cpu", keep_checkpoints=keep)
     s = TieredStore.create(path, tables, tiers, seed=5)
-    s.ssd.writeback_rows = 16
+    s.engine.ssd.writeback_rows = 16
     return s
 
 
@@ -61,7 +61,7 @@ def test_an_id_updates_from_its_min_count_th_sighting(tmp_path):
     now = s.peek("a", [1, 2], with_state=True)
     assert not np.array_equal(now[0], first[0]) and now[1].tobytes() == first[1].tobytes()
     s.flush()
-    _, chunks = s.ssd.stored_ids("a")
+    _, chunks = s.engine.ssd.stored_ids("a")
     assert 2 not in np.concatenate([*chunks, np.empty(0, np.int64)]).tolist()  # nothing of it in LMDB
     s.close()
 
@@ -103,8 +103,8 @@ def test_the_pooled_step_with_pinned_rows_admits_as_the_reference(tmp_path):
         offsets = np.arange(0, 12, 3)
         grad = rng.normal(0.0, 1.0, (4, DIM)).astype(np.float32)
         ticket = s.prefetch({"a": ids})
-        s.drain_prefetch()
-        with s.stepping(ticket):  # (every row pinned: the update runs on the forward's slots)
+        s.engine.drain_prefetch()
+        with s.engine.stepping(ticket):  # (every row pinned: the update runs on the forward's slots)
             bag(torch.from_numpy(ids), torch.from_numpy(offsets)).backward(torch.from_numpy(grad))
         s.release(ticket)
         ref.apply_gradients("a", ids, np.repeat(grad, 3, axis=0))

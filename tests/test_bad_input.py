@@ -45,7 +45,7 @@ def test_prefetch_with_a_table_name_that_is_not_a_str(tmp_path):
     with _store(tmp_path) as s:
         with pytest.raises(UnknownTableError):
             s.prefetch({1: np.array([1]), "t": np.array([2])})
-        assert s.prefetcher.outstanding == []  # nothing queued
+        assert s.engine.prefetcher.outstanding == []  # nothing queued
 
 
 def test_a_ticket_given_to_another_store(tmp_path):
@@ -55,15 +55,15 @@ def test_a_ticket_given_to_another_store(tmp_path):
     try:
         tk = a.prefetch({"t": [1, 2, 3]})
         tk.wait()
-        for call in (b.release, b.bring_up, b.read_ahead):
+        for call in (b.release, b.engine.bring_up, b.engine.read_ahead):
             with pytest.raises(ConfigError, match="a ticket of another store"):
                 call(tk)
         with pytest.raises(ConfigError, match="a str was given"):
             a.release("ticket")
         assert not tk.released
         a.release(tk)
-        a.drain_prefetch()
-        t = a.tiers_of("t")
+        a.engine.drain_prefetch()
+        t = a.engine.tiers_of("t")
         assert t.hbm.unpinned_capacity == t.hbm.capacity_rows  # nothing left pinned
     finally:
         a.close()
@@ -187,11 +187,11 @@ def test_stepping_takes_only_an_unreleased_ticket_of_this_store(tmp_path):
         ticket = a.prefetch({"t": ids})
         ticket.wait()
         with pytest.raises(ConfigError, match="another store"):
-            b.stepping(ticket).__enter__()
-        assert b.window.stepping is None
-        with a.stepping(ticket):
-            assert a.window.stepping is ticket
+            b.engine.stepping(ticket).__enter__()
+        assert b.engine.window.stepping is None
+        with a.engine.stepping(ticket):
+            assert a.engine.window.stepping is ticket
         a.release(ticket)
         with pytest.raises(ConfigError, match="released"):
-            a.stepping(ticket).__enter__()
-        assert a.window.stepping is None
+            a.engine.stepping(ticket).__enter__()
+        assert a.engine.window.stepping is None

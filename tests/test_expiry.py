@@ -38,7 +38,7 @@ def _store(path, tables, hbm=8, ddr=8, policy="lru", keep=1, budget=1 << 30):
         hbm_rows=hbm, ddr_rows=ddr, policy=policy, device="cpu", keep_checkpoints=keep, budget_bytes=budget
     )
     s = TieredStore.create(path, tables, tiers, seed=3)
-    s.ssd.writeback_rows = 16
+    s.engine.ssd.writeback_rows = 16
     return s
 
 

@@ -18,6 +18,7 @@ Each test reports every offender in one assertion message, grouped by file.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -433,3 +434,40 @@ def test_the_wheel_lists_every_package_and_ships_native() -> None:
     assert tool["package-dir"] == {"tiered_emb.native": "native"}
     shipped = {p.name for pattern in tool["package-data"]["tiered_emb.native"] for p in (ROOT / "native").glob(pattern)}
     assert {"step_kernels.cu", "host_shim.h"} <= shipped
+
+
+#: What a user calls on a store: the facade stays this narrow; the rest is ``store.engine``.
+FACADE_MAX_NAMES = 22
+
+
+def test_the_store_facade_has_at_most_22_public_names(tmp_path) -> None:
+    """``TieredStore``'s public names, its methods and properties and an open store's
+    attributes together, are at most 22; the plumbing is the engine's."""
+    from tiered_emb import TableConfig, TierConfig, TieredStore
+
+    with TieredStore.create(tmp_path / "s", [TableConfig("t", dim=4)], TierConfig(hbm_rows=2, device="cpu")) as s:
+        names = {n for n in dir(s) if not n.startswith("_")}
+        assert "engine" in names and "lookup" in names
+        assert len(names) <= FACADE_MAX_NAMES, sorted(names)
+        assert not {"ssd", "tiers_of", "lookup_pooled", "gradient_update", "window"} & names
+
+
+_TIER_PARTS = re.compile(
+    r"monkeypatch\.setattr\(\s*([^,]*(?:engine\.(?:ssd|resolver)|SegmentLog|SegmentIndex|Compactor|HbmTier|DdrTier|"
+    r"CacheTier|Writer|SsdTier\b\.)[^,]*),"
+)
+
+
+def test_no_test_above_the_tiers_monkeypatches_a_tier() -> None:
+    """Tests outside ``tests/tiers/`` make a tier fail or watch it through
+    :mod:`tiered_emb.testing.faults`, never by monkeypatching its parts."""
+    assert _TIER_PARTS.search('monkeypatch.setattr(s.engine.ssd.lmdb, "write", full)')  # (the check sees one)
+    assert not _TIER_PARTS.search('monkeypatch.setattr(sys, "argv", [])')
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if "tiers" in path.relative_to(TESTS).parts[:1] or path == Path(__file__).resolve():
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _TIER_PARTS.search(line):
+                found.append(f"{path.relative_to(TESTS)}:{n}: {line.strip()}")
+    assert not found, found

@@ -256,7 +256,7 @@ def test_a_frozen_rate_and_a_decayed_config_round_trip_through_the_manifest(tmp_
     opt = Adam(lr=0.0, weight_decay=0.01, weight_decay_mode="decoupled")
     TieredStore.create(tmp_path / "s", [TableConfig("t", 4, optimizer=opt)], TierConfig(4, device="cpu")).close()
     with TieredStore.open(tmp_path / "s") as s:
-        assert s.table_config("t").optimizer == opt
+        assert s.engine.table_config("t").optimizer == opt
 
 
 def test_a_manifest_without_decay_fields_reads_as_no_decay():

@@ -130,12 +130,12 @@ def test_a_reader_killed_in_its_snapshot_leaves_no_stale_slot(tmp_path):
             env=dict(os.environ, PYTHONPATH=str(REPO)),
         )
         assert p.stdout.readline().strip() == "open"
-        assert str(p.pid) in s.ssd.lmdb.env.readers()
+        assert str(p.pid) in s.engine.ssd.lmdb.env.readers()
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
         s.checkpoint()  # frees the slots of dead readers
-        assert str(p.pid) not in s.ssd.lmdb.env.readers()
+        assert str(p.pid) not in s.engine.ssd.lmdb.env.readers()
 
 
 def test_verify_and_inspect_from_the_command_line(tmp_path, capsys):
@@ -225,7 +225,7 @@ def test_refresh_reads_only_what_changed_and_reads_it_right(tmp_path):
         assert went["indexed"] == 1 and went["caught_up"] == 4 and went["segments_gone"] == 0
         read_before = went["segments_read"]
         # a compaction below the mark rewrites the segments the reader indexed
-        s.ssd.compact(["a", "b"])
+        s.engine.ssd.compact(["a", "b"])
         epoch, digest, went = reader.refresh()
         assert digest == digests[epoch] and went["caught_up"] == 5 and went["segments_gone"] > 0
         assert went["segments_read"] > read_before

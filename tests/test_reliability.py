@@ -168,7 +168,7 @@ disk, then, where = sys.argv[1:4]
 tables = [TableConfig("t", dim=16, num_rows=200_000, optimizer=RowWiseAdagrad(lr=0.1))]
 rows = 60_000 if where == "checkpoint" else 256  # (the rows stay in HBM and DDR, or are written back)
 s = TieredStore.create(f"{disk}/s", tables, TierConfig(hbm_rows=rows, ddr_rows=rows, device="cpu"), seed=3)
-s.ssd.writeback_rows = 256 if where == "write-back" else s.ssd.writeback_rows
+s.engine.ssd.writeback_rows = 256 if where == "write-back" else s.engine.ssd.writeback_rows
 ref = ReferenceStore(tables, seed=3)
 everything = np.arange(200_000)
 def digest():

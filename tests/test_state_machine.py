@@ -47,7 +47,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.checkpointed = copy.deepcopy(self.model.rows)
 
     def _with_writeback(self, store):
-        store.ssd.writeback_rows = self.writeback_rows
+        store.engine.ssd.writeback_rows = self.writeback_rows
         return store
 
     @rule(table=st.sampled_from(NAMES), ids=ids_st)

@@ -1,10 +1,12 @@
-"""Making and opening a store's directory and tiers: the bodies of ``TieredStore.create`` and
-``TieredStore.open`` (as its writer), each step in order, every failure undone."""
+"""Making and opening a store's directory and tiers: the builder of the :class:`Engine` that
+``TieredStore.create`` and ``TieredStore.open`` (as its writer) wrap, each step in order,
+every failure undone."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +14,15 @@ from tiered_emb import _directory
 from tiered_emb._args import snapshot_arg
 from tiered_emb._backend import resolve_xp
 from tiered_emb.config import TableConfig, TierConfig
+from tiered_emb.engine import Engine
 from tiered_emb.errors import ConfigError
 from tiered_emb.tiers import SsdTier
 
 
-def create(cls: Any, path: Any, tables: Any, tiers: Any, seed: Any) -> Any:
-    """A new store of class ``cls`` at ``path`` (see ``TieredStore.create``)."""
-    path = Path(path)
-    tables = list(tables)
+def create(path_arg: str | os.PathLike[str], tables_arg: Iterable[TableConfig], tiers: TierConfig, seed: int) -> Engine:
+    """The engine of a new store at ``path_arg`` (see ``TieredStore.create``; every argument is checked here)."""
+    path = Path(path_arg)
+    tables = list(tables_arg)
     if not tables or not all(isinstance(t, TableConfig) for t in tables):
         raise ConfigError(f"tables={tables!r} is invalid", "pass a non-empty list of TableConfig")
     names = [t.name for t in tables]
@@ -40,19 +43,21 @@ def create(cls: Any, path: Any, tables: Any, tiers: Any, seed: Any) -> Any:
         meta = {"format": _directory.FORMAT, "epoch": 0}
         ssd.checkpoint({}, meta, None)
         _directory.fsync_dir(path / "lmdb")  # data.mdb's entry (LMDB syncs the file, not its directory)
-        store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
-        store.write_manifest()
+        engine = Engine(path, tables, tiers, seed, lock_fd, ssd, meta)
+        engine.write_manifest()
     except BaseException:
         if ssd is not None:
             ssd.close()
         _directory.unmake(path, lock_fd)
         raise
-    return store
+    return engine
 
 
-def open_writer(cls: Any, path: Any, tiers: Any, restore: str, snapshot: int | None) -> Any:
-    """The store at ``path`` opened as its writer, of class ``cls`` (see ``TieredStore.open``)."""
-    path = Path(path)
+def open_writer(
+    path_arg: str | os.PathLike[str], tiers: TierConfig | None, restore: str, snapshot: int | None
+) -> Engine:
+    """The engine of the store at ``path_arg``, opened as its writer (see ``TieredStore.open``)."""
+    path = Path(path_arg)
     if restore not in ("checkpoint", "latest"):
         raise ConfigError(f"restore={restore!r} is invalid", "use 'checkpoint' or 'latest'")
     snapshot_arg(snapshot, restore)
@@ -76,15 +81,15 @@ def open_writer(cls: Any, path: Any, tiers: Any, restore: str, snapshot: int | N
         else:
             ssd.discard_pending()
         meta = ssd.read_meta()
-        store = cls(path, tables, tiers, seed, lock_fd, ssd, meta)
+        engine = Engine(path, tables, tiers, seed, lock_fd, ssd, meta)
         if manifest["format"] != _directory.FORMAT:
-            store.write_manifest()  # before any row is written in this format
+            engine.write_manifest()  # before any row is written in this format
     except BaseException:
         if ssd is not None:
             ssd.close()
         os.close(lock_fd)
         raise
-    return store
+    return engine
 
 
 def _ssd_tier(path: Path, tables: list[TableConfig], tiers: TierConfig, map_size: int, **kwargs: Any) -> SsdTier:
@@ -98,7 +103,7 @@ def _ssd_tier(path: Path, tables: list[TableConfig], tiers: TierConfig, map_size
         background_writes=tiers.background_writes,
         table_rows=rows,
         budget_bytes=tiers.budget_bytes,
-        keep_checkpoints=tiers.keep_checkpoints,
+        keep_checkpoints=tiers.keep_checkpoints or 1,  # (both callers set it)
         tune_malloc=tiers.tune_malloc,
         **kwargs,
     )

@@ -138,7 +138,7 @@ def _configs_of(store, feature_tables, mode: str) -> list:
         features.setdefault(t, []).append(f)
     out = []
     for t, feats in features.items():
-        table = store.table_config(t)  # UnknownTableError with a hint
+        table = store.engine.table_config(t)  # UnknownTableError with a hint
         init = table.init
         out.append(
             EmbeddingBagConfig(
@@ -163,7 +163,7 @@ def _check_against_store(store, configs: list) -> None:
         if cfg.name in seen:
             raise ConfigError(f"table {cfg.name!r} is configured twice", "give each EmbeddingBagConfig its own name")
         seen.add(cfg.name)
-        table = store.table_config(cfg.name)  # UnknownTableError with a hint
+        table = store.engine.table_config(cfg.name)  # UnknownTableError with a hint
         if cfg.embedding_dim != table.dim:
             raise ConfigError(
                 f"EmbeddingBagConfig {cfg.name!r} has embedding_dim={cfg.embedding_dim}, "
@@ -258,7 +258,7 @@ class TieredEmbeddingBagCollection(_Interface):
     @property
     def device(self) -> torch.device:
         """Where the pooled rows are: the CPU, or the GPU of a CuPy HBM tier."""
-        return torch.device("cpu" if self.store.xp is np else "cuda")
+        return torch.device("cpu" if self.store.engine.xp is np else "cuda")
 
     def embedding_bag_configs(self) -> list:
         """The ``EmbeddingBagConfig`` s, one per table (as given, or made from the store's tables)."""

@@ -40,15 +40,15 @@ def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, po
         for name in sorted(b):
             if pooled:
                 plan = plan_bags(b[name], np.arange(b[name].shape[0] + 1))
-                rows = store.lookup_pooled(name, plan)
-                store.apply_pooled_gradients(name, plan, rows * np.float32(0.5) + np.float32(0.01))
+                rows = store.engine.lookup_pooled(name, plan)
+                store.engine.apply_pooled_gradients(name, plan, rows * np.float32(0.5) + np.float32(0.01))
                 continue
             rows = store.lookup(name, b[name])
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
         if checkpoint_every and step % checkpoint_every == checkpoint_every - 1:
             store.checkpoint()
-        with store.lock:  # the kept pinned count is the real one, whatever the thread is doing
-            for t in (store.tiers_of(n) for n in store.tables):
+        with store.engine.lock:  # the kept pinned count is the real one, whatever the thread is doing
+            for t in (store.engine.tiers_of(n) for n in store.tables):
                 assert t.hbm.fmeta[2] == np.count_nonzero(t.hbm.pins)
 
 
@@ -97,13 +97,13 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
         with TieredStore.create(
             tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4
         ) as s:
-            s.ssd.writeback_rows = wb
+            s.engine.ssd.writeback_rows = wb
             train(s, data, depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(
                     s.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
                 )
-            assert int(s.tiers_of("u").hbm.pins.sum()) == 0
+            assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0
 
 
 def train_bags(store, data, depth, load_ahead):
@@ -112,8 +112,8 @@ def train_bags(store, data, depth, load_ahead):
         for name in sorted(b):
             ids, offsets = b[name]
             plan = plan_bags(ids, offsets, None, mean=(name == "v"))
-            out = store.lookup_pooled(name, plan)
-            store.apply_pooled_gradients(name, plan, out * np.float32(0.5) + np.float32(0.01))
+            out = store.engine.lookup_pooled(name, plan)
+            store.engine.apply_pooled_gradients(name, plan, out * np.float32(0.5) + np.float32(0.01))
 
 
 @pytest.mark.parametrize("hbm, ddr", [(8, 0), (60, 16), (1000, 0)])
@@ -147,7 +147,7 @@ def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, 
         ) as s:
             train_bags(s, data, depth, load)
             got = [s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))]
-            assert int(s.tiers_of("u").hbm.pins.sum()) == 0
+            assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0
         if want is None:
             want = got
         else:
@@ -196,7 +196,7 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         stop = int(rng.integers(1, len(data) + 1))
         pooled = trial % 2 == 1
         s = TieredStore.create(path, TABLES, tiers, seed=4)
-        s.ssd.writeback_rows = wb
+        s.engine.ssd.writeback_rows = wb
         train(
             s,
             data[:stop],
@@ -208,7 +208,7 @@ def test_stress_random_sizes_capacities_checkpoints_and_close(tmp_path):
         )
         s.close()  # mid-way: close drains and joins
         with TieredStore.open(path, tiers=TierConfig(int(rng.integers(2, 40)), 3, "lookahead+lfu", "cpu")) as s:
-            s.ssd.writeback_rows = wb
+            s.engine.ssd.writeback_rows = wb
             train(s, data[stop:], depth, load_ahead=load, read_ahead=read, pooled=pooled)
             for name, n in (("u", 300), ("v", 400)):
                 np.testing.assert_array_equal(
@@ -222,21 +222,21 @@ def test_read_ahead_serves_the_step_from_memory(tmp_path):
     ref = reference(data)
     path = tmp_path / "r"
     with TieredStore.create(path, TABLES, TierConfig(8, 0, "lookahead+lru", "cpu"), seed=4) as s:
-        s.ssd.writeback_rows = 4
+        s.engine.ssd.writeback_rows = 4
         train(s, data[:10], 0)
         s.flush()
-        s.ssd.writeback_rows = 1 << 16  # no LMDB write overlaps a staged read: none is dropped
+        s.engine.ssd.writeback_rows = 1 << 16  # no LMDB write overlaps a staged read: none is dropped
         before = s.stats()["u"]["ssd"]
         train(s, data[10:], 4, load_ahead=0, read_ahead=1)
         after = s.stats()["u"]["ssd"]
-        staging = dict(s.ssd.staging)
+        staging = dict(s.engine.ssd.staging)
         for name, n in (("u", 300), ("v", 400)):
             np.testing.assert_array_equal(
                 s.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
             )
     assert staging["reads"] == 10 and staging["discarded"] == 0 and staging["used"] > 0
     assert after["hits"] > before["hits"]  # the step's counters are its own, staged or not
-    assert s.ssd.held.staged == {}  # every staged batch dropped at its release
+    assert s.engine.ssd.held.staged == {}  # every staged batch dropped at its release
 
 
 def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
@@ -244,18 +244,18 @@ def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
     # and must not be served.
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     with TieredStore.create(tmp_path / "w", tables, TierConfig(1, 0, "lru", "cpu"), seed=4) as s:
-        s.ssd.writeback_rows = 1
+        s.engine.ssd.writeback_rows = 1
         s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))
         s.lookup("u", np.array([6]))  # 5 evicted, written
-        s.ssd.wait_writes()
+        s.engine.ssd.wait_writes()
         ticket = s.prefetch({"u": np.array([5])}, bring_up=False)
-        s.read_ahead(ticket)
+        s.engine.read_ahead(ticket)
         ticket.wait()
-        assert s.ssd.staging["rows"] == 1
+        assert s.engine.ssd.staging["rows"] == 1
         s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))  # 5 newer than its staged copy
         s.lookup("u", np.array([6]))  # 5 evicted and written again
-        s.ssd.wait_writes()
-        assert len(s.ssd.held.staged[ticket.seq]["u"]) == 0
+        s.engine.ssd.wait_writes()
+        assert len(s.engine.ssd.held.staged[ticket.seq]["u"]) == 0
         got = s.lookup("u", np.array([5]))
         s.release(ticket)
     ref = ReferenceStore(tables, seed=4)
@@ -271,7 +271,7 @@ def test_failed_background_write_loses_nothing(tmp_path):
     ref = ReferenceStore(tables, seed=4)
     path = tmp_path / "f"
     s = TieredStore.create(path, tables, TierConfig(1, 0, "lru", "cpu"), seed=4)
-    s.ssd.writeback_rows = 2
+    s.engine.ssd.writeback_rows = 2
     calls = full_disk_for(s)
     raised = []
     for i in range(12):
@@ -292,20 +292,20 @@ def test_failed_background_write_loses_nothing(tmp_path):
 def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, monkeypatch, job, load, read):
     data = batches(6, seed=3)
     with TieredStore.create(tmp_path / "e", TABLES, TierConfig(16, 0, "lookahead+lru", "cpu"), seed=4) as s:
-        real = getattr(s.window, job)
+        real = getattr(s.engine.window, job)
 
         def failing(ticket):
             if ticket.seq == 3:
                 raise OSError("disk went away")
             real(ticket)
 
-        monkeypatch.setattr(s.window, job, failing)
+        monkeypatch.setattr(s.engine.window, job, failing)
         ran = []
         with pytest.raises(PrefetchError, match="batch 3") as e:
             for i, _ in enumerate(lookahead(s, data, lambda x: x, 2, load, read)):
                 ran.append(i)
         assert ran == [0, 1, 2] and isinstance(e.value.__cause__, OSError)
-        assert int(s.tiers_of("u").hbm.pins.sum()) == 0 and int(s.tiers_of("v").hbm.pins.sum()) == 0
+        assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0 and int(s.engine.tiers_of("v").hbm.pins.sum()) == 0
 
 
 def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
@@ -314,14 +314,14 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
     data = batches(8, seed=6)
     path = tmp_path / "unpin"
     s = TieredStore.create(path, TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4)
-    real = s.window.unpin
+    real = s.engine.window.unpin
 
     def failing(ticket):
         if ticket.seq == 2:
             raise OSError("unpin went wrong")
         real(ticket)
 
-    monkeypatch.setattr(s.window, "unpin", failing)
+    monkeypatch.setattr(s.engine.window, "unpin", failing)
     raised, ran = [], []
     try:
         for i, b in enumerate(lookahead(s, data, lambda x: x, 2, load_ahead=1)):
@@ -331,7 +331,7 @@ def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
         raised.append(err)
     close_keeping_errors(s, raised)
     assert len(raised) == 1 and "unpinning" in str(raised[0]) and isinstance(raised[0].__cause__, OSError)
-    assert ran[:3] == [0, 1, 2] and s.closed
+    assert ran[:3] == [0, 1, 2] and s.engine.closed
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     ref = reference([data[i] for i in ran])
     with TieredStore.open(path) as s2:
@@ -350,17 +350,17 @@ def test_failed_unpinning_at_close_is_raised_after_the_checkpoint(tmp_path, monk
     s.apply_gradients("u", np.array([3]), g)  # dirty in HBM, not checkpointed
     ticket = s.prefetch({"u": np.array([1, 2])})
     ticket.wait()
-    real = s.window.unpin
+    real = s.engine.window.unpin
 
     def failing(t):
         if t is ticket:
             raise OSError("unpin went wrong")
         real(t)
 
-    monkeypatch.setattr(s.window, "unpin", failing)
+    monkeypatch.setattr(s.engine.window, "unpin", failing)
     with pytest.raises(PrefetchError, match="unpinning") as e:
         s.close()
-    assert isinstance(e.value.__cause__, OSError) and s.closed
+    assert isinstance(e.value.__cause__, OSError) and s.engine.closed
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     ref = ReferenceStore(TABLES, seed=4)
     ref.apply_gradients("u", np.array([3]), g)
@@ -376,7 +376,7 @@ def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
     data = batches(8, seed=6)
     s = TieredStore.create(tmp_path / "l", TABLES, TierConfig(24, 8, "lookahead+lru", "cpu"), seed=4)
     go = threading.Event()
-    real_unpin, real_release = s.window.unpin, s.prefetcher.release
+    real_unpin, real_release = s.engine.window.unpin, s.engine.prefetcher.release
     seen = {}
 
     def failing_unpin(ticket):
@@ -392,8 +392,8 @@ def test_failed_unpinning_survives_a_loop_closed_early(tmp_path, monkeypatch):
             seen[1].unpinned_event.wait(5)
         real_release(ticket, check)
 
-    monkeypatch.setattr(s.window, "unpin", failing_unpin)
-    monkeypatch.setattr(s.prefetcher, "release", release)
+    monkeypatch.setattr(s.engine.window, "unpin", failing_unpin)
+    monkeypatch.setattr(s.engine.prefetcher, "release", release)
     raised = []
     gen = lookahead(s, data, lambda x: x, 2, load_ahead=1)
     try:
@@ -430,7 +430,7 @@ def test_a_batch_that_cannot_be_fetched_fails_after_the_ones_before_it(tmp_path,
                 step(s, b)
                 ran.append(i)
         assert ran == [0, 1, 2, 3, 4, 5]
-        assert int(s.tiers_of("u").hbm.pins.sum()) == 0 and int(s.tiers_of("v").hbm.pins.sum()) == 0
+        assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0 and int(s.engine.tiers_of("v").hbm.pins.sum()) == 0
         got = {name: s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))}
     ref = reference(data[:6])
     for name, n in (("u", 300), ("v", 400)):
@@ -450,10 +450,10 @@ def test_a_plan_forwarded_on_two_tables_updates_each_tables_own_rows(tmp_path, d
         ids = np.array([1, 2])
         for b in lookahead(s, [ids], lambda b: {"a": b, "b": b}, depth=depth, load_ahead=1):
             plan = plan_bags(b, np.array([0, 2]))
-            s.lookup_pooled("a", plan)
-            s.lookup_pooled("b", plan)
-            s.apply_pooled_gradients("a", plan, np.ones((1, 2), np.float32))
-            s.apply_pooled_gradients("b", plan, np.ones((1, 2), np.float32))
+            s.engine.lookup_pooled("a", plan)
+            s.engine.lookup_pooled("b", plan)
+            s.engine.apply_pooled_gradients("a", plan, np.ones((1, 2), np.float32))
+            s.engine.apply_pooled_gradients("b", plan, np.ones((1, 2), np.float32))
         for name in ("a", "b"):
             ref.apply_gradients(name, ids, np.ones((2, 2), np.float32))
             check = np.array([1, 2, 9])
@@ -466,7 +466,7 @@ def test_a_loop_closed_after_its_store_raises_nothing(tmp_path):
     s.lookup("t", next(gen))
     s.close()
     gen.close()
-    assert s.closed and not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
+    assert s.engine.closed and not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
 
 
 def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
@@ -475,7 +475,7 @@ def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     for i, _ in enumerate(lookahead(s, data, lambda x: x, 4, load_ahead=1, read_ahead=2)):
         if i == 2:
             break
-    assert int(s.tiers_of("u").hbm.pins.sum()) == 0
+    assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0
     assert [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     s.close()
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
@@ -487,7 +487,7 @@ def test_bad_ids_in_prefetch_raise_on_the_caller(tmp_path):
             s.prefetch({"v": np.array([400])})
         with pytest.raises(ConfigError):
             list(lookahead(s, [], lambda x: x, -1))
-        assert s.prefetcher.outstanding == []
+        assert s.engine.prefetcher.outstanding == []
 
 
 def test_backward_after_its_step_moved_on_takes_the_locked_path(tmp_path):
@@ -504,12 +504,12 @@ def test_backward_after_its_step_moved_on_takes_the_locked_path(tmp_path):
             pending = None
             for b in it:
                 plan = plan_bags(b, off)
-                out = s.lookup_pooled("t", plan)
+                out = s.engine.lookup_pooled("t", plan)
                 if pending is None:
                     pending = (plan, out)
                     continue
                 for p, o in (pending, (plan, out)):
-                    s.apply_pooled_gradients("t", p, o * np.float32(0.5) + np.float32(0.01))
+                    s.engine.apply_pooled_gradients("t", p, o * np.float32(0.5) + np.float32(0.01))
                 pending = None
             return s.peek("t", np.arange(40), with_state=True)
 
@@ -523,12 +523,12 @@ def test_window_keeps_its_own_copy_of_the_ids(tmp_path):
         ids = np.arange(5, dtype=np.int64)
         ticket = s.prefetch({"u": ids})
         ids[:] = 99
-        s.window.stepping = ticket
+        s.engine.window.stepping = ticket
         ticket.wait()
-        assert s.window.pinned_batch("u", ids) is None  # the changed array is not the batch handed over
-        got = s.window.pinned_batch("u", np.arange(5, dtype=np.int64))
+        assert s.engine.window.pinned_batch("u", ids) is None  # the changed array is not the batch handed over
+        got = s.engine.window.pinned_batch("u", np.arange(5, dtype=np.int64))
         assert got is not None and got[1].tolist() == [0, 1, 2, 3, 4]
-        s.window.stepping = None
+        s.engine.window.stepping = None
         s.release(ticket)
 
 
@@ -546,17 +546,17 @@ def test_rows_a_step_brings_up_are_pinned_for_later_window_batches(tmp_path):
         d = s.prefetch({"t": np.array([6])}, bring_up=False)  # enters: the window is re-pinned first
         d.wait_entered()
         b, c = tickets[1], tickets[2]
-        slot3 = int(s.tiers_of("t").hbm.find(np.array([3]))[0])
+        slot3 = int(s.engine.tiers_of("t").hbm.find(np.array([3]))[0])
         assert slot3 >= 0
         assert c.aligned["t"].tolist() == [slot3, -1]  # C = [3, 5]: 3 pinned for it
         assert c.uids["t"].tolist() == [5]  # what is left to bring up
         assert b.aligned["t"].tolist() == [-1, -1]  # B, the oldest, left alone
-        assert int(s.tiers_of("t").hbm.pins[slot3]) == 1
+        assert int(s.engine.tiers_of("t").hbm.pins[slot3]) == 1
         for tk in (b, c, d):
             s.release(tk)
-        s.drain_prefetch()
-        assert int(s.tiers_of("t").hbm.pins.sum()) == 0
-        assert s.window.tickets == []
+        s.engine.drain_prefetch()
+        assert int(s.engine.tiers_of("t").hbm.pins.sum()) == 0
+        assert s.engine.window.tickets == []
 
 
 @pytest.mark.parametrize("policy", ["lookahead+lru", "lookahead+lfu"])
@@ -565,7 +565,7 @@ def test_the_window_is_re_pinned_where_it_can_matter(tmp_path, policy):
     the thread brings up are the most recent when unpinned); under LFU every table is."""
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=64, ddr_rows=64, policy=policy, device="cpu"))
     probed = []
-    pin_resident = s.window.pin_resident
+    pin_resident = s.engine.window.pin_resident
 
     def counting(ticket, name):
         probed.append(name)
@@ -576,8 +576,8 @@ def test_the_window_is_re_pinned_where_it_can_matter(tmp_path, policy):
         tickets = [s.prefetch(b, bring_up=False) for b in data[:3]]
         for tk in tickets:
             tk.wait()
-        s.window.pin_resident = counting
-        s.bring_up(tickets[0])  # the thread places rows: no table flagged by a step
+        s.engine.window.pin_resident = counting
+        s.engine.bring_up(tickets[0])  # the thread places rows: no table flagged by a step
         tickets[0].wait()
         s.prefetch(data[3], bring_up=False).wait()  # enters: re-pins the window, or not
         repinned = sorted(set(probed[:-2]))  # the last two: the entering batch's own tables

@@ -28,7 +28,7 @@ def drive_store(tmp_path, trace, batch, hbm, ddr, policy, window, load):
             tickets[t + window] = store.prefetch({"t": batches[t + window]}, bring_up=False)
             tickets[t + window].wait_entered()  # as lookahead() does without load-ahead
         if load and 0 <= t + load < len(batches):
-            store.bring_up(tickets[t + load])
+            store.engine.bring_up(tickets[t + load])
             tickets[t + load].wait()
         if t >= 0:
             store.lookup("t", batches[t])

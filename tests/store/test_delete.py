@@ -46,7 +46,7 @@ TABLES = [
 def _store(path, hbm=8, ddr=8, policy="lru", keep=1):
     tiers = TierConfig(hbm_rows=hbm, ddr_rows=ddr, policy=policy, device="cpu", keep_checkpoints=keep)
     s = TieredStore.create(path, TABLES, tiers, seed=7)
-    s.ssd.writeback_rows = 16  # (write-backs reach LMDB often)
+    s.engine.ssd.writeback_rows = 16  # (write-backs reach LMDB often)
     return s
 
 
@@ -143,8 +143,8 @@ def test_a_checkpoint_from_before_the_delete_brings_the_row_back(tmp_path):
     before = s.checkpoint()
     trained = _records(s)
     s.delete("a", np.arange(ROWS))
-    with s.lock:
-        s.ssd.purge(["a"])  # (what the kept checkpoint reads is kept)
+    with s.engine.lock:
+        s.engine.ssd.purge(["a"])  # (what the kept checkpoint reads is kept)
     s.checkpoint()
     s.close()
     with TieredStore.open(tmp_path / "s", mode="r", snapshot=before) as r:
@@ -199,7 +199,7 @@ def test_export_and_stored_ids_skip_deleted_rows_and_verify_accepts_them(tmp_pat
     s.checkpoint()
     s.delete("a", np.arange(0, ROWS, 2))
     s.checkpoint()
-    n, chunks = s.ssd.stored_ids("a", 7)
+    n, chunks = s.engine.ssd.stored_ids("a", 7)
     assert n >= ROWS // 2
     assert np.concatenate(list(chunks)).tolist() == list(range(1, ROWS, 2))
     assert s.verify()["damaged"] == []
@@ -220,7 +220,7 @@ def test_bad_deletes_are_typed_errors_that_change_nothing(tmp_path):
     with pytest.raises(IdRangeError):
         s.delete("a", [1, ROWS])
     ticket = s.prefetch({"a": np.array([1, 2])})
-    s.drain_prefetch()
+    s.engine.drain_prefetch()
     with pytest.raises(ConfigError, match="pinned"):
         s.delete("a", [0, 1])
     s.release(ticket)

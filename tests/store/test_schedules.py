@@ -59,7 +59,7 @@ def test_a_new_rate_applies_from_the_next_update_as_in_the_reference(tmp_path):
         ref.apply_gradients("t", *_batch(step))
     ids = np.arange(ROWS)
     assert store.peek("t", ids, with_state=True).tobytes() == ref.peek_records("t", ids).tobytes()
-    assert store.table_config("t").optimizer.lr == 0.005
+    assert store.engine.table_config("t").optimizer.lr == 0.005
     store.close()
 
 
@@ -109,17 +109,17 @@ def test_each_checkpoint_keeps_its_rates(tmp_path):
     store.set_learning_rate("a", 9.0)  # after the last checkpoint: given up with the rows
     store.close(checkpoint=False)
     with TieredStore.open(path) as s:
-        assert s.table_config("a").optimizer.lr == 0.125
-        assert s.table_config("b").optimizer.lr == 0.1
+        assert s.engine.table_config("a").optimizer.lr == 0.125
+        assert s.engine.table_config("b").optimizer.lr == 0.1
     with TieredStore.open(path, mode="r") as r:
         assert r.tables["a"].optimizer.lr == 0.125
         first = min(epochs)
         r.refresh(first)
         assert r.table_config("a").optimizer.lr == epochs[first]
     with TieredStore.open(path, snapshot=first) as s:
-        assert s.table_config("a").optimizer.lr == epochs[first]
+        assert s.engine.table_config("a").optimizer.lr == epochs[first]
     with TieredStore.open(path) as s:  # the run restarted from there
-        assert s.table_config("a").optimizer.lr == epochs[first]
+        assert s.engine.table_config("a").optimizer.lr == epochs[first]
 
 
 # ------------------------------------------------------------------ torch's schedulers
@@ -211,7 +211,7 @@ def test_a_bad_rate_from_a_schedule_is_refused_at_step_with_nothing_changed(tmp_
     with pytest.raises(ConfigError, match="lr=nan"):
         opt.step()
     assert store.peek("t", np.arange(ROWS), with_state=True).tobytes() == before.tobytes()
-    assert store.table_config("t").optimizer.lr == 0.1
+    assert store.engine.table_config("t").optimizer.lr == 0.1
     store.close()
 
 

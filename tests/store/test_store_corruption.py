@@ -59,7 +59,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
     rng = np.random.default_rng(5)
     ref = ReferenceStore(TABLES, seed=2)
     with TieredStore.create(tmp_path / "s", TABLES, cpu(8, 4), seed=2) as s:
-        real = s.ssd.read
+        real = s.engine.ssd.read
         calls = [0]
 
         def flaky(table, ids, out):
@@ -68,7 +68,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
                 raise CorruptStoreError("injected read failure", "none")
             return real(table, ids, out)
 
-        s.ssd.read = flaky
+        s.engine.ssd.read = flaky
         failures = 0
         for _ in range(40):
             ids = rng.integers(0, 60, size=6)
@@ -82,8 +82,8 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
                     failures += 1  # the tiers are as before the call: retry it
             np.testing.assert_array_equal(got, ref.lookup("b", ids))
             ref.apply_gradients("b", ids, grads)
-        assert failures > 5 and int(s.tiers_of("b").hbm.pins.sum()) == 0
-        s.ssd.read = real
+        assert failures > 5 and int(s.engine.tiers_of("b").hbm.pins.sum()) == 0
+        s.engine.ssd.read = real
         np.testing.assert_array_equal(
             s.peek("b", np.arange(100), with_state=True), ref.peek_records("b", np.arange(100))
         )

@@ -161,20 +161,22 @@ def test_fused_backward_checks_its_gradient_and_ids(tmp_path):
 
     with TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3) as s:
         plan = plan_bags(np.array([1, 2]), np.array([0, 1, 2]))
-        s.lookup_pooled("a", plan)
+        s.engine.lookup_pooled("a", plan)
         before = s.peek("a", np.array([1, 2]), with_state=True)
         with pytest.raises(RowShapeError):
-            s.apply_pooled_gradients("a", plan, np.ones((2, 4), np.float32))
+            s.engine.apply_pooled_gradients("a", plan, np.ones((2, 4), np.float32))
         with pytest.raises(RowShapeError):
-            s.apply_pooled_gradients("a", plan, np.ones((3, 8), np.float32))
+            s.engine.apply_pooled_gradients("a", plan, np.ones((3, 8), np.float32))
         with pytest.raises(RowDtypeError):
-            s.apply_pooled_gradients("a", plan, np.ones((2, 8), np.float64))
+            s.engine.apply_pooled_gradients("a", plan, np.ones((2, 8), np.float64))
         np.testing.assert_array_equal(s.peek("a", np.array([1, 2]), with_state=True), before)
         bad = plan_bags(np.array([5, 100]), np.array([0, 2]))  # b has num_rows=100, never looked up
         with pytest.raises(IdRangeError):
-            s.apply_pooled_gradients("b", bad, np.ones((1, 3), np.float32))
+            s.engine.apply_pooled_gradients("b", bad, np.ones((1, 3), np.float32))
         with pytest.raises(IdRangeError):  # checked against the table it is applied to
-            s.apply_pooled_gradients("b", plan_bags(np.array([100]), np.array([0, 1])), np.ones((1, 3), np.float32))
+            s.engine.apply_pooled_gradients(
+                "b", plan_bags(np.array([100]), np.array([0, 1])), np.ones((1, 3), np.float32)
+            )
         assert s.stats()["b"]["hbm"]["lookups"] == 0
     with TieredStore.open(tmp_path / "s") as s:  # nothing out of range reached LMDB
         assert s.peek("b", np.array([5])).shape == (1, 3)

@@ -11,10 +11,11 @@ from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TieredStore
 from tiered_emb.errors import (
     CorruptStoreError,
 )
+from tiered_emb.testing import faults
 from tiered_emb.testing.reference import ReferenceStore
 
 
-def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp_path, monkeypatch):
+def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp_path):
     """A full disk at close(): StoreFullError, the store stays open with its rows; once there
     is room, close() again writes them."""
     from tiered_emb.errors import StoreFullError
@@ -23,20 +24,12 @@ def test_close_that_cannot_checkpoint_keeps_the_store_open_and_loses_nothing(tmp
     s = TieredStore.create(path, TABLES, cpu(4, 4), seed=3)
     g = np.full((2, 8), 0.5, np.float32)
     s.apply_gradients("a", np.array([3, 9]), g)  # dirty in HBM only
-    real, calls = s.ssd.lmdb.write, []
-
-    def full_once(fn):
-        calls.append(1)
-        if len(calls) == 1:
-            raise StoreFullError("no space left on device", "free disk space")
-        real(fn)
-
-    monkeypatch.setattr(s.ssd.lmdb, "write", full_once)
+    fault = faults.fail_lmdb_writes(s, lambda n: n == 1)
     with pytest.raises(StoreFullError):
         s.close()
-    assert not s.closed
+    assert not s.engine.closed
     s.close()
-    assert s.closed and len(calls) == 3  # the failed write, then the rows' and the checkpoint's own
+    assert s.engine.closed and len(fault.calls) == 3  # the failed write, then the rows' and the checkpoint's own
     ref = ReferenceStore(TABLES, seed=3)
     ref.apply_gradients("a", np.array([3, 9]), g)
     with TieredStore.open(path) as s2:
@@ -76,22 +69,16 @@ def test_manifest_write_on_a_full_disk_is_a_typed_error_and_retried(tmp_path, mo
         )
 
 
-def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
+def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path):
     """Row 0 evicted dirty twice while every LMDB write fails (a full disk): both write-backs
     wait in memory, and reads must find the newer one; once there is room, it is the one kept."""
     from tiered_emb.errors import StoreFullError
 
     tables = [TableConfig("t", dim=2, optimizer=SGD(lr=1.0))]
     s = TieredStore.create(tmp_path / "s", tables, cpu(1, 0, background_writes=False), seed=5)
-    s.ssd.writeback_rows = 1
-    real, full = s.ssd.segments.put, [True]
-
-    def put(txn, segments):
-        if full[0]:
-            raise StoreFullError("no space left on device", "free some")
-        real(txn, segments)
-
-    monkeypatch.setattr(s.ssd.segments, "put", put)
+    s.engine.ssd.writeback_rows = 1
+    full = [True]
+    faults.fail_segment_puts(s, lambda n: full[0])
     ref = ReferenceStore(tables, seed=5)
     for step, other in ((1.0, 1), (2.0, 2)):
         g = np.full((1, 2), step, np.float32)
@@ -105,7 +92,7 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path, monkeypatch):
         ref.apply_gradients("t", np.array([0]), g)
         s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written (kept for the next call)
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
-    assert len(s.ssd.held.flushing) == 2  # both write-backs of row 0 wait in memory
+    assert len(s.engine.ssd.held.flushing) == 2  # both write-backs of row 0 wait in memory
     with pytest.raises(StoreFullError):
         s.lookup("t", np.array([3]))
     full[0] = False
@@ -125,7 +112,7 @@ def test_a_full_disk_under_an_update_spread_over_chunks_applies_it_whole(tmp_pat
     tables = [TableConfig("u", dim=2, optimizer=RowWiseAdagrad(lr=0.5))]
     ref = ReferenceStore(tables, seed=4)
     s = TieredStore.create(tmp_path / "f", tables, cpu(2), seed=4)
-    s.ssd.writeback_rows = 2
+    s.engine.ssd.writeback_rows = 2
     full_disk_for(s)
     ids, g = np.arange(8), np.ones((8, 2), np.float32)
     changed_on_error = []
@@ -170,12 +157,12 @@ def test_a_short_write_on_a_full_disk_is_store_full(tmp_path, monkeypatch, messa
         raise lmdb.Error(message)
 
     with pytest.raises(StoreFullError if full else CorruptStoreError):
-        s.ssd.lmdb.write(fail)
+        s.engine.ssd.lmdb.write(fail)
     s.close()
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 4])
-def test_a_checkpoint_failing_midway_loses_nothing_and_retries(tmp_path, monkeypatch, fail_at):
+def test_a_checkpoint_failing_midway_loses_nothing_and_retries(tmp_path, fail_at):
     """A checkpoint of many transactions (a small budget: small chunks, one committing while
     the next is encoded) whose ``fail_at``-th write finds the disk full: StoreFullError,
     every row still read as trained, the last checkpoint still the one on disk; the next
@@ -192,22 +179,14 @@ def test_a_checkpoint_failing_midway_loses_nothing_and_retries(tmp_path, monkeyp
         for x in (s, ref):
             x.apply_gradients("a", ids, g)
     epoch = s.epoch
-    real, calls = s.ssd.lmdb.write, []
-
-    def full_at(fn):
-        calls.append(1)
-        if len(calls) == fail_at:
-            raise StoreFullError("no space left on device", "free disk space")
-        real(fn)
-
-    monkeypatch.setattr(s.ssd.lmdb, "write", full_at)
+    fault = faults.fail_lmdb_writes(s, lambda n: n == fail_at)
     with pytest.raises(StoreFullError):
         s.checkpoint()
     assert s.epoch == epoch
     every = np.arange(40_000)
     want = ref.peek_records("a", every)
     np.testing.assert_array_equal(s.peek("a", every, with_state=True), want)
-    assert s.checkpoint() == epoch + 1 and len(calls) > fail_at + 1
+    assert s.checkpoint() == epoch + 1 and len(fault.calls) > fail_at + 1
     s.close()
     with TieredStore.open(path) as s2:
         np.testing.assert_array_equal(s2.peek("a", every, with_state=True), want)

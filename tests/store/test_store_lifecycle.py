@@ -130,7 +130,7 @@ def test_close_without_checkpoint_gives_up_what_came_after_the_last_one(tmp_path
     s.flush()
     assert not np.array_equal(s.peek("a", np.arange(10), with_state=True), kept)
     s.close(checkpoint=False)
-    assert s.closed
+    assert s.engine.closed
     with TieredStore.open(path) as s2:
         assert s2.epoch == 1
         np.testing.assert_array_equal(s2.peek("a", np.arange(10), with_state=True), kept)
@@ -265,7 +265,7 @@ def test_a_checkpoint_of_dirty_rows_of_two_widths_reopens_bitwise(tmp_path, budg
             for x in (s, ref):
                 x.apply_gradients(name, ids, g)
     s.checkpoint()
-    assert s.last_checkpoint_rows > 0
+    assert s.engine.last_checkpoint_rows > 0
     s.close()
     with TieredStore.open(path) as s2:
         for name, n in (("a", 20_000), ("b", 100)):

@@ -8,6 +8,7 @@ import pytest
 from store_setup import TABLES, cpu
 
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.testing import faults
 from tiered_emb.testing.reference import ReferenceStore
 
 
@@ -66,31 +67,15 @@ def test_write_duplicates_last_wins(store):
     np.testing.assert_array_equal(store.peek("a", np.array([4])), np.ones((1, 8), np.float32))
 
 
-def _hold_writer_thread(monkeypatch) -> threading.Event:
-    """Make every transaction put off the main thread wait until the returned event is set."""
-    from tiered_emb.tiers.ssd.segments import SegmentLog
-
-    go = threading.Event()
-    put = SegmentLog.put
-
-    def held_put(self, txn, segments):
-        if threading.current_thread() is not threading.main_thread():
-            assert go.wait(10)
-        put(self, txn, segments)
-
-    monkeypatch.setattr(SegmentLog, "put", held_put)
-    return go
-
-
 @pytest.mark.parametrize("background", [True, False])
-def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_path, monkeypatch, background):
+def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_path, background):
     """A bulk write of distinct ids (more than HBM holds: most go straight to LMDB, on the
     writer thread with background writes) keeps the values the caller passed, not what the
     caller's array holds after ``write`` returns.  With background writes, the writer
     thread's transaction is held until the caller has overwritten its array."""
-    go = _hold_writer_thread(monkeypatch)
     tiers = TierConfig(hbm_rows=4, ddr_rows=2, device="cpu", background_writes=background)
     with TieredStore.create(tmp_path / "s", TABLES, tiers) as s:
+        go = faults.hold_background_puts(s)
         for table, dim in (("a", 8), ("b", 3)):  # (with optimizer state, and rows alone)
             given = np.arange(64 * dim, dtype=np.float32).reshape(64, dim)
             s.write(table, np.arange(64), given)
@@ -107,14 +92,14 @@ def test_a_bulk_write_keeps_the_rows_given_whatever_the_caller_does_next(tmp_pat
             np.testing.assert_array_equal(s.peek(table, np.arange(64)), want)
 
 
-def test_a_bulk_write_behind_one_in_flight_is_newer_than_the_write_backs_waiting(tmp_path, monkeypatch):
+def test_a_bulk_write_behind_one_in_flight_is_newer_than_the_write_backs_waiting(tmp_path):
     """A bulk write made while the one before is still committing is cut and encoded at
     once; a write-back that waited meanwhile (an evicted row of an id the bulk write then
     sets) must still read, and reopen, older than the bulk write's row."""
-    go = _hold_writer_thread(monkeypatch)
     tiers = TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=True)
     with TieredStore.create(tmp_path / "s", TABLES, tiers) as s:
-        s.ssd.writeback_rows = 1 << 16  # (evicted rows wait in memory)
+        go = faults.hold_background_puts(s)
+        s.engine.ssd.writeback_rows = 1 << 16  # (evicted rows wait in memory)
         s.write("b", np.arange(16), np.full((16, 3), 1.0, np.float32))  # in flight, held
         s.write("b", np.array([50, 51]), np.full((2, 3), 2.0, np.float32))
         s.write("b", np.array([60, 61, 62, 63]), np.full((4, 3), 3.0, np.float32))  # 50, 51 evicted: waiting
@@ -213,7 +198,7 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
     rng = np.random.default_rng(0)
     path = tmp_path / "s"
     s = TieredStore.create(path, tables, cpu(hbm, 4), seed=3)
-    assert [s.tiers_of(n).hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
+    assert [s.engine.tiers_of(n).hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
     for step in range(6):
         for t in tables:
             ids = rng.integers(0, 64, 30)
@@ -233,13 +218,13 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
 def _lmdb_asks(s):
     """Record every id the store's SSD tier looks up in LMDB (wraps its batched read)."""
     asked = []
-    inner = s.ssd.reader.read_lmdb
+    inner = s.engine.ssd.reader.read_lmdb
 
     def spy(table, ids, *rest):
         asked.extend((table, int(i)) for i in ids)
         return inner(table, ids, *rest)
 
-    s.ssd.reader.read_lmdb = spy
+    s.engine.ssd.reader.read_lmdb = spy
     return asked
 
 

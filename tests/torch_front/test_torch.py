@@ -116,7 +116,7 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
         w = np.linspace(0.1, 1.0, ids.shape[0]).astype(np.float32)
         for mean, weights in ((False, w), (True, None)):
             plan = plan_bags(ids, off, weights, mean)
-            out = fused.lookup_pooled("t", plan)
+            out = fused.engine.lookup_pooled("t", plan)
             rows = plain.lookup("t", ids)
             ref = np.empty_like(out)
             use_w = weights is not None
@@ -124,7 +124,7 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
             _pool_bags(rows, off, wk, use_w, mean, ref)
             assert out.tobytes() == ref.tobytes()
             grad_out = np.sin(np.arange(out.size, dtype=np.float32) + step).reshape(out.shape)
-            fused.apply_pooled_gradients("t", plan, grad_out)
+            fused.engine.apply_pooled_gradients("t", plan, grad_out)
             unpooled = np.empty((ids.shape[0], DIM), np.float32)
             _unpool_grads(grad_out, off, wk, use_w, mean, unpooled)
             plain.apply_gradients("t", ids, unpooled)
@@ -139,7 +139,7 @@ def test_inference_forward_is_bitwise_the_plain_path(tmp_path, hbm_rows):
     """No-grad forward (a direct HBM reads rows by id without deduping) against lookup + pool."""
     ours = _store(tmp_path, "a", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
     plain = _store(tmp_path, "b", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
-    assert getattr(ours.tiers_of("t").hbm, "direct", False) == (hbm_rows >= ROWS)
+    assert getattr(ours.engine.tiers_of("t").hbm, "direct", False) == (hbm_rows >= ROWS)
     bag = TieredEmbeddingBag(ours, "t", mode="mean")
     for step in range(3):
         ids, offsets, _ = _batch(step, bags=9)
@@ -184,7 +184,7 @@ def test_direct_hbm_reads_rows_written_under_a_smaller_hbm(tmp_path):
         expected = s.peek("t", np.arange(ROWS), with_state=True)
         s.checkpoint()
     with TieredStore.open(path, tiers=TierConfig(hbm_rows=ROWS, device="cpu")) as s:
-        assert s.tiers_of("t").hbm.direct
+        assert s.engine.tiers_of("t").hbm.direct
         ids = torch.arange(ROWS)
         with torch.no_grad():
             out = TieredEmbedding(s, "t")(ids).numpy()
@@ -495,7 +495,7 @@ def test_a_failed_write_back_pending_before_a_backward_stops_it_before_any_table
     s = TieredStore.create(
         tmp_path / "s", tables, TierConfig(hbm_rows=4, ddr_rows=0, device="cpu", background_writes=False), seed=1
     )
-    s.ssd.writeback_rows = 1
+    s.engine.ssd.writeback_rows = 1
     emb_a, emb_b = TieredEmbedding(s, "a"), TieredEmbedding(s, "b")
     emb_b(torch.arange(4)).sum().backward()  # b's rows 0..3 dirty in HBM
     full_disk_for(s, writes=1)

@@ -32,7 +32,7 @@ def timed_checkpoint(store: Any, step: int, extra: bytes | None = None) -> dict[
     go to the report only, never into ``extra`` or the rows (which are bitwise reproducible)."""
     t0 = time.perf_counter()
     store.checkpoint(extra)
-    rows_written = store.last_checkpoint_rows
+    rows_written = store.engine.last_checkpoint_rows
     return {"step": step, "seconds": time.perf_counter() - t0, "rows_written": rows_written}
 
 

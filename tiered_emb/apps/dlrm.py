@@ -375,7 +375,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         return loss_fn(model(x, feats), torch.from_numpy(labels).to(dev))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
-    lookahead = _lookahead(args, cfg, store.tiers.hbm_rows)
+    lookahead = _lookahead(args, cfg, store.engine.tiers.hbm_rows)
     pipeline = TrainPipeline(
         store,
         model,
@@ -412,7 +412,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         "step_threads": _step_threads(args, cfg),
         "lookahead": lookahead,
         "lr_schedule": cfg["lr_schedule"],
-        "lr_final": store.table_config(feature_names()[0]).optimizer.lr,
+        "lr_final": store.engine.table_config(feature_names()[0]).optimizer.lr,
         "thread_cpu_ms_per_step": thread_cpu,
         "checkpoints": checkpoints,
     }
@@ -439,7 +439,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             for name, s in stats.items()
         }
     )
-    capacity = len(feature_names()) * (store.tiers.hbm_rows + store.tiers.ddr_rows)
+    capacity = len(feature_names()) * (store.engine.tiers.hbm_rows + store.engine.tiers.ddr_rows)
     table_rows = sum(data.num_rows)
     report.update(
         tiers=total,
@@ -447,7 +447,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         table_rows=table_rows,
         capacity_rows=capacity,
         tables_over_capacity=table_rows / capacity,
-        lmdb_file_bytes=store.disk_bytes(),
+        lmdb_file_bytes=store.engine.disk_bytes(),
     )
     return report
 

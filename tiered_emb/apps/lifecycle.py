@@ -62,13 +62,13 @@ def delete_rows(path: str | os.PathLike[str], table: str, ids: IdsFile, purge: b
     path = Path(path)
     store = TieredStore.open(path)
     try:
-        store.check_ids(table, np.empty(0, np.int64))  # (an unknown table before any slice is read)
+        store.engine.check_ids(table, np.empty(0, np.int64))  # (an unknown table before any slice is read)
         for part in ids.slices(DELETE_SLICE):
             store.delete(table, part)
         epoch = store.checkpoint()
         if purge:
-            with store.lock:
-                store.ssd.purge([table])
+            with store.engine.lock:
+                store.engine.ssd.purge([table])
     except BaseException:
         store.close(checkpoint=False)
         raise

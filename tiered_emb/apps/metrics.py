@@ -80,7 +80,7 @@ def thread_cpu_s(store=None) -> tuple[float, dict[int, float], float] | None:
         if cpu is not None:
             threads[int(tid)] = cpu
     t = os.times()
-    writer = store.ssd.writer_pid() if store is not None else None
+    writer = store.engine.ssd.writer_pid() if store is not None else None
     return t.user + t.system, threads, (proc_cpu_s(f"/proc/{writer}/stat") or 0.0) if writer else 0.0
 
 

@@ -78,10 +78,10 @@ def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint"
         dest.mkdir(parents=True)
         counts = {}
         for name in store.tables:
-            cfg = store.table_config(name)
+            cfg = store.engine.table_config(name)
             width = cfg.record_width
-            step = _chunk_rows(store.tiers, width)
-            stored, chunks = store.ssd.stored_rows(name, step)  # (deleted rows skipped)
+            step = _chunk_rows(store.engine.tiers, width)
+            stored, chunks = store.engine.ssd.stored_rows(name, step)  # (deleted rows skipped)
             out_ids = np.lib.format.open_memmap(dest / f"{name}.ids.npy", "w+", np.int64, (stored,))
             out_rows = np.lib.format.open_memmap(dest / f"{name}.rows.npy", "w+", np.float32, (stored, width))
             a = 0
@@ -99,8 +99,8 @@ def export_store(path: str | Path, dest: str | Path, restore: str = "checkpoint"
             counts[name] = int(stored)
         meta = {
             "format": EXPORT_FORMAT,
-            "seed": store.seed,
-            "tables": [store.table_config(n).to_dict() for n in store.tables],
+            "seed": store.engine.seed,
+            "tables": [store.engine.table_config(n).to_dict() for n in store.tables],
             "rows": counts,
         }
     finally:
@@ -151,8 +151,8 @@ def _import_table(store: TieredStore, src: Path, t: TableConfig, ids, rows, tier
         chunk = np.array(ids[a : a + step])
         if chunk[0] <= last or (chunk.shape[0] > 1 and (np.diff(chunk) <= 0).any()):
             raise CorruptStoreError(f"{src}: the ids of table {t.name!r} are not increasing", "export again")
-        store.check_ids(t.name, chunk)
-        store.ssd.write_pending({t.name: (chunk, np.array(rows[a : a + step]))}, durable=True)
+        store.engine.check_ids(t.name, chunk)
+        store.engine.ssd.write_pending({t.name: (chunk, np.array(rows[a : a + step]))}, durable=True)
         last = int(chunk[-1])
     return int(ids.shape[0])
 

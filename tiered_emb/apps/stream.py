@@ -126,7 +126,7 @@ def run(args) -> int:
             "lookups_per_s": args.steps * args.tables * args.batch / max(elapsed, 1e-9),
             "rows_stored": touched,
             "capacity_rows": cap,
-            "lmdb_file_bytes": store.disk_bytes(),
+            "lmdb_file_bytes": store.engine.disk_bytes(),
             "checkpoints": checkpoints,
             "tiers": stats,
         }

@@ -82,10 +82,10 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                     exhausted, failed = True, err  # before it still run first, as without lookahead
             j = t + read - base  # batch t + read: its LMDB rows are read on the thread
             if read > 0 and 0 <= j < len(window):
-                store.read_ahead(window[j][1])
+                store.engine.read_ahead(window[j][1])
             j = t + load - base  # batch t + load comes up on the thread
             if load > 0 and 0 <= j < len(window):
-                store.bring_up(window[j][1])
+                store.engine.bring_up(window[j][1])
             if t >= 0:
                 if not window:
                     if failed is not None:
@@ -95,21 +95,21 @@ def lookahead(store, batches, ids_of, depth: int, load_ahead: int = 0, read_ahea
                 base += 1
                 try:
                     ticket.wait()
-                    with store.stepping(ticket):
+                    with store.engine.stepping(ticket):
                         yield batch
                 finally:
                     # (close() during the step released every ticket; an exiting interpreter
                     # runs no prefetch thread to release it)
-                    if not store.closed and not sys.is_finalizing():
+                    if not store.engine.closed and not sys.is_finalizing():
                         store.release(ticket)
             t += 1
     finally:
         for _, ticket in window:
-            if store.closed or sys.is_finalizing():
+            if store.engine.closed or sys.is_finalizing():
                 break  # close() released them all; or the process is exiting
             try:  # without check(): a failed unpinning is left for the next release or close()
                 store.release(ticket, check=False)
             except PrefetchError:
                 pass  # its batch never ran; the error belongs to no step
-        if not store.closed and not sys.is_finalizing():
-            store.drain_prefetch()  # every pin of the loop is gone when it ends
+        if not store.engine.closed and not sys.is_finalizing():
+            store.engine.drain_prefetch()  # every pin of the loop is gone when it ends

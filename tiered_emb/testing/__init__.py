@@ -62,7 +62,7 @@ def full_disk_for(store, writes: int = 1) -> list[str]:
     Returns the list the attempts append their thread's name to."""
     from tiered_emb.errors import StoreFullError
 
-    ssd, attempts = store.ssd, []
+    ssd, attempts = store.engine.ssd, []
     real_put, real_segments, real_by_process = (
         ssd.checkpoints.put_meta,
         ssd.segments.put,

@@ -98,7 +98,7 @@ class FusedBags(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor, weights_t, batch: Batch):
-        out = batch.store.lookup_pooled(batch.table, batch.plan, backward=batch.hold is not None)
+        out = batch.store.engine.lookup_pooled(batch.table, batch.plan, backward=batch.hold is not None)
         ctx.batch = batch
         ctx.weights_need_grad = weights_t is not None and weights_t.requires_grad
         if ctx.weights_need_grad:
@@ -115,7 +115,7 @@ class FusedBags(torch.autograd.Function):
             raise _spent("an embedding output")
         g_t = grad_out.detach().contiguous()
         store = batch.store
-        g = None if store.xp is not np and not ctx.weights_need_grad else _host(g_t)
+        g = None if store.engine.xp is not np and not ctx.weights_need_grad else _host(g_t)
         grad_w = None
         if ctx.weights_need_grad:
             grad_w = torch.from_numpy(weights_grad(batch.plan, ctx.rows, g))
@@ -125,8 +125,8 @@ class FusedBags(torch.autograd.Function):
             batch,
             ctx,
             ("batch", "rows"),
-            lambda: store.pooled_update(
-                batch.table, batch.plan, g if g is not None else store.xp.from_dlpack(g_t), batch.nonfinite
+            lambda: store.engine.pooled_update(
+                batch.table, batch.plan, g if g is not None else store.engine.xp.from_dlpack(g_t), batch.nonfinite
             ),
             lambda: (batch.plan.uids, reduce_bag_grads(batch.plan, g if g is not None else _host(g_t))[0]),
         )
@@ -159,12 +159,12 @@ class RowsFromStore(torch.autograd.Function):
             uids, inverse = dedupe(batch.plan.ids)
             return uids, reduce_grads(np.ascontiguousarray(g.cpu().numpy(), np.float32), inverse, uids.shape[0])
 
-        g_store = g.cpu().numpy() if store.xp is np else store.xp.from_dlpack(g)
+        g_store = g.cpu().numpy() if store.engine.xp is np else store.engine.xp.from_dlpack(g)
         hand_over(
             batch,
             ctx,
             ("batch",),
-            lambda: store.gradient_update(batch.table, batch.plan.ids, g_store, nonfinite=batch.nonfinite),
+            lambda: store.engine.gradient_update(batch.table, batch.plan.ids, g_store, nonfinite=batch.nonfinite),
             reduced,
         )
         return None, None

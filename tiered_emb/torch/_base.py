@@ -33,7 +33,7 @@ class StoreModule(torch.nn.Module):
 
     def __init__(self, store, table: str, nonfinite: str, padding_idx: int | None = None, freeze: bool = False):
         super().__init__()
-        store.table_config(table)  # raises UnknownTableError with a hint
+        store.engine.table_config(table)  # raises UnknownTableError with a hint
         nonfinite_rule(nonfinite)
         self.store = store
         self.table = table
@@ -46,7 +46,7 @@ class StoreModule(torch.nn.Module):
         self._anchor = torch.empty(0, requires_grad=True)
         self._hold = FUSED  # or a TieredOptimizer's held gradients (defer_updates)
         self._handle = compiled.register(self)  # how the compiled forward's ops find this module
-        self._compiles = store.xp is np  # the ops pool on the host
+        self._compiles = store.engine.xp is np  # the ops pool on the host
         self.register_load_state_dict_pre_hook(_accept_a_state_without_reference)
 
     @property
@@ -156,7 +156,7 @@ class StoreModule(torch.nn.Module):
             return self._pooled_rows(batch, weights_t, mode)
         weights_grad = weights_t is not None and weights_t.requires_grad and torch.is_grad_enabled()
         if hold is None and not weights_grad:
-            return as_tensor(self.store.lookup_pooled(self.table, plan, backward=False))
+            return as_tensor(self.store.engine.lookup_pooled(self.table, plan, backward=False))
         return FusedBags.apply(self._anchor, weights_t, batch)
 
     def compiles(self, mode: str, input) -> bool:
@@ -214,7 +214,7 @@ class StoreModule(torch.nn.Module):
     def _refuse_copy(self, what: str) -> CopyError:
         return CopyError(
             f"{type(self).__name__} over table {self.table!r} cannot be {what}: its rows live in the "
-            f"store at {str(self.store.path)!r}, not in the module",
+            f"store at {str(self.store.engine.path)!r}, not in the module",
             "save a model with tiered_emb.torch.save(model, optimizer) (a store checkpoint holding the "
             "dense state_dict) and restore it with tiered_emb.torch.load; to share the rows, build "
             "another module over the same store",
@@ -231,7 +231,7 @@ class StoreModule(torch.nn.Module):
         and the store's checkpoint count when the state was taken."""
         return {
             "rows": "in the store",
-            "store": str(self.store.path),
+            "store": str(self.store.engine.path),
             "table": self.table,
             "dim": self.embedding_dim,
             "checkpoint": self.store.epoch,
@@ -251,7 +251,8 @@ class StoreModule(torch.nn.Module):
             warnings.warn(
                 StaleRowsWarning(
                     f"the state_dict was taken at checkpoint {state['checkpoint']} of store {state['store']!r}; "
-                    f"store {str(self.store.path)!r} of table {self.table!r} is at checkpoint {self.store.epoch}, "
+                    f"store {str(self.store.engine.path)!r} of table {self.table!r} is at checkpoint "
+                    f"{self.store.epoch}, "
                     "so its rows are older than the dense weights loaded with them"
                 ),
                 stacklevel=2,

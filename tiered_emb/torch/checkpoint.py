@@ -35,7 +35,7 @@ def _stores(model) -> list:
 
 def _not_a_saved_model(store) -> ConfigError:
     return ConfigError(
-        f"store {str(store.path)!r} holds checkpoint extra bytes that are not a saved model",
+        f"store {str(store.engine.path)!r} holds checkpoint extra bytes that are not a saved model",
         "load with tiered_emb.torch.load what tiered_emb.torch.save wrote",
     )
 
@@ -87,7 +87,7 @@ def save(model: torch.nn.Module, optimizer=None, extra: dict | None = None) -> i
     rows = 0
     for store in stores:
         store.checkpoint(extra=buf.getvalue())
-        rows += store.last_checkpoint_rows
+        rows += store.engine.last_checkpoint_rows
     return rows
 
 
@@ -102,12 +102,12 @@ def load(model: torch.nn.Module, optimizer=None) -> dict:
     saved = [store.extra for store in stores]
     if saved[0] is None:
         raise ConfigError(
-            f"store {str(stores[0].path)!r} holds no saved model",
+            f"store {str(stores[0].engine.path)!r} holds no saved model",
             "save one with tiered_emb.torch.save(model, optimizer)",
         )
     if any(s != saved[0] for s in saved[1:]):
         raise CorruptStoreError(
-            f"the stores {[str(s.path) for s in stores]} hold different saved states",
+            f"the stores {[str(s.engine.path) for s in stores]} hold different saved states",
             "a save over several stores was interrupted: open each at a checkpoint of the same save",
         )
     try:

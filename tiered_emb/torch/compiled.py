@@ -65,7 +65,7 @@ def pooled(
     m.check_not_distributed()
     m.check_scaled(update, autocast)
     _, plan, _ = _plan(m, ids, offsets, weights, mode, include_last_offset)
-    return torch.from_numpy(m.store.lookup_pooled(m.table, plan, backward=update))
+    return torch.from_numpy(m.store.engine.lookup_pooled(m.table, plan, backward=update))
 
 
 @pooled.register_fake
@@ -103,7 +103,7 @@ def pooled_backward(
             batch,
             None,
             (),
-            lambda: m.store.pooled_update(m.table, plan, g, m.nonfinite),
+            lambda: m.store.engine.pooled_update(m.table, plan, g, m.nonfinite),
             lambda: (plan.uids, reduce_bag_grads(plan, g)[0]),
         )
     return grad_w, torch.zeros(0)

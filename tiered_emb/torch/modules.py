@@ -164,7 +164,7 @@ class TieredEmbedding(StoreModule):
 
     def _with_padding(self, ids: np.ndarray, pad: np.ndarray) -> torch.Tensor:
         """The padding row read without a gradient, the others through the update path."""
-        self.store.check_ids(self.table, ids)  # every id, before anything is read
+        self.store.engine.check_ids(self.table, ids)  # every id, before anything is read
         kept = self._gathered(ids[~pad])
         pad_row = torch.from_numpy(self.store.peek(self.table, np.array([self.padding_idx], dtype=np.int64)))
         where = np.where(pad, kept.shape[0], np.cumsum(~pad) - 1)  # row of each position in cat(kept, pad_row)
@@ -262,7 +262,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
             plan, weights_t = bag.plan_batch(ids, offsets, weights_t, bag.mode)
             store = bag.store
-            store.check_bags(table, plan)  # the ids' range, before anything is read
+            store.engine.check_bags(table, plan)  # the ids' range, before anything is read
             planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
         out = {}
         for bag, plan, weights_t, feats, sizes in planned:

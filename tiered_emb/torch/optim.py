@@ -74,7 +74,7 @@ class HeldGradients:
             if g is None:
                 continue
             grads = np.ascontiguousarray(g.detach().cpu().numpy(), dtype=np.float32)
-            updates.append(h.store.gradient_update(h.table, h.ids, grads, nonfinite=h.nonfinite))
+            updates.append(h.store.engine.gradient_update(h.table, h.ids, grads, nonfinite=h.nonfinite))
         return updates
 
     def clear(self) -> None:
@@ -132,7 +132,7 @@ class TieredOptimizer(torch.optim.Optimizer):
     >>> scaler.step(opt)                                 # rows and the Linear, or neither
     >>> scaler.update()
     >>> schedule.step()                                  # the next step's rate: 0.05, rows and Linear
-    >>> s.table_config("t").optimizer.lr, opt.param_groups[-1]["lr"]
+    >>> s.engine.table_config("t").optimizer.lr, opt.param_groups[-1]["lr"]
     (0.1, 0.05)
     >>> s.close()
     """
@@ -156,7 +156,7 @@ class TieredOptimizer(torch.optim.Optimizer):
         for m in modules:
             key = (id(m.store), m.table)
             if key not in self._tables:
-                lr = m.store.table_config(m.table).optimizer.lr
+                lr = m.store.engine.table_config(m.table).optimizer.lr
                 self._tables[key] = (m.store, m.table, {"params": [], "lr": lr, "table": m.table})
         self._groups: list[dict] = []
         super().__init__([g for _, _, g in self._tables.values()], {})
@@ -210,9 +210,9 @@ class TieredOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise ConfigError("step(closure) is not supported", "call backward before step(), without a closure")
         for store, table, group in self._tables.values():  # every rate checked before any is set
-            store.table_config(table).with_learning_rate(_rate(group["lr"], table))
+            store.engine.table_config(table).with_learning_rate(_rate(group["lr"], table))
         for store, table, group in self._tables.values():
-            if float(group["lr"]) != store.table_config(table).optimizer.lr:
+            if float(group["lr"]) != store.engine.table_config(table).optimizer.lr:
                 store.set_learning_rate(table, float(group["lr"]))
         updates = self.held.checked_updates()
         for update in updates:

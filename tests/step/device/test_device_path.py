@@ -50,10 +50,10 @@ def _train(path, steps: int, seed: int, reopen: bool):
     for step in range(steps):
         for cfg in TABLES:
             plan = _bags(rng, step)
-            out = store.lookup_pooled(cfg.name, plan)
+            out = store.engine.lookup_pooled(cfg.name, plan)
             outputs.append(np.array(out))
             grad = np.sin(np.asarray(out) * np.float32(3.0)) + np.float32(0.1 * step)
-            store.apply_pooled_gradients(cfg.name, plan, grad.astype(np.float32))
+            store.engine.apply_pooled_gradients(cfg.name, plan, grad.astype(np.float32))
             ids = rng.integers(0, 12, 5)
             rows = store.lookup(cfg.name, ids)
             outputs.append(np.array(rows))
@@ -96,7 +96,7 @@ def test_the_device_path_takes_the_kernels(tmp_path, monkeypatch):
 
     monkeypatch.setattr(DeviceKernels, "pool", counting)
     with TieredStore.create(tmp_path / "s", TABLES[:1], TierConfig(4, device="cpu")) as s:
-        s.lookup_pooled("s", plan_bags(np.array([1, 2, 1]), np.array([0, 2, 3])))
+        s.engine.lookup_pooled("s", plan_bags(np.array([1, 2, 1]), np.array([0, 2, 3])))
     assert len(calls) == 1
 
 
@@ -112,8 +112,8 @@ def test_prefetched_batches_on_the_device_path(tmp_path, monkeypatch):
         outs = []
         with TieredStore.create(path, TABLES[2:3], TierConfig(16, 4, "lru", "cpu"), seed=1) as s:
             for plan in lookahead(s, plans, lambda p: {"r": p.ids}, 2, load_ahead=1):
-                out = np.array(s.lookup_pooled("r", plan))
-                s.apply_pooled_gradients("r", plan, np.tanh(out + np.float32(0.5)))
+                out = np.array(s.engine.lookup_pooled("r", plan))
+                s.engine.apply_pooled_gradients("r", plan, np.tanh(out + np.float32(0.5)))
                 outs.append(out)
             return outs + [s.peek("r", np.arange(12), with_state=True)]
 
@@ -127,11 +127,11 @@ def test_nonfinite_gradients_on_the_device_path(tmp_path, monkeypatch, nonfinite
     def run(path):
         with TieredStore.create(path, TABLES[1:2], TierConfig(8, device="cpu"), seed=2) as s:
             plan = plan_bags(np.array([1, 2, 3, 2]), np.array([0, 2, 4]))
-            s.lookup_pooled("a", plan)
+            s.engine.lookup_pooled("a", plan)
             g = np.ones((2, 4), dtype=np.float32)
             g[1, 2] = np.nan
             try:
-                s.apply_pooled_gradients("a", plan, g, nonfinite=nonfinite)
+                s.engine.apply_pooled_gradients("a", plan, g, nonfinite=nonfinite)
             except NonFiniteGradientError:
                 pass
             return [s.peek("a", np.arange(5), with_state=True)]
@@ -187,16 +187,16 @@ def test_a_table_held_whole_is_planned_on_the_device_with_the_hosts_counts(tmp_p
             for step in range(6):  # new ids each step, and ids seen again
                 plan = _bags(rng, step)
                 plan = plan_bags(plan.ids * 3 % 40, plan.offsets, plan.weights, mean=plan.mean)
-                out = np.array(s.lookup_pooled("m", plan))
-                s.apply_pooled_gradients("m", plan, np.tanh(out + np.float32(step)))
+                out = np.array(s.engine.lookup_pooled("m", plan))
+                s.engine.apply_pooled_gradients("m", plan, np.tanh(out + np.float32(step)))
                 outs.append(out)
             bad = plan_bags(np.array([1, 2, 1]), np.array([0, 2, 3]))
-            out = s.lookup_pooled("m", bad)
+            out = s.engine.lookup_pooled("m", bad)
             grad = np.ones((2, 3), dtype=np.float32)
             grad[1, 0] = np.nan  # id 1's sum (bags 0 and 1) is NaN, id 2's is not
             with pytest.raises(NonFiniteGradientError):
-                s.apply_pooled_gradients("m", bad, grad)
-            s.apply_pooled_gradients("m", bad, grad, nonfinite="skip")
+                s.engine.apply_pooled_gradients("m", bad, grad)
+            s.engine.apply_pooled_gradients("m", bad, grad, nonfinite="skip")
             outs.append(s.peek("m", np.arange(40), with_state=True))
             return outs, s.stats()["m"]["hbm"]
 
@@ -219,8 +219,8 @@ def test_a_batch_over_the_budget_on_the_device_plan_changes_nothing(tmp_path, mo
     monkeypatch.setenv("TIERED_EMB_DEVICE_KERNELS", "1")
     wide = TableConfig("w", dim=1000, optimizer=Adam(lr=0.05), num_rows=200)  # 12 KB records: 87 fit 1 MiB
     with TieredStore.create(tmp_path / "s", [wide], TierConfig(256, device="cpu", budget_bytes=1 << 20)) as s:
-        s.lookup_pooled("w", plan_bags(np.arange(60), np.array([0, 60])))  # up: 40 more would fit
+        s.engine.lookup_pooled("w", plan_bags(np.arange(60), np.array([0, 60])))  # up: 40 more would fit
         before = s.stats()["w"]["hbm"]
         with pytest.raises(ConfigError, match="budget_bytes"):
-            s.lookup_pooled("w", plan_bags(np.arange(100), np.array([0, 50, 100])))
+            s.engine.lookup_pooled("w", plan_bags(np.arange(100), np.array([0, 50, 100])))
         assert s.stats()["w"]["hbm"] == before

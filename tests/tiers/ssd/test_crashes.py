@@ -58,7 +58,7 @@ if phase in ("open", "back"):
     print("opened", flush=True)
     sys.exit(0)
 s = TieredStore.create(path, tables, tiers, seed=4)
-s.ssd.writeback_rows = 32
+s.engine.ssd.writeback_rows = 32
 print("start", flush=True)
 for step in range(1, 100_000):
     random_updates([s], tables, 1, seed=step, ids_below=300)
@@ -67,8 +67,8 @@ for step in range(1, 100_000):
     if phase == "delete":  # (deletions, and a purge of every stale copy every other checkpoint)
         deletions([s], tables, step)
         if step % 10 == 0:
-            with s.lock:
-                s.ssd.purge(["a", "b"])
+            with s.engine.lock:
+                s.engine.ssd.purge(["a", "b"])
     if step % 5 == 0:
         s.checkpoint()
         print(step, flush=True)

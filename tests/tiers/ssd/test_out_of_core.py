@@ -43,7 +43,7 @@ if phase == "dirty":  # every row dirty in DDR, none written yet: the checkpoint
     out["trained"] = s.peek("t", np.array([0, rows - 1]))[:, 0].tolist()
     out["before"] = start()
     s.checkpoint()
-    out["written"] = s.last_checkpoint_rows
+    out["written"] = s.engine.last_checkpoint_rows
     out["after"] = peak()
     s.close(checkpoint=False)
     s = TieredStore.open(path, big)
@@ -64,7 +64,7 @@ elif phase == "checkpoint":
     write_all(s, 0.5)  # every row written since the (empty) checkpoint
     out["before"] = start()
     s.checkpoint()
-    out["written"] = s.last_checkpoint_rows
+    out["written"] = s.engine.last_checkpoint_rows
     out["after"] = peak()
     write_all(s, 0.25)  # and again, left for the recovery
     crash(s)
@@ -77,7 +77,7 @@ else:
     out["before"] = start()
     s = TieredStore.open(path, tiers, restore="latest")
     out["after"] = peak()
-    out["index_bytes"] = s.ssd.index_bytes()
+    out["index_bytes"] = s.engine.ssd.index_bytes()
     out["row"] = s.peek("t", np.array([rows - 1]))[0, :2].tolist()
     s.close(checkpoint=False)
 print(json.dumps(out))
@@ -170,7 +170,7 @@ if phase == "open":
     TieredStore.open(path, tiers).close(checkpoint=False)
     sys.exit(0)
 s = TieredStore.create(path, tables, tiers, seed=4)
-s.ssd.writeback_rows = 32
+s.engine.ssd.writeback_rows = 32
 for step in range(1, 41):
     random_updates([s], tables, 1, seed=step, ids_below=300)
     if step % 5 == 0:
@@ -290,9 +290,9 @@ def test_compaction_of_segments_larger_than_the_setting_now(tmp_path):
         s.flush()
         s.write("a", np.arange(2000), np.full((2000, 4), 2, np.float32))
     with TieredStore.open(tmp_path / "s", TierConfig(hbm_rows=8, device="cpu", ssd_compression=3)) as s:
-        with s.lock:
-            s.ssd.compact(["a"])
-        assert s.ssd.compactor.runs > 0
+        with s.engine.lock:
+            s.engine.ssd.compact(["a"])
+        assert s.engine.ssd.compactor.runs > 0
         got = s.peek("a", np.arange(4000))
         assert (got[:2000] == 2).all() and (got[2000:] == 1).all()
 

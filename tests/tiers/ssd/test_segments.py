@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tiered_emb import SGD, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb._jit import split_parts
 from tiered_emb.errors import CorruptStoreError, StoreFormatError
-from tiered_emb.testing import crash, random_updates
+from tiered_emb.testing import crash, faults, random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.compaction import Compactor
@@ -300,16 +300,14 @@ def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, backgrou
         TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=background, ssd_compression=compression),
         seed=4,
     )
-    s.ssd.writeback_rows = 32
+    s.engine.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
-    compactions = []
-    real = s.ssd.compactor.compact_run
-    monkeypatch.setattr(s.ssd.compactor, "compact_run", lambda table: (compactions.append(table), real(table))[1])
+    compactions = faults.compactions(s)
     _train(s, ref, 60)
-    s.ssd.wait_writes()
-    assert compactions and s.ssd.failed_write is None
+    s.engine.ssd.wait_writes()
+    assert compactions and s.engine.ssd.failed_write is None
     for t in TABLES:  # bounded: at most the ratio times the live rows, and one write-back's worth past it
-        rows = s.ssd.table_stats(t.name)
+        rows = s.engine.ssd.table_stats(t.name)
         assert rows["stored_rows"] <= Compactor.COMPACT_RATIO * rows["rows"] + 2 * 32 + 200
     _same_rows(s, ref)
     s.flush()
@@ -329,13 +327,13 @@ def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
     for seed in range(4):  # each flush writes the rows the step changed: copies of the first go stale
         _train(s, ref, 5, seed=seed)
         s.flush()
-    ssd = s.ssd
+    ssd = s.engine.ssd
     ids = np.arange(300)
     real = ssd.reader.read_lmdb
 
     def read_after_compaction(*args):
         runs = ssd.compactor.runs
-        with s.lock:
+        with s.engine.lock:
             ssd.compact(["a"])
         assert ssd.compactor.runs > runs
         return real(*args)
@@ -422,7 +420,7 @@ def test_a_store_of_records_opens_and_its_rows_move_to_segments(tmp_path):
     _train(s, ref, 5)
     _closed_as_records(s, tmp_path / "s")
     with TieredStore.open(tmp_path / "s") as r:
-        assert r.ssd.lmdb.records["a"] and r.ssd.pending_rows("a")["live"] == 0
+        assert r.engine.ssd.lmdb.records["a"] and r.engine.ssd.pending_rows("a")["live"] == 0
         _same_rows(r, ref)
         _train(r, ref, 5, seed=1)
         r.flush()
@@ -453,7 +451,7 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
     """The writer process commits, then dies before its reply: the rows still wait in memory
     and their next write must append above the segments it left (not fail on their numbers)."""
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
-    s.ssd.writeback_rows = 32
+    s.engine.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     real, lost = WriterProcess.write, []
 
@@ -467,11 +465,11 @@ def test_a_write_committed_but_not_answered_is_written_again_above_it(tmp_path, 
     monkeypatch.setattr(WriterProcess, "write", write)
     with pytest.raises(CorruptStoreError):
         _train(s, ref, 30)
-        s.ssd.wait_writes()
-        s.ssd.raise_failed_write()
+        s.engine.ssd.wait_writes()
+        s.engine.ssd.raise_failed_write()
     _train(s, ref, 30, seed=1)  # (the failed step above was not applied: the reference has it too)
-    s.ssd.wait_writes()
-    assert lost == [{"ok": True}] and s.ssd.failed_write is None
+    s.engine.ssd.wait_writes()
+    assert lost == [{"ok": True}] and s.engine.ssd.failed_write is None
     _same_rows(s, ref)
     s.flush()
     crash(s)
@@ -489,13 +487,13 @@ def test_a_staged_read_across_a_checkpoint_and_new_writes_is_discarded(tmp_path,
             ids = rng.integers(0, 300, 64)
             s.apply_gradients(t.name, ids, rng.standard_normal((64, t.dim)).astype(np.float32))
     s.flush()  # p:a now holds segments whose positions go up to ~300
-    ssd = s.ssd
+    ssd = s.engine.ssd
     assert ssd.pending_rows("a")["live"] > 50
     real = ssd.reader.read_lmdb
     width = ssd.widths["a"]
 
     def checkpoint_and_write_between(*args):
-        with s.lock:  # what another thread does meanwhile: a checkpoint, then write-backs
+        with s.engine.lock:  # what another thread does meanwhile: a checkpoint, then write-backs
             ssd.checkpoint({}, ssd.read_meta(), None)
             for i in range(10):  # segments 0..9 of p:a, one row each
                 ssd.write_pending({"a": (np.array([1000 + i]), np.ones((1, width), np.float32))})
@@ -513,7 +511,7 @@ def test_rows_cut_into_segments_of_the_cap(tmp_path, monkeypatch):
     monkeypatch.setattr(SegmentLog, "rows_per_segment", lambda self, table: 7)
     monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 100)
     s = TieredStore.create(tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu"), seed=4)
-    s.ssd.writeback_rows = 32
+    s.engine.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     _train(s, ref, 40)
     s.flush()
@@ -537,7 +535,7 @@ def test_a_disk_full_in_a_compaction_is_raised_typed_and_loses_nothing(tmp_path,
     s = TieredStore.create(
         tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=False), seed=4
     )
-    s.ssd.writeback_rows = 32
+    s.engine.ssd.writeback_rows = 32
     ref = ReferenceStore(TABLES, seed=4)
     real, fail = Compactor.needed, [True]
 
@@ -554,7 +552,7 @@ def test_a_disk_full_in_a_compaction_is_raised_typed_and_loses_nothing(tmp_path,
             _train(s, ref, 1, seed=seed)
         except StoreFullError:
             raised += 1  # (the step that raised it changed nothing: the reference skips it too)
-    assert raised == 1 and not fail[0] and s.ssd.compactor.runs > 0
+    assert raised == 1 and not fail[0] and s.engine.ssd.compactor.runs > 0
     _same_rows(s, ref)
     s.close()
     with TieredStore.open(tmp_path / "s") as r:

@@ -48,13 +48,13 @@ def _train(path: Path, checkpoints: int, keep: int, monkeypatch, compacts: bool 
     tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", keep_checkpoints=keep)
     steps = {0: 0}
     s = TieredStore.create(path, TABLES, tiers, seed=4)
-    s.ssd.writeback_rows = 32
+    s.engine.ssd.writeback_rows = 32
     for step in range(1, checkpoints * EVERY + 1):
         random_updates([s], TABLES, 1, seed=step, ids_below=300)
         if step % EVERY == 0:
             steps[s.checkpoint(extra=str(step).encode())] = step
     assert s.snapshots() == sorted(steps)[-keep:]
-    compacted = s.ssd.compactor.runs
+    compacted = s.engine.ssd.compactor.runs
     s.close(checkpoint=False)  # (the last checkpoint has every row)
     assert compacted > 0 or not compacts  # (the kept checkpoints' rows went through compaction)
     return steps

@@ -31,16 +31,18 @@ def _steps(s, ref, steps, seed=0, n=40):
 
 def _pending(s) -> dict:
     """Every key and value of every ``p:`` database (after the writes in flight)."""
-    s.ssd.wait_writes()
-    with s.ssd.lmdb.env.begin() as txn:
-        return {t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s.ssd.lmdb.pending[t])] for t in sorted(s.tables)}
+    s.engine.ssd.wait_writes()
+    with s.engine.ssd.lmdb.env.begin() as txn:
+        return {
+            t: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=s.engine.ssd.lmdb.pending[t])] for t in sorted(s.tables)
+        }
 
 
 def _store(path, background, **kw):
     s = TieredStore.create(
         path, TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=background, **kw), seed=2
     )
-    s.ssd.writeback_rows = 16  # a write-back transaction every few steps
+    s.engine.ssd.writeback_rows = 16  # a write-back transaction every few steps
     return s
 
 
@@ -60,17 +62,19 @@ def test_the_writer_process_writes_what_this_process_writes(tmp_path, compressio
     ref = ReferenceStore(TABLES, seed=2)
     _steps(a, ref, 12)
     _steps(b, None, 12)
-    assert a.ssd.writer_handle() is not None and a.ssd.writer_handle().poll() is None  # the process wrote them
-    assert b.ssd.writer_handle() is None
+    assert (
+        a.engine.ssd.writer_handle() is not None and a.engine.ssd.writer_handle().poll() is None
+    )  # the process wrote them
+    assert b.engine.ssd.writer_handle() is None
     pa, pb = _pending(a), _pending(b)
-    assert pa == pb and sum(a.ssd.pending_rows(t)["live"] for t in pa) > 100
+    assert pa == pb and sum(a.engine.ssd.pending_rows(t)["live"] for t in pa) > 100
     for t, segments in pa.items():  # the index holds every id of the segments
         held = set()
         for _, v in segments:
             n = codec.SEGMENT_HEADER.unpack_from(v)[3]
             held |= set(np.frombuffer(v, "<i8", n, codec.SEGMENT_HEADER.size).tolist())
-        assert a.ssd.pending_ids(t).tolist() == sorted(held)
-    proc = a.ssd.writer_handle()
+        assert a.engine.ssd.pending_ids(t).tolist() == sorted(held)
+    proc = a.engine.ssd.writer_handle()
     a.close()
     b.close()
     assert proc.returncode == 0  # close() ended it
@@ -83,8 +87,8 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
     s = _store(tmp_path / "s", True)
     ref = ReferenceStore(TABLES, seed=2)
     _steps(s, ref, 6)
-    s.ssd.wait_writes()
-    first = s.ssd.writer_handle()
+    s.engine.ssd.wait_writes()
+    first = s.engine.ssd.writer_handle()
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     raised, rng = [], np.random.default_rng(5)
@@ -103,9 +107,9 @@ def test_a_killed_writer_process_loses_nothing(tmp_path):
             ref.apply_gradients(t.name, ids, g)
     assert len(raised) == 1
     assert (
-        s.ssd.writer_handle() is not None
-        and s.ssd.writer_handle() is not first
-        and s.ssd.writer_handle().poll() is None
+        s.engine.ssd.writer_handle() is not None
+        and s.engine.ssd.writer_handle() is not first
+        and s.engine.ssd.writer_handle().poll() is None
     )
     s.close()
     _equals_reference(tmp_path / "s", ref)
@@ -120,7 +124,7 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
         TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", map_size_bytes=1 << 20),
         seed=2,
     )
-    s.ssd.writeback_rows = 4096
+    s.engine.ssd.writeback_rows = 4096
     ref = ReferenceStore([TableConfig("w", dim=64, optimizer=SGD(lr=0.5))], seed=2)
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -128,9 +132,9 @@ def test_a_full_map_is_grown_for_the_writer_process(tmp_path):
         g = rng.standard_normal((512, 64)).astype(np.float32)
         s.apply_gradients("w", ids, g)
         ref.apply_gradients("w", ids, g)
-    s.ssd.wait_writes()
-    assert s.ssd.failed_write is None and s.ssd.writer_handle() is not None
-    assert s.ssd.lmdb.map_size() > 1 << 20 and s.ssd.pending_rows("w")["live"] > 4096
+    s.engine.ssd.wait_writes()
+    assert s.engine.ssd.failed_write is None and s.engine.ssd.writer_handle() is not None
+    assert s.engine.ssd.lmdb.map_size() > 1 << 20 and s.engine.ssd.pending_rows("w")["live"] > 4096
     s.close()
     with TieredStore.open(tmp_path / "s") as s:
         some = np.unique(np.random.default_rng(1).integers(0, 1 << 30, 512))
@@ -208,12 +212,12 @@ import sys, numpy as np
 from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
 s = TieredStore.create({str(tmp_path / "s")!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
                        TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
-s.ssd.writeback_rows = 8
+s.engine.ssd.writeback_rows = 8
 rng = np.random.default_rng(0)
 for _ in range(20):
     s.apply_gradients("a", rng.integers(0, 1000, 16), np.ones((16, 4), np.float32))
-s.ssd.wait_writes()
-print(s.ssd.writer_pid(), flush=True)
+s.engine.ssd.wait_writes()
+print(s.engine.ssd.writer_pid(), flush=True)
 sys.stdin.read()
 """
     with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as trainer:
@@ -249,9 +253,13 @@ def test_a_writer_process_that_cannot_start_leaves_the_writes_to_the_thread(tmp_
     ref = ReferenceStore(TABLES, seed=2)
     with pytest.warns(RuntimeWarning, match="writer process .* could not start .* thread from now on"):
         _steps(s, ref, 12)
-        s.ssd.wait_writes()
-    assert s.ssd.writer_process is False and s.ssd.writer_handle() is None and s.ssd.failed_write is None
-    assert sum(s.ssd.pending_rows(t)["live"] for t in s.tables) > 0  # written by the thread
+        s.engine.ssd.wait_writes()
+    assert (
+        s.engine.ssd.writer_process is False
+        and s.engine.ssd.writer_handle() is None
+        and s.engine.ssd.failed_write is None
+    )
+    assert sum(s.engine.ssd.pending_rows(t)["live"] for t in s.tables) > 0  # written by the thread
     s.close()
     _equals_reference(tmp_path / "s", ref)
 
@@ -285,12 +293,12 @@ def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path
     with warnings.catch_warnings(record=case != "warnings are errors") as seen:
         warnings.simplefilter("error" if case == "warnings are errors" else "always")
         _steps(s, ref, 12)
-        s.ssd.wait_writes()
-    assert s.ssd.failed_write is None
+        s.engine.ssd.wait_writes()
+    assert s.engine.ssd.failed_write is None
     if case == "a Path in sys.path":  # those entries are left out; the writer runs
-        assert s.ssd.writer_handle() is not None and s.ssd.writer_process
+        assert s.engine.ssd.writer_handle() is not None and s.engine.ssd.writer_process
     else:
-        assert s.ssd.writer_process is False and s.ssd.writer_handle() is None
+        assert s.engine.ssd.writer_process is False and s.engine.ssd.writer_handle() is None
         if case != "warnings are errors":
             assert any("thread from now on" in str(w.message) for w in seen)
     s.close()
@@ -302,8 +310,8 @@ def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
 
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
-    s.ssd.wait_writes()
-    proc = s.ssd.writer_handle()
+    s.engine.ssd.wait_writes()
+    proc = s.engine.ssd.writer_handle()
     del s
     gc.collect()
     assert proc.returncode is not None  # reaped, its pipes closed (no ResourceWarning: they are errors here)
@@ -314,8 +322,8 @@ def test_a_fork_does_not_keep_the_writer_alive(tmp_path):
     pipe; it is pointed at /dev/null there, so close() ends the writer at once."""
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
-    s.ssd.wait_writes()
-    proc = s.ssd.writer_handle()
+    s.engine.ssd.wait_writes()
+    proc = s.engine.ssd.writer_handle()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the fork: wait until told to go
@@ -337,15 +345,15 @@ def test_ctrl_c_is_the_trainers_not_the_writers(tmp_path):
     terminal's process group) or a signal to the job's group is the trainer's to handle."""
     s = _store(tmp_path / "s", True)
     _steps(s, None, 12)
-    s.ssd.wait_writes()
-    proc = s.ssd.writer_handle()
+    s.engine.ssd.wait_writes()
+    proc = s.engine.ssd.writer_handle()
     assert os.getpgid(proc.pid) != os.getpgid(0)
     os.kill(proc.pid, signal.SIGINT)
     time.sleep(0.3)
     assert proc.poll() is None
     _steps(s, None, 12, seed=1)
-    s.ssd.wait_writes()
-    assert s.ssd.failed_write is None and s.ssd.writer_handle() is proc
+    s.engine.ssd.wait_writes()
+    assert s.engine.ssd.failed_write is None and s.engine.ssd.writer_handle() is proc
     s.close()
 
 
@@ -362,7 +370,7 @@ from tiered_emb import TableConfig, TieredStore, TierConfig, SGD
 from tiered_emb.errors import CorruptStoreError
 s = TieredStore.create({str(tmp_path / "s")!r}, [TableConfig("a", dim=4, optimizer=SGD(lr=0.5))],
                        TierConfig(hbm_rows=4, ddr_rows=4, device="cpu"), seed=1)
-s.ssd.writeback_rows = 8
+s.engine.ssd.writeback_rows = 8
 rng = np.random.default_rng(0)
 def steps(n):
     raised = 0
@@ -373,8 +381,8 @@ def steps(n):
             raised += 1
     return raised
 def kill_writer():
-    s.ssd.wait_writes()
-    p = s.ssd.writer_handle()
+    s.engine.ssd.wait_writes()
+    p = s.engine.ssd.writer_handle()
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
 steps(10)
@@ -444,10 +452,10 @@ def test_a_store_tunes_the_allocator_only_when_asked(tmp_path, monkeypatch):
         tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", tune_malloc=tune, budget_bytes=64 << 20)
         s = TieredStore.open(tmp_path / str(tune), tiers)
         assert tuned == []  # (an open writes nothing: it leaves the allocator alone)
-        s.ssd.writeback_rows = 16
+        s.engine.ssd.writeback_rows = 16
         _steps(s, ReferenceStore(TABLES, seed=2), 30)
-        s.ssd.wait_writes()
-        assert s.ssd.writer_handle() is not None
+        s.engine.ssd.wait_writes()
+        assert s.engine.ssd.writer_handle() is not None
         s.close(checkpoint=False)
     assert tuned == [16 << 20]  # (a quarter of the budget)
     assert [h["malloc_trim"] for h in hellos] == [0, 16 << 20]
