@@ -18,7 +18,10 @@ flat int64 array (see :mod:`tiered_emb.cache.policies._state`):
 LRU and LFU keep only candidates (a pinned slot is out of the ring or heap, and attaching
 it again is its use); FIFO, CLOCK and SIEVE keep every slot in insertion order and pin a
 slot with a bit (:mod:`.queue`), as do S3-FIFO (:mod:`.s3fifo`) and ARC (:mod:`.arc`),
-over two lists of slots and a pool of ghost ids (:mod:`.ghost`).
+over two lists of slots and a pool of ghost ids (:mod:`.ghost`).  Their operations are
+compiled functions the kernels call, where the others' are inlined: inlined at every
+call site of every tier kernel, their larger bodies made the first run's compilation
+several times longer (CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numba
+import numpy as np
 
 from tiered_emb._jit import prefetch_hint
 from tiered_emb.cache.policies._state import (  # noqa: F401
@@ -115,9 +119,9 @@ def policy_detach(code, P, slot):
 def policy_remove(code, P, slot, pinned):
     """``slot``'s row leaves the tier (``pinned``: detached already)."""
     if code == S3FIFO:
-        s3fifo_remove(P, slot)
+        s3fifo_remove(P, np.int64(slot))
     elif code == ARC:
-        arc_remove(P, slot)
+        arc_remove(P, np.int64(slot))
     elif code > LFU:
         queue_remove(P, slot)
     elif not pinned:
@@ -129,9 +133,9 @@ def policy_admit(code, P, key):
     """``key`` missed and is about to take a slot (free or a victim's): before
     :func:`policy_victim` and :func:`policy_fresh`."""
     if code == S3FIFO:
-        s3fifo_admit(P, key)
+        s3fifo_admit(P, np.int64(key))
     elif code == ARC:
-        arc_admit(P, key)
+        arc_admit(P, np.int64(key))
 
 
 @numba.njit(inline="always")
@@ -190,10 +194,10 @@ def policy_touch(code, P, slot):
     if code == LRU:
         return
     if code == S3FIFO:
-        s3fifo_use(P, slot)
+        s3fifo_use(P, np.int64(slot))
         return
     if code == ARC:
-        arc_use(P, slot)
+        arc_use(P, np.int64(slot))
         return
     if code != LFU:
         queue_use(code, P, slot)
@@ -210,10 +214,10 @@ def policy_fresh(code, P, slot):
     if code == LRU:
         return
     if code == S3FIFO:
-        s3fifo_fresh(P, slot)
+        s3fifo_fresh(P, np.int64(slot))
         return
     if code == ARC:
-        arc_fresh(P, slot)
+        arc_fresh(P, np.int64(slot))
         return
     if code != LFU:
         queue_insert(P, slot)

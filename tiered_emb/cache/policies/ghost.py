@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numba
 
-from tiered_emb.cache.index import index_del, index_find, index_prefetch, index_put
+from tiered_emb.cache.index import index_del, index_find, index_put
 from tiered_emb.cache.policies._lists import list_push, list_unlink
 from tiered_emb.cache.policies._state import (
     G0,
@@ -39,18 +39,11 @@ def _table(P):
     return P[k : k + n], P[v : v + n]
 
 
-@numba.njit(inline="always")
+@numba.njit(cache=True, nogil=True)
 def ghost_find(P, key):
     """The ghost node of ``key``, or -1."""
     keys, vals = _table(P)
     return index_find(keys, vals, key)
-
-
-@numba.njit(inline="always")
-def ghost_prefetch(P, key):
-    """Fetch the hash bucket of ``key``: a hint for an admit a few ids on."""
-    keys, vals = _table(P)
-    index_prefetch(keys, vals, key)
 
 
 @numba.njit(inline="always")
@@ -59,7 +52,7 @@ def ghost_list(P, node):
     return G0 if P[P[GWHERE] + node] == 0 else G1
 
 
-@numba.njit(inline="always")
+@numba.njit(cache=True, nogil=True)
 def ghost_forget(P, node):
     """Take ghost ``node`` off its list and out of the hash; the node is free again."""
     list_unlink(P, P[GNEWER], P[GOLDER], ghost_list(P, node), node)
@@ -75,7 +68,7 @@ def ghost_forget_oldest(P, h):
     ghost_forget(P, P[h + 1])
 
 
-@numba.njit(inline="always")
+@numba.njit(cache=True, nogil=True)
 def ghost_add(P, h, key):
     """``key`` becomes the newest ghost of the list of triple ``h`` (``key`` is no ghost).
 
