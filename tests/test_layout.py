@@ -400,19 +400,32 @@ def test_modules_are_30_to_600_lines() -> None:
 
 
 def private_reads_in_test(path: Path) -> list[tuple[int, str]]:
-    """``(line, "<name>._<attr>")`` for reads of an underscored attribute of a plain name in a test file."""
+    """``(line, "<name>._<attr>")`` for reads of an underscored attribute of a plain name in a test
+    file, and ``(line, "from <module> import _<name>")`` for an underscored name (not a module)
+    imported from the package."""
+    tree = _tree(path)
     out = {
         (node.lineno, f"{node.value.id}.{node.attr}")
-        for node in ast.walk(_tree(path))
+        for node in ast.walk(tree)
         if isinstance(node, ast.Attribute)
         and _private(node.attr)
         and isinstance(node.value, ast.Name)
         and node.value.id not in ("self", "cls")
     }
+    out |= {
+        (node.lineno, f"from {node.module} import {a.name}")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tiered_emb"
+        for a in node.names
+        if _private(a.name) and not _is_module(f"{node.module}.{a.name}")
+    }
     return sorted((line, what) for line, what in out if what not in FOREIGN_API)
 
 
-def test_tests_read_no_private_members() -> None:
+def test_tests_read_no_private_members(tmp_path) -> None:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("from tiered_emb.step.reduce import _reduce_grads\nfrom tiered_emb import _directory\n")
+    assert private_reads_in_test(probe) == [(1, "from tiered_emb.step.reduce import _reduce_grads")]  # (modules pass)
     found = [(_rel(p), line, what) for p in sources_of_tests() for line, what in private_reads_in_test(p)]
     extra = sorted({what for _, _, what in found} - set(TEST_PRIVATE_READ_ALLOWED))
     where = [(f, f"line {line}: {what}") for f, line, what in found if what in extra]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tiered_emb._order import stable_argsort
 from tiered_emb.step.plan import dedupe, plan_bags
-from tiered_emb.step.reduce import REDUCE_CHUNK, _blocks_by_work, _group_positions, reduce_bag_grads, reduce_grads
+from tiered_emb.step.reduce import REDUCE_CHUNK, blocks_by_work, group_positions, reduce_bag_grads, reduce_grads
 from tiered_emb.testing.reference import chunked_sum
 from tiered_emb.testing.reference import unpool_grads as _unpool_grads
 
@@ -20,7 +20,7 @@ def test_blocks_cover_ids_in_order_with_about_equal_work(counts, blocks):
     starts = np.zeros(k + 1, dtype=np.int64)
     starts[1:] = np.cumsum(counts)
     bounds = np.empty(blocks + 1, dtype=np.int64)
-    _blocks_by_work(starts, blocks, bounds)
+    blocks_by_work(starts, blocks, bounds)
     assert bounds[0] == 0 and bounds[-1] == k
     assert np.all(np.diff(bounds) >= 0)
     work = starts[bounds[1:]] + bounds[1:] - starts[bounds[:-1]] - bounds[:-1]  # positions + ids per block
@@ -108,7 +108,7 @@ def test_group_positions_is_a_stable_counting_sort():
     inverse = np.array([2, 0, 2, 1, 0, 2], dtype=np.int64)
     starts = np.empty(4, dtype=np.int64)
     order = np.empty(6, dtype=np.int64)
-    _group_positions(inverse, 3, starts, order)
+    group_positions(inverse, 3, starts, order)
     assert starts.tolist() == [0, 2, 3, 6]
     assert order.tolist() == [1, 4, 3, 0, 2, 5]
 

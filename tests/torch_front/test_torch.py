@@ -547,10 +547,10 @@ def test_joined_features_make_their_weights_of_one_on_the_given_weights_device()
     """Features of one table joined, one with per-sample weights on a device (CUDA; ``meta``
     stands in for it here) and one without: its weights of 1 were made on the host, and
     torch.cat of the two raised.  They are made beside the given ones."""
-    from tiered_emb.torch.modules import _joined
+    from tiered_emb.torch.modules import joined
 
     a = (np.array([1, 2, 3]), np.array([0, 2, 3]), torch.ones(3, device="meta"))
     b = (np.array([4, 5]), np.array([0, 1, 2]), None)
-    ids, offsets, weights = _joined([a, b])
+    ids, offsets, weights = joined([a, b])
     assert ids.tolist() == [1, 2, 3, 4, 5] and offsets.tolist() == [0, 2, 3, 4, 5]
     assert weights.device.type == "meta" and weights.shape == (5,)

@@ -37,7 +37,7 @@ def _group_starts(inverse, k, starts):
 
 
 @numba.njit(cache=True, nogil=True)
-def _group_positions(inverse, k, starts, order):
+def group_positions(inverse, k, starts, order):
     """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
     are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
     fill = _group_starts(inverse, k, starts)
@@ -57,10 +57,10 @@ _REDUCE_BLOCKS = 64
 
 
 @numba.njit(cache=True, nogil=True)
-def _blocks_by_work(starts, blocks, bounds):
+def blocks_by_work(starts, blocks, bounds):
     """Cut unique ids ``0..k`` into ``blocks`` runs of about equal work (positions + ids).
 
-    ``starts`` int64 (k+1,) as :func:`_group_positions`; writes ``bounds`` int64
+    ``starts`` int64 (k+1,) as :func:`group_positions`; writes ``bounds`` int64
     (blocks+1,), nondecreasing from 0 to k.  Only who computes what depends on it, never
     a result.
     """
@@ -86,7 +86,7 @@ def _reduce_grads(grads, starts, order, bounds, out):
     """``out[u] = sum of grads[order[starts[u]:starts[u+1]]]`` in batch-position order (float32),
     a :data:`REDUCE_CHUNK` of positions at a time past that many.
 
-    ``bounds`` from :func:`_blocks_by_work`: each thread's share by positions, not ids.
+    ``bounds`` from :func:`blocks_by_work`: each thread's share by positions, not ids.
     """
     dim = grads.shape[1]
     for blk in numba.prange(bounds.shape[0] - 1):
@@ -111,9 +111,9 @@ def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
     """Sum gradient rows of duplicate ids: float32 (n, dim) -> (k, dim), in batch order per id."""
     starts = np.empty(k + 1, dtype=np.int64)
     order = np.empty(inverse.shape[0], dtype=np.int64)
-    _group_positions(inverse, k, starts, order)
+    group_positions(inverse, k, starts, order)
     bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
-    _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
+    blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
     out = np.empty((k, grads.shape[1]), dtype=np.float32)
     _reduce_grads(grads, starts, order, bounds, out)
     return out
@@ -170,7 +170,7 @@ def _reduce_kernel(dim: int):
     """The backward's reduce for rows of ``dim`` floats, compiled once per dim (cached on disk).
 
     Each id's sum is a stack array in registers (:func:`tiered_emb._jit.local_f32`),
-    written to ``out`` once, and the work is cut by positions (:func:`_blocks_by_work`)
+    written to ``out`` once, and the work is cut by positions (:func:`blocks_by_work`)
     (docs/benchmarks.md, "Kernel choices").
     """
     kernel = _REDUCE_KERNELS.get(dim)
@@ -185,7 +185,7 @@ def _reduce_kernel(dim: int):
         With ``bag`` and ``scale`` from :func:`_group_bag_positions` (each id's positions in
         batch order), bitwise :func:`tiered_emb.testing.reference.unpool_grads` followed by :func:`_reduce_grads`.
         ``grad_out`` float32 (B, dim); ``out`` float32 (k, dim); ``bad[u]`` (uint8 (k,)) = 1
-        where a sum is not finite; ``bounds`` from :func:`_blocks_by_work`.
+        where a sum is not finite; ``bounds`` from :func:`blocks_by_work`.
         """
         n = bag.shape[0]
         for blk in numba.prange(bounds.shape[0] - 1):
@@ -259,7 +259,7 @@ def reduce_bag_grads(plan: BagPlan, grad_out, kernels=None) -> tuple[np.ndarray,
     n = plan.ids.shape[0]
     starts, bag, scale = group_bag_positions(plan)
     bounds = np.empty(_REDUCE_BLOCKS + 1, dtype=np.int64)
-    _blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
+    blocks_by_work(starts, _REDUCE_BLOCKS, bounds)
     out = np.empty((k, grad_out.shape[1]), dtype=np.float32)
     bad = np.empty(k, dtype=np.uint8)
     with threads_for(n * grad_out.shape[1]):
@@ -291,4 +291,13 @@ def screen_nonfinite(table: str, uids: np.ndarray, summed: np.ndarray, bad: np.n
     return uids, summed
 
 
-__all__ = ["REDUCE_CHUNK", "all_finite", "group_bag_positions", "reduce_bag_grads", "reduce_grads", "screen_nonfinite"]
+__all__ = [
+    "REDUCE_CHUNK",
+    "all_finite",
+    "blocks_by_work",
+    "group_bag_positions",
+    "group_positions",
+    "reduce_bag_grads",
+    "reduce_grads",
+    "screen_nonfinite",
+]

@@ -259,7 +259,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
                             "give one length >= 0 per bag, summing to the number of values",
                         )
                     weights_of(weights, ids.shape, bag.mode)
-            ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else _joined([bags[f] for f in feats])
+            ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else joined([bags[f] for f in feats])
             plan, weights_t = bag.plan_batch(ids, offsets, weights_t, bag.mode)
             store = bag.store
             store.engine.check_bags(table, plan)  # the ids' range, before anything is read
@@ -271,7 +271,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
         return {f: out[f] for f in self.bags}
 
 
-def _joined(parts: list[tuple]) -> tuple:
+def joined(parts: list[tuple]) -> tuple:
     """``(ids, offsets, weights)`` of several features' bags, one after the other (weights of 1
     for a feature given none, when another has them)."""
     ids = np.concatenate([p[0] for p in parts])
