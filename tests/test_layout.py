@@ -468,6 +468,7 @@ def test_the_store_facade_has_at_most_22_public_names(tmp_path) -> None:
 _TIER_PARTS = re.compile(
     r"monkeypatch\.setattr\(\s*([^,]*(?:engine\.(?:ssd|resolver)|SegmentLog|SegmentIndex|Compactor|HbmTier|DdrTier|"
     r"CacheTier|Writer|SsdTier\b\.)[^,]*),"
+    r"|^\s*[\w.]*engine\.(?:ssd|resolver)\.\w+\.\w+\s*=[^=]"  # (or assigned a tier part's method)
 )
 
 
@@ -475,7 +476,9 @@ def test_no_test_above_the_tiers_monkeypatches_a_tier() -> None:
     """Tests outside ``tests/tiers/`` make a tier fail or watch it through
     :mod:`tiered_emb.testing.faults`, never by monkeypatching its parts."""
     assert _TIER_PARTS.search('monkeypatch.setattr(s.engine.ssd.lmdb, "write", full)')  # (the check sees one)
+    assert _TIER_PARTS.search("    s.engine.ssd.reader.read_lmdb = spy")
     assert not _TIER_PARTS.search('monkeypatch.setattr(sys, "argv", [])')
+    assert not _TIER_PARTS.search("    s.engine.ssd.writeback_rows = 32")  # (a setting, not a part)
     found = []
     for path in sorted(TESTS.rglob("*.py")):
         if "tiers" in path.relative_to(TESTS).parts[:1] or path == Path(__file__).resolve():

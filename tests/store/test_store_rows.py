@@ -215,19 +215,6 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
     s.close()
 
 
-def _lmdb_asks(s):
-    """Record every id the store's SSD tier looks up in LMDB (wraps its batched read)."""
-    asked = []
-    inner = s.engine.ssd.reader.read_lmdb
-
-    def spy(table, ids, *rest):
-        asked.extend((table, int(i)) for i in ids)
-        return inner(table, ids, *rest)
-
-    s.engine.ssd.reader.read_lmdb = spy
-    return asked
-
-
 def test_rows_never_written_are_not_looked_up(tmp_path):
     """Table "b" (num_rows) keeps a bitmap of the ids written below DDR: the rest go
     straight to the initialiser, before and after a reopen, with the reference's values."""
@@ -236,7 +223,7 @@ def test_rows_never_written_are_not_looked_up(tmp_path):
     path = tmp_path / "s"
     written = set()
     with TieredStore.create(path, TABLES, cpu(2, 2)) as s:
-        asked = _lmdb_asks(s)
+        asked = faults.lmdb_reads(s)
         for _ in range(30):
             ids = rng.integers(0, 100, size=5)
             rows = rng.standard_normal((5, 3)).astype(np.float32)
@@ -250,7 +237,7 @@ def test_rows_never_written_are_not_looked_up(tmp_path):
         assert asked and {i for t, i in asked if t == "b"} <= written
         s.checkpoint()
     with TieredStore.open(path, tiers=cpu(3, 1)) as s:
-        asked = _lmdb_asks(s)
+        asked = faults.lmdb_reads(s)
         np.testing.assert_array_equal(s.lookup("b", np.arange(100)), ref.lookup("b", np.arange(100)))
         assert {i for _, i in asked} <= written and len(asked) > 0
         # a table without num_rows has no bitmap: every id it misses is looked for

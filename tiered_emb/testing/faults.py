@@ -18,8 +18,9 @@ Points:
 - :func:`full_disk_for` (in :mod:`tiered_emb.testing`): every write path at once, the
   writer process's included.
 
-Probes: :func:`compactions` (the tables compacted, in order), :func:`hold_background_puts`
-(the writer thread's transactions held until an event is set).
+Probes: :func:`compactions` (the tables compacted, in order), :func:`lmdb_reads` (the
+ids looked up in LMDB), :func:`hold_background_puts` (the writer thread's transactions
+held until an event is set).
 """
 
 from __future__ import annotations
@@ -89,3 +90,17 @@ def hold_background_puts(store: Any) -> threading.Event:
 
     segments.put = put
     return go
+
+
+def lmdb_reads(store: Any) -> list[tuple[str, int]]:
+    """A list that each id ``store``'s SSD tier looks up in LMDB is appended to, as
+    ``(table, id)``, in the order of its batched reads."""
+    reader = store.engine.ssd.reader
+    real, asked = reader.read_lmdb, []
+
+    def read(table: str, ids: Any, *rest: Any) -> Any:
+        asked.extend((table, int(i)) for i in ids)
+        return real(table, ids, *rest)
+
+    reader.read_lmdb = read
+    return asked
