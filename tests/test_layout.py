@@ -8,9 +8,12 @@
   import time only by ``torchrec.py``; cupy at import time only by ``_backend.py``;
 - (d) no module reads another module's underscored members;
 - (e) every module is 30-600 lines;
-- (f) tests read no private member of the store or a tier;
+- (f) tests read no private member of the store or a tier, and import no underscored name of
+  the package; above ``tests/tiers/`` they make a tier fail or watch it through
+  ``tiered_emb.testing.faults``, never by patching its parts;
 - (g) the wheel's package list (pyproject.toml) names every package of the tree, and ships
-  ``native/`` (the CUDA C kernels) as ``tiered_emb.native``.
+  ``native/`` (the CUDA C kernels) as ``tiered_emb.native``;
+- (h) ``TieredStore`` has at most 22 public names (the rest is ``store.engine``).
 
 Each test reports every offender in one assertion message, grouped by file.
 """
