@@ -63,7 +63,7 @@ def test_a_ticket_given_to_another_store(tmp_path):
         assert not tk.released
         a.release(tk)
         a.engine.drain_prefetch()
-        t = a.engine.tiers_of("t")
+        t = a.engine.table("t")
         assert t.hbm.unpinned_capacity == t.hbm.capacity_rows  # nothing left pinned
     finally:
         a.close()

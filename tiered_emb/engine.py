@@ -9,7 +9,7 @@ A user calls :class:`~tiered_emb.TieredStore`; :mod:`tiered_emb.torch`,
   tables' HBM and DDR tiers and the step's stages, :mod:`tiered_emb.step.resolve`), ``ssd``
   (the SSD tier), ``window`` and ``prefetcher`` (:mod:`tiered_emb.prefetch`), ``lock``,
   ``closed``, ``last_checkpoint_rows``;
-- tables: :meth:`table`, :meth:`table_config`, :meth:`tiers_of`, :meth:`check_ids`,
+- tables: :meth:`table` (its HBM and DDR tiers and counters), :meth:`table_config`, :meth:`check_ids`,
   :meth:`check_bags`;
 - the pooled step of the torch front end: :meth:`lookup_pooled`,
   :meth:`apply_pooled_gradients`, and the backward in two halves, :meth:`gradient_update`
@@ -135,17 +135,14 @@ class Engine:
 
     # ------------------------------------------------------------------ tables
     def table(self, name: object) -> Table:
-        """The tiers and counters of table ``name`` (UnknownTableError with the names there are)."""
+        """The HBM and DDR tiers and counters of table ``name``, to look at (change rows through
+        the store); UnknownTableError with the names there are."""
         self.check_open()
         return self.resolver.table(name)
 
     def table_config(self, table: str) -> TableConfig:
         """The configuration of ``table``; UnknownTableError (with the names there are) if none."""
         return self.table(table).cfg
-
-    def tiers_of(self, table: str) -> Table:
-        """The HBM and DDR tiers and counters of ``table``, to look at (change rows through the store)."""
-        return self.table(table)
 
     def check_ids(self, table: str, ids: ArrayLike) -> np.ndarray:
         """``ids`` of ``table`` checked (integers, 1-D, ``>= 0``, below ``num_rows``) as int64 (n,).

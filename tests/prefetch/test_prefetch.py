@@ -48,7 +48,7 @@ def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, po
         if checkpoint_every and step % checkpoint_every == checkpoint_every - 1:
             store.checkpoint()
         with store.engine.lock:  # the kept pinned count is the real one, whatever the thread is doing
-            for t in (store.engine.tiers_of(n) for n in store.tables):
+            for t in (store.engine.table(n) for n in store.tables):
                 assert t.hbm.fmeta[2] == np.count_nonzero(t.hbm.pins)
 
 
@@ -103,7 +103,7 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
                 np.testing.assert_array_equal(
                     s.peek(name, np.arange(n), with_state=True), ref.peek_records(name, np.arange(n))
                 )
-            assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0
+            assert int(s.engine.table("u").hbm.pins.sum()) == 0
 
 
 def train_bags(store, data, depth, load_ahead):
@@ -147,7 +147,7 @@ def test_pooled_step_on_rows_pinned_for_it_is_exact(tmp_path, monkeypatch, hbm, 
         ) as s:
             train_bags(s, data, depth, load)
             got = [s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))]
-            assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0
+            assert int(s.engine.table("u").hbm.pins.sum()) == 0
         if want is None:
             want = got
         else:
@@ -305,7 +305,7 @@ def test_background_error_is_raised_in_the_step_that_needs_the_rows(tmp_path, mo
             for i, _ in enumerate(lookahead(s, data, lambda x: x, 2, load, read)):
                 ran.append(i)
         assert ran == [0, 1, 2] and isinstance(e.value.__cause__, OSError)
-        assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0 and int(s.engine.tiers_of("v").hbm.pins.sum()) == 0
+        assert int(s.engine.table("u").hbm.pins.sum()) == 0 and int(s.engine.table("v").hbm.pins.sum()) == 0
 
 
 def test_failed_unpinning_is_raised_and_loses_nothing(tmp_path, monkeypatch):
@@ -430,7 +430,7 @@ def test_a_batch_that_cannot_be_fetched_fails_after_the_ones_before_it(tmp_path,
                 step(s, b)
                 ran.append(i)
         assert ran == [0, 1, 2, 3, 4, 5]
-        assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0 and int(s.engine.tiers_of("v").hbm.pins.sum()) == 0
+        assert int(s.engine.table("u").hbm.pins.sum()) == 0 and int(s.engine.table("v").hbm.pins.sum()) == 0
         got = {name: s.peek(name, np.arange(n), with_state=True) for name, n in (("u", 300), ("v", 400))}
     ref = reference(data[:6])
     for name, n in (("u", 300), ("v", 400)):
@@ -475,7 +475,7 @@ def test_stopping_early_releases_pins_and_close_joins_thread(tmp_path):
     for i, _ in enumerate(lookahead(s, data, lambda x: x, 4, load_ahead=1, read_ahead=2)):
         if i == 2:
             break
-    assert int(s.engine.tiers_of("u").hbm.pins.sum()) == 0
+    assert int(s.engine.table("u").hbm.pins.sum()) == 0
     assert [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
     s.close()
     assert not [t for t in threading.enumerate() if t.name == "tiered_emb-prefetch"]
@@ -546,16 +546,16 @@ def test_rows_a_step_brings_up_are_pinned_for_later_window_batches(tmp_path):
         d = s.prefetch({"t": np.array([6])}, bring_up=False)  # enters: the window is re-pinned first
         d.wait_entered()
         b, c = tickets[1], tickets[2]
-        slot3 = int(s.engine.tiers_of("t").hbm.find(np.array([3]))[0])
+        slot3 = int(s.engine.table("t").hbm.find(np.array([3]))[0])
         assert slot3 >= 0
         assert c.aligned["t"].tolist() == [slot3, -1]  # C = [3, 5]: 3 pinned for it
         assert c.uids["t"].tolist() == [5]  # what is left to bring up
         assert b.aligned["t"].tolist() == [-1, -1]  # B, the oldest, left alone
-        assert int(s.engine.tiers_of("t").hbm.pins[slot3]) == 1
+        assert int(s.engine.table("t").hbm.pins[slot3]) == 1
         for tk in (b, c, d):
             s.release(tk)
         s.engine.drain_prefetch()
-        assert int(s.engine.tiers_of("t").hbm.pins.sum()) == 0
+        assert int(s.engine.table("t").hbm.pins.sum()) == 0
         assert s.engine.window.tickets == []
 
 

@@ -82,7 +82,7 @@ def test_failed_lmdb_read_changes_nothing_and_loses_nothing(tmp_path):
                     failures += 1  # the tiers are as before the call: retry it
             np.testing.assert_array_equal(got, ref.lookup("b", ids))
             ref.apply_gradients("b", ids, grads)
-        assert failures > 5 and int(s.engine.tiers_of("b").hbm.pins.sum()) == 0
+        assert failures > 5 and int(s.engine.table("b").hbm.pins.sum()) == 0
         s.engine.ssd.read = real
         np.testing.assert_array_equal(
             s.peek("b", np.arange(100), with_state=True), ref.peek_records("b", np.arange(100))

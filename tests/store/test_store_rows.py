@@ -198,7 +198,7 @@ def test_padded_hbm_rows_are_invisible(tmp_path, hbm):
     rng = np.random.default_rng(0)
     path = tmp_path / "s"
     s = TieredStore.create(path, tables, cpu(hbm, 4), seed=3)
-    assert [s.engine.tiers_of(n).hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
+    assert [s.engine.table(n).hbm.records.shape[1] for n in "rsa"] == [144, 128, 22]
     for step in range(6):
         for t in tables:
             ids = rng.integers(0, 64, 30)

@@ -131,7 +131,7 @@ def test_moves_count_the_rows_the_tiers_count(tmp_path):
 def _tiers_state(s: TieredStore, ids: np.ndarray) -> tuple:
     """Where each of ``ids`` is held (HBM, DDR) and every counter but the lookups' own."""
     with s.engine.lock:
-        t = s.engine.tiers_of("t")
+        t = s.engine.table("t")
         held = (t.hbm.find(ids).tobytes(), t.ddr.find(ids).tobytes())
     stats = s.stats()["t"]
     return held, {

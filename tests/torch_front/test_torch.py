@@ -139,7 +139,7 @@ def test_inference_forward_is_bitwise_the_plain_path(tmp_path, hbm_rows):
     """No-grad forward (a direct HBM reads rows by id without deduping) against lookup + pool."""
     ours = _store(tmp_path, "a", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
     plain = _store(tmp_path, "b", hbm_rows=hbm_rows, optimizer=RowWiseAdagrad(lr=0.3))
-    assert getattr(ours.engine.tiers_of("t").hbm, "direct", False) == (hbm_rows >= ROWS)
+    assert getattr(ours.engine.table("t").hbm, "direct", False) == (hbm_rows >= ROWS)
     bag = TieredEmbeddingBag(ours, "t", mode="mean")
     for step in range(3):
         ids, offsets, _ = _batch(step, bags=9)
@@ -184,7 +184,7 @@ def test_direct_hbm_reads_rows_written_under_a_smaller_hbm(tmp_path):
         expected = s.peek("t", np.arange(ROWS), with_state=True)
         s.checkpoint()
     with TieredStore.open(path, tiers=TierConfig(hbm_rows=ROWS, device="cpu")) as s:
-        assert s.engine.tiers_of("t").hbm.direct
+        assert s.engine.table("t").hbm.direct
         ids = torch.arange(ROWS)
         with torch.no_grad():
             out = TieredEmbedding(s, "t")(ids).numpy()

@@ -85,9 +85,10 @@ class ReferencePolicy:
                 hits.append(True)
                 self.count[i] += 1
                 self.last[i] = self.clock
-                self.ref[i] = self.policy != "fifo"
                 if self.ghosts is not None:
                     self.ghosts.use(i)
+                else:
+                    self.ref[i] = self.policy != "fifo"
                 continue
             hits.append(False)
             if self.ghosts is not None:
@@ -103,7 +104,7 @@ class ReferencePolicy:
                     victim = min((j for j in self.slot_of if j not in pinned), key=self._key)
                 else:
                     victim = self._queue_victim(pinned)
-                if victim in self.ref:
+                if self.ghosts is None and self.policy not in ("lru", "lfu"):
                     del self.ref[victim]
                 slot = self.slot_of.pop(victim)
                 del self.count[victim], self.last[victim]
