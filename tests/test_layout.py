@@ -67,7 +67,6 @@ PRIVATE_READ_ALLOWED: dict[tuple[str, str], str] = {}
 TEST_PRIVATE_READ_ALLOWED: dict[str, str] = {
     "la._store_lookahead": "the simulator's jitted window loop, driven batch by batch against the store's own "
     "threaded window (the test of their equivalence)",
-    "la._tier_arrays": "the arrays that loop takes, built from a CacheTier for the same test",
     "mrc._sweep_chunk": "the miss-ratio curve's chunk kernel at its edges (a chunk of one request, the last)",
     "dlrm._step_threads": "the DLRM job's thread-count rule for a resumed run, tested without training",
 }

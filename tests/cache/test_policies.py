@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb.cache.policies import BASE_POLICIES, POLICIES
-from tiered_emb.cache.slots import CacheTier, cache_release, cache_resolve, simulate
+from tiered_emb.cache.slots import CacheTier, Resolved, cache_release, cache_resolve, simulate
 from tiered_emb.step.plan import dedupe
 from tiered_emb.testing.reference import ReferencePolicy
 
@@ -29,31 +29,14 @@ class KernelPolicy:
             miss = np.empty(k, np.int64)
             vs, vi = np.empty(k, np.int64), np.empty(k, np.int64)
             vd = np.empty(k, np.uint8)
-            nm, nv, pinned = cache_resolve(
-                t.code,
-                t.P,
-                t.keys,
-                t.vals,
-                t.slot_ids,
-                t.dirty,
-                t.pins,
-                t.free,
-                t.fmeta,
-                chunk,
-                self.force_pin,
-                slots,
-                miss,
-                vs,
-                vi,
-                vd,
-            )
+            nm, nv, pinned = cache_resolve(t.tag, t.state, chunk, self.force_pin, Resolved(slots, miss, vs, vi, vd))
             missed = set(miss[:nm].tolist())
             hits += [i not in missed for i in range(k)]
             evicted += vi[:nv].tolist()
             assert pinned == (self.force_pin or nm > 0)
             if pinned:
-                cache_release(t.code, t.P, t.pins, t.fmeta, slots)
-            assert t.fmeta[2] == np.count_nonzero(t.pins) == 0
+                cache_release(t.tag, t.state, slots)
+            assert t.pinned_rows == np.count_nonzero(t.pins) == 0
         return hits, evicted
 
     def resident(self):

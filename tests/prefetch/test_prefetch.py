@@ -49,7 +49,7 @@ def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, po
             store.checkpoint()
         with store.engine.lock:  # the kept pinned count is the real one, whatever the thread is doing
             for t in (store.engine.table(n) for n in store.tables):
-                assert t.hbm.fmeta[2] == np.count_nonzero(t.hbm.pins)
+                assert t.hbm.pinned_rows == np.count_nonzero(t.hbm.pins)
 
 
 def step(store, b):

@@ -218,11 +218,13 @@ def test_huge_tiers_run_as_tiers_that_hold_everything(tmp_path):
     for policy in ("lru", "lookahead+lfu"):
         big = 5 * u.shape[0] + 40  # above the size store_hits allocates
         counts = np.zeros((off.shape[0] - 1, 3), dtype=np.int64)
+        hbm, ddr = CacheTier(big, policy), CacheTier(big, policy)
         assert (
             la._store_lookahead(
-                la._tier_arrays(CacheTier(big, policy), False),
-                la._tier_arrays(CacheTier(big, policy), True),
-                POLICIES[policy].code,
+                hbm.tag,
+                hbm.state,
+                ddr.state,
+                np.full(big, -1, dtype=np.int32),
                 POLICIES[policy].lookahead,
                 3,
                 1,

@@ -9,13 +9,19 @@ Arrays (``cap`` = capacity, at least 1 so a zero-capacity DDR still has valid sh
 - ``slot_ids``: int64 (cap,), the id in each slot or -1;
 - ``dirty``: uint8 (cap,), 1 where the slot is newer than the tier below;
 - ``pins``: int32 (cap,), batches holding the slot; a pinned slot is never a victim;
-- ``free``: int32 (cap,), stack of free slots (``fmeta[0]`` entries), lowest slot on top;
-- ``fmeta``: int64 (3,), ``[free count, capacity, pinned slots]`` (the pinned count is
-  kept by the kernels so the step never scans ``pins``);
+- ``free``: int32 (cap,), stack of free slots (``meta[FREE]`` entries), lowest slot on top;
+- ``meta``: int64 (3,), the counts ``meta[FREE]``, ``meta[CAPACITY]`` and
+  ``meta[PINNED]`` (pinned slots: kept by the kernels so the step never scans ``pins``);
 - ``keys``, ``vals``: the index (:mod:`tiered_emb.cache.index`); ``P``: the policy state.
+
+The kernels take them as one :class:`Slots` (``tier.state``) after the policy's
+:class:`~tiered_emb.cache.policies.PolicyTag` (``tier.tag``), and are compiled once for
+each policy a process uses.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -49,6 +55,32 @@ from tiered_emb.errors import ConfigError
 
 #: Ids of a find cut into slices on Numba's threads, each at least this many.
 _FIND_SPLIT_FROM = 8192
+#: The entries of ``meta``: free slots, capacity, pinned slots.
+FREE, CAPACITY, PINNED = 0, 1, 2
+
+
+class Slots(NamedTuple):
+    """A cache tier's state as its kernels take it (the module doc names each array)."""
+
+    P: np.ndarray
+    keys: np.ndarray
+    vals: np.ndarray
+    slot_ids: np.ndarray
+    dirty: np.ndarray
+    pins: np.ndarray
+    free: np.ndarray
+    meta: np.ndarray
+
+
+class Resolved(NamedTuple):
+    """What :func:`cache_resolve` decided for a chunk of k ids (arrays of k entries, the
+    first ``n_miss`` / ``n_victims`` of the last four valid)."""
+
+    slots: np.ndarray  # int64: the slot of each id
+    miss_idx: np.ndarray  # int64: positions of the ids that missed
+    victim_slots: np.ndarray  # int64
+    victim_ids: np.ndarray  # int64
+    victim_dirty: np.ndarray  # uint8
 
 
 class CacheTier:
@@ -58,24 +90,32 @@ class CacheTier:
         cap = max(int(capacity_rows), 1)
         self.capacity_rows = int(capacity_rows)
         self.code = POLICIES[policy].code
-        self.keys, self.vals = new_index(cap)
-        self.P = new_policy_state(cap, self.code)
-        self.slot_ids = host_full(cap, np.int64, -1)
-        self.dirty = host_full(cap, np.uint8, 0)
-        self.pins = host_full(cap, np.int32, 0)
-        self.free = host_full(cap, np.int32, 0)
-        self.free[: self.capacity_rows] = np.arange(self.capacity_rows - 1, -1, -1, dtype=np.int32)
-        self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
+        #: the policy as the kernels take it
+        self.tag = POLICIES[policy].tag
+        keys, vals = new_index(cap)
+        free = host_full(cap, np.int32, 0)
+        free[: self.capacity_rows] = np.arange(self.capacity_rows - 1, -1, -1, dtype=np.int32)
+        #: the arrays the kernels change (:class:`Slots`)
+        self.state = Slots(
+            P=new_policy_state(cap, self.code),
+            keys=keys,
+            vals=vals,
+            slot_ids=host_full(cap, np.int64, -1),
+            dirty=host_full(cap, np.uint8, 0),
+            pins=host_full(cap, np.int32, 0),
+            free=free,
+            meta=np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64),
+        )
+        self.keys, self.vals, self.slot_ids, self.dirty, self.pins = keys, vals, *self.state[3:6]
 
     @property
     def resident_rows(self) -> int:
-        return self.capacity_rows - int(self.fmeta[0])
+        return self.capacity_rows - int(self.state.meta[FREE])
 
     @property
-    def kernel_args(self) -> tuple:
-        """``(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta)``: the tier's state,
-        in the order :func:`cache_resolve_new` and :func:`cache_take` take it first."""
-        return (self.code, self.P, self.keys, self.vals, self.slot_ids, self.dirty, self.pins, self.free, self.fmeta)
+    def pinned_rows(self) -> int:
+        """Slots pinned by a batch."""
+        return int(self.state.meta[PINNED])
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
@@ -94,44 +134,26 @@ class CacheTier:
 
 
 @numba.njit(inline="always")
-def _prefetch_victims(code, P, keys, vals, slot_ids, dirty):
+def _prefetch_victims(tag, P, keys, vals, slot_ids, dirty):
     """Hints for the victims to come: the slot state of the one ``2 * PREFETCH_DISTANCE``
     on, the index bucket of the id held by the one ``PREFETCH_DISTANCE`` on (its slot's
     id fetched by the first hint).  Returns the far slot (-1: none known), whose row the
     caller may fetch too.  Nothing changes: each victim is a cache miss otherwise."""
-    far = policy_upcoming(code, P, 2 * PREFETCH_DISTANCE)
+    far = policy_upcoming(tag, P, 2 * PREFETCH_DISTANCE)
     if far >= 0:
         prefetch_hint(slot_ids, far)
         prefetch_hint(dirty, far)
-    near = policy_upcoming(code, P, PREFETCH_DISTANCE)
+    near = policy_upcoming(tag, P, PREFETCH_DISTANCE)
     if near >= 0 and slot_ids[near] >= 0:
         index_prefetch(keys, vals, slot_ids[near])
     return far
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_resolve(
-    code,
-    P,
-    keys,
-    vals,
-    slot_ids,
-    dirty,
-    pins,
-    free,
-    fmeta,
-    uids,
-    force_pin,
-    out_slots,
-    miss_idx,
-    victim_slots,
-    victim_ids,
-    victim_dirty,
-    probed=False,
-):
+def cache_resolve(tag, st, uids, force_pin, out, probed=False):
     """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot.
 
-    Pass 1 probes the index (``probed``: ``out_slots`` holds the probe already, nothing
+    Pass 1 probes the index (``probed``: ``out.slots`` holds the probe already, nothing
     changed since).  When every id is resident and ``force_pin`` is false (the
     common, all-hit chunk), each is used in order and nothing is pinned: no miss can
     evict them.  Otherwise pass 2 pins the hits, so no miss of the chunk can evict a row
@@ -139,12 +161,15 @@ def cache_resolve(
     free slot or the policy's victim, and stays pinned.  Both paths make the same
     decisions (a slot's place in its policy depends only on the order of uses).
 
-    Writes ``out_slots`` (k,), ``miss_idx`` (positions in ``uids`` that missed), and the
-    victims' slots, ids and dirty flags (the caller copies their rows out before it writes
-    the missed rows in).  Returns ``(n_miss, n_victims, pinned)``; n_victims is -1 when
-    the tier ran out of unpinned slots (the caller must chunk by capacity); ``pinned``
-    says whether the caller must :func:`cache_release` the slots.
+    Writes ``out`` (a :class:`Resolved` of arrays of k entries): ``slots``, ``miss_idx``
+    (positions in ``uids`` that missed), and the victims' slots, ids and dirty flags (the
+    caller copies their rows out before it writes the missed rows in).  Returns
+    ``(n_miss, n_victims, pinned)``; n_victims is -1 when the tier ran out of unpinned
+    slots (the caller must chunk by capacity); ``pinned`` says whether the caller must
+    :func:`cache_release` the slots.
     """
+    P, keys, vals, slot_ids, dirty, pins, free, meta = st  # (every array of the state)
+    out_slots, miss_idx, victim_slots, victim_ids, victim_dirty = out
     k = uids.shape[0]
     n_hit = 0
     for i in range(k):
@@ -161,21 +186,21 @@ def cache_resolve(
         for i in range(k):
             s = out_slots[i]
             if pins[s] == 0:
-                policy_hit(code, P, s)
+                policy_hit(tag, P, s)
             else:
-                policy_touch(code, P, s)  # pinned by a prefetched batch: placed when that batch releases it
+                policy_touch(tag, P, s)  # pinned by a prefetched batch: placed when that batch releases it
         return 0, 0, False
     for i in range(k):
         if i + PREFETCH_DISTANCE < k:  # the pin and policy entry of a hit further on
             ahead = out_slots[i + PREFETCH_DISTANCE]
             if ahead >= 0:
                 prefetch_hint(pins, ahead)
-                policy_prefetch(code, P, ahead)
+                policy_prefetch(tag, P, ahead)
         s = out_slots[i]
         if s >= 0:
             if pins[s] == 0:
-                policy_detach(code, P, s)
-                fmeta[2] += 1
+                policy_detach(tag, P, s)
+                meta[PINNED] += 1
             pins[s] += 1
     n_miss = 0
     n_victims = 0
@@ -184,17 +209,17 @@ def cache_resolve(
             index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
         s = out_slots[i]
         if s >= 0:
-            policy_touch(code, P, s)
+            policy_touch(tag, P, s)
             continue
-        policy_admit(code, P, uids[i])
-        if fmeta[0] > 0:
-            fmeta[0] -= 1
-            s = free[fmeta[0]]
+        policy_admit(tag, P, uids[i])
+        if meta[FREE] > 0:
+            meta[FREE] -= 1
+            s = free[meta[FREE]]
         else:
-            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
+            far = _prefetch_victims(tag, P, keys, vals, slot_ids, dirty)
             if far >= 0:
                 prefetch_hint(pins, far)
-            s = policy_victim(code, P, slot_ids)
+            s = policy_victim(tag, P, slot_ids)
             if s < 0:
                 return n_miss, -1, True
             vid = slot_ids[s]
@@ -206,9 +231,9 @@ def cache_resolve(
         slot_ids[s] = uids[i]
         dirty[s] = 0
         index_put(keys, vals, uids[i], s)
-        policy_fresh(code, P, s)
+        policy_fresh(tag, P, s)
         pins[s] = 1
-        fmeta[2] += 1
+        meta[PINNED] += 1
         out_slots[i] = s
         miss_idx[n_miss] = i
         n_miss += 1
@@ -216,83 +241,92 @@ def cache_resolve(
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_resolve_new(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, uids, force_pin, probe):
+def cache_resolve_new(tag, st, uids, force_pin, probe):
     """:func:`cache_resolve` into fresh arrays; ``probe`` (int64 (k,)): the slots of ``uids``
     found just before (the probe skipped), or empty.
 
-    Returns ``(slots, miss_idx, victim_slots, victim_ids, victim_dirty, n_victims, pinned)``,
-    the index and victim arrays cut to their counts; ``n_victims`` is -1 when the tier ran
-    out of unpinned slots (a caller bug: chunks are cut by unpinned capacity).
+    Returns ``(out, n_miss, n_victims, pinned)``: ``out`` a :class:`Resolved` whose arrays
+    the caller cuts to the counts; ``n_victims`` is -1 when the tier ran out of unpinned
+    slots (a caller bug: chunks are cut by unpinned capacity).
     """
     k = uids.shape[0]
-    slots = np.empty(k, dtype=np.int64)
+    out = Resolved(
+        np.empty(k, dtype=np.int64),
+        np.empty(k, dtype=np.int64),
+        np.empty(k, dtype=np.int64),
+        np.empty(k, dtype=np.int64),
+        np.empty(k, dtype=np.uint8),
+    )
     probed = probe.shape[0] == k and k > 0
     if probed:
-        slots[:] = probe
-    miss_idx = np.empty(k, dtype=np.int64)
-    vslots = np.empty(k, dtype=np.int64)
-    vids = np.empty(k, dtype=np.int64)
-    vdirty = np.empty(k, dtype=np.uint8)
-    n_miss, n_v, pinned = cache_resolve(
-        code,
-        P,
-        keys,
-        vals,
-        slot_ids,
-        dirty,
-        pins,
-        free,
-        fmeta,
-        uids,
-        force_pin,
-        slots,
-        miss_idx,
-        vslots,
-        vids,
-        vdirty,
-        probed,
-    )
-    return slots, miss_idx[:n_miss], vslots[: max(n_v, 0)], vids[: max(n_v, 0)], vdirty[: max(n_v, 0)], n_v, pinned
+        out.slots[:] = probe
+    n_miss, n_v, pinned = cache_resolve(tag, st, uids, force_pin, out, probed)
+    return out, n_miss, n_v, pinned
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_release(code, P, pins, fmeta, slots):
+def cache_release(tag, st, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
+    P, pins, meta = st.P, st.pins, st.meta
     n = slots.shape[0]
     for i in range(n):
         if i + PREFETCH_DISTANCE < n:
             ahead = slots[i + PREFETCH_DISTANCE]
             prefetch_hint(pins, ahead)
-            policy_prefetch(code, P, ahead)
+            policy_prefetch(tag, P, ahead)
         s = slots[i]
         pins[s] -= 1
         if pins[s] == 0:
-            fmeta[2] -= 1
-            policy_attach(code, P, s)
+            meta[PINNED] -= 1
+            policy_attach(tag, P, s)
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_pin(code, P, pins, fmeta, slots):
+def cache_pin(tag, st, slots):
     """Pin resident ``slots`` (int64 (k,), distinct): a slot going from 0 pins leaves the policy."""
+    P, pins, meta = st.P, st.pins, st.meta
     for i in range(slots.shape[0]):
         s = slots[i]
         if pins[s] == 0:
-            policy_detach(code, P, s)
-            fmeta[2] += 1
+            policy_detach(tag, P, s)
+            meta[PINNED] += 1
         pins[s] += 1
 
 
+@numba.njit(cache=True, nogil=True)
+def cache_pin_found(tag, st, uids, budget, out_at, out_slots):
+    """Pin the first ``budget`` ids of ``uids`` (int64 (k,), distinct, none pinned for the
+    caller yet) that are resident, in order: writes their positions in ``uids`` to
+    ``out_at`` and their slots to ``out_slots`` (k,) and returns how many.  What the
+    prefetch window pins of a batch entering it, and what the simulator replays."""
+    keys, vals = st.keys, st.vals
+    k = uids.shape[0]
+    n = 0
+    for i in range(k):
+        if n >= budget:
+            break
+        if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
+            index_prefetch(keys, vals, uids[i + 2 * PREFETCH_DISTANCE])
+        s = index_find(keys, vals, uids[i])
+        if s >= 0:
+            out_at[n] = i
+            out_slots[n] = s
+            n += 1
+    cache_pin(tag, st, out_slots[:n])
+    return n
+
+
 @numba.njit(inline="always")
-def _prefetch_slot(code, P, slot_ids, dirty, pins, s):
+def _prefetch_slot(tag, P, slot_ids, dirty, pins, s):
     """Hints for the bookkeeping of slot ``s`` a few ids on: its id, flags and policy entry."""
     prefetch_hint(slot_ids, s)
     prefetch_hint(dirty, s)
     prefetch_hint(pins, s)
-    policy_prefetch(code, P, s)
+    policy_prefetch(tag, P, s)
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_take_slots(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, ids, slots, out_dirty):
+def cache_take_slots(tag, st, ids, slots, out_dirty):
     """Remove from the tier the ids of ``ids`` (int64 (k,)) whose ``slots[i] >= 0``: their
     slots as :meth:`CacheTier.find` gave them, nothing changed since (exclusive caching).
 
@@ -300,38 +334,40 @@ def cache_take_slots(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, id
     admit, so the caller copies the rows out first.  ``out_dirty`` (k,) uint8 gets the
     dirty flag of each id found.  Returns the number found.
     """
+    P, keys, vals, slot_ids, dirty, pins, free, meta = st  # (every array of the state)
     n = ids.shape[0]
     n_found = 0
     for i in range(n):
         if i + PREFETCH_DISTANCE < n:  # the slot state and the index bucket of an id further on
             ahead = slots[i + PREFETCH_DISTANCE]
             if ahead >= 0:
-                _prefetch_slot(code, P, slot_ids, dirty, pins, ahead)
+                _prefetch_slot(tag, P, slot_ids, dirty, pins, ahead)
                 index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
         s = slots[i]
         if s < 0:
             continue
         n_found += 1
         out_dirty[i] = dirty[s]
-        policy_remove(code, P, s, pins[s] > 0)
+        policy_remove(tag, P, s, pins[s] > 0)
         if pins[s] > 0:
-            fmeta[2] -= 1
+            meta[PINNED] -= 1
         pins[s] = 0
         index_del(keys, vals, ids[i])
         slot_ids[s] = -1
         dirty[s] = 0
-        free[fmeta[0]] = s
-        fmeta[0] += 1
+        free[meta[FREE]] = s
+        meta[FREE] += 1
     return n_found
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records, ids, out_rows, out_dirty, found):
+def cache_take(tag, st, records, ids, out_rows, out_dirty, found):
     """Move the rows of ``ids`` present here out of the tier (exclusive caching).
 
     ``records`` (cap, W) float32 host; ``out_rows`` (k, W), ``out_dirty`` (k,) uint8,
     ``found`` (k,) uint8 are written for the ids found.  Returns the number found.
     """
+    keys, vals = st.keys, st.vals
     n = ids.shape[0]
     slots = np.empty(n, dtype=np.int64)
     index_find_many(keys, vals, ids, slots)
@@ -340,11 +376,11 @@ def cache_take(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, records,
         found[i] = s >= 0
         if s >= 0:
             out_rows[i, :] = records[s, :]
-    return cache_take_slots(code, P, keys, vals, slot_ids, dirty, pins, free, fmeta, ids, slots, out_dirty)
+    return cache_take_slots(tag, st, ids, slots, out_dirty)
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled, ids, rows_dirty, dest, ev_ids, ev_src):
+def cache_admit_slots(tag, st, filled, ids, rows_dirty, dest, ev_ids, ev_src):
     """Admit ``ids`` (int64 (k,), absent here), evicting by policy: the decisions, no row moved.
 
     ``rows_dirty`` (k,) uint8: the incoming rows' flags.  Writes ``dest`` (k,): the slot
@@ -355,16 +391,17 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
     between calls.  The caller copies the pushed-out rows first, then the incoming rows
     into their slots.  Returns ``(n_dirty_out, n_evicted)``.
     """
+    P, keys, vals, slot_ids, dirty, free, meta = st.P, st.keys, st.vals, st.slot_ids, st.dirty, st.free, st.meta
     n_out = 0
     n_ev = 0
-    cap = fmeta[1]
+    cap = meta[CAPACITY]
     n = ids.shape[0]
     for i in range(n):
         dest[i] = -1
         if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
             index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
-        if fmeta[0] > PREFETCH_DISTANCE:  # the state of the free slot taken that many ids on
-            _prefetch_slot(code, P, slot_ids, dirty, filled, free[fmeta[0] - 1 - PREFETCH_DISTANCE])
+        if meta[FREE] > PREFETCH_DISTANCE:  # the state of the free slot taken that many ids on
+            _prefetch_slot(tag, P, slot_ids, dirty, filled, free[meta[FREE] - 1 - PREFETCH_DISTANCE])
         if cap == 0:
             n_ev += 1
             if rows_dirty[i]:
@@ -372,15 +409,15 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
                 ev_src[n_out] = -1 - i
                 n_out += 1
             continue
-        policy_admit(code, P, ids[i])
-        if fmeta[0] > 0:
-            fmeta[0] -= 1
-            s = free[fmeta[0]]
+        policy_admit(tag, P, ids[i])
+        if meta[FREE] > 0:
+            meta[FREE] -= 1
+            s = free[meta[FREE]]
         else:
-            far = _prefetch_victims(code, P, keys, vals, slot_ids, dirty)
+            far = _prefetch_victims(tag, P, keys, vals, slot_ids, dirty)
             if far >= 0:
                 prefetch_hint(filled, far)
-            s = policy_victim(code, P, slot_ids)
+            s = policy_victim(tag, P, slot_ids)
             vid = slot_ids[s]
             n_ev += 1
             was = filled[s]  # an incoming row of this call, pushed out again
@@ -396,8 +433,8 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
         dirty[s] = rows_dirty[i]
         filled[s] = i
         dest[i] = s
-        policy_fresh(code, P, s)
-        policy_attach(code, P, s)
+        policy_fresh(tag, P, s)
+        policy_attach(tag, P, s)
     for i in range(n):  # the scratch back to -1 (a slot pushed out again was filled again at once)
         s = dest[i]
         if s >= 0:
@@ -406,31 +443,32 @@ def cache_admit_slots(code, P, keys, vals, slot_ids, dirty, free, fmeta, filled,
 
 
 @numba.njit(cache=True, nogil=True)
-def _simulate_requests(code, P, keys, vals, slot_ids, free, fmeta, trace):
+def _simulate_requests(tag, st, trace):
     """Run a request trace (int64 (n,)) one request at a time; returns the hit count.
 
     The same decisions as the store makes for batches of one id: the policy kernels
     alone, without moving rows (used by benchmarks and the simulator).
     """
+    P, keys, vals, slot_ids, free, meta = st.P, st.keys, st.vals, st.slot_ids, st.free, st.meta
     hits = 0
     for i in range(trace.shape[0]):
         key = trace[i]
         s = index_find(keys, vals, key)
         if s >= 0:
             hits += 1
-            policy_hit(code, P, s)
+            policy_hit(tag, P, s)
             continue
-        policy_admit(code, P, key)
-        if fmeta[0] > 0:
-            fmeta[0] -= 1
-            s = free[fmeta[0]]
+        policy_admit(tag, P, key)
+        if meta[FREE] > 0:
+            meta[FREE] -= 1
+            s = free[meta[FREE]]
         else:
-            s = policy_victim(code, P, slot_ids)
+            s = policy_victim(tag, P, slot_ids)
             index_del(keys, vals, slot_ids[s])
         slot_ids[s] = key
         index_put(keys, vals, key, s)
-        policy_fresh(code, P, s)
-        policy_attach(code, P, s)
+        policy_fresh(tag, P, s)
+        policy_attach(tag, P, s)
     return hits
 
 
@@ -445,8 +483,4 @@ def simulate(trace: np.ndarray, capacity_rows: int, policy: str = "lru") -> int:
     if capacity_rows < 1:
         raise ConfigError(f"capacity_rows={capacity_rows!r} is invalid", "use a cache of at least 1 row")
     t = CacheTier(capacity_rows, policy)
-    return int(
-        _simulate_requests(
-            t.code, t.P, t.keys, t.vals, t.slot_ids, t.free, t.fmeta, np.ascontiguousarray(trace, dtype=np.int64)
-        )
-    )
+    return int(_simulate_requests(t.tag, t.state, np.ascontiguousarray(trace, dtype=np.int64)))

@@ -103,10 +103,8 @@ class Window:
         """Under the lock: pin for ``ticket`` the rows of table ``name`` that are resident and
         not yet pinned for it (the first ones, within the pin budget)."""
         t = self.res.tables[name]
-        slots = t.hbm.find(ticket.uids[name])
-        got = np.flatnonzero(slots >= 0)[: max(self.budget(t), 0)]
-        t.hbm.pin(slots[got])
-        self.record_pins(ticket, name, got, slots[got])
+        got, slots = t.hbm.pin_found(ticket.uids[name], self.budget(t))
+        self.record_pins(ticket, name, got, slots)
 
     @staticmethod
     def budget(t) -> int:

@@ -38,11 +38,13 @@ import numpy as np
 
 from tiered_emb._args import as_ids, check_nonneg, int_arg
 from tiered_emb.cache.index import index_del, index_find, index_find_many, index_put, new_index
-from tiered_emb.cache.policies import POLICIES
+from tiered_emb.cache.policies import POLICIES, policy_code
 from tiered_emb.cache.slots import (
+    CAPACITY,
+    PINNED,
     CacheTier,
     cache_admit_slots,
-    cache_pin,
+    cache_pin_found,
     cache_release,
     cache_resolve_new,
     cache_take_slots,
@@ -143,59 +145,43 @@ def _no_eviction_rows(rows: int, lookups: int) -> int:
 
 # --------------------------------------------------------------------------- the store's kernels
 @numba.njit(cache=True)
-def _resolve_counted(h, d, code, ids, force_pin, cnt):
-    """Resolve ``ids`` in HBM as ``Resolver.bring_up`` does; misses taken from DDR, victims
-    admitted to DDR.  ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
-    (hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta) = h
-    (dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, dfilled) = d
-    slots, miss_idx, _, vids, vdirty, n_vic, pinned = cache_resolve_new(
-        code, hP, hkeys, hvals, hslot_ids, hdirty, hpins, hfree, hfmeta, ids, force_pin, ids[:0]
-    )
+def _resolve_counted(tag, h, d, dfilled, ids, force_pin, cnt):
+    """The decisions ``Resolver.bring_up`` makes for ``ids``, through the same kernels: HBM's
+    resolve, DDR's take of the misses, DDR's admit of the victims (no rows).  ``h``, ``d``:
+    the tiers' :class:`~tiered_emb.cache.slots.Slots`, ``dfilled`` DDR's admit scratch.
+    ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
+    out, n_miss, n_vic, pinned = cache_resolve_new(tag, h, ids, force_pin, ids[:0])
     if n_vic < 0:
         raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out
-    n_miss = miss_idx.shape[0]
     cnt[0] += n_miss
-    if n_miss > 0:  # the store's decisions, no rows: DDR's take of the misses, its admit of the victims
-        miss_ids = ids[miss_idx]
+    if n_miss > 0:
+        miss_ids = ids[out.miss_idx[:n_miss]]
         ddr_slots = np.empty(n_miss, dtype=np.int64)
-        index_find_many(dkeys, dvals, miss_ids, ddr_slots)
-        out_dirty = np.empty(n_miss, dtype=np.uint8)
-        cnt[1] += cache_take_slots(
-            code, dP, dkeys, dvals, dslot_ids, ddirty, dpins, dfree, dfmeta, miss_ids, ddr_slots, out_dirty
-        )
+        index_find_many(d.keys, d.vals, miss_ids, ddr_slots)
+        cnt[1] += cache_take_slots(tag, d, miss_ids, ddr_slots, np.empty(n_miss, dtype=np.uint8))
     if n_vic > 0:
-        dest = np.empty(n_vic, dtype=np.int64)
-        ev_ids = np.empty(n_vic, dtype=np.int64)
-        ev_src = np.empty(n_vic, dtype=np.int64)
-        cache_admit_slots(
-            code, dP, dkeys, dvals, dslot_ids, ddirty, dfree, dfmeta, dfilled, vids, vdirty, dest, ev_ids, ev_src
-        )
-    return slots, pinned
+        vids, vdirty = out.victim_ids[:n_vic], out.victim_dirty[:n_vic]
+        dest, ev_ids, ev_src = np.empty(n_vic, np.int64), np.empty(n_vic, np.int64), np.empty(n_vic, np.int64)
+        cache_admit_slots(tag, d, dfilled, vids, vdirty, dest, ev_ids, ev_src)
+    return out.slots, pinned
 
 
 @numba.njit
-def _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap, uids, boff, j, ticket_slots, in_ticket, tlen):
-    """Pin for batch ``j`` its resident rows not yet pinned for it, first ones first, within
-    the window's pin budget of a tier of ``cap`` rows (Window.pin_resident)."""
-    budget = pin_budget(cap, hfmeta[2])
+def _pin_resident(tag, h, cap, uids, boff, j, ticket_slots, in_ticket, tlen):
+    """Pin for batch ``j`` its resident rows not yet pinned for it, as the window does
+    (``Window.pin_resident``: :func:`~tiered_emb.cache.slots.cache_pin_found` within the pin budget)."""
+    todo = np.flatnonzero(~in_ticket[boff[j] : boff[j + 1]]) + boff[j]
+    at = np.empty(todo.shape[0], dtype=np.int64)
+    slots = np.empty(todo.shape[0], dtype=np.int64)
+    n = cache_pin_found(tag, h, uids[todo], max(pin_budget(cap, h.meta[PINNED]), 0), at, slots)
+    in_ticket[todo[at[:n]]] = True
     n0 = tlen[j]
-    n_t = n0
-    ts = ticket_slots[boff[j] : boff[j + 1]]
-    for i in range(boff[j], boff[j + 1]):
-        if n_t - n0 >= budget:
-            break
-        if not in_ticket[i]:
-            s = index_find(hkeys, hvals, uids[i])
-            if s >= 0:
-                ts[n_t] = s
-                in_ticket[i] = True
-                n_t += 1
-    cache_pin(code, hP, hpins, hfmeta, ts[n0:n_t])
-    tlen[j] = n_t
+    ticket_slots[boff[j] + n0 : boff[j] + n0 + n] = slots[:n]
+    tlen[j] = n0 + n
 
 
 @numba.njit(cache=True)
-def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
+def _store_lookahead(tag, h, d, dfilled, early_pin, k, load, uids, boff, counts):
     """Batches through the store's kernels with a prefetch window of ``k`` (see the module doc).
 
     Before step ``t`` batch ``t + k`` enters the window (a ``lookahead+`` policy pins its
@@ -203,9 +189,8 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
     batch ``t + load`` is brought up (its other rows, within the pin
     budget).  ``counts`` int64 (nb, 3) receives per batch: [unique ids, HBM misses, DDR hits].
     """
-    (hP, hkeys, hvals, _hslot_ids, _hdirty, hpins, _hfree, hfmeta) = h
     nb = boff.shape[0] - 1
-    cap = hfmeta[1]
+    cap = h.meta[CAPACITY]
     # Ticket of batch j: its pinned slots ticket_slots[boff[j]:boff[j] + tlen[j]]; in_ticket
     # marks its ids already pinned.
     ticket_slots = np.empty(uids.shape[0], dtype=np.int64)
@@ -221,19 +206,19 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
             # of the window entered it are pinned for them (every batch but the oldest,
             # nearest first; Window.repin), then the resident rows of the
             # batch entering.
-            first = max(t, 0) + 1 if repin_due(code, step_placed) else t + k
+            first = max(t, 0) + 1 if repin_due(policy_code(tag), step_placed) else t + k
             step_placed = False
             for j in range(first, t + k + 1):
-                _pin_resident(code, hP, hkeys, hvals, hpins, hfmeta, cap, uids, boff, j, ticket_slots, in_ticket, tlen)
+                _pin_resident(tag, h, cap, uids, boff, j, ticket_slots, in_ticket, tlen)
         j = t + load  # batch brought up before step t
         if load > 0 and 0 <= j < nb:
-            budget = pin_budget(cap, hfmeta[2])
+            budget = pin_budget(cap, h.meta[PINNED])
             idx = np.flatnonzero(~in_ticket[boff[j] : boff[j + 1]])[: max(budget, 0)] + boff[j]
             take = uids[idx]
             in_ticket[idx] = True
             if take.shape[0] > 0:
                 cnt[:] = 0
-                slots, _ = _resolve_counted(h, d, code, take, True, cnt)
+                slots, _ = _resolve_counted(tag, h, d, dfilled, take, True, cnt)
                 n_t = tlen[j]
                 ticket_slots[boff[j] + n_t : boff[j] + n_t + slots.shape[0]] = slots
                 tlen[j] = n_t + slots.shape[0]
@@ -244,20 +229,20 @@ def _store_lookahead(h, d, code, early_pin, k, load, uids, boff, counts):
         # Step t: Resolver.chunks over the batch, by unpinned capacity.
         u = uids[boff[t] : boff[t + 1]]
         counts[t, 0] = u.shape[0]
-        free_cap = cap - hfmeta[2]
+        free_cap = cap - h.meta[PINNED]
         if free_cap < 1:
             return -1
         cnt[:] = 0
         for start in range(0, u.shape[0], free_cap):
             chunk = u[start : start + free_cap]
-            slots, pinned = _resolve_counted(h, d, code, chunk, False, cnt)
+            slots, pinned = _resolve_counted(tag, h, d, dfilled, chunk, False, cnt)
             if pinned:
-                cache_release(code, hP, hpins, hfmeta, slots)
+                cache_release(tag, h, slots)
         step_placed = step_placed or cnt[0] > 0
         counts[t, 1] += cnt[0]
         counts[t, 2] += cnt[1]
         if tlen[t] > 0:
-            cache_release(code, hP, hpins, hfmeta, ticket_slots[boff[t] : boff[t] + tlen[t]])
+            cache_release(tag, h, ticket_slots[boff[t] : boff[t] + tlen[t]])
     return 0
 
 
@@ -278,13 +263,6 @@ class TierHits:
     def ddr_hit_rate(self) -> float:
         """DDR hits per HBM miss."""
         return self.ddr_hits / self.ddr_lookups if self.ddr_lookups else 0.0
-
-
-def _tier_arrays(tier: CacheTier, lower: bool):
-    base = (tier.P, tier.keys, tier.vals, tier.slot_ids, tier.dirty, tier.pins, tier.free, tier.fmeta)
-    if lower:  # with cache_admit_slots' scratch (-1 between calls), as DdrTier keeps it
-        return base + (np.full(tier.slot_ids.shape[0], -1, dtype=np.int32),)
-    return base
 
 
 def store_hits(
@@ -332,9 +310,10 @@ def store_hits(
     ddr = CacheTier(_no_eviction_rows(ddr_rows, uids.shape[0]), policy)
     counts = np.zeros((boff.shape[0] - 1, 3), dtype=np.int64)
     rc = _store_lookahead(
-        _tier_arrays(hbm, False),
-        _tier_arrays(ddr, True),
-        POLICIES[policy].code,
+        hbm.tag,
+        hbm.state,
+        ddr.state,
+        np.full(ddr.slot_ids.shape[0], -1, dtype=np.int32),  # DDR's admit scratch, -1 between calls
         POLICIES[policy].lookahead,
         window,
         load,

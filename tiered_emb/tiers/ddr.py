@@ -32,7 +32,7 @@ class DdrTier(CacheTier):
     def take(self, ids: np.ndarray, out_rows: np.ndarray, out_dirty: np.ndarray) -> np.ndarray:
         """Move the rows of ``ids`` held here into ``out_rows``; returns the found mask (uint8 (k,))."""
         found = np.empty(ids.shape[0], dtype=np.uint8)
-        cache_take(*self.kernel_args, self.records, ids, out_rows, out_dirty, found)
+        cache_take(self.tag, self.state, self.records, ids, out_rows, out_dirty, found)
         return found
 
     def take_slots(self, ids: np.ndarray, slots: np.ndarray, out_dirty: np.ndarray) -> int:
@@ -40,7 +40,7 @@ class DdrTier(CacheTier):
         here) from the tier; their rows stay in ``records[slots]`` until the next
         :meth:`admit`, for the caller to copy up.  ``out_dirty`` (k,) uint8 gets the flags of
         those found; returns their count."""
-        return int(cache_take_slots(*self.kernel_args, ids, slots, out_dirty))
+        return int(cache_take_slots(self.tag, self.state, ids, slots, out_dirty))
 
     def admit(self, ids: np.ndarray, rows: np.ndarray, dirty: np.ndarray):
         """Admit rows from HBM; returns ``(ids, rows)`` of dirty rows pushed out (valid until the
@@ -57,22 +57,7 @@ class DdrTier(CacheTier):
             self._ev_rows = np.empty((k, self.width), dtype=np.float32)
         dest = np.empty(k, dtype=np.int64)
         ev_src = np.empty(k, dtype=np.int64)
-        n_out, n_ev = cache_admit_slots(
-            self.code,
-            self.P,
-            self.keys,
-            self.vals,
-            self.slot_ids,
-            self.dirty,
-            self.free,
-            self.fmeta,
-            self._filled,
-            ids,
-            dirty,
-            dest,
-            self._ev_ids,
-            ev_src,
-        )
+        n_out, n_ev = cache_admit_slots(self.tag, self.state, self._filled, ids, dirty, dest, self._ev_ids, ev_src)
         return dest, ev_src[:n_out], int(n_ev)
 
     def admit_rows(self, rows: np.ndarray, plan: tuple):

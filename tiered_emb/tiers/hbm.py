@@ -12,7 +12,15 @@ import numpy as np
 
 from tiered_emb._backend import host_full, host_zeros, to_host, to_xp
 from tiered_emb._jit import move_rows, take_rows
-from tiered_emb.cache.slots import CacheTier, cache_pin, cache_release, cache_resolve_new
+from tiered_emb.cache.slots import (
+    FREE,
+    PINNED,
+    CacheTier,
+    cache_pin,
+    cache_pin_found,
+    cache_release,
+    cache_resolve_new,
+)
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 
@@ -39,7 +47,7 @@ class HbmTier(CacheTier):
 
     @property
     def unpinned_capacity(self) -> int:
-        return self.capacity_rows - int(self.fmeta[2])
+        return self.capacity_rows - self.pinned_rows
 
     def resolve(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
         """Give a slot to every id of ``uids`` (int64 (k,), distinct); see :func:`cache_resolve`.
@@ -58,12 +66,17 @@ class HbmTier(CacheTier):
         """:meth:`resolve`'s decisions alone, no row copied: ``(slots, miss_idx, victim_slots,
         victim_ids, victim_dirty, pinned)``; the victims' rows stay in their slots until the
         caller writes the missed rows in, so it takes them first (:meth:`victim_rows`)."""
-        slots, miss_idx, vslots, vids, vdirty, n_v, pinned = cache_resolve_new(
-            *self.kernel_args, uids, force_pin, probe
-        )
+        out, n_miss, n_v, pinned = cache_resolve_new(self.tag, self.state, uids, force_pin, probe)
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        return slots, miss_idx, vslots, vids, vdirty, bool(pinned)
+        return (
+            out.slots,
+            out.miss_idx[:n_miss],
+            out.victim_slots[:n_v],
+            out.victim_ids[:n_v],
+            out.victim_dirty[:n_v],
+            bool(pinned),
+        )
 
     def victim_rows(self, vslots: np.ndarray) -> np.ndarray | None:
         """Host copy of the records in ``vslots`` (int64 (v,)); None when there are none.  On the
@@ -99,10 +112,18 @@ class HbmTier(CacheTier):
 
     def pin(self, slots: np.ndarray) -> None:
         """Pin resident ``slots`` (distinct) without using them."""
-        cache_pin(self.code, self.P, self.pins, self.fmeta, slots)
+        cache_pin(self.tag, self.state, slots)
+
+    def pin_found(self, uids: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pin the first ``budget`` of ``uids`` (distinct) that are resident; returns their
+        positions in ``uids`` and their slots (:func:`cache_pin_found`)."""
+        at = np.empty(uids.shape[0], dtype=np.int64)
+        slots = np.empty(uids.shape[0], dtype=np.int64)
+        n = cache_pin_found(self.tag, self.state, uids, max(budget, 0), at, slots)
+        return at[:n], slots[:n]
 
     def release(self, slots: np.ndarray) -> None:
-        cache_release(self.code, self.P, self.pins, self.fmeta, slots)
+        cache_release(self.tag, self.state, slots)
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """Host copy of the records in ``slots``."""
@@ -132,7 +153,7 @@ class DirectHbmTier(HbmTier):
         self.slot_ids = host_full(cap, np.int64, -1)
         self.dirty = host_full(cap, np.uint8, 0)
         self.pins = host_full(cap, np.int32, 0)
-        self.fmeta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)
+        self.meta = np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64)  # (Slots.meta)
         if xp is np:
             # Rows not brought up yet read as NaN (stored rows are finite), so a pooled
             # forward finds them from its own sums instead of a pass over every id first.
@@ -143,26 +164,40 @@ class DirectHbmTier(HbmTier):
     def unpinned_capacity(self) -> int:
         return self.capacity_rows
 
+    @property
+    def resident_rows(self) -> int:
+        return self.capacity_rows - int(self.meta[FREE])
+
+    @property
+    def pinned_rows(self) -> int:
+        return int(self.meta[PINNED])
+
     def find(self, ids: np.ndarray) -> np.ndarray:
         return _direct_find(self.slot_ids, ids)
 
     def decide(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
         """As :meth:`HbmTier.decide`; the slots are the ids, there are never victims."""
-        miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.fmeta, uids, force_pin)
+        miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.meta, uids, force_pin)
         return uids, miss_idx, _NO_SLOTS, _NO_SLOTS, _NO_FLAGS, bool(force_pin)
 
     def pin(self, slots: np.ndarray) -> None:
-        _direct_pin(self.pins, self.fmeta, slots, 1)
+        _direct_pin(self.pins, self.meta, slots, 1)
+
+    def pin_found(self, uids: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        slots = self.find(uids)
+        at = np.flatnonzero(slots >= 0)[: max(budget, 0)]
+        self.pin(slots[at])
+        return at, slots[at]
 
     def release(self, slots: np.ndarray) -> None:
-        _direct_pin(self.pins, self.fmeta, slots, -1)
+        _direct_pin(self.pins, self.meta, slots, -1)
 
 
 _NO_FLAGS = np.empty(0, dtype=np.uint8)
 
 
 @numba.njit(cache=True, nogil=True)
-def _direct_resolve(slot_ids, dirty, pins, fmeta, uids, force_pin):
+def _direct_resolve(slot_ids, dirty, pins, meta, uids, force_pin):
     """Claim slot ``uid`` for every id of ``uids`` (int64 (k,), distinct); returns int64
     positions of those not resident before (the caller writes their rows).  ``force_pin``
     pins every slot, as :func:`tiered_emb.cache.slots.cache_resolve` does for prefetch."""
@@ -173,27 +208,27 @@ def _direct_resolve(slot_ids, dirty, pins, fmeta, uids, force_pin):
         if slot_ids[u] != u:
             slot_ids[u] = u
             dirty[u] = 0
-            fmeta[0] -= 1
+            meta[FREE] -= 1
             miss_idx[m] = i
             m += 1
         if force_pin:
             if pins[u] == 0:
-                fmeta[2] += 1
+                meta[PINNED] += 1
             pins[u] += 1
     return miss_idx[:m]
 
 
 @numba.njit(cache=True, nogil=True)
-def _direct_pin(pins, fmeta, slots, delta):
-    """Add ``delta`` (+1 or -1) pins to ``slots`` (int64 (k,), distinct), counting pinned slots in ``fmeta[2]``."""
+def _direct_pin(pins, meta, slots, delta):
+    """Add ``delta`` (+1 or -1) pins to ``slots`` (int64 (k,), distinct), counting pinned slots in ``meta[PINNED]``."""
     for i in range(slots.shape[0]):
         s = slots[i]
         before = pins[s]
         pins[s] = before + delta
         if before == 0:
-            fmeta[2] += 1
+            meta[PINNED] += 1
         elif pins[s] == 0:
-            fmeta[2] -= 1
+            meta[PINNED] -= 1
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,9 +1,12 @@
 """Eviction policies of the cache tiers, chosen by name.
 
 A policy is data: an entry of :data:`POLICIES` maps a name to a small integer code, and
-the tier kernels dispatch on that code (Numba compiles one kernel; no jitclass, no Python
-object in the hot loop).  Each policy supplies these operations on its state ``P``, one
-flat int64 array (see :mod:`tiered_emb.cache.policies._state`):
+the tier kernels take the policy as a :class:`PolicyTag`, a value whose Numba type names
+the code: each ``policy_*`` operation below is chosen when a kernel is compiled, so a
+kernel is compiled once per policy a process uses, with that policy's code alone in it
+(no jitclass, no Python object in the hot loop, no branch on the policy).  Each policy
+supplies these operations on its state ``P``, one flat int64 array (see
+:mod:`tiered_emb.cache.policies._state`):
 
 - ``fresh(slot)``: the slot took an id (not a candidate until attached);
 - ``attach(slot)``: the slot becomes a candidate for eviction (released by its batch);
@@ -19,17 +22,17 @@ LRU and LFU keep only candidates (a pinned slot is out of the ring or heap, and 
 it again is its use); FIFO, CLOCK and SIEVE keep every slot in insertion order and pin a
 slot with a bit (:mod:`.queue`), as do S3-FIFO (:mod:`.s3fifo`) and ARC (:mod:`.arc`),
 over two lists of slots and a pool of ghost ids (:mod:`.ghost`).  Their operations are
-compiled functions the kernels call, where the others' are inlined: inlined at every
-call site of every tier kernel, their larger bodies made the first run's compilation
-several times longer (CHANGELOG.md).
+compiled functions the kernels call, where the others' are inlined.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import NativeValue, models, overload, register_model, typeof_impl, unbox
 
 from tiered_emb._jit import prefetch_hint
 from tiered_emb.cache.policies._state import (  # noqa: F401
@@ -66,11 +69,62 @@ S3FIFO = S3FIFO_CODE
 ARC = ARC_CODE
 
 
+class PolicyTag:
+    """A policy as the tier kernels take it: its code, in the value's Numba type
+    (:class:`PolicyType`), so that a kernel is compiled for one policy at a time."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: int):
+        self.code = int(code)
+
+    def __reduce__(self):
+        return (PolicyTag, (self.code,))
+
+    def __repr__(self) -> str:
+        return f"PolicyTag({self.code})"
+
+
+class PolicyType(types.Type):
+    """The Numba type of a :class:`PolicyTag`: one type per policy code, no data at run time."""
+
+    def __init__(self, code: int):
+        self.code = code
+        super().__init__(name=f"PolicyTag[{code}]")
+
+
+@typeof_impl.register(PolicyTag)
+def _typeof_tag(val, c):
+    return PolicyType(val.code)
+
+
+@register_model(PolicyType)
+class _TagModel(models.OpaqueModel):
+    pass
+
+
+@unbox(PolicyType)
+def _unbox_tag(typ, obj, c):
+    return NativeValue(c.context.get_dummy_value())
+
+
+def _code(tag) -> int:
+    """The policy code of a kernel's ``tag`` argument, while the kernel is typed."""
+    if not isinstance(tag, PolicyType):
+        raise TypingError(f"a policy operation takes a PolicyTag, not {tag}: pass the tier's `tag`")
+    return tag.code
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     code: int
     summary: str
     lookahead: bool = False  # rows of prefetched batches are pinned as soon as they enter the window
+
+    @property
+    def tag(self) -> PolicyTag:
+        """The policy as the kernels take it."""
+        return PolicyTag(self.code)
 
 
 _BASE = {
@@ -95,134 +149,211 @@ POLICIES: dict[str, PolicySpec] = {
 }
 
 
-@numba.njit(inline="always")
-def policy_attach(code, P, slot):
+# The operations.  Each is a Python stub whose compiled form is chosen per policy by the
+# ``@overload`` under it, when the kernel calling it is typed (``tag``: a PolicyTag).
+
+
+def policy_attach(tag, P, slot):
+    """``slot`` becomes a candidate for eviction (released by its batch)."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_attach)
+def _attach(tag, P, slot):
+    code = _code(tag)
     if code == LRU:
-        lru_attach(P, slot)
-    elif code == LFU:
-        lfu_attach(P, slot)
-    else:
-        queue_attach(P, slot)
+        return lambda tag, P, slot: lru_attach(P, slot)
+    if code == LFU:
+        return lambda tag, P, slot: lfu_attach(P, slot)
+    return lambda tag, P, slot: queue_attach(P, slot)
 
 
-@numba.njit(inline="always")
-def policy_detach(code, P, slot):
+def policy_detach(tag, P, slot):
+    """``slot`` stops being a candidate (pinned by a batch)."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_detach)
+def _detach(tag, P, slot):
+    code = _code(tag)
     if code == LRU:
-        lru_detach(P, slot)
-    elif code == LFU:
-        lfu_detach(P, slot)
-    else:
-        queue_detach(P, slot)
+        return lambda tag, P, slot: lru_detach(P, slot)
+    if code == LFU:
+        return lambda tag, P, slot: lfu_detach(P, slot)
+    return lambda tag, P, slot: queue_detach(P, slot)
 
 
-@numba.njit(inline="always")
-def policy_remove(code, P, slot, pinned):
+def policy_remove(tag, P, slot, pinned):
     """``slot``'s row leaves the tier (``pinned``: detached already)."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_remove)
+def _remove(tag, P, slot, pinned):
+    code = _code(tag)
     if code == S3FIFO:
-        s3fifo_remove(P, np.int64(slot))
-    elif code == ARC:
-        arc_remove(P, np.int64(slot))
-    elif code > LFU:
-        queue_remove(P, slot)
-    elif not pinned:
-        policy_detach(code, P, slot)
+        return lambda tag, P, slot, pinned: s3fifo_remove(P, np.int64(slot))
+    if code == ARC:
+        return lambda tag, P, slot, pinned: arc_remove(P, np.int64(slot))
+    if code > LFU:
+        return lambda tag, P, slot, pinned: queue_remove(P, slot)
+
+    def remove(tag, P, slot, pinned):
+        if not pinned:
+            policy_detach(tag, P, slot)
+
+    return remove
 
 
-@numba.njit(inline="always")
-def policy_admit(code, P, key):
+def policy_admit(tag, P, key):
     """``key`` missed and is about to take a slot (free or a victim's): before
     :func:`policy_victim` and :func:`policy_fresh`."""
-    if code == S3FIFO:
-        s3fifo_admit(P, np.int64(key))
-    elif code == ARC:
-        arc_admit(P, np.int64(key))
+    raise NotImplementedError("compiled only: call it from a kernel")
 
 
-@numba.njit(inline="always")
-def policy_victim(code, P, slot_ids):
-    """Remove and return the next slot to evict, or -1 when every slot is pinned."""
-    if code == LRU:
-        return lru_victim(P)
-    if code == LFU:
-        return lfu_victim(P)
+@overload(policy_admit)
+def _admit(tag, P, key):
+    code = _code(tag)
     if code == S3FIFO:
-        return s3fifo_victim(P, slot_ids)
+        return lambda tag, P, key: s3fifo_admit(P, np.int64(key))
     if code == ARC:
-        return arc_victim(P, slot_ids)
-    return queue_victim(code, P)
+        return lambda tag, P, key: arc_admit(P, np.int64(key))
+    return lambda tag, P, key: None
 
 
-@numba.njit(inline="always")
-def policy_upcoming(code, P, ahead):
+def policy_victim(tag, P, slot_ids):
+    """Remove and return the next slot to evict, or -1 when every slot is pinned."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_victim)
+def _victim(tag, P, slot_ids):
+    code = _code(tag)
+    if code == LRU:
+        return lambda tag, P, slot_ids: lru_victim(P)
+    if code == LFU:
+        return lambda tag, P, slot_ids: lfu_victim(P)
+    if code == S3FIFO:
+        return lambda tag, P, slot_ids: s3fifo_victim(P, slot_ids)
+    if code == ARC:
+        return lambda tag, P, slot_ids: arc_victim(P, slot_ids)
+    return lambda tag, P, slot_ids: queue_victim(code, P)
+
+
+def policy_upcoming(tag, P, ahead):
     """A slot likely to be the victim ``ahead`` victims on, or -1 where the policy cannot
     tell cheaply (LFU: its heap's order below the root; the list policies: their bits):
     a hint, nothing changes."""
-    if code != LRU:
-        return -1
-    return lru_upcoming(P, ahead)
+    raise NotImplementedError("compiled only: call it from a kernel")
 
 
-@numba.njit(inline="always")
-def policy_prefetch(code, P, slot):
+@overload(policy_upcoming)
+def _upcoming(tag, P, ahead):
+    if _code(tag) == LRU:
+        return lambda tag, P, ahead: lru_upcoming(P, ahead)
+    return lambda tag, P, ahead: -1
+
+
+def policy_prefetch(tag, P, slot):
     """Fetch the policy state of ``slot`` a detach or touch will change: a hint, nothing changes."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_prefetch)
+def _prefetch(tag, P, slot):
+    code = _code(tag)
     if code == LRU:
-        prefetch_hint(P, P[GEN] + slot)
-    elif code == LFU:
-        prefetch_hint(P, P[HPOS] + slot)
-    else:
-        queue_prefetch(P, slot)
+        return lambda tag, P, slot: prefetch_hint(P, P[GEN] + slot)
+    if code == LFU:
+        return lambda tag, P, slot: prefetch_hint(P, P[HPOS] + slot)
+    return lambda tag, P, slot: queue_prefetch(P, slot)
 
 
-@numba.njit(inline="always")
-def policy_hit(code, P, slot):
+def policy_hit(tag, P, slot):
     """One more use of an attached (unpinned) slot: the single-request fast path.
 
-    Equivalent to detach, touch, attach; cheaper: LRU appends one ring entry, LFU sifts
-    the slot down (its key only grew), the list policies set a bit.
+    Equivalent to detach, touch, attach; cheaper: LRU appends one ring entry (making the
+    slot's older entry stale), LFU sifts the slot down (its key only grew), the list
+    policies set a bit.
     """
-    policy_touch(code, P, slot)
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_hit)
+def _hit(tag, P, slot):
+    code = _code(tag)
     if code == LRU:
-        lru_attach(P, slot)  # appending makes the slot's older entry stale
-    elif code == LFU:
-        lfu_sift_down(P, P[P[HPOS] + slot])
+        return lambda tag, P, slot: lru_attach(P, slot)
+
+    if code == LFU:
+
+        def lfu_hit(tag, P, slot):
+            policy_touch(tag, P, slot)
+            lfu_sift_down(P, P[P[HPOS] + slot])
+
+        return lfu_hit
+    return lambda tag, P, slot: policy_touch(tag, P, slot)
 
 
-@numba.njit(inline="always")
-def policy_touch(code, P, slot):
+def policy_touch(tag, P, slot):
     """Record one more use of a resident slot (LFU's count and last use, CLOCK's and SIEVE's
     bit; LRU's order is its ring, placed when the slot is attached)."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_touch)
+def _touch(tag, P, slot):
+    code = _code(tag)
     if code == LRU:
-        return
+        return lambda tag, P, slot: None
     if code == S3FIFO:
-        s3fifo_use(P, np.int64(slot))
-        return
+        return lambda tag, P, slot: s3fifo_use(P, np.int64(slot))
     if code == ARC:
-        arc_use(P, np.int64(slot))
-        return
+        return lambda tag, P, slot: arc_use(P, np.int64(slot))
     if code != LFU:
-        queue_use(code, P, slot)
-        return
-    c = P[USE_CLOCK] + 1
-    P[USE_CLOCK] = c
-    P[P[COUNT] + slot] += 1
-    P[P[LAST] + slot] = c
+        return lambda tag, P, slot: queue_use(code, P, slot)
+
+    def lfu_touch(tag, P, slot):
+        c = P[USE_CLOCK] + 1
+        P[USE_CLOCK] = c
+        P[P[COUNT] + slot] += 1
+        P[P[LAST] + slot] = c
+
+    return lfu_touch
 
 
-@numba.njit(inline="always")
-def policy_fresh(code, P, slot):
+def policy_fresh(tag, P, slot):
     """A newly admitted slot: LFU's one use now; the list policies' newest, pinned until attached."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_fresh)
+def _fresh(tag, P, slot):
+    code = _code(tag)
     if code == LRU:
-        return
+        return lambda tag, P, slot: None
     if code == S3FIFO:
-        s3fifo_fresh(P, np.int64(slot))
-        return
+        return lambda tag, P, slot: s3fifo_fresh(P, np.int64(slot))
     if code == ARC:
-        arc_fresh(P, np.int64(slot))
-        return
+        return lambda tag, P, slot: arc_fresh(P, np.int64(slot))
     if code != LFU:
-        queue_insert(P, slot)
-        return
-    c = P[USE_CLOCK] + 1
-    P[USE_CLOCK] = c
-    P[P[COUNT] + slot] = 1
-    P[P[LAST] + slot] = c
+        return lambda tag, P, slot: queue_insert(P, slot)
+
+    def lfu_fresh(tag, P, slot):
+        c = P[USE_CLOCK] + 1
+        P[USE_CLOCK] = c
+        P[P[COUNT] + slot] = 1
+        P[P[LAST] + slot] = c
+
+    return lfu_fresh
+
+
+def policy_code(tag):
+    """The integer code of ``tag`` (a compile-time constant in a kernel)."""
+    raise NotImplementedError("compiled only: call it from a kernel")
+
+
+@overload(policy_code)
+def _policy_code(tag):
+    code = _code(tag)
+    return lambda tag: code
