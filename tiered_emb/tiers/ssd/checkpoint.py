@@ -15,12 +15,9 @@ ids of each segment only.
 
 from __future__ import annotations
 
-import threading
-
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import snapshots
-from tiered_emb.tiers.ssd.held import HeldRows
-from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.writer import Writer
 
@@ -31,21 +28,13 @@ DELETES_PER_TXN = 64
 class Checkpointer:
     """Checkpoints, the choice of restore point at open, and the ``meta`` database."""
 
-    def __init__(
-        self,
-        lmdb_env: LmdbEnv,
-        widths: dict[str, int],
-        held: HeldRows,
-        segments: SegmentLog,
-        writer: Writer,
-        lock: threading.Lock,
-    ):
-        self._lmdb = lmdb_env
-        self._widths = dict(widths)
-        self._held = held
+    def __init__(self, ctx: SsdContext, segments: SegmentLog, writer: Writer):
+        self._lmdb = ctx.lmdb
+        self._widths = dict(ctx.widths)
+        self._held = ctx.held
         self._segments = segments
         self._writer = writer
-        self._lock = lock
+        self._lock = ctx.lock
         #: how many checkpoints the store keeps (TierConfig.keep_checkpoints)
         self.keep = 1
 

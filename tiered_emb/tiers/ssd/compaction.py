@@ -20,14 +20,12 @@ older, so the newest copy of every id is the same before and after.
 from __future__ import annotations
 
 import bisect
-import threading
 
 import numpy as np
 
 from tiered_emb.tiers.ssd.codec import is_tombstone, put_segment, segment_key
-from tiered_emb.tiers.ssd.held import HeldRows
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.index import POS_BITS
-from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.mapped import pack_rows
 from tiered_emb.tiers.ssd.segments import SegmentLog
 
@@ -44,23 +42,14 @@ class Compactor:
     COMPACT_RATIO = 2
     COMPACT_MIN_ROWS = 1 << 20
 
-    def __init__(
-        self,
-        lmdb_env: LmdbEnv,
-        widths: dict[str, int],
-        held: HeldRows,
-        segments: SegmentLog,
-        lock: threading.Lock,
-        compressor,
-        budget_bytes: int,
-    ):
-        self._lmdb = lmdb_env
-        self._widths = dict(widths)
-        self._held = held
+    def __init__(self, ctx: SsdContext, segments: SegmentLog):
+        self._lmdb = ctx.lmdb
+        self._widths = dict(ctx.widths)
+        self._held = ctx.held
         self._segments = segments
-        self._lock = lock
-        self._zc = compressor
-        self.budget_bytes = int(budget_bytes)
+        self._lock = ctx.lock
+        self._zc = ctx.compressor
+        self.budget_bytes = int(ctx.budget_bytes)
         self.cursor = dict.fromkeys(sorted(self._widths), 0)  # the number the next run starts at
         self.runs = 0
         #: while :meth:`purge` runs: ``"stale"``, every segment holding a stale copy is worth a

@@ -9,8 +9,6 @@ bit is clear are nowhere here and are not looked up at all.
 
 from __future__ import annotations
 
-import threading
-
 import lmdb
 import numpy as np
 import zstandard
@@ -18,11 +16,9 @@ import zstandard
 from tiered_emb._order import stable_argsort
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd.codec import RAW, ZSTD, is_tombstone, lmdb_keys
-from tiered_emb.tiers.ssd.held import HeldRows
-from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.rowbuf import ABSENT, FOUND, RowBuffer
 from tiered_emb.tiers.ssd.segments import SegmentGone, SegmentLog
-from tiered_emb.tiers.ssd.written import WrittenIds
 
 
 def _cursor_get_many(cur, keys: list[bytes]) -> list[tuple[bytes, bytes]]:
@@ -43,23 +39,14 @@ class Reader:
     """Reads of the SSD tier's rows, for any thread: :meth:`read` (the step's) and
     :meth:`stage` (ahead of the step, on the lookahead thread)."""
 
-    def __init__(
-        self,
-        lmdb_env: LmdbEnv,
-        widths: dict[str, int],
-        held: HeldRows,
-        segments: SegmentLog,
-        written: WrittenIds,
-        lock: threading.Lock,
-        decompressor,
-    ):
-        self._lmdb = lmdb_env
-        self._widths = dict(widths)
-        self._held = held
+    def __init__(self, ctx: SsdContext, segments: SegmentLog):
+        self._lmdb = ctx.lmdb
+        self._widths = dict(ctx.widths)
+        self._held = ctx.held
         self._segments = segments
-        self._written = written
-        self._lock = lock
-        self._zd = decompressor
+        self._written = ctx.written
+        self._lock = ctx.lock
+        self._zd = ctx.decompressor
 
     def read(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
         """Read the records of ``ids`` (int64 (k,), distinct) into ``out_rows`` (k, W).

@@ -18,7 +18,6 @@ per id in ``t:``; those are read below every segment and never written again.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -37,6 +36,7 @@ from tiered_emb.tiers.ssd.codec import (
     segment_key,
     sum_weights,
 )
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.index import (
     MAX_SEGMENT_ROWS,
     MAX_SEGMENTS,
@@ -52,7 +52,6 @@ from tiered_emb.tiers.ssd.mapped import (
     pack_rows,
     value_offset,
 )
-from tiered_emb.tiers.ssd.written import WrittenIds
 
 # a read's gather from the map is cut into slices of at least this many rows for Numba's threads
 GATHER_SPLIT_FROM = 1024
@@ -78,24 +77,14 @@ class SegmentLog:
     deletes segments holds it exclusively from its commit until the index follows.
     """
 
-    def __init__(
-        self,
-        lmdb_env: LmdbEnv,
-        widths: dict[str, int],
-        table_rows: dict[str, int | None],
-        written: WrittenIds,
-        lock: threading.Lock,
-        compressor,
-        decompressor,
-        budget_bytes: int = 256 << 20,
-    ):
-        self._lmdb = lmdb_env
-        self._widths = dict(widths)
-        self._table_rows = dict(table_rows)
-        self._written = written
-        self._lock = lock
-        self._zc, self._zd = compressor, decompressor
-        self._budget = budget_bytes
+    def __init__(self, ctx: SsdContext):
+        self._lmdb = ctx.lmdb
+        self._widths = dict(ctx.widths)
+        self._table_rows = dict(ctx.table_rows)
+        self._written = ctx.written
+        self._lock = ctx.lock
+        self._zc, self._zd = ctx.compressor, ctx.decompressor
+        budget_bytes = self._budget = ctx.budget_bytes
         # the index's hash of recent ids: a quarter of the budget (32-64 bytes an entry)
         delta = max(1 << 16, budget_bytes // 256)
         self.index: dict[str, SegmentIndex] = {

@@ -25,6 +25,7 @@ import zstandard
 
 from tiered_emb.errors import CorruptStoreError, StoreClosedError
 from tiered_emb.tiers.ssd import catchup, codec, snapshots
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.reads import Reader
@@ -105,9 +106,19 @@ class SnapshotTier:
                         plans = None
                 if plans is None:
                     written = WrittenIds(self.lmdb)
-                    segments = SegmentLog(
-                        self.lmdb, self.widths, self.table_rows, written, self._lock, None, self._zd, self._budget
+                    ctx = SsdContext(
+                        self.lmdb,
+                        self.widths,
+                        self.table_rows,
+                        self._lock,
+                        HeldRows(self.widths, self._lock),  # (a reader holds no write-backs)
+                        written,
+                        None,
+                        None,
+                        self._zd,
+                        self._budget,
                     )
+                    segments = SegmentLog(ctx)
                     for n in sorted(self.widths):
                         written.load(n, self.table_rows[n])
                         segments.load(n, below=mark)
@@ -126,9 +137,7 @@ class SnapshotTier:
             if self.segments is not None:
                 self.segments.close()
             self.segments = segments
-            self._reader = Reader(
-                self.lmdb, self.widths, HeldRows(self.widths, self._lock), segments, written, self._lock, self._zd
-            )
+            self._reader = Reader(ctx, segments)
             self.refreshes["indexed"] += 1
         if old is not None:
             old.abort()

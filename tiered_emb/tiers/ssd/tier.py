@@ -27,6 +27,7 @@ from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.checkpoint import Checkpointer
 from tiered_emb.tiers.ssd.codec import is_tombstone
 from tiered_emb.tiers.ssd.compaction import Compactor
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.reads import Reader
@@ -92,24 +93,15 @@ class SsdTier:
         table_rows = {n: (table_rows or {}).get(n) for n in tables}
         self.table_rows, self._zd = table_rows, zd
         self.written = WrittenIds(self.lmdb)
-        self.segments = SegmentLog(self.lmdb, self.widths, table_rows, self.written, self._lock, zc, zd, budget_bytes)
-        self.reader = Reader(self.lmdb, self.widths, self.held, self.segments, self.written, self._lock, zd)
-        self.compactor = Compactor(self.lmdb, self.widths, self.held, self.segments, self._lock, zc, budget_bytes)
-        self.writer = Writer(
-            self.lmdb,
-            self.widths,
-            compression,
-            self.held,
-            self.segments,
-            self.written,
-            self.compactor,
-            self._lock,
-            writeback_rows,
-            background_writes,
-            budget_bytes,
-            budget_bytes // 4 if tune_malloc else 0,
+        ctx = SsdContext(
+            self.lmdb, self.widths, table_rows, self._lock, self.held, self.written, compression, zc, zd, budget_bytes
         )
-        self.checkpoints = Checkpointer(self.lmdb, self.widths, self.held, self.segments, self.writer, self._lock)
+        self.segments = SegmentLog(ctx)
+        self.reader = Reader(ctx, self.segments)
+        self.compactor = Compactor(ctx, self.segments)
+        malloc_trim = budget_bytes // 4 if tune_malloc else 0
+        self.writer = Writer(ctx, self.segments, self.compactor, writeback_rows, background_writes, malloc_trim)
+        self.checkpoints = Checkpointer(ctx, self.segments, self.writer)
         self.checkpoints.keep = keep_checkpoints
         # ``p:`` is read (SegmentLog.load) by discard_pending or promote_pending, one of which
         # every store runs as it opens.

@@ -20,7 +20,7 @@ import numpy as np
 
 from tiered_emb.errors import CorruptStoreError, StoreFullError
 from tiered_emb.tiers.ssd.compaction import Compactor
-from tiered_emb.tiers.ssd.held import HeldRows
+from tiered_emb.tiers.ssd.context import SsdContext
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.rowbuf import SortedRows
 from tiered_emb.tiers.ssd.segments import SegmentLog
@@ -30,7 +30,6 @@ from tiered_emb.tiers.ssd.writer_client import (
     WriterStartError,
 )
 from tiered_emb.tiers.ssd.writer_main import tune_allocator
-from tiered_emb.tiers.ssd.written import WrittenIds
 
 
 class _Commits:
@@ -114,29 +113,23 @@ class Writer:
 
     def __init__(
         self,
-        lmdb_env: LmdbEnv,
-        widths: dict[str, int],
-        compression: int | None,
-        held: HeldRows,
+        ctx: SsdContext,
         segments: SegmentLog,
-        written: WrittenIds,
         compactor: Compactor,
-        lock: threading.Lock,
         writeback_rows: int,
         background_writes: bool,
-        budget_bytes: int,
         malloc_trim: int = 0,
     ):
-        self._lmdb = lmdb_env
-        self._tables = sorted(widths)
-        self._compression = compression
-        self._held = held
+        self._lmdb = ctx.lmdb
+        self._tables = ctx.tables
+        self._compression = ctx.compression
+        self._held = ctx.held
         self._segments = segments
-        self._written = written
+        self._written = ctx.written
         self._compactor = compactor
-        self._lock = lock
+        self._lock = ctx.lock
         self.writeback_rows = int(writeback_rows)
-        self.budget_bytes = int(budget_bytes)
+        self.budget_bytes = int(ctx.budget_bytes)
         self.background_writes = bool(background_writes)
         # free memory the allocator keeps for the next write, this process's and the writer
         # process's (0: the allocator left alone), set at the first write (:meth:`_tune`)
