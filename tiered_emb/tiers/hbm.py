@@ -16,7 +16,6 @@ from tiered_emb.cache.slots import (
     FREE,
     PINNED,
     CacheTier,
-    cache_pin,
     cache_pin_found,
     cache_release,
     cache_resolve_new,
@@ -110,10 +109,6 @@ class HbmTier(CacheTier):
         else:
             self.records[to_xp(self.xp, slots), : self.width] = to_xp(self.xp, take_rows(src, src_slots))
 
-    def pin(self, slots: np.ndarray) -> None:
-        """Pin resident ``slots`` (distinct) without using them."""
-        cache_pin(self.tag, self.state, slots)
-
     def pin_found(self, uids: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
         """Pin the first ``budget`` of ``uids`` (distinct) that are resident; returns their
         positions in ``uids`` and their slots (:func:`cache_pin_found`)."""
@@ -180,13 +175,10 @@ class DirectHbmTier(HbmTier):
         miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.meta, uids, force_pin)
         return uids, miss_idx, _NO_SLOTS, _NO_SLOTS, _NO_FLAGS, bool(force_pin)
 
-    def pin(self, slots: np.ndarray) -> None:
-        _direct_pin(self.pins, self.meta, slots, 1)
-
     def pin_found(self, uids: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
         slots = self.find(uids)
         at = np.flatnonzero(slots >= 0)[: max(budget, 0)]
-        self.pin(slots[at])
+        _direct_pin(self.pins, self.meta, slots[at], 1)
         return at, slots[at]
 
     def release(self, slots: np.ndarray) -> None:
