@@ -29,6 +29,7 @@ from tiered_emb.optimizers import (
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # used with fullmatch: '$' would let "a\n" pass
 MAX_ID = 2**63 - 1
+MAX_DIM = 65536
 # Rows are float32: every number that ends up in a row (an initial value, an optimizer's
 # hyperparameter) must be finite as float32, i.e. at most this in magnitude.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -140,6 +141,12 @@ class TableConfig:
         Expiry: a row no update touched for more than this many steps (the store's step
         counter, :meth:`TieredStore.advance_step`) is deleted; None: rows never expire.
         Its record holds one more word, the step of its last update (:mod:`tiered_emb.expiry`).
+    init_table : str or None
+        The table name that keys the initial rows (None: this table's own).  With
+        ``init_column``, a table holding columns ``c..c+dim`` of another starts with exactly
+        those columns of its rows: a column-wise shard (:mod:`tiered_emb.distributed`).
+    init_column : int
+        The column of ``init_table``'s rows that this table's first column is (>= 0).
 
     Examples
     --------
@@ -157,13 +164,15 @@ class TableConfig:
     min_count: int = 1
     admission_bytes: int = 1 << 22
     ttl_steps: int | None = None
+    init_table: str | None = None
+    init_column: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ConfigError(
                 f"TableConfig.name={self.name!r} is invalid", "use 1-200 letters, digits, '_', '.' or '-'"
             )
-        if not _is_int(self.dim) or not 1 <= self.dim <= 65536:
+        if not _is_int(self.dim) or not 1 <= self.dim <= MAX_DIM:
             raise ConfigError(f"TableConfig.dim={self.dim!r} is invalid", "use an int in 1..65536")
         if self.num_rows is not None and (not _is_int(self.num_rows) or not 1 <= self.num_rows <= MAX_ID):
             raise ConfigError(
@@ -183,6 +192,17 @@ class TableConfig:
             raise ConfigError(
                 f"TableConfig.ttl_steps={self.ttl_steps!r} is invalid",
                 "use None (rows never expire) or an int >= 1: the steps a row may go without an update",
+            )
+        named = isinstance(self.init_table, str) and _NAME_RE.fullmatch(self.init_table)
+        if self.init_table is not None and not named:
+            raise ConfigError(
+                f"TableConfig.init_table={self.init_table!r} is invalid",
+                "use None (this table's name) or a table name: 1-200 letters, digits, '_', '.' or '-'",
+            )
+        if not _is_int(self.init_column) or not 0 <= self.init_column <= MAX_DIM:
+            raise ConfigError(
+                f"TableConfig.init_column={self.init_column!r} is invalid",
+                f"use an int from 0 to {MAX_DIM}: the column of init_table's rows this table starts at",
             )
         if self.dtype != "float32":
             raise ConfigError(f"TableConfig.dtype={self.dtype!r} is not supported", "use 'float32'")
@@ -235,6 +255,8 @@ class TableConfig:
             "min_count": self.min_count,
             "admission_bytes": self.admission_bytes,
             "ttl_steps": self.ttl_steps,
+            "init_table": self.init_table,
+            "init_column": self.init_column,
         }
 
     @classmethod
@@ -252,6 +274,8 @@ class TableConfig:
             min_count=d.get("min_count", 1),  # (a manifest written before admission: none)
             admission_bytes=d.get("admission_bytes", 1 << 22),
             ttl_steps=d.get("ttl_steps"),
+            init_table=d.get("init_table"),  # (a manifest written before column-wise shards: none)
+            init_column=d.get("init_column", 0),
         )
 
 

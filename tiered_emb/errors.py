@@ -109,7 +109,12 @@ class CopyError(TieredEmbError, TypeError):
 
 
 class DistributedError(TieredEmbError, RuntimeError):
-    """A tiered torch module trained where its rows would diverge across processes (DistributedDataParallel)."""
+    """A tiered torch module trained where its rows would diverge across processes (DistributedDataParallel),
+    or ranks of a sharded job that disagree (plans, batches) or stopped answering."""
+
+
+class PlanError(TieredEmbError, ValueError):
+    """A sharding plan that is invalid for its tables, or does not fit the ranks' limits."""
 
 
 class StaleRowsWarning(UserWarning):

@@ -3,7 +3,9 @@
 A row never written is stored nowhere.  Its first value is a pure function of
 ``(seed, table name, id)``: a counter-based hash (splitmix64) of those three and the
 element index gives each element's random bits, so the value does not depend on the
-order in which ids are first touched, on tier sizes, or on the thread count.
+order in which ids are first touched, on tier sizes, or on the thread count.  A table
+with ``init_table`` and ``init_column`` (a column-wise shard) is keyed by that name, its
+columns numbered from that column: it starts as exactly those columns of the whole row.
 Optimizer state of a fresh row is zero.
 """
 
@@ -44,13 +46,15 @@ def _init_rows(
     ids: npt.NDArray[np.int64],
     seed: np.uint64,
     thash: np.uint64,
+    col0: int,
     kind: int,
     a: float,
     b: float,
 ) -> None:
     """Fill ``out`` (n, dim) float32, the weight columns of the records, from the hash.
 
-    ``kind`` 0: Uniform(a, b); 1: Normal(mean=a, std=b).
+    ``kind`` 0: Uniform(a, b); 1: Normal(mean=a, std=b).  Column ``j`` of ``out`` is
+    column ``col0 + j`` of the keyed row.
     """
     n = ids.shape[0]
     dim = out.shape[1]
@@ -58,18 +62,19 @@ def _init_rows(
     two_pi = 6.283185307179586
     for r in numba.prange(n):
         key = _splitmix64(base ^ _splitmix64(np.uint64(ids[r])))
-        for j in range(dim):
+        for jj in range(dim):
+            j = jj + col0
             if kind == 0:
                 x = _splitmix64(key + np.uint64(j + 1) * np.uint64(0x9E3779B97F4A7C15))
                 u = np.float64(x >> np.uint64(11)) * 1.1102230246251565e-16  # [0, 1)
-                out[r, j] = np.float32(a + (b - a) * u)
+                out[r, jj] = np.float32(a + (b - a) * u)
             else:
                 x1 = _splitmix64(key + np.uint64(2 * j + 1) * np.uint64(0x9E3779B97F4A7C15))
                 x2 = _splitmix64(key + np.uint64(2 * j + 2) * np.uint64(0x9E3779B97F4A7C15))
                 u1 = (np.float64(x1 >> np.uint64(11)) + 1.0) * 1.1102230246251565e-16  # (0, 1]
                 u2 = np.float64(x2 >> np.uint64(11)) * 1.1102230246251565e-16
                 z = np.sqrt(-2.0 * np.log(u1)) * np.cos(two_pi * u2)
-                out[r, j] = np.float32(a + b * z)
+                out[r, jj] = np.float32(a + b * z)
 
 
 def init_rows(table: TableConfig, ids: npt.NDArray[np.integer[Any]], seed: int) -> npt.NDArray[np.float32]:
@@ -103,7 +108,8 @@ def init_rows(table: TableConfig, ids: npt.NDArray[np.integer[Any]], seed: int) 
             weights,
             np.ascontiguousarray(ids, dtype=np.int64),
             np.uint64(seed & (2**64 - 1)),
-            np.uint64(table_hash(table.name)),
+            np.uint64(table_hash(table.init_table or table.name)),
+            table.init_column,
             kind,
             a,
             b,

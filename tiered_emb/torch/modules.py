@@ -218,7 +218,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
 
     def forward(self, features) -> dict[str, torch.Tensor]:
         """Pooled rows per feature; see the class docstring for ``features``."""
-        jagged = _jagged_of(features)
+        jagged = jagged_of(features)
         missing = [f for f in self.feature_tables if f not in jagged]
         if missing:
             raise ConfigError(
@@ -284,7 +284,7 @@ def joined(parts: list[tuple]) -> tuple:
     return ids, offsets, torch.cat([w.reshape(-1).to(torch.float32) for w in weights])
 
 
-def _jagged_of(features) -> dict:
+def jagged_of(features) -> dict:
     """feature -> (values, lengths, weights or None) from a dict or a torchrec KeyedJaggedTensor."""
     if isinstance(features, dict):
         out = {}

@@ -1,0 +1,182 @@
+"""A small sharded job, run on N ranks and in one process, for the sharded tests.
+
+Four tables (each optimizer, bounded and unbounded ids), five features (two on one table,
+one with per-sample weights), a global batch a step cut into the ranks' slices, and a
+fixed gradient of the pooled output: what the ranks end with must be bitwise what one
+process ends with on the global batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.distributed import ShardedEmbeddingBagCollection, ShardingPlan, ShardingType, TablePlan, open_shards
+from tiered_emb.torch import TieredEmbeddingBagCollection
+
+TABLES = [
+    TableConfig("a", 8, num_rows=300, optimizer=Adagrad(lr=0.1)),
+    TableConfig("b", 6, optimizer=RowWiseAdagrad(lr=0.2, weight_decay=0.01)),
+    TableConfig("c", 4, num_rows=50, optimizer=Adam(lr=0.01)),
+    TableConfig("d", 10, num_rows=1000, optimizer=SGD(lr=0.5)),
+]
+FEATURES = {"fa1": "a", "fa2": "a", "fb": "b", "fc": "c", "fd": "d"}
+ID_SPACE = {"a": 300, "b": 5000, "c": 50, "d": 1000}
+WEIGHTED = ("fd",)
+BAGS = 8  # global bags per feature a step (divisible by every world size tested)
+STEPS = 3
+SEED = 11
+
+
+def tiers() -> TierConfig:
+    # small tiers: rows move between HBM, DDR and LMDB during the job
+    return TierConfig(hbm_rows=16, ddr_rows=16, device="cpu")
+
+
+def global_batch(
+    step: int, mode: str = "sum"
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]]:
+    """feature -> (ids, lengths, weights or None, upstream gradient (BAGS, dim)) of one step
+    (weights with ``mode`` "sum" only, as torch)."""
+    rng = np.random.default_rng(1000 + step)
+    out = {}
+    for f, t in FEATURES.items():
+        lengths = rng.integers(0, 6, BAGS)
+        ids = (rng.zipf(1.3, int(lengths.sum())) - 1) % ID_SPACE[t]
+        w = rng.uniform(0.5, 2.0, ids.shape[0]).astype(np.float32) if f in WEIGHTED else None
+        w = w if mode == "sum" else None
+        dim = next(c.dim for c in TABLES if c.name == t)
+        grad = rng.standard_normal((BAGS, dim)).astype(np.float32)
+        out[f] = (ids.astype(np.int64), lengths.astype(np.int64), w, grad)
+    return out
+
+
+def local_slice(batch, rank: int, world: int):
+    """This rank's bags of each feature: the global bags cut into ``world`` equal runs."""
+    per = BAGS // world
+    out = {}
+    for f, (ids, lengths, w, grad) in batch.items():
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        b0, b1 = rank * per, (rank + 1) * per
+        i0, i1 = starts[b0], starts[b1]
+        out[f] = (ids[i0:i1], lengths[b0:b1], None if w is None else w[i0:i1], grad[b0:b1])
+    return out
+
+
+def train(module, batches) -> list[dict[str, np.ndarray]]:
+    """Each step's forward, then a backward of sum(out * grad); the pooled outputs per step."""
+    seen = []
+    for batch in batches:
+        feats = {
+            f: (torch.from_numpy(i), torch.from_numpy(n)) + ((torch.from_numpy(w),) if w is not None else ())
+            for f, (i, n, w, _) in batch.items()
+        }
+        out = module(feats)
+        loss = sum((out[f] * torch.from_numpy(batch[f][3])).sum() for f in out)
+        loss.backward()
+        seen.append({f: o.detach().numpy().copy() for f, o in out.items()})
+    return seen
+
+
+def records(store, tables) -> dict[str, np.ndarray]:
+    """Every record (weights and state) of ``tables`` for ids in the id space."""
+    return {c.name: store.peek(c.name, np.arange(ID_SPACE[c.init_table or c.name]), with_state=True) for c in tables}
+
+
+def single(root: str, mode: str = "sum") -> tuple[list, dict]:
+    """The job in one process, on the global batch: pooled outputs per step, records."""
+    store = TieredStore.create(root, TABLES, tiers(), seed=SEED)
+    module = TieredEmbeddingBagCollection(store, FEATURES, mode=mode)
+    pooled = train(module, [global_batch(s, mode) for s in range(STEPS)])
+    rec = records(store, TABLES)
+    store.close()
+    return pooled, rec
+
+
+def plan_of(kind: str, world: int) -> ShardingPlan:
+    """Every table sharded ``kind`` where it can be (column-wise: not RowWiseAdagrad's ``b``)."""
+    everyone = tuple(range(world))
+    plans = []
+    for i, cfg in enumerate(TABLES):
+        if kind == "table_wise":
+            tp = TablePlan(cfg.name, ShardingType.TABLE_WISE, ((i + 1) % world,))
+        elif kind == "row_wise":
+            tp = TablePlan(cfg.name, ShardingType.ROW_WISE, everyone)
+        elif kind == "table_row_wise":
+            group = everyone[world // 2 :] if i % 2 else everyone[: max(1, world // 2)]
+            tp = TablePlan(cfg.name, ShardingType.TABLE_ROW_WISE, group)
+        elif kind == "data_parallel":
+            tp = TablePlan(cfg.name, ShardingType.DATA_PARALLEL, everyone)
+        elif isinstance(cfg.optimizer, RowWiseAdagrad):
+            tp = TablePlan(cfg.name, ShardingType.TABLE_WISE, (world - 1,))
+        else:
+            pieces = min(world, 3) if cfg.dim >= 6 else 2
+            cuts = tuple(cfg.dim * k // pieces for k in range(pieces + 1))
+            tp = TablePlan(cfg.name, ShardingType.COLUMN_WISE, tuple((k + i) % world for k in range(pieces)), cuts)
+        plans.append(tp)
+    return ShardingPlan(world, tuple(plans))
+
+
+def sharded_rank(rank: int, world: int, root: str, kinds: list[str], mode: str, comm_dtype: str):
+    """One rank of the job for each plan kind: its pooled outputs per step, and its
+    shards' records (table name in its store -> records)."""
+    results = {}
+    for kind in kinds:
+        plan = plan_of(kind, world)
+        store = open_shards(f"{root}/{kind}", plan, TABLES, tiers(), rank, seed=SEED)
+        module = ShardedEmbeddingBagCollection(store, plan, TABLES, FEATURES, mode=mode, comm_dtype=comm_dtype)
+        batches = [local_slice(global_batch(s, mode), rank, world) for s in range(STEPS)]
+        pooled = train(module, batches)
+        local = plan.local_tables(rank, TABLES)
+        rec = records(store, local) if store is not None else {}
+        if store is not None:
+            store.close()
+        results[kind] = (
+            pooled,
+            rec,
+            {c.name: (c.init_table, c.init_column, c.dim) for c in local},
+            module.bytes_sent(),
+        )
+    return results
+
+
+def piece_of(record: np.ndarray, cfg: TableConfig, c0: int, c1: int) -> np.ndarray:
+    """Columns ``c0:c1`` of whole records of ``cfg``, as a column piece holds them (weights,
+    then each per-column state array's columns, then a per-row word)."""
+    dim = cfg.dim
+    parts = [record[:, c0:c1]]
+    state = cfg.optimizer.state_width(dim)
+    at = dim
+    while state - (at - dim) >= dim:
+        parts.append(record[:, at + c0 : at + c1])
+        at += dim
+    parts.append(record[:, at : dim + state])
+    return np.concatenate(parts, axis=1)
+
+
+def record_mismatches(plan: ShardingPlan, ranks: list[dict], reference: dict[str, np.ndarray]) -> list[str]:
+    """Where the ranks' shards differ from the single process's records, bit for bit:
+    ``ranks[r]`` is rank r's (local table -> records), ``info`` as sharded_rank returns."""
+    from tiered_emb.distributed import row_owner
+
+    bad = []
+    by_name = {c.name: c for c in TABLES}
+    for tp in plan.tables:
+        ref = reference[tp.table]
+        ids = np.arange(ref.shape[0])
+        if tp.sharding_type in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            owner = row_owner(ids, len(tp.ranks))
+            checks = [(r, tp.table, owner == g, ref) for g, r in enumerate(tp.ranks)]
+        elif tp.sharding_type is ShardingType.COLUMN_WISE:
+            checks = [
+                (r, f"{tp.table}.cols{c0}-{c1}", slice(None), piece_of(ref, by_name[tp.table], c0, c1))
+                for r, c0, c1 in tp.pieces()
+            ]
+        else:
+            checks = [(r, tp.table, slice(None), ref) for r in tp.ranks]
+        for r, local, rows, want in checks:
+            got = ranks[r][local]
+            if not np.array_equal(got[rows].view(np.uint32), want[rows].view(np.uint32)):
+                bad.append(f"{tp.table} ({tp.sharding_type.value}) on rank {r} as {local}")
+    return bad
