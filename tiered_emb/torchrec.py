@@ -125,7 +125,7 @@ def _init_of(cfg) -> Uniform:
     )
 
 
-def _configs_of(store, feature_tables, mode: str) -> list:
+def _configs_of(source, feature_tables, mode: str) -> list:
     """``EmbeddingBagConfig`` s of today's arguments: one per table, its features in the order given."""
     if mode not in _MODES.values():
         raise ConfigError(f"mode={mode!r} is not supported", f"use one of {sorted(_MODES.values())}")
@@ -138,7 +138,7 @@ def _configs_of(store, feature_tables, mode: str) -> list:
         features.setdefault(t, []).append(f)
     out = []
     for t, feats in features.items():
-        table = store.engine.table_config(t)  # UnknownTableError with a hint
+        table = source(t)  # UnknownTableError with a hint
         init = table.init
         out.append(
             EmbeddingBagConfig(
@@ -155,15 +155,15 @@ def _configs_of(store, feature_tables, mode: str) -> list:
     return out
 
 
-def _check_against_store(store, configs: list) -> None:
-    """Every config names a table of ``store`` of its width and size; no table twice."""
+def _check_against_store(source, configs: list) -> None:
+    """Every config names a table (``source(name)``: its TableConfig) of its width and size; no table twice."""
     seen = set()
     for cfg in configs:
         _check_config(cfg)
         if cfg.name in seen:
             raise ConfigError(f"table {cfg.name!r} is configured twice", "give each EmbeddingBagConfig its own name")
         seen.add(cfg.name)
-        table = store.engine.table_config(cfg.name)  # UnknownTableError with a hint
+        table = source(cfg.name)  # UnknownTableError with a hint
         if cfg.embedding_dim != table.dim:
             raise ConfigError(
                 f"EmbeddingBagConfig {cfg.name!r} has embedding_dim={cfg.embedding_dim}, "
@@ -194,6 +194,9 @@ class TieredEmbeddingBagCollection(_Interface):
     mode : ``"sum"`` or ``"mean"``, only with a dict / list of features (configs say their pooling)
     nonfinite : ``"raise"`` (default), ``"skip"`` or ``"zero"``: NaN/inf gradients, as
         :meth:`TieredStore.apply_gradients`
+    sharded : None, or a :class:`tiered_emb.distributed.Shards` (a job's plan, tables and
+        this rank's store, then ``store``): the collection is sharded over the job's ranks,
+        each rank giving its own samples' features (docs/distributed.md)
 
     ``forward`` takes a ``KeyedJaggedTensor`` (or a ``TensorDict``, as TorchRec) and returns a
     ``KeyedTensor`` of float32 values (B, sum of dims), keys in the order of the configs'
@@ -217,15 +220,26 @@ class TieredEmbeddingBagCollection(_Interface):
     >>> store.close()
     """
 
-    def __init__(self, store, tables, is_weighted: bool = False, device=None, *, mode=None, nonfinite: str = "raise"):
+    def __init__(
+        self,
+        store,
+        tables,
+        is_weighted: bool = False,
+        device=None,
+        *,
+        mode=None,
+        nonfinite: str = "raise",
+        sharded=None,
+    ):
         _need_torchrec()
         super().__init__()
         if not isinstance(tables, (dict, list)):  # a list is kept as given: embedding_bag_configs() returns it
             tables = list(tables)
         if not tables:
             raise ConfigError("no tables were given", "give one EmbeddingBagConfig (or feature) per table at least")
+        source = sharded.table_config if sharded is not None else store.engine.table_config
         if isinstance(tables, dict) or all(isinstance(t, str) for t in tables):
-            configs = _configs_of(store, tables, "sum" if mode is None else mode)
+            configs = _configs_of(source, tables, "sum" if mode is None else mode)
         else:
             if mode is not None:
                 raise ConfigError(f"mode={mode!r} with EmbeddingBagConfigs", "set each config's pooling instead")
@@ -234,8 +248,8 @@ class TieredEmbeddingBagCollection(_Interface):
                 _check_config(cfg)
                 if not cfg.feature_names:  # as TorchRec: a table without features is its own feature
                     cfg.feature_names = [cfg.name]
-        _check_against_store(store, configs)
-        self.store = store
+        _check_against_store(source, configs)
+        self.store, self.sharded = store, sharded
         self.weighted = bool(is_weighted)
         self.configs = configs
         names = get_embedding_names_by_table(configs)
@@ -251,13 +265,17 @@ class TieredEmbeddingBagCollection(_Interface):
         groups: dict[str, dict[str, str]] = {}
         for cfg, per_table in zip(configs, names, strict=True):
             groups.setdefault(_MODES[cfg.pooling.value], {}).update(dict.fromkeys(per_table, cfg.name))
-        self.collections = torch.nn.ModuleDict(
-            {m: _DictCollection(store, tabs, mode=m, nonfinite=nonfinite) for m, tabs in groups.items()}
-        )
+        if sharded is not None:
+            made = {m: sharded.collection(tabs, mode=m, nonfinite=nonfinite) for m, tabs in groups.items()}
+        else:
+            made = {m: _DictCollection(store, tabs, mode=m, nonfinite=nonfinite) for m, tabs in groups.items()}
+        self.collections = torch.nn.ModuleDict(made)
 
     @property
     def device(self) -> torch.device:
         """Where the pooled rows are: the CPU, or the GPU of a CuPy HBM tier."""
+        if self.sharded is not None:  # the sharded collection's rows cross ranks on the host
+            return torch.device("cpu")
         return torch.device("cpu" if self.store.engine.xp is np else "cuda")
 
     def embedding_bag_configs(self) -> list:

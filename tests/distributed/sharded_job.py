@@ -180,3 +180,64 @@ def record_mismatches(plan: ShardingPlan, ranks: list[dict], reference: dict[str
             if not np.array_equal(got[rows].view(np.uint32), want[rows].view(np.uint32)):
                 bad.append(f"{tp.table} ({tp.sharding_type.value}) on rank {r} as {local}")
     return bad
+
+
+def faulty_rank(rank: int, world: int, root: str, fault: str):
+    """One step of the table-wise job, then a second whose batch or gradient is bad on one
+    rank (``fault``: "ids" an id out of range on the last rank, "nan" a NaN gradient on
+    rank 0).  Returns the error type each rank met, and its shards' records before and
+    after the bad step."""
+    plan = plan_of("row_wise", world)
+    store = open_shards(root, plan, TABLES, tiers(), rank, seed=SEED)
+    module = ShardedEmbeddingBagCollection(store, plan, TABLES, FEATURES)
+    train(module, [local_slice(global_batch(0), rank, world)])
+    local = plan.local_tables(rank, TABLES)
+    before = records(store, local)
+    batch = local_slice(global_batch(1), rank, world)
+    if fault == "ids" and rank == world - 1:
+        ids, lengths, w, grad = batch["fc"]
+        batch["fc"] = (np.where(np.arange(ids.shape[0]) == 0, 10**6, ids), lengths, w, grad)
+    if fault == "nan" and rank == 0:
+        ids, lengths, w, grad = batch["fa1"]
+        batch["fa1"] = (ids, lengths, w, np.full_like(grad, np.nan))
+    error = None
+    try:
+        train(module, [batch])
+    except Exception as e:
+        error = type(e).__name__
+    after = records(store, local)
+    store.close()
+    return error, before, after
+
+
+def mismatched_rank(rank: int, world: int, root: str):
+    """Rank 1 is given another plan: every rank's collection refuses to start."""
+    plan = plan_of("table_wise" if rank != 1 else "row_wise", world)
+    store = open_shards(f"{root}/{rank}", plan, TABLES, tiers(), rank, seed=SEED)
+    try:
+        ShardedEmbeddingBagCollection(store, plan, TABLES, FEATURES)
+    except Exception as e:
+        return type(e).__name__, str(e)
+    finally:
+        if store is not None:
+            store.close()
+    return None, ""
+
+
+def dying_rank(rank: int, world: int, root: str):
+    """The last rank dies before its first forward: the others fail within the group's
+    timeout with a DistributedError, instead of waiting forever."""
+    import os
+    import time
+
+    plan = plan_of("table_wise", world)
+    store = open_shards(root, plan, TABLES, tiers(), rank, seed=SEED)
+    module = ShardedEmbeddingBagCollection(store, plan, TABLES, FEATURES)
+    if rank == world - 1:
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        train(module, [local_slice(global_batch(0), rank, world)])
+    except Exception as e:
+        return type(e).__name__, time.monotonic() - t0
+    return None, time.monotonic() - t0

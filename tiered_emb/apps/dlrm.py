@@ -159,6 +159,20 @@ def add_parser(sub) -> None:
         "gives the same model; torch's dense sums may differ from one thread count to another)",
     )
     p.add_argument(
+        "--world-size",
+        type=count,
+        default=1,
+        help="ranks of a sharded run, started on this machine (gloo; nccl with --device cuda): "
+        "the tables sharded by --plan, the MLPs data-parallel (docs/distributed.md; 1: one process)",
+    )
+    p.add_argument("--plan", default=None, help="a sharding plan (JSON) for --world-size; default: the planner's")
+    p.add_argument(
+        "--comm-dtype",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="the type rows and gradients cross ranks in (fp32: bitwise one process's rows)",
+    )
+    p.add_argument(
         "--sync-writes",
         action="store_true",
         help="write evicted rows to LMDB on the step's thread (without it: on a writer thread)",
@@ -176,8 +190,9 @@ def _mlp(torch, sizes: list[int], last_relu: bool):
     return torch.nn.Sequential(*layers)
 
 
-def build_model(store, features: list[str], dim: int, bottom: list[int], top: list[int]):
-    """A DLRM over ``store``'s tables (one per feature): ``model(dense, feats) -> logits (B,)``."""
+def build_model(store, features: list[str], dim: int, bottom: list[int], top: list[int], sharded=None):
+    """A DLRM over ``store``'s tables (one per feature): ``model(dense, feats) -> logits (B,)``;
+    with ``sharded`` (a :class:`tiered_emb.distributed.Shards`) over the job's sharded tables."""
     import torch
 
     from tiered_emb.torch import TieredEmbeddingBagCollection
@@ -188,7 +203,10 @@ def build_model(store, features: list[str], dim: int, bottom: list[int], top: li
         def __init__(self):
             super().__init__()
             self.bottom = _mlp(torch, [NUM_DENSE, *bottom, dim], last_relu=True)
-            self.embeddings = TieredEmbeddingBagCollection(store, features, mode="sum")
+            if sharded is not None:
+                self.embeddings = sharded.collection(features, mode="sum")
+            else:
+                self.embeddings = TieredEmbeddingBagCollection(store, features, mode="sum")
             n = len(features) + 1
             self.register_buffer("_li", torch.tril_indices(n, n, offset=-1)[0], persistent=False)
             self.register_buffer("_lj", torch.tril_indices(n, n, offset=-1)[1], persistent=False)
@@ -211,7 +229,7 @@ def _data(cfg: dict):
     return SyntheticClicks(cfg["rows"], cfg["batch"], alpha=cfg["alpha"], seed=cfg["seed"])
 
 
-def _to_torch(torch, dense, cats, device="cpu"):
+def to_torch(torch, dense, cats, device="cpu"):
     """The batch as the model takes it: dense features on ``device``, ids on the host (the store plans there)."""
     lengths = torch.ones(cats.shape[0], dtype=torch.int64)
     feats = {f: (torch.from_numpy(np.ascontiguousarray(cats[:, i])), lengths) for i, f in enumerate(feature_names())}
@@ -256,7 +274,7 @@ def _lookahead(args, cfg: dict, hbm_rows: int) -> int:
     return 4 if hbm_rows >= 2 * cfg["batch"] else 0
 
 
-def _load_data(cfg: dict):
+def load_data(cfg: dict):
     """The run's batches; a --data file that cannot be read is a ConfigError."""
     try:
         return _data(cfg)
@@ -317,7 +335,7 @@ def train(args) -> dict:
                 "drop them to continue the run as it was started, or start a new run "
                 "(without --resume, or in another --run-dir)",
             )
-        data = _load_data(cfg)
+        data = load_data(cfg)
         store = TieredStore.open(store_dir, tiers=tiers)
     else:
         cfg = run_config(args)
@@ -325,7 +343,7 @@ def train(args) -> dict:
         # so a resume on another machine, whose default differs, goes on as the run began.
         cfg["step_threads"] = _step_threads(args)
         tables = table_configs(cfg)
-        data = _load_data(cfg)
+        data = load_data(cfg)
         make_run_dir(run_dir, "train")
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
         store = TieredStore.create(store_dir, tables, tiers, seed=cfg["seed"])
@@ -371,7 +389,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
     def loss_of(model, batch):
         dense, cats, labels = batch
-        x, feats = _to_torch(torch, dense, cats, dev)
+        x, feats = to_torch(torch, dense, cats, dev)
         return loss_fn(model(x, feats), torch.from_numpy(labels).to(dev))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
@@ -422,7 +440,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             ys, ps = [], []
             for i in range(args.eval_batches):
                 dense, cats, labels = data.batch(i, split)
-                x, feats = _to_torch(torch, dense, cats, dev)
+                x, feats = to_torch(torch, dense, cats, dev)
                 ps.append(torch.sigmoid(model(x, feats)).cpu().numpy())
                 ys.append(labels)
             y, p = np.concatenate(ys), np.concatenate(ps)
@@ -475,15 +493,35 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    report = train(args)
+def emit_report(args, report: dict, fmt) -> int:
+    """``report`` to ``<run-dir>/report.json`` and to ``--json``, else printed by ``fmt``."""
     out = Path(args.run_dir) / "report.json"
     out.write_text(json.dumps(report, indent=2, sort_keys=True))
     if emit_json(args.json, report):
         return 0
-    print(format_report(report))
+    print(fmt(report))
     LOG.info("report: %s", out)
     return 0
 
 
-__all__ = ["aggregate_stats", "auc", "build_model", "format_report", "log_loss", "train"]
+def run(args) -> int:
+    if getattr(args, "world_size", 1) > 1:
+        from tiered_emb.apps.dlrm_sharded import run as run_sharded
+
+        return run_sharded(args)
+    if getattr(args, "plan", None):
+        raise ConfigError("--plan without --world-size", "give --world-size N (N > 1) to shard the tables")
+    return emit_report(args, train(args), format_report)
+
+
+__all__ = [
+    "aggregate_stats",
+    "auc",
+    "build_model",
+    "emit_report",
+    "format_report",
+    "load_data",
+    "log_loss",
+    "to_torch",
+    "train",
+]

@@ -70,8 +70,11 @@ def copy_builtin_weights(builtin, model: TorchRecDLRM) -> None:
             d.copy_(s[:, order] if s is builtin.top[0].weight else s)
 
 
-def build_torchrec_model(store, features: list[str], dim: int, bottom: list[int], top: list[int]) -> TorchRecDLRM:
-    """TorchRec's DLRM over ``store``'s tables (one per feature), weights as the built-in model's.
+def build_torchrec_model(
+    store, features: list[str], dim: int, bottom: list[int], top: list[int], sharded=None
+) -> TorchRecDLRM:
+    """TorchRec's DLRM over ``store``'s tables (one per feature), weights as the built-in model's;
+    with ``sharded`` (a :class:`tiered_emb.distributed.Shards`) over the job's sharded tables.
 
     Draws the dense weights from torch's global generator as :func:`~tiered_emb.apps.dlrm.build_model`
     does (seed it first), then copies them (:func:`copy_builtin_weights`).
@@ -79,11 +82,11 @@ def build_torchrec_model(store, features: list[str], dim: int, bottom: list[int]
     from tiered_emb.apps.dlrm import build_model
     from tiered_emb.torchrec import TieredEmbeddingBagCollection
 
-    builtin = build_model(store, features, dim, bottom, top)
+    builtin = build_model(store, features, dim, bottom, top, sharded=sharded)
     from torchrec.models.dlrm import DLRM  # imported by tiered_emb.torchrec already, its warnings handled there
 
     dlrm = DLRM(
-        embedding_bag_collection=TieredEmbeddingBagCollection(store, features),
+        embedding_bag_collection=TieredEmbeddingBagCollection(store, features, sharded=sharded),
         dense_in_features=NUM_DENSE,
         dense_arch_layer_sizes=[*bottom, dim],
         over_arch_layer_sizes=[*top, 1],

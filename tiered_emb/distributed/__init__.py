@@ -5,7 +5,7 @@ a GPU), the updates bitwise one process's (docs/distributed.md).
 The only package that imports ``torch.distributed``; importing it imports torch.
 """
 
-from tiered_emb.distributed.collection import ShardedEmbeddingBagCollection
+from tiered_emb.distributed.collection import ShardedEmbeddingBagCollection, Shards
 from tiered_emb.distributed.exchange import COMM_DTYPES
 from tiered_emb.distributed.plan import ShardingPlan, ShardingType, TablePlan, row_owner
 from tiered_emb.distributed.shards import open_shards, shard_path
@@ -15,6 +15,7 @@ __all__ = [
     "ShardedEmbeddingBagCollection",
     "ShardingPlan",
     "ShardingType",
+    "Shards",
     "TablePlan",
     "open_shards",
     "row_owner",

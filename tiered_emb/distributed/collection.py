@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +85,11 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     comm_dtype : ``"fp32"`` (bitwise one process), ``"fp16"`` or ``"bf16"``: the type
         pooled rows and gradients cross ranks in (rounded to nearest even).
     group : a torch.distributed process group, or None for the default one
+    grad_scale : float
+        Multiplies the pooled outputs' gradients before they leave the rank (1.0).  A
+        data-parallel job whose ranks each take the mean loss of their own samples gives
+        ``1 / world_size``: the rows then get the gradient of the global batch's mean loss,
+        as one process training on that batch.
 
     ``forward`` takes what the single-process collection takes (a dict feature ->
     ``(values, lengths[, weights])`` or a ``KeyedJaggedTensor``) holding this rank's bags,
@@ -101,6 +107,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         nonfinite: str = "raise",
         comm_dtype: str = "fp32",
         group=None,
+        grad_scale: float = 1.0,
     ):
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -139,6 +146,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         self.mode, self.nonfinite = mode, nonfinite
         self.comm_dtype = check_comm_dtype(comm_dtype)
         self.planned = [tp for tp in plan.tables if tp.table in set(self.feature_tables.values())]
+        self.grad_scale = np.float32(grad_scale)
+        self.busy_s = 0.0  # seconds this rank spent in its stores' lookups and updates and in pooling
         self._anchor = torch.empty(0, requires_grad=True)
 
     # ------------------------------------------------------------------ forward
@@ -201,13 +210,18 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     out[tp.ranks[g]] += req
         incoming = ex.all_to_all(out)
         replies, failure = [[] for _ in range(ex.world_size)], None
+        t0 = time.perf_counter()
         try:
             self._serve(step, incoming, replies, training)
         except Exception as e:  # a store's failure on one rank: every rank stops here
             failure = e
+        self.busy_s += time.perf_counter() - t0
         ex.agree(failure, "the owners' lookups")
         answers = ex.all_to_all(replies)
-        return self._assemble(step, answers)
+        t0 = time.perf_counter()
+        out = self._assemble(step, answers)
+        self.busy_s += time.perf_counter() - t0
+        return out
 
     def _serve(self, step: _Step, incoming: list[list[np.ndarray]], replies: list, training: bool) -> None:
         ex, engine = self.exchange, self.store.engine
@@ -293,13 +307,20 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     out[r] += [*bags.message(), encode(g, self.comm_dtype)]
         incoming = ex.all_to_all(out)
         updates, failure = [], None
+        t0 = time.perf_counter()
         try:
             updates = self._updates(step, incoming)
         except Exception as e:  # a NaN gradient, a failed write-back: no rank updates anything
             failure = e
+        self.busy_s += time.perf_counter() - t0
         ex.agree(failure, "the backward's checks")
         for update in updates:
-            after_backward(update, step, ())
+            after_backward(lambda u=update: self._timed(u), step, ())
+
+    def _timed(self, update) -> None:
+        t0 = time.perf_counter()
+        update()
+        self.busy_s += time.perf_counter() - t0
 
     def _updates(self, step: _Step, incoming: list[list[np.ndarray]]) -> list:
         ex, engine = self.exchange, self.store.engine
@@ -340,7 +361,11 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         for g, t in zip(grads, self.feature_tables.values(), strict=True):
             k = seen[t]
             n = int(step.tables[t].counts[k])
-            parts[t].append(np.zeros((n, self.configs[t].dim), np.float32) if g is None else g)
+            if g is None:
+                g = np.zeros((n, self.configs[t].dim), np.float32)
+            elif self.grad_scale != 1:
+                g = g * self.grad_scale
+            parts[t].append(g)
             seen[t] = k + 1
         return {t: np.ascontiguousarray(np.concatenate(p), dtype=np.float32) for t, p in parts.items()}
 
@@ -372,4 +397,38 @@ class _Bags(torch.autograd.Function):
         return None, None, None, None
 
 
-__all__ = ["ShardedEmbeddingBagCollection"]
+class Shards:
+    """A job's sharded tables as this rank sees them: its store (None if the plan gives it
+    no table), the plan and every table; :meth:`collection` makes the sharded collection
+    of some of its features (what :class:`tiered_emb.torchrec.TieredEmbeddingBagCollection`
+    takes as ``sharded=`` to shard TorchRec's collection the same way)."""
+
+    def __init__(self, store, plan: ShardingPlan, tables: list[TableConfig], comm_dtype: str = "fp32", group=None):
+        self.store, self.plan, self.tables = store, plan, list(tables)
+        self.comm_dtype, self.group = comm_dtype, group
+        self.grad_scale = 1.0
+        self.made: list[ShardedEmbeddingBagCollection] = []
+
+    def table_config(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise UnknownTableError(f"table {name!r} is not one of the job's", f"use {[t.name for t in self.tables]}")
+
+    def collection(self, feature_tables, mode: str = "sum", nonfinite: str = "raise") -> ShardedEmbeddingBagCollection:
+        made = ShardedEmbeddingBagCollection(
+            self.store,
+            self.plan,
+            self.tables,
+            feature_tables,
+            mode=mode,
+            nonfinite=nonfinite,
+            comm_dtype=self.comm_dtype,
+            group=self.group,
+            grad_scale=self.grad_scale,
+        )
+        self.made.append(made)
+        return made
+
+
+__all__ = ["ShardedEmbeddingBagCollection", "Shards"]

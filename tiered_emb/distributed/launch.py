@@ -70,13 +70,15 @@ def run_ranks(
     args: tuple = (),
     backend: str = "gloo",
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    allow_missing: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined in one
     process group; returns each rank's result (picklable), in rank order.
 
     ``fn`` must be importable by name (a module's top-level function).  A rank that raises
     makes this raise (torch's ``ProcessRaisedException``, with that rank's traceback); the
-    others fail within ``timeout_s`` at their next collective.
+    others fail within ``timeout_s`` at their next collective.  A rank that ended without
+    a result (it exited) is a :class:`DistributedError`, or None with ``allow_missing``.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size={world_size!r}", "use an int >= 1")
@@ -90,7 +92,13 @@ def run_ranks(
         )
         results = []
         for r in range(world_size):
-            with open(Path(out) / f"{r}.pkl", "rb") as f:
+            path = Path(out) / f"{r}.pkl"
+            if not path.exists():
+                if allow_missing:
+                    results.append(None)
+                    continue
+                raise DistributedError(f"rank {r} ended without a result", "read that rank's output: it exited early")
+            with open(path, "rb") as f:
                 results.append(pickle.load(f))
         return results
 

@@ -1,0 +1,291 @@
+"""The DLRM job on several ranks: ``tiered-emb train --world-size N`` (the job starts its
+ranks on this machine) or ``torchrun --nproc-per-node N -m tiered_emb.apps.dlrm_sharded
+[train flags]`` (on one machine or several).
+
+Each step's global batch (the same batches as one process) is cut into ``N`` equal runs
+of samples, one a rank.  The embedding tables are sharded by a plan (``--plan``, or the
+planner's for the run's tables), each rank holding its shards in its own store under
+``<run-dir>/shards``; the MLPs are data-parallel (``DistributedDataParallel``, gradients
+averaged); each rank's loss is its samples' mean and the rows get the global batch's
+mean-loss gradient (the sharded collection's ``grad_scale = 1 / N``).  gloo on the CPU,
+NCCL with ``--device cuda``.  Every checkpoint is taken by every rank at the same step;
+``<run-dir>/shards/checkpoint.json``, written last, names each rank's.
+
+torch is imported when the job runs, not when the CLI is built.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tiered_emb._options import check_run_dir, make_run_dir, require
+from tiered_emb.apps.dlrm_config import (
+    check_run_flags,
+    feature_names,
+    lr_factor,
+    mlp_sizes,
+    run_config,
+    table_configs,
+)
+from tiered_emb.apps.metrics import auc, log_loss
+from tiered_emb.config import TierConfig
+from tiered_emb.errors import ConfigError, DistributedError
+
+#: how many of the first batches the planner reads for its access statistics
+PLAN_BATCHES = 4
+
+
+def _tiers(cfg: dict) -> TierConfig:
+    return TierConfig(
+        hbm_rows=cfg["hbm_rows"],
+        ddr_rows=cfg["ddr_rows"],
+        policy=cfg["policy"],
+        device=cfg["device"],
+        background_writes=not cfg["sync_writes"],
+    )
+
+
+def prepare(args) -> dict:
+    """The run directory, its config.json and plan.json; what every rank needs (picklable).
+    Every check before anything on disk changes."""
+    from tiered_emb.apps.dlrm import load_data
+    from tiered_emb.distributed import ShardingPlan
+    from tiered_emb.distributed.planner import describe, estimate, plan_tables, table_loads
+
+    world = args.world_size
+    if args.resume:
+        raise ConfigError(
+            "--resume with --world-size is not available yet", "train sharded runs to the end, or run in one process"
+        )
+    run_dir = Path(args.run_dir)
+    check_run_dir(run_dir, "train")
+    check_run_flags(args)
+    cfg = run_config(args)
+    if cfg["batch"] % world:
+        raise ConfigError(f"--batch {cfg['batch']} for {world} ranks", "give a batch that the world size divides")
+    cfg.update(
+        world_size=world,
+        comm_dtype=args.comm_dtype,
+        hbm_rows=args.hbm_rows,
+        ddr_rows=args.ddr_rows,
+        policy=args.policy,
+        device=args.device,
+        sync_writes=bool(getattr(args, "sync_writes", False)),
+    )
+    tables = table_configs(cfg)
+    data = load_data(cfg)
+    if args.plan:
+        plan = ShardingPlan.load(args.plan)
+        plan.check(tables)
+    else:
+        feats = {f: f for f in feature_names()}
+        batches = []
+        for step in range(PLAN_BATCHES):
+            cats = data.batch(step, "train")[1]
+            batches.append({f: (cats[:, i], np.ones(cats.shape[0], np.int64)) for i, f in enumerate(feats)})
+        loads = table_loads(batches, feats)
+        plan = plan_tables(tables, world, cfg["batch"], loads=loads, tiers=_tiers(cfg))
+        cfg["plan_estimate"] = describe(estimate(plan, tables, cfg["batch"], loads, _tiers(cfg)))
+    make_run_dir(run_dir, "train")
+    (run_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    plan.save(run_dir / "plan.json")
+    return {
+        "cfg": cfg,
+        "plan": plan.to_json(),
+        "run_dir": str(run_dir),
+        "steps": args.steps,
+        "eval_batches": args.eval_batches,
+        "checkpoint_every": args.checkpoint_every,
+    }
+
+
+def rank_main(rank: int, world: int, job: dict):
+    """One rank of the job; rank 0 returns the report, the others None."""
+    import torch
+    import torch.distributed as dist
+
+    from tiered_emb.apps.dlrm import build_model, load_data, to_torch
+    from tiered_emb.distributed import ShardingPlan, Shards, open_shards
+
+    cfg, run_dir = job["cfg"], Path(job["run_dir"])
+    threads = max(
+        1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // world
+    )
+    torch.set_num_threads(threads)
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    plan = ShardingPlan.from_json(job["plan"])
+    tables = table_configs(cfg)
+    store = open_shards(run_dir / "shards", plan, tables, _tiers(cfg), rank, seed=cfg["seed"])
+    shards = Shards(store, plan, tables, comm_dtype=cfg["comm_dtype"])
+    shards.grad_scale = 1.0 / world
+    torch.manual_seed(cfg["seed"])
+    build = build_model
+    if cfg["model"] == "torchrec":
+        from tiered_emb.apps.torchrec_dlrm import build_torchrec_model as build
+    model = build(store, feature_names(), cfg["dim"], mlp_sizes(cfg["bottom"]), mlp_sizes(cfg["top"]), sharded=shards)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adagrad(model.parameters(), lr=cfg["dense_lr"])
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    data = load_data(cfg)
+    per = cfg["batch"] // world
+    mine = slice(rank * per, (rank + 1) * per)
+    checkpoints = []
+
+    def set_rates(step: int) -> None:
+        f = lr_factor(cfg, step)
+        if store is not None:
+            store.set_learning_rate(None, cfg["lr"] * f)
+        for group in opt.param_groups:
+            group["lr"] = cfg["dense_lr"] * f
+
+    def checkpoint(step: int) -> None:
+        t0 = time.perf_counter()
+        buf = io.BytesIO()
+        torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, buf)
+        epoch = store.checkpoint(buf.getvalue()) if store is not None else None
+        epochs = [None] * world
+        dist.all_gather_object(epochs, epoch)  # every rank's checkpoint is complete
+        if rank == 0:
+            manifest = run_dir / "shards" / "checkpoint.json"
+            tmp = manifest.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step, "world_size": world, "epochs": epochs, "plan": job["plan"]}))
+            os.replace(tmp, manifest)
+        checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
+
+    busy0 = sum(c.busy_s for c in shards.made)
+    sent0 = sum(c.bytes_sent() for c in shards.made)
+    dist.barrier()
+    t0 = time.perf_counter()
+    ema = None
+    for step in range(job["steps"]):
+        set_rates(step)
+        dense, cats, labels = data.batch(step, "train")
+        x, feats = to_torch(torch, dense[mine], np.ascontiguousarray(cats[mine]))
+        loss = loss_fn(ddp(x, feats), torch.from_numpy(labels[mine]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        value = float(loss.detach())
+        ema = value if ema is None else 0.98 * ema + 0.02 * value
+        every = job["checkpoint_every"]
+        if every and (step + 1) % every == 0 and step + 1 < job["steps"]:
+            checkpoint(step + 1)
+    dist.barrier()
+    train_s = time.perf_counter() - t0
+    sent = torch.tensor([float(sum(c.bytes_sent() for c in shards.made) - sent0)])
+    busy = [0.0] * world
+    dist.all_gather_object(busy, sum(c.busy_s for c in shards.made) - busy0)
+    dist.all_reduce(sent)
+    checkpoint(job["steps"])
+    model.eval()
+    evals = {}
+    with torch.no_grad():
+        for split in ("train", "test"):
+            ys, ps = [], []
+            for i in range(job["eval_batches"]):
+                dense, cats, labels = data.batch(i, split)
+                x, feats = to_torch(torch, dense[mine], np.ascontiguousarray(cats[mine]))
+                ps.append(torch.sigmoid(model(x, feats)).numpy())
+                ys.append(labels[mine])
+            every = [None] * world
+            dist.all_gather_object(every, (np.concatenate(ys), np.concatenate(ps)))
+            evals[split] = every
+    if store is not None:
+        store.close(checkpoint=False)
+    if rank:
+        return None
+    samples = job["steps"] * cfg["batch"]
+    report = {
+        "world_size": world,
+        "plan": json.loads(job["plan"]),
+        "comm_dtype": cfg["comm_dtype"],
+        "steps": job["steps"],
+        "batch": cfg["batch"],
+        "train_seconds": train_s,
+        "samples_per_s": samples / train_s if train_s > 0 else 0.0,
+        "bytes_sent_per_sample": float(sent[0]) / samples if samples else 0.0,
+        "rank_busy_seconds": busy,
+        "measured_imbalance": max(busy) / (sum(busy) / world) if sum(busy) > 0 else 1.0,
+        "checkpoints": checkpoints,
+        "loss_ema": ema,
+    }
+    if "plan_estimate" in cfg:
+        report["plan_estimate"] = cfg["plan_estimate"]
+    for split, every in evals.items():
+        y = np.concatenate([a for a, _ in every])
+        p = np.concatenate([b for _, b in every])
+        report[f"{split}_logloss"] = log_loss(y, p)
+        report[f"{split}_auc"] = auc(y, p)
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        (
+            f"trained {r['steps']} steps x {r['batch']} samples on {r['world_size']} ranks "
+            f"in {r['train_seconds']:.1f} s: "
+            f"{r['samples_per_s']:,.0f} samples/s; {r['bytes_sent_per_sample']:,.0f} bytes sent between ranks a sample "
+            f"({r['comm_dtype']})"
+        ),
+        f"train    log loss {r['train_logloss']:.4f}  AUC {r['train_auc']:.4f}",
+        f"held-out log loss {r['test_logloss']:.4f}  AUC {r['test_auc']:.4f}",
+        (
+            f"ranks busy in their stores {', '.join(f'{b:.2f}' for b in r['rank_busy_seconds'])} s "
+            f"(imbalance max / mean {r['measured_imbalance']:.3f})"
+        ),
+    ]
+    if "plan_estimate" in r:
+        lines += ["", "the planner's plan:", r["plan_estimate"]]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """``tiered-emb train --world-size N``: prepare the run, start the ranks, report."""
+    from tiered_emb.apps.dlrm import emit_report
+    from tiered_emb.distributed.launch import run_ranks
+
+    require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
+    job = prepare(args)
+    backend = "nccl" if job["cfg"]["device"] == "cuda" else "gloo"
+    report = run_ranks(rank_main, args.world_size, (job,), backend=backend)[0]
+    return emit_report(args, report, format_report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Under torchrun: every rank parses the same flags; rank 0 prepares the run, then all train."""
+    import torch.distributed as dist
+
+    from tiered_emb.apps.dlrm import emit_report
+    from tiered_emb.cli import build_parser
+    from tiered_emb.distributed.launch import init_from_env
+
+    args = build_parser().parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    rank, world = init_from_env("nccl" if args.device == "cuda" else "gloo")
+    args.world_size = world
+    box: list = [None]
+    if rank == 0:
+        try:
+            box = [prepare(args)]
+        except Exception as e:  # the others must not wait for a run that will not start
+            box = [f"{type(e).__name__}: {e}"]
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], str):
+        raise DistributedError(f"rank 0 could not prepare the run: {box[0]}", "read rank 0's error")
+    report = rank_main(rank, world, box[0])
+    dist.destroy_process_group()
+    return emit_report(args, report, format_report) if rank == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
