@@ -161,9 +161,16 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--world-size",
         type=count,
-        default=1,
+        default=None,
         help="ranks of a sharded run, started on this machine (gloo; nccl with --device cuda): "
-        "the tables sharded by --plan, the MLPs data-parallel (docs/distributed.md; 1: one process)",
+        "the tables sharded by --plan, the MLPs data-parallel (docs/distributed.md; default 1: one "
+        "process; with --resume of a sharded run: its world size, another reshards it)",
+    )
+    p.add_argument(
+        "--disk-limit",
+        type=count,
+        default=None,
+        help="bytes of LMDB rows one rank may hold, for the planner of a sharded run (64M, 2G...)",
     )
     p.add_argument("--plan", default=None, help="a sharding plan (JSON) for --world-size; default: the planner's")
     p.add_argument(
@@ -505,12 +512,13 @@ def emit_report(args, report: dict, fmt) -> int:
 
 
 def run(args) -> int:
-    if getattr(args, "world_size", 1) > 1:
+    sharded_run = args.resume and (Path(args.run_dir) / "shards" / "checkpoint.json").exists()
+    if (getattr(args, "world_size", None) or 1) > 1 or sharded_run:
         from tiered_emb.apps.dlrm_sharded import run as run_sharded
 
         return run_sharded(args)
-    if getattr(args, "plan", None):
-        raise ConfigError("--plan without --world-size", "give --world-size N (N > 1) to shard the tables")
+    if getattr(args, "plan", None) or getattr(args, "disk_limit", None):
+        raise ConfigError("--plan or --disk-limit without --world-size", "give --world-size N (N > 1) to shard")
     return emit_report(args, train(args), format_report)
 
 

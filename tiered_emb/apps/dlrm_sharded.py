@@ -16,9 +16,9 @@ torch is imported when the job runs, not when the CLI is built.
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,66 +36,111 @@ from tiered_emb.apps.dlrm_config import (
 )
 from tiered_emb.apps.metrics import auc, log_loss
 from tiered_emb.config import TierConfig
-from tiered_emb.errors import ConfigError, DistributedError
+from tiered_emb.errors import ConfigError, DistributedError, StoreNotFoundError
 
 #: how many of the first batches the planner reads for its access statistics
 PLAN_BATCHES = 4
+JOB_FORMAT = "tiered_emb-job/1"
 
 
 def _tiers(cfg: dict) -> TierConfig:
+    # two checkpoints kept: a rank that completed checkpoint k+1 when another did not can go back to k
     return TierConfig(
         hbm_rows=cfg["hbm_rows"],
         ddr_rows=cfg["ddr_rows"],
         policy=cfg["policy"],
         device=cfg["device"],
         background_writes=not cfg["sync_writes"],
+        keep_checkpoints=2,
     )
 
 
-def prepare(args) -> dict:
-    """The run directory, its config.json and plan.json; what every rank needs (picklable).
-    Every check before anything on disk changes."""
-    from tiered_emb.apps.dlrm import load_data
-    from tiered_emb.distributed import ShardingPlan
-    from tiered_emb.distributed.planner import describe, estimate, plan_tables, table_loads
+def manifest_path(run_dir: Path) -> Path:
+    """The job's last complete checkpoint: ``{step, world_size, generation, epochs, dense, plan}``."""
+    return run_dir / "shards" / "checkpoint.json"
 
-    world = args.world_size
-    if args.resume:
-        raise ConfigError(
-            "--resume with --world-size is not available yet", "train sharded runs to the end, or run in one process"
-        )
+
+def generation_root(run_dir: Path, generation: int) -> Path:
+    """Where one plan's shards live (a reshard writes the next generation beside it)."""
+    return run_dir / "shards" / f"g{generation}"
+
+
+def read_manifest(run_dir: Path) -> dict:
+    path = manifest_path(run_dir)
+    try:
+        m = json.loads(path.read_text())
+        if m.get("format") != JOB_FORMAT:
+            raise ValueError(f"format {m.get('format')!r}")
+        return m
+    except (OSError, ValueError) as err:
+        raise StoreNotFoundError(
+            f"the sharded run in {str(run_dir)!r} has no complete checkpoint ({err})",
+            "start the run again without --resume",
+        ) from err
+
+
+def write_manifest(run_dir: Path, manifest: dict) -> None:
+    """Atomically: the checkpoint every rank completed becomes the one a resume starts from."""
+    path = manifest_path(run_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"format": JOB_FORMAT, **manifest}, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _plan_for(cfg: dict, tables, world: int, plan_file, data) -> tuple:
+    from tiered_emb.distributed import ShardingPlan
+    from tiered_emb.distributed.planner import RankLimits, describe, estimate, plan_tables, table_loads
+
+    if plan_file:
+        plan = ShardingPlan.load(plan_file)
+        plan.check(tables)
+        if plan.world_size != world:
+            raise ConfigError(f"--plan is for {plan.world_size} ranks, the run has {world}", "plan for --world-size")
+        return plan, None
+    feats = {f: f for f in feature_names()}
+    batches = []
+    for step in range(PLAN_BATCHES):
+        cats = data.batch(step, "train")[1]
+        batches.append({f: (cats[:, i], np.ones(cats.shape[0], np.int64)) for i, f in enumerate(feats)})
+    loads = table_loads(batches, feats)
+    limits = RankLimits(disk_bytes=cfg.get("disk_limit"))
+    plan = plan_tables(tables, world, cfg["batch"], loads=loads, limits=limits, tiers=_tiers(cfg))
+    return plan, describe(estimate(plan, tables, cfg["batch"], loads, _tiers(cfg)))
+
+
+def prepare(args) -> dict:
+    """The run directory, its config.json and plan.json (a resume: the last complete
+    checkpoint, resharded first for another world size or plan); what every rank needs
+    (picklable).  Every check before anything on disk changes."""
+    from tiered_emb.apps.dlrm import load_data
+
     run_dir = Path(args.run_dir)
+    if args.resume:
+        return _prepare_resume(args, run_dir)
+    world = args.world_size or 1
     check_run_dir(run_dir, "train")
     check_run_flags(args)
     cfg = run_config(args)
     if cfg["batch"] % world:
         raise ConfigError(f"--batch {cfg['batch']} for {world} ranks", "give a batch that the world size divides")
     cfg.update(
-        world_size=world,
         comm_dtype=args.comm_dtype,
         hbm_rows=args.hbm_rows,
         ddr_rows=args.ddr_rows,
         policy=args.policy,
         device=args.device,
         sync_writes=bool(getattr(args, "sync_writes", False)),
+        disk_limit=getattr(args, "disk_limit", None),
     )
     tables = table_configs(cfg)
-    data = load_data(cfg)
-    if args.plan:
-        plan = ShardingPlan.load(args.plan)
-        plan.check(tables)
-    else:
-        feats = {f: f for f in feature_names()}
-        batches = []
-        for step in range(PLAN_BATCHES):
-            cats = data.batch(step, "train")[1]
-            batches.append({f: (cats[:, i], np.ones(cats.shape[0], np.int64)) for i, f in enumerate(feats)})
-        loads = table_loads(batches, feats)
-        plan = plan_tables(tables, world, cfg["batch"], loads=loads, tiers=_tiers(cfg))
-        cfg["plan_estimate"] = describe(estimate(plan, tables, cfg["batch"], loads, _tiers(cfg)))
+    plan, estimate = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
     make_run_dir(run_dir, "train")
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     plan.save(run_dir / "plan.json")
+    return _job(args, cfg, plan, run_dir, None, estimate)
+
+
+def _job(args, cfg: dict, plan, run_dir: Path, manifest: dict | None, estimate: str | None) -> dict:
     return {
         "cfg": cfg,
         "plan": plan.to_json(),
@@ -103,7 +148,60 @@ def prepare(args) -> dict:
         "steps": args.steps,
         "eval_batches": args.eval_batches,
         "checkpoint_every": args.checkpoint_every,
+        "manifest": manifest,
+        "estimate": estimate,
     }
+
+
+def _prepare_resume(args, run_dir: Path) -> dict:
+    """A resume: the run's flags kept, its last complete checkpoint found, and resharded
+    when ``--world-size`` or ``--plan`` asks for another plan."""
+    from tiered_emb.apps.dlrm import load_data
+    from tiered_emb.apps.dlrm_config import flag_conflicts, read_run_config
+    from tiered_emb.distributed import ShardingPlan
+    from tiered_emb.distributed.reshard import reshard
+
+    cfg = read_run_config(run_dir / "config.json")
+    conflicts = flag_conflicts(args, cfg)
+    if conflicts:
+        raise ConfigError(
+            f"--resume with flags that differ from the run's config.json: {', '.join(conflicts)}",
+            "drop them to continue the run as it was started",
+        )
+    m = read_manifest(run_dir)
+    world = args.world_size or m["world_size"]
+    if cfg["batch"] % world:
+        raise ConfigError(f"--batch {cfg['batch']} for {world} ranks", "give a world size that divides the batch")
+    old_plan = ShardingPlan.from_json(m["plan"])
+    tables = table_configs(cfg)
+    if world == m["world_size"] and not args.plan:
+        return _job(args, cfg, old_plan, run_dir, m, None)
+    plan, estimate = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
+    if plan == old_plan:
+        return _job(args, cfg, old_plan, run_dir, m, None)
+    gen = m["generation"] + 1
+    new_root = generation_root(run_dir, gen)
+    if new_root.exists():  # a reshard that did not finish: its manifest was never written
+        shutil.rmtree(new_root)
+    epochs = reshard(
+        generation_root(run_dir, m["generation"]),
+        old_plan,
+        m["epochs"],
+        new_root,
+        plan,
+        tables,
+        _tiers(cfg),
+        cfg["seed"],
+    )
+    dense = f"g{gen}/{Path(m['dense']).name}"
+    shutil.copyfile(run_dir / "shards" / m["dense"], run_dir / "shards" / dense)
+    old_gen = m["generation"]
+    m = {"step": m["step"], "world_size": world, "generation": gen, "epochs": epochs, "dense": dense}
+    m["plan"] = plan.to_json()
+    write_manifest(run_dir, m)
+    plan.save(run_dir / "plan.json")
+    shutil.rmtree(generation_root(run_dir, old_gen))  # (the job made it; the new one holds its rows)
+    return _job(args, cfg, plan, run_dir, m, estimate)
 
 
 def rank_main(rank: int, world: int, job: dict):
@@ -124,7 +222,10 @@ def rank_main(rank: int, world: int, job: dict):
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     plan = ShardingPlan.from_json(job["plan"])
     tables = table_configs(cfg)
-    store = open_shards(run_dir / "shards", plan, tables, _tiers(cfg), rank, seed=cfg["seed"])
+    m = job["manifest"]
+    gen = m["generation"] if m else 0
+    snapshot = m["epochs"][rank] if m else None
+    store = open_shards(generation_root(run_dir, gen), plan, tables, _tiers(cfg), rank, cfg["seed"], snapshot)
     shards = Shards(store, plan, tables, comm_dtype=cfg["comm_dtype"])
     shards.grad_scale = 1.0 / world
     torch.manual_seed(cfg["seed"])
@@ -134,6 +235,12 @@ def rank_main(rank: int, world: int, job: dict):
     model = build(store, feature_names(), cfg["dim"], mlp_sizes(cfg["bottom"]), mlp_sizes(cfg["top"]), sharded=shards)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adagrad(model.parameters(), lr=cfg["dense_lr"])
+    start = 0
+    if m:
+        state = torch.load(run_dir / "shards" / m["dense"], weights_only=True)
+        start = int(state["step"])
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
     loss_fn = torch.nn.BCEWithLogitsLoss()
     data = load_data(cfg)
     per = cfg["batch"] // world
@@ -149,16 +256,32 @@ def rank_main(rank: int, world: int, job: dict):
 
     def checkpoint(step: int) -> None:
         t0 = time.perf_counter()
-        buf = io.BytesIO()
-        torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, buf)
-        epoch = store.checkpoint(buf.getvalue()) if store is not None else None
+        dense = f"g{gen}/dense-{step}.pt"
+        if rank == 0:  # the dense state, equal on every rank (DDP), before the manifest names it
+            tmp = run_dir / "shards" / f"{dense}.tmp"
+            torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+            os.replace(tmp, run_dir / "shards" / dense)
+        epoch = store.checkpoint(str(step).encode()) if store is not None else None
         epochs = [None] * world
         dist.all_gather_object(epochs, epoch)  # every rank's checkpoint is complete
         if rank == 0:
-            manifest = run_dir / "shards" / "checkpoint.json"
-            tmp = manifest.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": step, "world_size": world, "epochs": epochs, "plan": job["plan"]}))
-            os.replace(tmp, manifest)
+            before = read_manifest(run_dir) if manifest_path(run_dir).exists() else None
+            write_manifest(
+                run_dir,
+                {
+                    "step": step,
+                    "world_size": world,
+                    "generation": gen,
+                    "epochs": epochs,
+                    "dense": dense,
+                    "plan": job["plan"],
+                },
+            )
+            if before is not None:  # the dense states of checkpoints no rank keeps any more
+                keep = {before["dense"], dense}
+                for old in (run_dir / "shards" / f"g{gen}").glob("dense-*.pt"):
+                    if f"g{gen}/{old.name}" not in keep:
+                        old.unlink()
         checkpoints.append({"step": step, "seconds": time.perf_counter() - t0})
 
     busy0 = sum(c.busy_s for c in shards.made)
@@ -166,7 +289,7 @@ def rank_main(rank: int, world: int, job: dict):
     dist.barrier()
     t0 = time.perf_counter()
     ema = None
-    for step in range(job["steps"]):
+    for step in range(start, job["steps"]):
         set_rates(step)
         dense, cats, labels = data.batch(step, "train")
         x, feats = to_torch(torch, dense[mine], np.ascontiguousarray(cats[mine]))
@@ -185,7 +308,8 @@ def rank_main(rank: int, world: int, job: dict):
     busy = [0.0] * world
     dist.all_gather_object(busy, sum(c.busy_s for c in shards.made) - busy0)
     dist.all_reduce(sent)
-    checkpoint(job["steps"])
+    if job["steps"] > start:
+        checkpoint(job["steps"])
     model.eval()
     evals = {}
     with torch.no_grad():
@@ -203,8 +327,9 @@ def rank_main(rank: int, world: int, job: dict):
         store.close(checkpoint=False)
     if rank:
         return None
-    samples = job["steps"] * cfg["batch"]
+    samples = (job["steps"] - start) * cfg["batch"]
     report = {
+        "steps_this_run": job["steps"] - start,
         "world_size": world,
         "plan": json.loads(job["plan"]),
         "comm_dtype": cfg["comm_dtype"],
@@ -218,8 +343,8 @@ def rank_main(rank: int, world: int, job: dict):
         "checkpoints": checkpoints,
         "loss_ema": ema,
     }
-    if "plan_estimate" in cfg:
-        report["plan_estimate"] = cfg["plan_estimate"]
+    if job["estimate"]:
+        report["plan_estimate"] = job["estimate"]
     for split, every in evals.items():
         y = np.concatenate([a for a, _ in every])
         p = np.concatenate([b for _, b in every])
@@ -231,10 +356,10 @@ def rank_main(rank: int, world: int, job: dict):
 def format_report(r: dict) -> str:
     lines = [
         (
-            f"trained {r['steps']} steps x {r['batch']} samples on {r['world_size']} ranks "
+            f"trained {r['steps_this_run']} steps x {r['batch']} samples on {r['world_size']} ranks "
             f"in {r['train_seconds']:.1f} s: "
             f"{r['samples_per_s']:,.0f} samples/s; {r['bytes_sent_per_sample']:,.0f} bytes sent between ranks a sample "
-            f"({r['comm_dtype']})"
+            f"({r['comm_dtype']}; step {r['steps']} of the run)"
         ),
         f"train    log loss {r['train_logloss']:.4f}  AUC {r['train_auc']:.4f}",
         f"held-out log loss {r['test_logloss']:.4f}  AUC {r['test_auc']:.4f}",
@@ -251,12 +376,14 @@ def format_report(r: dict) -> str:
 def run(args) -> int:
     """``tiered-emb train --world-size N``: prepare the run, start the ranks, report."""
     from tiered_emb.apps.dlrm import emit_report
+    from tiered_emb.distributed import ShardingPlan
     from tiered_emb.distributed.launch import run_ranks
 
     require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
     job = prepare(args)
     backend = "nccl" if job["cfg"]["device"] == "cuda" else "gloo"
-    report = run_ranks(rank_main, args.world_size, (job,), backend=backend)[0]
+    world = ShardingPlan.from_json(job["plan"]).world_size
+    report = run_ranks(rank_main, world, (job,), backend=backend)[0]
     return emit_report(args, report, format_report)
 
 
@@ -270,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
     rank, world = init_from_env("nccl" if args.device == "cuda" else "gloo")
+    if args.world_size not in (None, world):
+        raise ConfigError(f"--world-size {args.world_size} under torchrun's {world} ranks", "leave --world-size out")
     args.world_size = world
     box: list = [None]
     if rank == 0:
@@ -283,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(box[0], str):
         raise DistributedError(f"rank 0 could not prepare the run: {box[0]}", "read rank 0's error")
     report = rank_main(rank, world, box[0])
+    dist.barrier()  # no rank tears the group down while another still uses it
     dist.destroy_process_group()
     return emit_report(args, report, format_report) if rank == 0 else 0
 

@@ -6,6 +6,7 @@ instead and each calls :func:`init_from_env` (docs/distributed.md).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -60,6 +61,8 @@ def _rank_main(
         result = fn(rank, world_size, *args)
         with open(Path(out) / f"{rank}.pkl", "wb") as f:
             pickle.dump(result, f)
+        with contextlib.suppress(RuntimeError):  # (a rank that died: nobody to wait for)
+            dist.barrier()  # no rank tears the group down while another still uses it (rank 0 hosts its store)
     finally:
         dist.destroy_process_group()
 

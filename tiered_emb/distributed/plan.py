@@ -202,6 +202,40 @@ def _check_table(tp: TablePlan, cfg: TableConfig, w: int) -> None:
         )
 
 
+def column_layout(cfg: TableConfig) -> tuple[int, int]:
+    """``(arrays, tail)`` of a record of ``cfg`` after its weights: how many optimizer-state
+    arrays of one value a column it holds (Adagrad 1, Adam 2), then how many words a row
+    (Adam's step, the step of the last update with ``ttl_steps``).  A column piece holds
+    its columns of each array and every tail word."""
+    arrays = cfg.optimizer.state_width(2) - cfg.optimizer.state_width(1)
+    return arrays, cfg.state_width - arrays * cfg.dim
+
+
+def piece_records(records: np.ndarray, cfg: TableConfig, c0: int, c1: int) -> np.ndarray:
+    """Columns ``c0:c1`` of whole records of ``cfg`` (float32 (n, record_width)), as the
+    piece holding them stores them: its weights, its columns of each state array, the tail."""
+    arrays, tail = column_layout(cfg)
+    dim = cfg.dim
+    parts = [records[:, c0:c1]] + [records[:, dim * (1 + a) + c0 : dim * (1 + a) + c1] for a in range(arrays)]
+    parts.append(records[:, dim * (1 + arrays) : dim * (1 + arrays) + tail])
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def stitch_records(pieces: list[np.ndarray], cfg: TableConfig, columns: tuple[int, ...]) -> np.ndarray:
+    """Whole records of ``cfg`` from its column pieces' records (the same rows, in order;
+    the tail words from the first piece: every piece keeps the same)."""
+    arrays, _ = column_layout(cfg)
+    n = pieces[0].shape[0]
+    out = np.empty((n, cfg.record_width), dtype=np.float32)
+    dim = cfg.dim
+    for p, (c0, c1) in zip(pieces, itertools.pairwise(columns), strict=True):
+        w = c1 - c0
+        for a in range(arrays + 1):
+            out[:, dim * a + c0 : dim * a + c1] = p[:, w * a : w * (a + 1)]
+    out[:, dim * (1 + arrays) :] = pieces[0][:, (columns[1] - columns[0]) * (1 + arrays) :]
+    return out
+
+
 def row_owner(ids: np.ndarray, group: int) -> np.ndarray:
     """Index in its group (int64 (n,), ``0..group-1``) of the rank holding each id of a
     row-wise table: splitmix64 of the id, modulo the group's size.  A pure function of the
@@ -220,6 +254,9 @@ __all__ = [
     "ShardingPlan",
     "ShardingType",
     "TablePlan",
+    "column_layout",
     "piece_name",
+    "piece_records",
     "row_owner",
+    "stitch_records",
 ]

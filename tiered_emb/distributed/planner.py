@@ -10,7 +10,8 @@ The cost of a rank for one global batch of ``batch_size`` samples, in bytes move
 - **memory**, a constraint rather than a cost: its shards' bytes on disk (every row a
   table may hold, with its state) and in its HBM and DDR tiers, within :class:`RankLimits`.
 
-Small tables are replicated (data-parallel); a table larger than one rank's disk is split
+Small tables are replicated (data-parallel) unless the tables need over half of the
+ranks' disks together; a table larger than one rank's disk is split
 row-wise over as few ranks as hold it (table-row-wise, or row-wise over all); a wide
 table is cut column-wise; a table heavier than a rank's fair share of the whole cost is
 split row-wise; the rest go table-wise, the heaviest first, each to the rank of least cost
@@ -176,11 +177,15 @@ def plan_tables(
         disk[r] += m.disk(name, share, cols)
 
     everyone = tuple(range(world_size))
+    caps = [x.disk_bytes for x in lim]
+    room = None if any(c is None for c in caps) else sum(c for c in caps if c is not None)
+    # replicas cost every rank the bytes: none when the tables need over half of the disks
+    replicate = room is None or sum(m.disk(t.name) for t in tables) <= room / 2
     heavy = sorted(tables, key=lambda t: (-sum(m.terms(t.name, ShardingType.TABLE_WISE, 1.0, None)), t.name))
     total = sum(sum(m.terms(t.name, ShardingType.TABLE_WISE, 1.0, None)) for t in tables)
     for cfg in heavy:
         name, size = cfg.name, m.disk(cfg.name)
-        if size <= replicate_bytes and all(fits(r, size) for r in everyone):
+        if replicate and size <= replicate_bytes and all(fits(r, size) for r in everyone):
             placed[name] = TablePlan(name, ShardingType.DATA_PARALLEL, everyone)
             for r in everyone:
                 put(r, name, ShardingType.DATA_PARALLEL, 1.0, None)

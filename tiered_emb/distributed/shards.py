@@ -23,11 +23,13 @@ def open_shards(
     tiers: TierConfig,
     rank: int,
     seed: int = 0,
+    snapshot: int | None = None,
 ) -> TieredStore | None:
     """This rank's store: created with its shards (:meth:`ShardingPlan.local_tables`) the
     first time, opened after, and checked to hold exactly those tables; None for a rank
     the plan gives no table.  ``seed`` must be the same on every rank: with the table and
-    the id it fixes each row's first value, wherever the row lives."""
+    the id it fixes each row's first value, wherever the row lives.  ``snapshot``: open an
+    existing store at that kept checkpoint (the one a job's manifest names for this rank)."""
     plan.check(tables)
     if not 0 <= rank < plan.world_size:
         raise PlanError(f"rank {rank} of a plan for {plan.world_size} ranks", f"use a rank in 0..{plan.world_size - 1}")
@@ -38,7 +40,7 @@ def open_shards(
     if not path.exists():
         Path(root).mkdir(parents=True, exist_ok=True)
         return TieredStore.create(path, local, tiers, seed=seed)
-    store = TieredStore.open(path, tiers)
+    store = TieredStore.open(path, tiers, snapshot=snapshot)
     held = sorted(store.tables)
     if held != sorted(c.name for c in local) or store.engine.seed != seed:
         store.close()
