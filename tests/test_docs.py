@@ -27,6 +27,7 @@ PUBLIC = [
     "tiered_emb.errors",
     "tiered_emb.torch",
     "tiered_emb.torchrec",
+    "tiered_emb.distributed",
     "tiered_emb.prefetch",
     "tiered_emb.sim",
 ]

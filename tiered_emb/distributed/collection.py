@@ -81,20 +81,25 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     tables : list of TableConfig
         Every table of the job, as planned.
     feature_tables : dict feature -> table, or a list (feature == table)
-    mode : ``"sum"`` or ``"mean"``
-    comm_dtype : ``"fp32"`` (bitwise one process), ``"fp16"`` or ``"bf16"``: the type
-        pooled rows and gradients cross ranks in (rounded to nearest even).
-    group : a torch.distributed process group, or None for the default one
+    mode : str
+        ``"sum"`` or ``"mean"``.
+    comm_dtype : str
+        ``"fp32"`` (bitwise one process), ``"fp16"`` or ``"bf16"``: the type pooled rows
+        and gradients cross ranks in (rounded to nearest even).
+    group : ProcessGroup or None
+        A torch.distributed process group; None: the default one.
     grad_scale : float
         Multiplies the pooled outputs' gradients before they leave the rank (1.0).  A
         data-parallel job whose ranks each take the mean loss of their own samples gives
         ``1 / world_size``: the rows then get the gradient of the global batch's mean loss,
         as one process training on that batch.
 
-    ``forward`` takes what the single-process collection takes (a dict feature ->
-    ``(values, lengths[, weights])`` or a ``KeyedJaggedTensor``) holding this rank's bags,
-    and returns this rank's pooled bags per feature.  The update is fused into the
-    backward; ``per_sample_weights`` get no gradient.
+    Notes
+    -----
+    ``forward`` takes what the single-process collection takes (a dict feature to
+    ``(values, lengths)`` or ``(values, lengths, weights)``, or a ``KeyedJaggedTensor``)
+    holding this rank's bags, and returns this rank's pooled bags per feature.  The update
+    is fused into the backward; per-sample weights get no gradient.
     """
 
     def __init__(
@@ -410,12 +415,15 @@ class Shards:
         self.made: list[ShardedEmbeddingBagCollection] = []
 
     def table_config(self, name: str) -> TableConfig:
+        """The job's config of table ``name`` (whichever rank holds it)."""
         for t in self.tables:
             if t.name == name:
                 return t
         raise UnknownTableError(f"table {name!r} is not one of the job's", f"use {[t.name for t in self.tables]}")
 
     def collection(self, feature_tables, mode: str = "sum", nonfinite: str = "raise") -> ShardedEmbeddingBagCollection:
+        """A :class:`ShardedEmbeddingBagCollection` of ``feature_tables`` over these shards
+        (every rank must make the same ones, in the same order)."""
         made = ShardedEmbeddingBagCollection(
             self.store,
             self.plan,

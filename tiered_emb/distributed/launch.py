@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import os
 import pickle
 import socket
@@ -56,6 +57,7 @@ def _rank_main(
         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    faulthandler.enable()  # a rank killed by a signal shows where each of its threads was
     init_from_env(backend, timeout_s)
     try:
         result = fn(rank, world_size, *args)

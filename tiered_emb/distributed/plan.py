@@ -72,6 +72,7 @@ class TablePlan:
         return [(self.ranks[0], 0, -1)]
 
     def to_dict(self) -> dict:
+        """The table's plan as plain JSON values (what :meth:`ShardingPlan.to_json` writes)."""
         d: dict = {"table": self.table, "sharding_type": self.sharding_type.value, "ranks": list(self.ranks)}
         if self.columns:
             d["columns"] = list(self.columns)
@@ -91,6 +92,7 @@ class ShardingPlan:
     tables: tuple[TablePlan, ...]
 
     def __getitem__(self, table: str) -> TablePlan:
+        """The plan of ``table``; :class:`PlanError` if it has none."""
         for tp in self.tables:
             if tp.table == table:
                 return tp
@@ -124,10 +126,12 @@ class ShardingPlan:
             raise PlanError(f"the plan does not parse: {e}", "write it as ShardingPlan.to_json() does") from None
 
     def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` to ``path``."""
         Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> ShardingPlan:
+        """The plan :meth:`save` wrote to ``path``."""
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
 
     def fingerprint(self) -> str:

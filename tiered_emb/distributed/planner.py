@@ -81,6 +81,7 @@ class RankCost:
     shards: tuple[str, ...]
 
     def cost(self, comm_weight: float) -> float:
+        """lookup + update + ``comm_weight`` x communication bytes."""
         return self.lookup + self.update + comm_weight * self.comm
 
 

@@ -91,9 +91,8 @@ class StoreModule(torch.nn.Module):
             raise DistributedError(
                 f"the module over table {self.table!r} runs inside DistributedDataParallel, which "
                 "all-reduces torch parameters only: each process would update its own copy of the rows",
-                "train a model holding tiered modules in one process (its dense layers and the store "
-                "use every core: TrainPipeline(step_threads=...)); sharding the tables over "
-                "torch.distributed is not available yet",
+                "shard the tables over the ranks with tiered_emb.distributed.ShardedEmbeddingBagCollection "
+                "and wrap only the dense layers in DDP (docs/distributed.md), or train in one process",
             )
 
     @staticmethod
