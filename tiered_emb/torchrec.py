@@ -318,4 +318,42 @@ class TieredEmbeddingBagCollection(_Interface):
         return f"tables={[c.name for c in self.configs]}, is_weighted={self.weighted}"
 
 
-__all__ = ["HAS_TORCHREC", "INSTALL", "TieredEmbeddingBagCollection", "table_configs"]
+def sharding_plan(plan, world_size: int, module_path: str = ""):
+    """A :class:`tiered_emb.distributed.ShardingPlan` from TorchRec's planner's plan (an
+    ``EmbeddingShardingPlanner().plan(...)`` result) for the collection at ``module_path``.
+
+    Each table keeps its sharding type and ranks; a column-wise table its column cuts (in
+    column order).  One difference: TorchRec's row-wise shards hold blocks of consecutive
+    ids, where tiered_emb's hash each id to its rank (``row_owner``), so that a table of
+    unbounded ids splits evenly too.  Check the result against the tables
+    (:meth:`~tiered_emb.distributed.ShardingPlan.check`): a ``RowWiseAdagrad`` table
+    cannot be column-wise here.
+    """
+    from tiered_emb.distributed import ShardingPlan, ShardingType, TablePlan
+
+    _need_torchrec()
+    if module_path not in plan.plan:
+        raise ConfigError(f"the plan has no module {module_path!r}", f"use one of {sorted(plan.plan)}")
+    everyone = tuple(range(world_size))
+    tables = []
+    for name, ps in plan.plan[module_path].items():
+        kind = ps.sharding_type
+        if kind in ("column_wise", "table_column_wise"):
+            shards = sorted(ps.sharding_spec.shards, key=lambda sh: sh.shard_offsets[1])
+            cuts = tuple(sh.shard_offsets[1] for sh in shards) + (
+                shards[-1].shard_offsets[1] + shards[-1].shard_sizes[1],
+            )
+            ranks = tuple(sh.placement.rank() for sh in shards)
+            tables.append(TablePlan(name, ShardingType.COLUMN_WISE, ranks, cuts))
+        elif kind == "table_row_wise":
+            tables.append(TablePlan(name, ShardingType.TABLE_ROW_WISE, tuple(sorted(set(ps.ranks)))))
+        elif kind in ("row_wise", "data_parallel"):
+            tables.append(TablePlan(name, ShardingType(kind), everyone))
+        elif kind == "table_wise":
+            tables.append(TablePlan(name, ShardingType.TABLE_WISE, (ps.ranks[0],)))
+        else:
+            raise ConfigError(f"TorchRec's plan shards table {name!r} {kind}", "plan it table-, row- or column-wise")
+    return ShardingPlan(world_size, tuple(tables))
+
+
+__all__ = ["HAS_TORCHREC", "INSTALL", "TieredEmbeddingBagCollection", "sharding_plan", "table_configs"]

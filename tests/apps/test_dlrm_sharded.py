@@ -123,6 +123,19 @@ def _row_wise_plan(tmp_path: Path, world: int) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize("plan", ["planner", "row_wise"])
+def test_each_rank_prefetching_its_own_rows_changes_no_bit(tmp_path, plan):
+    extra = ["--world-size", "2", "--steps", "8", "--hbm-rows", "1024", "--ddr-rows", "512", "--checkpoint-every", "0"]
+    if plan == "row_wise":
+        extra += ["--plan", _row_wise_plan(tmp_path, 2)]
+    reports = {la: _train(tmp_path / f"la{la}", *extra, "--lookahead", str(la)) for la in (0, 4)}
+    assert reports[4]["lookahead"] == 4 and reports[0]["lookahead"] == 0
+    rows_0, dense_0 = _state(tmp_path / "la0")
+    rows_4, dense_4 = _state(tmp_path / "la4")
+    assert rows_0.keys() == rows_4.keys() and all(rows_0[k] == rows_4[k] for k in rows_0)
+    assert _same_dense(dense_0, dense_4)
+
+
 def test_tables_over_one_ranks_disk_train_sharded(tmp_path):
     # 26 tables of 3,000 rows x (4 + 1) words x 4 bytes: 1.56 MB, over one rank's 800 kB
     report = _train(tmp_path, "--world-size", "2", "--steps", "4", "--disk-limit", "800K")

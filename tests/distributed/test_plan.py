@@ -144,3 +144,38 @@ def test_loads_from_batches_count_ids_per_sample_and_distinct_ids():
     loads = table_loads(batches, {"f": "t", "g": "t"})
     assert loads["t"].pooling == 3.0  # 6 ids over 2 samples
     assert loads["t"].distinct == 4  # 1, 2, 3, 9
+
+
+def test_torchrecs_planner_gives_a_plan_of_the_same_placement():
+    tiered_torchrec = pytest.importorskip("tiered_emb.torchrec")
+    if not tiered_torchrec.HAS_TORCHREC:
+        pytest.skip("torchrec is not installed")
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+
+    configs = [
+        EmbeddingBagConfig(num_embeddings=t.num_rows, embedding_dim=t.dim, name=t.name, feature_names=[t.name])
+        for t in TABLES
+    ]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=4, compute_device="cpu"),
+        storage_reservation=FixedPercentageStorageReservation(0.1),  # (the default warns, FutureWarning)
+    )
+    theirs = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+    ours = tiered_torchrec.sharding_plan(theirs, 4)
+    assert [tp.table for tp in ours.tables] == [t.name for t in TABLES]
+    for tp in ours.tables:
+        ps = theirs.plan[""][tp.table]
+        assert tp.sharding_type.value == ps.sharding_type
+        if tp.sharding_type is ShardingType.COLUMN_WISE:
+            assert sorted(tp.ranks) == sorted(ps.ranks) and tp.columns[0] == 0
+    tables = [t if t.name != "big" else TableConfig("big", 64, num_rows=4_000_000) for t in TABLES]
+    try:
+        ours.check(tables)
+    except PlanError as e:  # TorchRec may cut a RowWiseAdagrad table by columns, which we refuse
+        assert "RowWiseAdagrad" in str(e)
+    assert estimate(ours, tables, 8192)

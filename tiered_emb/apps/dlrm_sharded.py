@@ -88,24 +88,27 @@ def write_manifest(run_dir: Path, manifest: dict) -> None:
 
 
 def _plan_for(cfg: dict, tables, world: int, plan_file, data) -> tuple:
+    """The run's plan (``plan_file``, else the planner's) and the planner's estimate of it:
+    ``(plan, printed estimate, estimated imbalance)``."""
     from tiered_emb.distributed import ShardingPlan
-    from tiered_emb.distributed.planner import RankLimits, describe, estimate, plan_tables, table_loads
+    from tiered_emb.distributed.planner import RankLimits, describe, estimate, imbalance, plan_tables, table_loads
 
-    if plan_file:
-        plan = ShardingPlan.load(plan_file)
-        plan.check(tables)
-        if plan.world_size != world:
-            raise ConfigError(f"--plan is for {plan.world_size} ranks, the run has {world}", "plan for --world-size")
-        return plan, None
     feats = {f: f for f in feature_names()}
     batches = []
     for step in range(PLAN_BATCHES):
         cats = data.batch(step, "train")[1]
         batches.append({f: (cats[:, i], np.ones(cats.shape[0], np.int64)) for i, f in enumerate(feats)})
     loads = table_loads(batches, feats)
-    limits = RankLimits(disk_bytes=cfg.get("disk_limit"))
-    plan = plan_tables(tables, world, cfg["batch"], loads=loads, limits=limits, tiers=_tiers(cfg))
-    return plan, describe(estimate(plan, tables, cfg["batch"], loads, _tiers(cfg)))
+    if plan_file:
+        plan = ShardingPlan.load(plan_file)
+        plan.check(tables)
+        if plan.world_size != world:
+            raise ConfigError(f"--plan is for {plan.world_size} ranks, the run has {world}", "plan for --world-size")
+    else:
+        limits = RankLimits(disk_bytes=cfg.get("disk_limit"))
+        plan = plan_tables(tables, world, cfg["batch"], loads=loads, limits=limits, tiers=_tiers(cfg))
+    costs = estimate(plan, tables, cfg["batch"], loads, _tiers(cfg))
+    return plan, describe(costs), imbalance(costs)
 
 
 def prepare(args) -> dict:
@@ -133,14 +136,14 @@ def prepare(args) -> dict:
         disk_limit=getattr(args, "disk_limit", None),
     )
     tables = table_configs(cfg)
-    plan, estimate = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
+    plan, estimate, est = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
     make_run_dir(run_dir, "train")
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     plan.save(run_dir / "plan.json")
-    return _job(args, cfg, plan, run_dir, None, estimate)
+    return _job(args, cfg, plan, run_dir, None, estimate, est)
 
 
-def _job(args, cfg: dict, plan, run_dir: Path, manifest: dict | None, estimate: str | None) -> dict:
+def _job(args, cfg, plan, run_dir: Path, manifest: dict | None, estimate: str | None, est: float | None) -> dict:
     return {
         "cfg": cfg,
         "plan": plan.to_json(),
@@ -150,6 +153,10 @@ def _job(args, cfg: dict, plan, run_dir: Path, manifest: dict | None, estimate: 
         "checkpoint_every": args.checkpoint_every,
         "manifest": manifest,
         "estimate": estimate,
+        "estimated_imbalance": est,
+        "lookahead": args.lookahead
+        if args.lookahead is not None
+        else (4 if cfg["hbm_rows"] >= 2 * cfg["batch"] else 0),
     }
 
 
@@ -175,10 +182,10 @@ def _prepare_resume(args, run_dir: Path) -> dict:
     old_plan = ShardingPlan.from_json(m["plan"])
     tables = table_configs(cfg)
     if world == m["world_size"] and not args.plan:
-        return _job(args, cfg, old_plan, run_dir, m, None)
-    plan, estimate = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
+        return _job(args, cfg, old_plan, run_dir, m, None, None)
+    plan, estimate, est = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
     if plan == old_plan:
-        return _job(args, cfg, old_plan, run_dir, m, None)
+        return _job(args, cfg, old_plan, run_dir, m, estimate, est)
     gen = m["generation"] + 1
     new_root = generation_root(run_dir, gen)
     if new_root.exists():  # a reshard that did not finish: its manifest was never written
@@ -201,7 +208,7 @@ def _prepare_resume(args, run_dir: Path) -> dict:
     write_manifest(run_dir, m)
     plan.save(run_dir / "plan.json")
     shutil.rmtree(generation_root(run_dir, old_gen))  # (the job made it; the new one holds its rows)
-    return _job(args, cfg, plan, run_dir, m, estimate)
+    return _job(args, cfg, plan, run_dir, m, estimate, est)
 
 
 def rank_main(rank: int, world: int, job: dict):
@@ -211,6 +218,7 @@ def rank_main(rank: int, world: int, job: dict):
 
     from tiered_emb.apps.dlrm import build_model, load_data, to_torch
     from tiered_emb.distributed import ShardingPlan, Shards, open_shards
+    from tiered_emb.prefetch import lookahead
 
     cfg, run_dir = job["cfg"], Path(job["run_dir"])
     threads = max(
@@ -289,11 +297,24 @@ def rank_main(rank: int, world: int, job: dict):
     dist.barrier()
     t0 = time.perf_counter()
     ema = None
-    for step in range(start, job["steps"]):
-        set_rates(step)
+    used = shards.made[-1]  # (the TorchRec model's builtin twin made one it never runs)
+
+    def local(step: int):
         dense, cats, labels = data.batch(step, "train")
         x, feats = to_torch(torch, dense[mine], np.ascontiguousarray(cats[mine]))
-        loss = loss_fn(ddp(x, feats), torch.from_numpy(labels[mine]))
+        return step, x, feats, torch.from_numpy(labels[mine])
+
+    batches = (local(step) for step in range(start, job["steps"]))
+    depth = job["lookahead"]
+    ids_of = lambda b: used.owned_ids(b[2])  # noqa: E731 (each rank's own rows of the batch, brought up ahead)
+    stream = (
+        lookahead(store, batches, ids_of, depth, load_ahead=1)
+        if store is not None
+        else lockstep(batches, ids_of, depth)
+    )
+    for step, x, feats, labels in stream:
+        set_rates(step)
+        loss = loss_fn(ddp(x, feats), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -342,15 +363,33 @@ def rank_main(rank: int, world: int, job: dict):
         "measured_imbalance": max(busy) / (sum(busy) / world) if sum(busy) > 0 else 1.0,
         "checkpoints": checkpoints,
         "loss_ema": ema,
+        "lookahead": job["lookahead"],
     }
     if job["estimate"]:
         report["plan_estimate"] = job["estimate"]
+        report["estimated_imbalance"] = job["estimated_imbalance"]
     for split, every in evals.items():
         y = np.concatenate([a for a, _ in every])
         p = np.concatenate([b for _, b in every])
         report[f"{split}_logloss"] = log_loss(y, p)
         report[f"{split}_auc"] = auc(y, p)
     return report
+
+
+def lockstep(batches, ids_of, depth: int):
+    """The batches, with ``ids_of`` called for each as :func:`tiered_emb.prefetch.lookahead`
+    calls it (``depth`` batches ahead), on a rank that holds no shard: ``ids_of`` is a
+    collective the other ranks run on that schedule."""
+    if depth == 0:
+        yield from batches
+        return
+    window: list = []
+    for b in batches:
+        ids_of(b)
+        window.append(b)
+        if len(window) > depth:
+            yield window.pop(0)
+    yield from window
 
 
 def format_report(r: dict) -> str:

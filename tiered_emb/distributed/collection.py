@@ -374,9 +374,62 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
             seen[t] = k + 1
         return {t: np.ascontiguousarray(np.concatenate(p), dtype=np.float32) for t, p in parts.items()}
 
+    # ------------------------------------------------------------------ lookahead
+    def owned_ids(self, features) -> dict[str, np.ndarray]:
+        """The ids a future batch (this rank's part, as :meth:`forward` takes it) will ask of
+        this rank's store, per table of that store: what ``store.prefetch`` takes, so each
+        rank brings its own rows up ahead of the step (``tiered_emb.prefetch.lookahead``
+        with ``ids_of=collection.owned_ids``).  A collective: every rank calls it for the
+        same batches in the same order.  A bag shard's ids come in the order its lookup
+        will take them (its global batch), so the step finds them pinned for it."""
+        ex = self.exchange
+        failure, bags = None, {}
+        try:
+            bags = self._local_bags(features)
+        except (ConfigError, IdTypeError, IndexError) as e:
+            failure = e
+        ex.agree(failure, "checking a batch handed ahead")
+        out: list[list[np.ndarray]] = [[] for _ in range(ex.world_size)]
+        for tp in self.planned:
+            b = bags[tp.table]
+            if tp.sharding_type in BAG_SHARDED:
+                for r, _, _ in tp.pieces():
+                    out[r] += [b.counts, b.lengths, b.ids]
+            elif tp.sharding_type in ROW_SHARDED:
+                owner = row_owner(b.ids, len(tp.ranks))
+                for g, r in enumerate(tp.ranks):
+                    out[r].append(np.unique(b.ids[owner == g]))
+            else:
+                for r in range(ex.world_size):
+                    out[r].append(b.ids)
+        incoming = ex.all_to_all(out)
+        return self._owned(incoming)
+
+    def _owned(self, incoming: list[list[np.ndarray]]) -> dict[str, np.ndarray]:
+        ex = self.exchange
+        at = [0] * ex.world_size
+        ids: dict[str, list[np.ndarray]] = {}
+        for tp in self.planned:
+            if tp.sharding_type in BAG_SHARDED:
+                for r, c0, c1 in tp.pieces():
+                    if r != ex.rank:
+                        continue
+                    parts = [[*incoming[s][at[s] : at[s] + 3], _NO_WEIGHTS] for s in range(ex.world_size)]
+                    at = [a + 3 for a in at]
+                    local = tp.table if c1 < 0 else piece_name(tp.table, c0, c1)
+                    ids.setdefault(local, []).append(GlobalBags.of(parts, False).plan.ids)
+            elif ex.rank in tp.ranks:  # a row shard of this rank's, or a replica
+                got = [incoming[s][at[s]] for s in range(ex.world_size)]
+                at = [a + 1 for a in at]
+                ids.setdefault(tp.table, []).append(np.concatenate(got))
+        return {t: np.concatenate(parts) for t, parts in ids.items()}
+
     def bytes_sent(self) -> int:
         """Bytes this rank has sent to the others since it was built."""
         return self.exchange.sent
+
+
+_NO_WEIGHTS = np.empty(0, dtype=np.float32)
 
 
 class _Bags(torch.autograd.Function):
