@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiered_emb import TieredStore  # noqa: E402
-from tiered_emb.apps.dlrm_sharded import generation_root, read_manifest  # noqa: E402
+from tiered_emb.apps.dlrm_sharded import generation_root, open_reader, read_manifest  # noqa: E402
 from tiered_emb.cli import main  # noqa: E402
 from tiered_emb.distributed import ShardingPlan, ShardingType, shard_path  # noqa: E402
 from tiered_emb.distributed.launch import free_port  # noqa: E402
@@ -77,6 +77,21 @@ def test_a_sharded_run_resumes_bitwise_even_after_a_checkpoint_one_rank_alone_to
     assert _same_dense(dense_a, dense_b)
     for k in ("test_logloss", "test_auc", "train_logloss"):
         assert whole[k] == resumed[k]
+
+
+def test_a_reader_beside_the_job_moves_to_each_new_global_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    _train(run, "--world-size", "2", "--steps", "3", "--checkpoint-every", "3")
+    ids = np.arange(3000)
+    with open_reader(run) as reader:
+        at_3 = reader.peek("C1", ids, with_state=True)
+        assert main(["train", "--run-dir", str(run), "--resume", "--steps", "6", "--eval-batches", "4", "--quiet"]) == 0
+        assert np.array_equal(reader.peek("C1", ids, with_state=True), at_3)  # still step 3
+        reader.refresh(read_manifest(run)["epochs"])
+        at_6 = reader.peek("C1", ids, with_state=True)
+    rows, _ = _state(run)
+    holder = next(r for (r, name) in rows if name == "C1")
+    assert at_6.tobytes() == rows[(holder, "C1")] and not np.array_equal(at_6, at_3)
 
 
 def test_a_sharded_run_resumes_at_another_world_size(tmp_path):

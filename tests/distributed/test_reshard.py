@@ -1,15 +1,17 @@
 """Resharding: a job's rows moved from one plan's shards to another's (another world size,
-other sharding types) hold exactly the rows one process holds after the same steps."""
+other sharding types) hold exactly the rows one process holds after the same steps; and a
+sharded reader answers for whole tables as one process's store."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 import sharded_job as job
 
 from tiered_emb import TieredStore
-from tiered_emb.distributed import open_shards, shard_path
+from tiered_emb.distributed import ShardedReader, open_shards, shard_path
 from tiered_emb.distributed.launch import run_ranks
 from tiered_emb.distributed.reshard import reshard
 from tiered_emb.errors import PlanError
@@ -68,3 +70,14 @@ def test_a_resharded_root_opens_as_its_plans_shards_and_refuses_another(trained,
     store.close()
     with pytest.raises(PlanError, match="reshard"):
         open_shards(tmp_path / "n", job.plan_of("row_wise", 4), job.TABLES, job.tiers(), 1, seed=job.SEED)
+
+
+@pytest.mark.parametrize("kind", OLD)
+def test_a_sharded_reader_answers_as_one_process(trained, kind):
+    root, reference = trained
+    with ShardedReader(root / kind, job.plan_of(kind, 2), [None, None]) as reader:
+        for cfg in job.TABLES:
+            ids = np.arange(job.ID_SPACE[cfg.name])
+            got = reader.peek(cfg.name, ids, with_state=True)
+            assert np.array_equal(got.view(np.uint32), reference[cfg.name].view(np.uint32)), cfg.name
+            assert np.array_equal(reader.lookup(cfg.name, ids[::-3]), reference[cfg.name][ids[::-3], : cfg.dim])

@@ -79,6 +79,17 @@ def read_manifest(run_dir: Path) -> dict:
         ) from err
 
 
+def open_reader(run_dir: str | os.PathLike[str]):
+    """A :class:`tiered_emb.distributed.ShardedReader` of the run's last complete checkpoint
+    (beside the job, from any process); ``reader.refresh(read_manifest(run_dir)["epochs"])``
+    moves it to a newer one."""
+    from tiered_emb.distributed import ShardedReader, ShardingPlan
+
+    run_dir = Path(run_dir)
+    m = read_manifest(run_dir)
+    return ShardedReader(generation_root(run_dir, m["generation"]), ShardingPlan.from_json(m["plan"]), m["epochs"])
+
+
 def write_manifest(run_dir: Path, manifest: dict) -> None:
     """Atomically: the checkpoint every rank completed becomes the one a resume starts from."""
     path = manifest_path(run_dir)

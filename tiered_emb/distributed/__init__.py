@@ -11,7 +11,8 @@ The only package that imports ``torch.distributed``; importing it imports torch.
 - the modules: :class:`ShardedEmbeddingBagCollection`, or :class:`Shards` for TorchRec's
   collection (``tiered_emb.torchrec.TieredEmbeddingBagCollection(..., sharded=shards)``);
 - ranks: :func:`run_ranks` (on this machine) or :func:`init_from_env` (under torchrun);
-- another plan or world size: :func:`reshard`.
+- another plan or world size: :func:`reshard`;
+- serving a checkpoint: :class:`ShardedReader` (one store reader per shard, one global checkpoint).
 """
 
 from tiered_emb.distributed.collection import ShardedEmbeddingBagCollection, Shards
@@ -20,12 +21,14 @@ from tiered_emb.distributed.launch import init_from_env, run_ranks
 from tiered_emb.distributed.plan import ShardingPlan, ShardingType, TablePlan, row_owner
 from tiered_emb.distributed.planner import RankLimits, TableLoad, describe, estimate, plan_tables, table_loads
 from tiered_emb.distributed.reshard import reshard
+from tiered_emb.distributed.serving import ShardedReader
 from tiered_emb.distributed.shards import open_shards, shard_path
 
 __all__ = [
     "COMM_DTYPES",
     "RankLimits",
     "ShardedEmbeddingBagCollection",
+    "ShardedReader",
     "ShardingPlan",
     "ShardingType",
     "Shards",
