@@ -197,6 +197,9 @@ class TieredEmbeddingBagCollection(_Interface):
     sharded : None, or a :class:`tiered_emb.distributed.Shards` (a job's plan, tables and
         this rank's store, then ``store``): the collection is sharded over the job's ranks,
         each rank giving its own samples' features (docs/distributed.md)
+    optimizer : with ``store=None`` only: a collection that TorchRec's
+        ``DistributedModelParallel`` shards (:func:`dmp_sharder`), whose tables are
+        ``table_configs(tables, optimizer)``
 
     ``forward`` takes a ``KeyedJaggedTensor`` (or a ``TensorDict``, as TorchRec) and returns a
     ``KeyedTensor`` of float32 values (B, sum of dims), keys in the order of the configs'
@@ -230,6 +233,7 @@ class TieredEmbeddingBagCollection(_Interface):
         mode=None,
         nonfinite: str = "raise",
         sharded=None,
+        optimizer=None,
     ):
         _need_torchrec()
         super().__init__()
@@ -237,7 +241,17 @@ class TieredEmbeddingBagCollection(_Interface):
             tables = list(tables)
         if not tables:
             raise ConfigError("no tables were given", "give one EmbeddingBagConfig (or feature) per table at least")
-        source = sharded.table_config if sharded is not None else store.engine.table_config
+        if store is None and sharded is None:  # to be sharded by DistributedModelParallel (dmp_sharder)
+            if optimizer is None or isinstance(tables, dict) or any(isinstance(t, str) for t in tables):
+                raise ConfigError(
+                    "a collection without a store takes EmbeddingBagConfigs and an optimizer",
+                    "give store=None, the configs and optimizer=..., and shard it with "
+                    "DistributedModelParallel(model, sharders=[dmp_sharder(...)]); or give a store",
+                )
+            job = {t.name: t for t in table_configs(tables, optimizer)}
+            source = job.__getitem__
+        else:
+            source = sharded.table_config if sharded is not None else store.engine.table_config
         if isinstance(tables, dict) or all(isinstance(t, str) for t in tables):
             configs = _configs_of(source, tables, "sum" if mode is None else mode)
         else:
@@ -249,7 +263,8 @@ class TieredEmbeddingBagCollection(_Interface):
                 if not cfg.feature_names:  # as TorchRec: a table without features is its own feature
                     cfg.feature_names = [cfg.name]
         _check_against_store(source, configs)
-        self.store, self.sharded = store, sharded
+        self.store, self.sharded, self.nonfinite = store, sharded, nonfinite
+        self.job_tables = [source(cfg.name) for cfg in configs]
         self.weighted = bool(is_weighted)
         self.configs = configs
         names = get_embedding_names_by_table(configs)
@@ -267,6 +282,8 @@ class TieredEmbeddingBagCollection(_Interface):
             groups.setdefault(_MODES[cfg.pooling.value], {}).update(dict.fromkeys(per_table, cfg.name))
         if sharded is not None:
             made = {m: sharded.collection(tabs, mode=m, nonfinite=nonfinite) for m, tabs in groups.items()}
+        elif store is None:
+            made = {}  # (the sharder gives it its collections)
         else:
             made = {m: _DictCollection(store, tabs, mode=m, nonfinite=nonfinite) for m, tabs in groups.items()}
         self.collections = torch.nn.ModuleDict(made)
@@ -274,7 +291,7 @@ class TieredEmbeddingBagCollection(_Interface):
     @property
     def device(self) -> torch.device:
         """Where the pooled rows are: the CPU, or the GPU of a CuPy HBM tier."""
-        if self.sharded is not None:  # the sharded collection's rows cross ranks on the host
+        if self.sharded is not None or self.store is None:  # the sharded collection's rows cross ranks on the host
             return torch.device("cpu")
         return torch.device("cpu" if self.store.engine.xp is np else "cuda")
 
@@ -288,6 +305,11 @@ class TieredEmbeddingBagCollection(_Interface):
 
     def forward(self, features):
         """Pooled rows per feature, a ``KeyedTensor``; see the class docstring."""
+        if not self.collections:
+            raise ConfigError(
+                "this collection has no store: it runs once DistributedModelParallel has sharded it",
+                "wrap the model: DistributedModelParallel(model, sharders=[dmp_sharder(root, tiers)])",
+            )
         features = maybe_td_to_kjt(features, None)
         if not isinstance(features, KeyedJaggedTensor):
             raise ConfigError(
@@ -329,20 +351,24 @@ def sharding_plan(plan, world_size: int, module_path: str = ""):
     (:meth:`~tiered_emb.distributed.ShardingPlan.check`): a ``RowWiseAdagrad`` table
     cannot be column-wise here.
     """
-    from tiered_emb.distributed import ShardingPlan, ShardingType, TablePlan
-
     _need_torchrec()
     if module_path not in plan.plan:
         raise ConfigError(f"the plan has no module {module_path!r}", f"use one of {sorted(plan.plan)}")
+    return _plan_of(plan.plan[module_path], world_size)
+
+
+def _plan_of(params: dict, world_size: int):
+    """Our plan of TorchRec's ``ParameterSharding`` s, by table."""
+    from tiered_emb.distributed import ShardingPlan, ShardingType, TablePlan
+
     everyone = tuple(range(world_size))
     tables = []
-    for name, ps in plan.plan[module_path].items():
+    for name, ps in params.items():
         kind = ps.sharding_type
         if kind in ("column_wise", "table_column_wise"):
             shards = sorted(ps.sharding_spec.shards, key=lambda sh: sh.shard_offsets[1])
-            cuts = tuple(sh.shard_offsets[1] for sh in shards) + (
-                shards[-1].shard_offsets[1] + shards[-1].shard_sizes[1],
-            )
+            last = shards[-1].shard_offsets[1] + shards[-1].shard_sizes[1]
+            cuts = (*(sh.shard_offsets[1] for sh in shards), last)
             ranks = tuple(sh.placement.rank() for sh in shards)
             tables.append(TablePlan(name, ShardingType.COLUMN_WISE, ranks, cuts))
         elif kind == "table_row_wise":
@@ -356,4 +382,83 @@ def sharding_plan(plan, world_size: int, module_path: str = ""):
     return ShardingPlan(world_size, tuple(tables))
 
 
-__all__ = ["HAS_TORCHREC", "INSTALL", "TieredEmbeddingBagCollection", "sharding_plan", "table_configs"]
+def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32"):
+    """A TorchRec ``ModuleSharder`` for :class:`TieredEmbeddingBagCollection`, so that
+    ``DistributedModelParallel(model, sharders=[dmp_sharder(root, tiers)])`` shards a model's
+    tiered collection (made with ``store=None``, its configs and ``optimizer``) as it shards
+    its own: TorchRec's planner places the tables (table-, row-, column-, table-row-wise or
+    data-parallel), each rank opens its shards under ``root``
+    (:func:`tiered_emb.distributed.open_shards`, ``tiers``, ``seed``) and the module
+    becomes the sharded collection (:class:`tiered_emb.distributed.ShardedEmbeddingBagCollection`
+    in TorchRec's form), its update fused into the backward as in one process.
+
+    Each rank gives its own samples' ``KeyedJaggedTensor``; the forward returns the
+    ``KeyedTensor`` itself (no awaitable: the exchange runs in the forward).
+    """
+    _need_torchrec()
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.types import ModuleSharder, ShardedModule, ShardingType
+
+    from tiered_emb.distributed import Shards, open_shards
+
+    class ShardedTieredCollection(ShardedModule):
+        """The sharded form DistributedModelParallel puts in place of the collection."""
+
+        def __init__(self, inner: TieredEmbeddingBagCollection):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, features):
+            return self.inner(features)
+
+        def create_context(self):
+            return None
+
+        def input_dist(self, ctx, *input, **kwargs):
+            raise NotImplementedError("the tiered collection exchanges ids and rows in its forward")
+
+        compute = output_dist = input_dist
+
+        @property
+        def unsharded_module_type(self):
+            return TieredEmbeddingBagCollection
+
+    class TieredSharder(ModuleSharder):
+        @property
+        def module_type(self):
+            return TieredEmbeddingBagCollection
+
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            kinds = ("TABLE_WISE", "ROW_WISE", "COLUMN_WISE", "TABLE_ROW_WISE", "DATA_PARALLEL")
+            return [ShardingType[k].value for k in kinds]
+
+        def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+            return [EmbeddingComputeKernel.FUSED.value]
+
+        def shardable_parameters(self, module) -> dict:
+            # the rows are in the stores: shapes for the planner, on the meta device
+            return {
+                c.name: torch.nn.Parameter(torch.empty(c.num_embeddings, c.embedding_dim, device="meta"))
+                for c in module.configs
+            }
+
+        def shard(self, module, params, env, device=None, module_fqn=None):
+            plan = _plan_of(params, env.world_size)
+            store = open_shards(root, plan, module.job_tables, tiers, env.rank, seed=seed)
+            shards = Shards(store, plan, module.job_tables, comm_dtype=comm_dtype, group=env.process_group)
+            inner = TieredEmbeddingBagCollection(
+                store, module.configs, is_weighted=module.weighted, nonfinite=module.nonfinite, sharded=shards
+            )
+            return ShardedTieredCollection(inner)
+
+    return TieredSharder()
+
+
+__all__ = [
+    "HAS_TORCHREC",
+    "INSTALL",
+    "TieredEmbeddingBagCollection",
+    "dmp_sharder",
+    "sharding_plan",
+    "table_configs",
+]

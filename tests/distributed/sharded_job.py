@@ -241,3 +241,92 @@ def dying_rank(rank: int, world: int, root: str):
     except Exception as e:
         return type(e).__name__, time.monotonic() - t0
     return None, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# TorchRec's DistributedModelParallel over the tiered collection
+
+
+def dmp_configs():
+    from torchrec import EmbeddingBagConfig
+
+    return [
+        EmbeddingBagConfig(num_embeddings=300, embedding_dim=8, name="a", feature_names=["fa1", "fa2"]),
+        EmbeddingBagConfig(num_embeddings=1000, embedding_dim=520, name="w", feature_names=["fw"]),
+        EmbeddingBagConfig(num_embeddings=50, embedding_dim=4, name="c", feature_names=["fc"]),
+    ]
+
+
+DMP_IDS = {"fa1": 300, "fa2": 300, "fw": 1000, "fc": 50}
+
+
+def dmp_batches(world: int, rank: int):
+    """Two steps of KeyedJaggedTensors (this rank's bags of a global batch of BAGS bags a
+    feature) and their upstream gradients, or the global ones with ``world`` 1."""
+    from torchrec import KeyedJaggedTensor
+
+    out = []
+    for step in range(2):
+        rng = np.random.default_rng(500 + step)
+        per = BAGS // world
+        values, lengths = [], []
+        for n in DMP_IDS.values():
+            lens = rng.integers(0, 5, BAGS)
+            ids = (rng.zipf(1.3, int(lens.sum())) - 1) % n
+            starts = np.concatenate([[0], np.cumsum(lens)])
+            b0, b1 = rank * per, (rank + 1) * per
+            values.append(ids[starts[b0] : starts[b1]])
+            lengths.append(lens[b0:b1])
+        grad = rng.standard_normal((BAGS, 8 * 2 + 520 + 4)).astype(np.float32)[rank * per : (rank + 1) * per]
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            list(DMP_IDS), torch.from_numpy(np.concatenate(values)), torch.from_numpy(np.concatenate(lengths))
+        )
+        out.append((kjt, torch.from_numpy(grad)))
+    return out
+
+
+def dmp_rank(rank: int, world: int, root: str):
+    """The tiered collection in a model DistributedModelParallel shards with its planner:
+    each step's pooled values, then the plan (ours) and every shard closed."""
+    from torchrec.distributed import DistributedModelParallel
+
+    from tiered_emb import Adagrad
+    from tiered_emb.torchrec import TieredEmbeddingBagCollection, dmp_sharder, sharding_plan
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ebc = TieredEmbeddingBagCollection(None, dmp_configs(), optimizer=Adagrad(lr=0.1))
+
+        def forward(self, kjt):
+            return self.ebc(kjt).values()
+
+    model = DistributedModelParallel(Model(), device=torch.device("cpu"), sharders=[dmp_sharder(root, tiers(), SEED)])
+    pooled = []
+    for kjt, grad in dmp_batches(world, rank):
+        out = model(kjt)
+        (out * grad).sum().backward()
+        pooled.append(out.detach().numpy().copy())
+    for sub in model.modules():
+        store = getattr(getattr(sub, "inner", None), "store", None)
+        if store is not None:
+            store.close()
+    return pooled, sharding_plan(model.plan, world, "ebc").to_json()
+
+
+def dmp_single(root: str):
+    """The same model in one process over one store: pooled values per step, records."""
+    from tiered_emb import Adagrad
+    from tiered_emb.torchrec import TieredEmbeddingBagCollection, table_configs
+
+    tables = table_configs(dmp_configs(), Adagrad(lr=0.1))
+    store = TieredStore.create(root, tables, tiers(), seed=SEED)
+    ebc = TieredEmbeddingBagCollection(store, dmp_configs())
+    pooled = []
+    for kjt, grad in dmp_batches(1, 0):
+        out = ebc(kjt).values()
+        (out * grad).sum().backward()
+        pooled.append(out.detach().numpy().copy())
+    rec = {t.name: store.peek(t.name, np.arange(t.num_rows), with_state=True) for t in tables}
+    store.close()
+    return pooled, rec
