@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from tiered_emb.config import MAX_ID, TableConfig, Uniform
-from tiered_emb.errors import ConfigError, MissingExtraError
+from tiered_emb.errors import ConfigError, MissingExtraError, PlanError
 from tiered_emb.torch import TieredEmbeddingBagCollection as _DictCollection
 
 #: How to install torchrec for CPU beside ``fbgemm-gpu-cpu``: the hint of a :class:`MissingExtraError`.
@@ -382,7 +382,7 @@ def _plan_of(params: dict, world_size: int):
     return ShardingPlan(world_size, tuple(tables))
 
 
-def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32"):
+def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32", column_wise: bool = True):
     """A TorchRec ``ModuleSharder`` for :class:`TieredEmbeddingBagCollection`, so that
     ``DistributedModelParallel(model, sharders=[dmp_sharder(root, tiers)])`` shards a model's
     tiered collection (made with ``store=None``, its configs and ``optimizer``) as it shards
@@ -393,7 +393,9 @@ def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32"):
     in TorchRec's form), its update fused into the backward as in one process.
 
     Each rank gives its own samples' ``KeyedJaggedTensor``; the forward returns the
-    ``KeyedTensor`` itself (no awaitable: the exchange runs in the forward).
+    ``KeyedTensor`` itself (no awaitable: the exchange runs in the forward).  A collection
+    of ``RowWiseAdagrad`` tables cannot be cut by columns (its row state is one sum over a
+    row's columns): give ``column_wise=False`` so that TorchRec's planner never proposes it.
     """
     _need_torchrec()
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -430,7 +432,7 @@ def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32"):
 
         def sharding_types(self, compute_device_type: str) -> list[str]:
             kinds = ("TABLE_WISE", "ROW_WISE", "COLUMN_WISE", "TABLE_ROW_WISE", "DATA_PARALLEL")
-            return [ShardingType[k].value for k in kinds]
+            return [ShardingType[k].value for k in kinds if column_wise or k != "COLUMN_WISE"]
 
         def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
             return [EmbeddingComputeKernel.FUSED.value]
@@ -444,6 +446,10 @@ def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32"):
 
         def shard(self, module, params, env, device=None, module_fqn=None):
             plan = _plan_of(params, env.world_size)
+            try:
+                plan.check(module.job_tables)
+            except PlanError as e:
+                raise PlanError(str(e), "give dmp_sharder(..., column_wise=False) for RowWiseAdagrad tables") from None
             store = open_shards(root, plan, module.job_tables, tiers, env.rank, seed=seed)
             shards = Shards(store, plan, module.job_tables, comm_dtype=comm_dtype, group=env.process_group)
             inner = TieredEmbeddingBagCollection(

@@ -285,23 +285,29 @@ def dmp_batches(world: int, rank: int):
     return out
 
 
-def dmp_rank(rank: int, world: int, root: str):
+def _dmp_optimizer(name: str):
+    from tiered_emb import Adagrad
+
+    return Adagrad(lr=0.1) if name == "adagrad" else RowWiseAdagrad(lr=0.1)
+
+
+def dmp_rank(rank: int, world: int, root: str, opt: str = "adagrad"):
     """The tiered collection in a model DistributedModelParallel shards with its planner:
     each step's pooled values, then the plan (ours) and every shard closed."""
     from torchrec.distributed import DistributedModelParallel
 
-    from tiered_emb import Adagrad
     from tiered_emb.torchrec import TieredEmbeddingBagCollection, dmp_sharder, sharding_plan
 
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.ebc = TieredEmbeddingBagCollection(None, dmp_configs(), optimizer=Adagrad(lr=0.1))
+            self.ebc = TieredEmbeddingBagCollection(None, dmp_configs(), optimizer=_dmp_optimizer(opt))
 
         def forward(self, kjt):
             return self.ebc(kjt).values()
 
-    model = DistributedModelParallel(Model(), device=torch.device("cpu"), sharders=[dmp_sharder(root, tiers(), SEED)])
+    sharder = dmp_sharder(root, tiers(), SEED, column_wise=opt == "adagrad")
+    model = DistributedModelParallel(Model(), device=torch.device("cpu"), sharders=[sharder])
     pooled = []
     for kjt, grad in dmp_batches(world, rank):
         out = model(kjt)
@@ -314,12 +320,11 @@ def dmp_rank(rank: int, world: int, root: str):
     return pooled, sharding_plan(model.plan, world, "ebc").to_json()
 
 
-def dmp_single(root: str):
+def dmp_single(root: str, opt: str = "adagrad"):
     """The same model in one process over one store: pooled values per step, records."""
-    from tiered_emb import Adagrad
     from tiered_emb.torchrec import TieredEmbeddingBagCollection, table_configs
 
-    tables = table_configs(dmp_configs(), Adagrad(lr=0.1))
+    tables = table_configs(dmp_configs(), _dmp_optimizer(opt))
     store = TieredStore.create(root, tables, tiers(), seed=SEED)
     ebc = TieredEmbeddingBagCollection(store, dmp_configs())
     pooled = []
