@@ -224,23 +224,35 @@ def mismatched_rank(rank: int, world: int, root: str):
     return None, ""
 
 
-def dying_rank(rank: int, world: int, root: str):
-    """The last rank dies before its first forward: the others fail within the group's
-    timeout with a DistributedError, instead of waiting forever."""
+def dying_rank(rank: int, world: int, root: str, when: str):
+    """The last rank dies (``when``: "before" its first forward, or "mid-step": after its
+    forward, before its backward): the others fail within the group's timeout with a
+    DistributedError instead of waiting forever, and change no row.  Returns the error
+    type, the seconds it took, and whether the rank's shards kept their rows."""
     import os
     import time
 
     plan = plan_of("table_wise", world)
     store = open_shards(root, plan, TABLES, tiers(), rank, seed=SEED)
     module = ShardedEmbeddingBagCollection(store, plan, TABLES, FEATURES)
-    if rank == world - 1:
+    local = plan.local_tables(rank, TABLES)
+    before = records(store, local)
+    batch = local_slice(global_batch(0), rank, world)
+    if rank == world - 1 and when == "before":
         os._exit(0)
     t0 = time.monotonic()
+    error = None
     try:
-        train(module, [local_slice(global_batch(0), rank, world)])
+        feats = {f: (torch.from_numpy(i), torch.from_numpy(n)) for f, (i, n, _, _) in batch.items()}
+        out = module(feats)
+        if rank == world - 1:
+            os._exit(0)
+        sum((out[f] * torch.from_numpy(batch[f][3])).sum() for f in out).backward()
     except Exception as e:
-        return type(e).__name__, time.monotonic() - t0
-    return None, time.monotonic() - t0
+        error = type(e).__name__
+    waited = time.monotonic() - t0
+    kept = all(np.array_equal(before[t], after) for t, after in records(store, local).items())
+    return error, waited, kept
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -112,9 +112,10 @@ def test_ranks_with_different_plans_refuse_to_start(tmp_path):
     assert "differs between ranks" in results[0][1]
 
 
-def test_a_dead_rank_fails_the_others_within_the_timeout(tmp_path):
-    results = run_ranks(job.dying_rank, 2, (str(tmp_path),), timeout_s=20, allow_missing=True)
+@pytest.mark.parametrize("when", ["before", "mid-step"])
+def test_a_dead_rank_fails_the_others_within_the_timeout_changing_nothing(tmp_path, when):
+    results = run_ranks(job.dying_rank, 2, (str(tmp_path), when), timeout_s=20, allow_missing=True)
     assert results[1] is None
-    error, waited = results[0]
+    error, waited, kept = results[0]
     assert error == "DistributedError"
-    assert waited < 60
+    assert waited < 60 and kept
