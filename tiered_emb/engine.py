@@ -191,6 +191,12 @@ class Engine:
         """:meth:`apply_pooled_gradients` in two halves, as :meth:`gradient_update`."""
         return backward.pooled_update(self.resolver, self.window, self.table(table), bags, grad_out, nonfinite)
 
+    def split_rows(self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise") -> backward.SplitRows:
+        """:meth:`pooled_update` of a row-wise Adagrad table holding some of its rows' columns
+        (a column piece), in the halves that share one row state between the pieces
+        (:class:`tiered_emb.step.backward.SplitRows`)."""
+        return backward.SplitRows(self.resolver, self.window, self.table(table), bags, grad_out, nonfinite)
+
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back of evicted rows (a full disk), once, if
         there is one; its rows still wait in memory, and the next write retries them.  The

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from tiered_emb.config import MAX_ID, TableConfig, Uniform
-from tiered_emb.errors import ConfigError, MissingExtraError, PlanError
+from tiered_emb.errors import ConfigError, MissingExtraError
 from tiered_emb.torch import TieredEmbeddingBagCollection as _DictCollection
 
 #: How to install torchrec for CPU beside ``fbgemm-gpu-cpu``: the hint of a :class:`MissingExtraError`.
@@ -348,8 +348,7 @@ def sharding_plan(plan, world_size: int, module_path: str = ""):
     column order).  One difference: TorchRec's row-wise shards hold blocks of consecutive
     ids, where tiered_emb's hash each id to its rank (``row_owner``), so that a table of
     unbounded ids splits evenly too.  Check the result against the tables
-    (:meth:`~tiered_emb.distributed.ShardingPlan.check`): a ``RowWiseAdagrad`` table
-    cannot be column-wise here.
+    (:meth:`~tiered_emb.distributed.ShardingPlan.check`).
     """
     _need_torchrec()
     if module_path not in plan.plan:
@@ -393,9 +392,8 @@ def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32", column_wis
     in TorchRec's form), its update fused into the backward as in one process.
 
     Each rank gives its own samples' ``KeyedJaggedTensor``; the forward returns the
-    ``KeyedTensor`` itself (no awaitable: the exchange runs in the forward).  A collection
-    of ``RowWiseAdagrad`` tables cannot be cut by columns (its row state is one sum over a
-    row's columns): give ``column_wise=False`` so that TorchRec's planner never proposes it.
+    ``KeyedTensor`` itself (no awaitable: the exchange runs in the forward).
+    ``column_wise=False`` keeps TorchRec's planner from cutting tables by columns.
     """
     _need_torchrec()
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -446,10 +444,7 @@ def dmp_sharder(root, tiers, seed: int = 0, comm_dtype: str = "fp32", column_wis
 
         def shard(self, module, params, env, device=None, module_fqn=None):
             plan = _plan_of(params, env.world_size)
-            try:
-                plan.check(module.job_tables)
-            except PlanError as e:
-                raise PlanError(str(e), "give dmp_sharder(..., column_wise=False) for RowWiseAdagrad tables") from None
+            plan.check(module.job_tables)
             store = open_shards(root, plan, module.job_tables, tiers, env.rank, seed=seed)
             shards = Shards(store, plan, module.job_tables, comm_dtype=comm_dtype, group=env.process_group)
             inner = TieredEmbeddingBagCollection(

@@ -95,7 +95,7 @@ def single(root: str, mode: str = "sum") -> tuple[list, dict]:
 
 
 def plan_of(kind: str, world: int) -> ShardingPlan:
-    """Every table sharded ``kind`` where it can be (column-wise: not RowWiseAdagrad's ``b``)."""
+    """Every table sharded ``kind``."""
     everyone = tuple(range(world))
     plans = []
     for i, cfg in enumerate(TABLES):
@@ -108,8 +108,6 @@ def plan_of(kind: str, world: int) -> ShardingPlan:
             tp = TablePlan(cfg.name, ShardingType.TABLE_ROW_WISE, group)
         elif kind == "data_parallel":
             tp = TablePlan(cfg.name, ShardingType.DATA_PARALLEL, everyone)
-        elif isinstance(cfg.optimizer, RowWiseAdagrad):
-            tp = TablePlan(cfg.name, ShardingType.TABLE_WISE, (world - 1,))
         else:
             pieces = min(world, 3) if cfg.dim >= 6 else 2
             cuts = tuple(cfg.dim * k // pieces for k in range(pieces + 1))
@@ -318,7 +316,7 @@ def dmp_rank(rank: int, world: int, root: str, opt: str = "adagrad"):
         def forward(self, kjt):
             return self.ebc(kjt).values()
 
-    sharder = dmp_sharder(root, tiers(), SEED, column_wise=opt == "adagrad")
+    sharder = dmp_sharder(root, tiers(), SEED)
     model = DistributedModelParallel(Model(), device=torch.device("cpu"), sharders=[sharder])
     pooled = []
     for kjt, grad in dmp_batches(world, rank):

@@ -21,6 +21,7 @@ import torch
 
 from tiered_emb._args import table_ids
 from tiered_emb.config import TableConfig
+from tiered_emb.distributed.chain import chained_tables, run_chain
 from tiered_emb.distributed.exchange import Exchange, check_comm_dtype, decode, encode
 from tiered_emb.distributed.plan import (
     BAG_SHARDED,
@@ -151,6 +152,12 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         self.mode, self.nonfinite = mode, nonfinite
         self.comm_dtype = check_comm_dtype(comm_dtype)
         self.planned = [tp for tp in plan.tables if tp.table in set(self.feature_tables.values())]
+        self.chained = chained_tables(self.planned, names)
+        if self.chained and nonfinite == "skip":
+            raise ConfigError(
+                "nonfinite='skip' with column pieces of row-wise Adagrad tables",
+                "use 'raise' or 'zero': a piece cannot skip a row its other pieces update",
+            )
         self.grad_scale = np.float32(grad_scale)
         self.busy_s = 0.0  # seconds this rank spent in its stores' lookups and updates and in pooling
         self._anchor = torch.empty(0, requires_grad=True)
@@ -229,7 +236,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         return out
 
     def _serve(self, step: _Step, incoming: list[list[np.ndarray]], replies: list, training: bool) -> None:
-        ex, engine = self.exchange, self.store.engine
+        ex = self.exchange
+        engine = self.store.engine if self.store is not None else None
         at = [0] * ex.world_size
         for tp in self.planned:
             if tp.sharding_type in BAG_SHARDED:
@@ -260,7 +268,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 step.served.append(_Served(tp, tp.table, 0, -1))
 
     def _assemble(self, step: _Step, answers: list[list[np.ndarray]]) -> list[np.ndarray]:
-        ex, engine = self.exchange, self.store.engine
+        ex = self.exchange
+        engine = self.store.engine if self.store is not None else None
         at = [0] * ex.world_size
         pooled: dict[str, np.ndarray] = {}
         for tp in self.planned:
@@ -311,27 +320,33 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 for r in range(ex.world_size):
                     out[r] += [*bags.message(), encode(g, self.comm_dtype)]
         incoming = ex.all_to_all(out)
-        updates, failure = [], None
+        updates, splits, failure = [], {}, None
         t0 = time.perf_counter()
         try:
-            updates = self._updates(step, incoming)
+            updates, splits = self._updates(step, incoming)
         except Exception as e:  # a NaN gradient, a failed write-back: no rank updates anything
             failure = e
         self.busy_s += time.perf_counter() - t0
         ex.agree(failure, "the backward's checks")
         for update in updates:
             after_backward(lambda u=update: self._timed(u), step, ())
+        if self.chained:  # (every rank: the chain's rounds are collectives)
+            dims = {tp.table: self.configs[tp.table].dim for tp in self.chained}
+            after_backward(lambda: self._timed(lambda: run_chain(ex, self.chained, splits, dims)), step, ())
 
     def _timed(self, update) -> None:
         t0 = time.perf_counter()
         update()
         self.busy_s += time.perf_counter() - t0
 
-    def _updates(self, step: _Step, incoming: list[list[np.ndarray]]) -> list:
-        ex, engine = self.exchange, self.store.engine
+    def _updates(self, step: _Step, incoming: list[list[np.ndarray]]) -> tuple[list, dict]:
+        """The checked updates of this rank's shards, and the halves of its column pieces of
+        row-wise Adagrad tables, by (table, piece) (:mod:`tiered_emb.distributed.chain`)."""
+        ex = self.exchange
+        engine = self.store.engine if self.store is not None else None
         at = [0] * ex.world_size
         served = iter(step.served)
-        updates = []
+        updates, splits = [], {}
         for tp in self.planned:
             if tp.sharding_type in BAG_SHARDED:
                 mine = sum(1 for p in tp.pieces() if p[0] == ex.rank)
@@ -353,12 +368,16 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 at = [a + 1 for a in at]
                 if sv.bags is not None:
                     grad = sv.bags.place(grads, grads[0].shape[1] if grads else 0)
-                    updates.append(engine.pooled_update(sv.local, sv.bags.plan, grad, self.nonfinite))
+                    if tp in self.chained:
+                        piece = tp.columns.index(sv.c0)
+                        splits[(tp.table, piece)] = engine.split_rows(sv.local, sv.bags.plan, grad, self.nonfinite)
+                    else:
+                        updates.append(engine.pooled_update(sv.local, sv.bags.plan, grad, self.nonfinite))
                 else:
                     plan, grad = owned_bags(sv.requests, grads)
                     engine.check_bags(sv.local, plan)
                     updates.append(engine.pooled_update(sv.local, plan, grad, self.nonfinite))
-        return updates
+        return updates, splits
 
     def _per_table(self, step: _Step, grads: list[np.ndarray | None]) -> dict[str, np.ndarray]:
         parts: dict[str, list[np.ndarray]] = {t: [] for t in step.tables}

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from tiered_emb.errors import ConfigError, DistributedError
 
 #: dtypes an array may travel as, by code (bfloat16 travels as its uint16 bits)
-_DTYPES = (np.int64, np.float32, np.float16, np.uint16, np.int32, np.uint8)
+_DTYPES = (np.int64, np.float32, np.float16, np.uint16, np.int32, np.uint8, np.float64)
 _CODE = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
 _ALIGN = 8
 

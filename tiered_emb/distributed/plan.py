@@ -29,7 +29,6 @@ import numpy as np
 
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import PlanError
-from tiered_emb.optimizers import RowWiseAdagrad
 
 PLAN_FORMAT = "tiered_emb-plan/1"
 
@@ -198,11 +197,6 @@ def _check_table(tp: TablePlan, cfg: TableConfig, w: int) -> None:
         raise PlanError(
             f"{where} cuts its {cfg.dim} columns at {list(cols)} for {len(tp.ranks)} ranks",
             f"give columns 0 < ... < {cfg.dim}, one piece per rank",
-        )
-    if isinstance(cfg.optimizer, RowWiseAdagrad):
-        raise PlanError(
-            f"{where} uses RowWiseAdagrad, whose state is one sum over all of a row's columns",
-            "hold it table-wise or row-wise (its pieces cannot update their columns apart)",
         )
 
 

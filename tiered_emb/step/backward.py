@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tiered_emb._args import nonfinite_rule, table_ids, table_rows
-from tiered_emb.errors import StoreClosedError
+from tiered_emb.errors import ConfigError, StoreClosedError
 from tiered_emb.step import plan, reduce, update
 from tiered_emb.step.device import plan as device_plan
 
@@ -69,4 +69,58 @@ def pooled_update(res, window, t, bags: plan.BagPlan, grad_out: Any, nonfinite: 
     return lambda: update.update_pooled(res, window, t, bags, uids, summed, work)
 
 
-__all__ = ["gradient_update", "pooled_update"]
+class SplitRows:
+    """The pooled update of a row-wise Adagrad table that holds some of its rows' columns
+    (a column piece of a sharded table), in the halves that let the pieces share one row
+    state: the row's float64 sum of squared gradients runs over every column in order,
+    piece after piece, so each piece continues the sum the piece before it reached
+    (:meth:`square_sums`), and updates with the whole row's mean (:meth:`update`); the
+    result is bitwise the whole row's update (``_rowwise_adagrad_update``).
+
+    Built as :func:`pooled_update`'s first half (every check, the reduction; ``nonfinite``
+    "raise" or "zero": a piece cannot skip a row its neighbours update).
+    """
+
+    def __init__(self, res, window, t, bags: plan.BagPlan, grad_out: Any, nonfinite: str):
+        table = t.cfg.name
+        nonfinite_rule(nonfinite)
+        if t.cfg.optimizer.name != "rowwise_adagrad" or res.kernels is not None or nonfinite == "skip":
+            raise ConfigError(
+                f"table {table!r}: a split row update takes row-wise Adagrad on the host, nonfinite 'raise' or 'zero'",
+                "hold column pieces of row-wise Adagrad tables on the CPU, with nonfinite='raise' or 'zero'",
+            )
+        grad_out = table_rows(table, grad_out, bags.num_bags, t.cfg.dim, "bag gradients")
+        if bags.checked is not t:
+            table_ids(table, bags.ids, t.cfg.num_rows)
+        self.res, self.window, self.t, self.bags = res, window, t, bags
+        self.work = bags.ids.shape[0] * t.cfg.dim
+        if bags.ids.shape[0] == 0:
+            self.uids, self.summed = bags.ids, np.zeros((0, t.cfg.dim), np.float32)
+        else:
+            summed, bad = reduce.reduce_bag_grads(bags, grad_out)
+            self.uids, self.summed = reduce.screen_nonfinite(table, bags.uids, summed, bad.astype(bool), nonfinite)
+        with res.lock:
+            res.ssd.raise_failed_write()
+
+    def square_sums(self, start: np.ndarray) -> np.ndarray:
+        """``start`` (float64 (k,), one a unique id) plus the squares of this piece's
+        (decayed) gradient columns, in column order, as the whole row's kernel sums them."""
+        params = self.t.cfg.optimizer.params()
+        wd, mode = params[2], params[3]
+        acc = np.array(start, dtype=np.float64, copy=True)
+        if mode == 1.0 and self.uids.shape[0]:  # L2: the gradient reads the weights
+            with self.res.lock:
+                w = self.res.read_through(self.t, self.uids, np.empty(0, np.int64), self.t.cfg.dim)
+        for j in range(self.summed.shape[1]):
+            g = self.summed[:, j] + wd * w[:, j] if mode == 1.0 else self.summed[:, j]
+            g64 = g.astype(np.float64)
+            acc += g64 * g64
+        return acc
+
+    def update(self, means: np.ndarray) -> None:
+        """The update, each row with ``means`` (float32 (k,)): the whole row's mean of squares."""
+        if self.uids.shape[0]:
+            update.update_pooled(self.res, self.window, self.t, self.bags, self.uids, self.summed, self.work, means)
+
+
+__all__ = ["SplitRows", "gradient_update", "pooled_update"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
+from tiered_emb.errors import ConfigError
 
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
 # parallel over distinct rows (slots are distinct by construction: one per unique id).
@@ -72,9 +73,10 @@ def _adagrad_update(records, slots, grads, params):
 
 
 @numba.njit(inline="always")
-def _rowwise_row(r, g_row, lr, eps, wd, mode, c, dim, acc):
-    """One row's row-wise Adagrad step, its float64 sum of squares ``acc`` given."""
-    s = r[dim] + np.float32(acc / dim)
+def _rowwise_row(r, g_row, lr, eps, wd, mode, c, dim, mean):
+    """One row's row-wise Adagrad step, the mean of its squared gradient ``mean`` given
+    (float32 of the float64 sum of squares over the row's columns, divided by their count)."""
+    s = r[dim] + mean
     r[dim] = s
     step = lr / (np.sqrt(s) + eps)
     for j in range(dim):
@@ -129,12 +131,28 @@ def _rowwise_adagrad_update(records, slots, grads, params):
                 a3 += g3 * g3
             accs = (a0, a1, a2, a3)
             for d in range(4):
-                _rowwise_row(records[slots[u0 + d]], grads[u0 + d], lr, eps, wd, mode, c, dim, accs[d])
+                mean = np.float32(accs[d] / dim)
+                _rowwise_row(records[slots[u0 + d]], grads[u0 + d], lr, eps, wd, mode, c, dim, mean)
         else:
             for u in range(u0, min(u0 + 4, k)):
                 r = records[slots[u]]
                 acc = _square_sum(r, grads[u], wd, mode, dim)
-                _rowwise_row(r, grads[u], lr, eps, wd, mode, c, dim, acc)
+                _rowwise_row(r, grads[u], lr, eps, wd, mode, c, dim, np.float32(acc / dim))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _rowwise_adagrad_given(records, slots, grads, params, means):
+    """Row-wise Adagrad of rows that hold some of their table's columns (a column piece):
+    each row's mean of the squared gradient over *every* column is given (``means`` float32
+    (k,)), as the whole row's kernel forms it; the rest is that kernel's."""
+    lr = params[0]
+    eps = params[1]
+    wd = params[2]
+    mode = params[3]
+    c = _kept(lr, wd, mode)
+    dim = grads.shape[1]
+    for k in numba.prange(slots.shape[0]):
+        _rowwise_row(records[slots[k]], grads[k], lr, eps, wd, mode, c, dim, means[k])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -189,7 +207,7 @@ def no_update() -> None:
     """The update of an empty batch (what a prepared update is when there is nothing to do)."""
 
 
-def apply_update(opt, records, slots, grads, kernels=None) -> None:
+def apply_update(opt, records, slots, grads, kernels=None, row_means=None) -> None:
     """Update ``records[slots]`` in place with ``grads`` (one row per distinct slot).
 
     Parameters
@@ -199,7 +217,17 @@ def apply_update(opt, records, slots, grads, kernels=None) -> None:
     slots : int64 array (k,), distinct
     grads : float32 array (k, dim), host, or device with ``kernels``
     kernels : :class:`~tiered_emb.step.device.launch.DeviceKernels` or None (the host's Numba kernels)
+    row_means : float32 array (k,) or None: row-wise Adagrad's means of the squared gradient,
+        given for rows holding part of their columns (:class:`tiered_emb.step.backward.SplitRows`)
     """
+    if row_means is not None:
+        if kernels is not None or opt.name != "rowwise_adagrad":
+            raise ConfigError(
+                "a row mean given from outside takes row-wise Adagrad on the host",
+                "hold the table's HBM tier on the CPU (TierConfig(device='cpu'))",
+            )
+        _rowwise_adagrad_given(records, slots, grads, opt.params(), row_means)
+        return
     if kernels is not None:
         kernels.update(opt, records, slots, grads)
         return
@@ -228,13 +256,15 @@ def admitted(t, uids: np.ndarray, summed):
     return uids[at], summed[at], at
 
 
-def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = False) -> None:
+def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = False, row_means=None) -> None:
     """One optimizer update per unique id of table ``t``, chunk by chunk in HBM (``summed``
-    float32 (k, dim), screened); ``checked`` as :meth:`~tiered_emb.step.resolve.Resolver.chunks`."""
+    float32 (k, dim), screened); ``checked`` as :meth:`~tiered_emb.step.resolve.Resolver.chunks`;
+    ``row_means`` as :func:`apply_update`."""
     opt = t.cfg.optimizer
     for start, slots in res.chunks(t, uids, checked):
         chunk = summed[start : start + slots.shape[0]]
-        apply_update(opt, t.hbm.records, slots, chunk, res.kernels)
+        means = None if row_means is None else row_means[start : start + slots.shape[0]]
+        apply_update(opt, t.hbm.records, slots, chunk, res.kernels, means)
         t.hbm.dirty[slots] = 1
         touched(res, t, slots, uids[start : start + slots.shape[0]])
 
@@ -245,7 +275,7 @@ def touched(res, t, slots, uids: np.ndarray) -> None:
         t.expiry.touch(t.hbm.records, to_xp(res.xp, slots), uids, res.step, res.xp)
 
 
-def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, work: int) -> None:
+def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, work: int, row_means=None) -> None:
     """The pooled backward's update: on the slots the forward found (``plan.slots``) when they
     still hold these ids, else resolved again as ``apply_gradients`` does.  The ids the
     table's admission holds back are dropped first (:func:`admitted`).
@@ -253,7 +283,7 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
     While the batch's rows are pinned for it by the prefetch window no lock is taken
     (pinned slots are never victims); a backward run after its batch's step has moved on
     (gradients accumulated over batches, say) finds its slots perhaps given to other
-    rows, and takes the locked path at once.
+    rows, and takes the locked path at once.  ``row_means`` as :func:`apply_update`.
     """
     slots = plan.slots if plan.checked is t and uids is plan.uids else None
     if t.admission is not None:
@@ -261,16 +291,18 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
             uids, summed, at = admitted(t, uids, summed)
         if at is not None and slots is not None:
             slots = slots[at]
+        if at is not None and row_means is not None:
+            row_means = row_means[at]
     if plan.pinned is not None and slots is not None and window.still_pinned(plan.pinned):
         with threads_for(work):
-            if _update_in_place(res, t, slots, uids, summed, pinned=True):
+            if _update_in_place(res, t, slots, uids, summed, pinned=True, row_means=row_means):
                 return
     with res.lock, threads_for(work):
-        if not _update_in_place(res, t, slots, uids, summed):
-            update_rows(res, t, uids, summed, checked=True)
+        if not _update_in_place(res, t, slots, uids, summed, row_means=row_means):
+            update_rows(res, t, uids, summed, checked=True, row_means=row_means)
 
 
-def _update_in_place(res, t, slots, uids, summed, pinned: bool = False) -> bool:
+def _update_in_place(res, t, slots, uids, summed, pinned: bool = False, row_means=None) -> bool:
     """Update ``slots`` (the forward's, of ``uids``; None: none) in place when they still hold
     ``uids`` (always, when ``pinned``); False, with nothing changed, where the rows must be
     resolved again."""
@@ -278,7 +310,7 @@ def _update_in_place(res, t, slots, uids, summed, pinned: bool = False) -> bool:
         return False
     if not pinned and not _still_resident(t.hbm.slot_ids, slots, uids):
         return False
-    apply_update(t.cfg.optimizer, t.hbm.records, slots, summed, res.kernels)
+    apply_update(t.cfg.optimizer, t.hbm.records, slots, summed, res.kernels, row_means)
     t.hbm.dirty[slots] = 1
     touched(res, t, slots, uids)
     return True
