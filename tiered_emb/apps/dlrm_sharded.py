@@ -225,10 +225,10 @@ def _prepare_resume(args, run_dir: Path) -> dict:
 def rank_main(rank: int, world: int, job: dict):
     """One rank of the job; rank 0 returns the report, the others None."""
     import torch
-    import torch.distributed as dist
 
     from tiered_emb.apps.dlrm import build_model, load_data, to_torch
     from tiered_emb.distributed import ShardingPlan, Shards, open_shards
+    from tiered_emb.distributed.launch import barrier, gather_objects
     from tiered_emb.prefetch import lookahead
 
     cfg, run_dir = job["cfg"], Path(job["run_dir"])
@@ -281,8 +281,7 @@ def rank_main(rank: int, world: int, job: dict):
             torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
             os.replace(tmp, run_dir / "shards" / dense)
         epoch = store.checkpoint(str(step).encode()) if store is not None else None
-        epochs = [None] * world
-        dist.all_gather_object(epochs, epoch)  # every rank's checkpoint is complete
+        epochs = gather_objects(epoch)  # every rank's checkpoint is complete
         if rank == 0:
             before = read_manifest(run_dir) if manifest_path(run_dir).exists() else None
             write_manifest(
@@ -305,7 +304,7 @@ def rank_main(rank: int, world: int, job: dict):
 
     busy0 = sum(c.busy_s for c in shards.made)
     sent0 = sum(c.bytes_sent() for c in shards.made)
-    dist.barrier()
+    barrier()
     t0 = time.perf_counter()
     ema = None
     used = shards.made[-1]  # (the TorchRec model's builtin twin made one it never runs)
@@ -334,12 +333,11 @@ def rank_main(rank: int, world: int, job: dict):
         every = job["checkpoint_every"]
         if every and (step + 1) % every == 0 and step + 1 < job["steps"]:
             checkpoint(step + 1)
-    dist.barrier()
+    barrier()
     train_s = time.perf_counter() - t0
-    sent = torch.tensor([float(sum(c.bytes_sent() for c in shards.made) - sent0)])
-    busy = [0.0] * world
-    dist.all_gather_object(busy, sum(c.busy_s for c in shards.made) - busy0)
-    dist.all_reduce(sent)
+    sent_here = sum(c.bytes_sent() for c in shards.made) - sent0
+    busy = gather_objects(sum(c.busy_s for c in shards.made) - busy0)
+    sent = sum(gather_objects(sent_here))
     if job["steps"] > start:
         checkpoint(job["steps"])
     model.eval()
@@ -352,8 +350,7 @@ def rank_main(rank: int, world: int, job: dict):
                 x, feats = to_torch(torch, dense[mine], np.ascontiguousarray(cats[mine]))
                 ps.append(torch.sigmoid(model(x, feats)).numpy())
                 ys.append(labels[mine])
-            every = [None] * world
-            dist.all_gather_object(every, (np.concatenate(ys), np.concatenate(ps)))
+            every = gather_objects((np.concatenate(ys), np.concatenate(ps)))
             evals[split] = every
     if store is not None:
         store.close(checkpoint=False)
@@ -369,7 +366,7 @@ def rank_main(rank: int, world: int, job: dict):
         "batch": cfg["batch"],
         "train_seconds": train_s,
         "samples_per_s": samples / train_s if train_s > 0 else 0.0,
-        "bytes_sent_per_sample": float(sent[0]) / samples if samples else 0.0,
+        "bytes_sent_per_sample": sent / samples if samples else 0.0,
         "rank_busy_seconds": busy,
         "measured_imbalance": max(busy) / (sum(busy) / world) if sum(busy) > 0 else 1.0,
         "checkpoints": checkpoints,
@@ -439,31 +436,27 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Under torchrun: every rank parses the same flags; rank 0 prepares the run, then all train."""
-    import torch.distributed as dist
-
     from tiered_emb.apps.dlrm import emit_report
     from tiered_emb.cli import build_parser
-    from tiered_emb.distributed.launch import init_from_env
+    from tiered_emb.distributed.launch import broadcast_object, init_from_env, leave
 
     args = build_parser().parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
     rank, world = init_from_env("nccl" if args.device == "cuda" else "gloo")
     if args.world_size not in (None, world):
         raise ConfigError(f"--world-size {args.world_size} under torchrun's {world} ranks", "leave --world-size out")
     args.world_size = world
-    box: list = [None]
+    job = None
     if rank == 0:
         try:
-            box = [prepare(args)]
+            job = prepare(args)
         except Exception as e:  # the others must not wait for a run that will not start
-            box = [f"{type(e).__name__}: {e}"]
-            dist.broadcast_object_list(box, src=0)
+            broadcast_object(f"{type(e).__name__}: {e}")
             raise
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], str):
-        raise DistributedError(f"rank 0 could not prepare the run: {box[0]}", "read rank 0's error")
-    report = rank_main(rank, world, box[0])
-    dist.barrier()  # no rank tears the group down while another still uses it
-    dist.destroy_process_group()
+    job = broadcast_object(job)
+    if isinstance(job, str):
+        raise DistributedError(f"rank 0 could not prepare the run: {job}", "read rank 0's error")
+    report = rank_main(rank, world, job)
+    leave()
     return emit_report(args, report, format_report) if rank == 0 else 0
 
 

@@ -63,10 +63,8 @@ def _rank_main(
         result = fn(rank, world_size, *args)
         with open(Path(out) / f"{rank}.pkl", "wb") as f:
             pickle.dump(result, f)
-        with contextlib.suppress(RuntimeError):  # (a rank that died: nobody to wait for)
-            dist.barrier()  # no rank tears the group down while another still uses it (rank 0 hosts its store)
     finally:
-        dist.destroy_process_group()
+        leave()
 
 
 def run_ranks(
@@ -108,4 +106,40 @@ def run_ranks(
         return results
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "free_port", "init_from_env", "run_ranks"]
+def barrier() -> None:
+    """Wait for every rank of the default group."""
+    dist.barrier()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` (picklable) on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def leave() -> None:
+    """Leave the default group: once every rank is done with it, so that none tears it down
+    under another (rank 0 hosts its store)."""
+    with contextlib.suppress(RuntimeError):  # (a rank that died: nobody to wait for)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "barrier",
+    "broadcast_object",
+    "free_port",
+    "gather_objects",
+    "init_from_env",
+    "leave",
+    "run_ranks",
+]
