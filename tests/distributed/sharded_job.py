@@ -101,6 +101,8 @@ def plan_of(kind: str, world: int) -> ShardingPlan:
     for i, cfg in enumerate(TABLES):
         if kind == "table_wise":
             tp = TablePlan(cfg.name, ShardingType.TABLE_WISE, ((i + 1) % world,))
+        elif kind == "on_rank_0":  # the other ranks hold no shard (and no store)
+            tp = TablePlan(cfg.name, ShardingType.TABLE_WISE, (0,))
         elif kind == "row_wise":
             tp = TablePlan(cfg.name, ShardingType.ROW_WISE, everyone)
         elif kind == "table_row_wise":

@@ -54,6 +54,15 @@ def test_every_sharding_type_is_bitwise_one_process(tmp_path, one_process, world
     assert job.record_mismatches(job.plan_of("row_wise", world), shards, records_ref)
 
 
+def test_ranks_holding_no_shard_take_part_and_change_nothing(tmp_path, one_process):
+    pooled_ref, records_ref = one_process["sum"]
+    results = run_ranks(job.sharded_rank, 2, (str(tmp_path), ["on_rank_0"], "sum", "fp32"))
+    assert results[1]["on_rank_0"][1] == {}  # rank 1 holds nothing
+    assert _pooled_mismatches([results[r]["on_rank_0"] for r in range(2)], pooled_ref, 2) == []
+    shards = [results[r]["on_rank_0"][1] for r in range(2)]
+    assert job.record_mismatches(job.plan_of("on_rank_0", 2), shards, records_ref) == []
+
+
 def test_mean_pooling_is_bitwise_one_process(tmp_path, one_process):
     pooled_ref, records_ref = one_process["mean"]
     kinds = ["row_wise", "column_wise", "data_parallel"]

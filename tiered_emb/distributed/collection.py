@@ -125,11 +125,16 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 f"the plan is for {plan.world_size} ranks, the process group has {self.exchange.world_size}",
                 "plan for the job's world size (plan_tables(..., world_size=N))",
             )
-        seed = None if store is None else store.engine.seed
-        job = plan.to_json() + json.dumps([t.to_dict() for t in tables], sort_keys=True) + f"|seed={seed}|mode={mode}"
-        self.exchange.same_on_every_rank(hashlib.sha256(job.encode()).hexdigest(), "the plan, tables, seed and mode")
         if not isinstance(feature_tables, dict):
             feature_tables = {f: f for f in feature_tables}
+        job = json.dumps(
+            [plan.to_json(), [t.to_dict() for t in tables], list(feature_tables.items()), mode, nonfinite],
+            sort_keys=True,
+        )
+        what = "the plan, tables, features, mode and nonfinite rule"
+        self.exchange.same_on_every_rank(hashlib.sha256(job.encode()).hexdigest(), what)
+        seed = "" if store is None else str(store.engine.seed)  # (a rank holding no shard has none)
+        self.exchange.same_on_every_rank(seed, "the stores' seed", ignore="")
         names = {t.name: t for t in tables}
         unknown = sorted({t for t in feature_tables.values() if t not in names})
         if unknown:

@@ -153,19 +153,27 @@ class Exchange:
                 "read that rank's error: it names the cause (an id out of range, a NaN gradient...)",
             )
 
-    def same_on_every_rank(self, value: str, what: str) -> None:
-        """Raise :class:`DistributedError` unless ``value`` (a short string) is equal on every rank."""
-        digest = np.frombuffer(value.encode("utf-8").ljust(64, b"\0")[:64], dtype=np.uint8)
-        mine = torch.from_numpy(digest.copy()).to(self.device)
+    def gather_strings(self, value: str, what: str) -> list[str]:
+        """Every rank's ``value`` (at most 64 bytes of UTF-8), in rank order."""
+        raw = value.encode("utf-8")
+        if len(raw) > 64:
+            raise ValueError(f"{what}: {len(raw)} bytes, over 64")
+        mine = torch.from_numpy(np.frombuffer(raw.ljust(64, b"\0"), dtype=np.uint8).copy()).to(self.device)
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         with self._collective(what):
             dist.all_gather(every, mine, group=self.group)
-        seen = [bytes(t.cpu().numpy()).rstrip(b"\0").decode("utf-8") for t in every]
-        differ = [r for r, v in enumerate(seen) if v != value]
-        if differ:
+        return [bytes(t.cpu().numpy()).rstrip(b"\0").decode("utf-8") for t in every]
+
+    def same_on_every_rank(self, value: str, what: str, ignore: str | None = None) -> None:
+        """Raise :class:`DistributedError` unless ``value`` (a short string) is equal on every
+        rank (ranks giving ``ignore`` aside)."""
+        seen = self.gather_strings(value, what)
+        given = [v for v in seen if v != ignore]
+        if given and any(v != given[0] for v in given):
+            differ = [r for r, v in enumerate(seen) if v != ignore and v != given[0]]
             raise DistributedError(
                 f"{what} differs between ranks: rank {self.rank} has {value[:16]}..., ranks {differ} another",
-                "start every rank with the same plan, tables and store root",
+                "start every rank with the same plan, tables, seed and store root",
             )
 
 
