@@ -182,7 +182,9 @@ def test_the_job_refuses_bad_flags_before_it_makes_anything(tmp_path):
                 str(tmp_path / "bad.json"),
             ]
         )
-    assert not any((tmp_path / d).exists() for d in "abc")
+    with pytest.raises(ConfigError, match="device cuda"):
+        main(["train", "--run-dir", str(tmp_path / "d"), *TINY, "--world-size", "2", "--device", "cuda"])
+    assert not any((tmp_path / d).exists() for d in "abcd")
 
 
 def test_torchrun_runs_the_job_on_its_ranks(tmp_path):

@@ -162,7 +162,7 @@ def add_parser(sub) -> None:
         "--world-size",
         type=count,
         default=None,
-        help="ranks of a sharded run, started on this machine (gloo; nccl with --device cuda): "
+        help="ranks of a sharded run, started on this machine (gloo): "
         "the tables sharded by --plan, the MLPs data-parallel (docs/distributed.md; default 1: one "
         "process; with --resume of a sharded run: its world size, another reshards it)",
     )

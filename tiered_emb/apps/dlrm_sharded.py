@@ -7,9 +7,10 @@ of samples, one a rank.  The embedding tables are sharded by a plan (``--plan``,
 planner's for the run's tables), each rank holding its shards in its own store under
 ``<run-dir>/shards``; the MLPs are data-parallel (``DistributedDataParallel``, gradients
 averaged); each rank's loss is its samples' mean and the rows get the global batch's
-mean-loss gradient (the sharded collection's ``grad_scale = 1 / N``).  gloo on the CPU,
-NCCL with ``--device cuda``.  Every checkpoint is taken by every rank at the same step;
-``<run-dir>/shards/checkpoint.json``, written last, names each rank's.
+mean-loss gradient (the sharded collection's ``grad_scale = 1 / N``).  gloo, on the CPUs
+(``--device cuda`` is refused: the sharded step pools on the host).  Every checkpoint is
+taken by every rank at the same step; ``<run-dir>/shards/checkpoint.json``, written
+last, names each rank's.
 
 torch is imported when the job runs, not when the CLI is built.
 """
@@ -129,6 +130,11 @@ def prepare(args) -> dict:
     from tiered_emb.apps.dlrm import load_data
 
     run_dir = Path(args.run_dir)
+    if getattr(args, "device", "cpu") == "cuda":
+        raise ConfigError(
+            "--device cuda with --world-size is not available yet (the sharded step pools on the host)",
+            "drop --device cuda: the ranks train on their CPUs, over gloo",
+        )
     if args.resume:
         return _prepare_resume(args, run_dir)
     world = args.world_size or 1
@@ -428,9 +434,8 @@ def run(args) -> int:
 
     require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
     job = prepare(args)
-    backend = "nccl" if job["cfg"]["device"] == "cuda" else "gloo"
     world = ShardingPlan.from_json(job["plan"]).world_size
-    report = run_ranks(rank_main, world, (job,), backend=backend)[0]
+    report = run_ranks(rank_main, world, (job,), backend="gloo")[0]
     return emit_report(args, report, format_report)
 
 
@@ -441,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     from tiered_emb.distributed.launch import broadcast_object, init_from_env, leave
 
     args = build_parser().parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    rank, world = init_from_env("nccl" if args.device == "cuda" else "gloo")
+    rank, world = init_from_env("gloo")
     if args.world_size not in (None, world):
         raise ConfigError(f"--world-size {args.world_size} under torchrun's {world} ranks", "leave --world-size out")
     args.world_size = world
