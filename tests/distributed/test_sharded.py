@@ -92,6 +92,17 @@ def test_16_bit_communication_is_reproducible_and_close(tmp_path, one_process, c
         assert _pooled_mismatches([runs[0][r][kind] for r in range(2)], pooled_ref, 2)  # rounded: not fp32's bits
 
 
+def test_communication_types_per_table_round_only_their_tables(tmp_path, one_process):
+    pooled_ref, _ = one_process["sum"]
+    results = run_ranks(job.sharded_rank, 2, (str(tmp_path), ["table_wise"], "sum", {"a": "bf16"}))
+    per = job.BAGS // 2
+    for r in range(2):
+        pooled = results[r]["table_wise"][0]
+        for f, t in job.FEATURES.items():
+            same = np.array_equal(pooled[0][f], pooled_ref[0][f][r * per : (r + 1) * per])
+            assert same == (t != "a") or not pooled[0][f].any(), f  # (an all-empty slice rounds to itself)
+
+
 def test_16_bit_communication_sends_half_the_row_bytes(tmp_path):
     sent = {}
     for dt in ("fp32", "fp16"):

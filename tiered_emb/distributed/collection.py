@@ -84,9 +84,10 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
     feature_tables : dict feature -> table, or a list (feature == table)
     mode : str
         ``"sum"`` or ``"mean"``.
-    comm_dtype : str
+    comm_dtype : str or dict
         ``"fp32"`` (bitwise one process), ``"fp16"`` or ``"bf16"``: the type pooled rows
-        and gradients cross ranks in (rounded to nearest even).
+        and gradients cross ranks in (rounded to nearest even); a dict gives one per table
+        (``"fp32"`` for a table it leaves out).
     group : ProcessGroup or None
         A torch.distributed process group; None: the default one.
     grad_scale : float
@@ -111,7 +112,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         feature_tables,
         mode: str = "sum",
         nonfinite: str = "raise",
-        comm_dtype: str = "fp32",
+        comm_dtype: str | dict[str, str] = "fp32",
         group=None,
         grad_scale: float = 1.0,
     ):
@@ -155,7 +156,15 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         self.store, self.plan, self.configs = store, plan, names
         self.feature_tables = dict(feature_tables)
         self.mode, self.nonfinite = mode, nonfinite
-        self.comm_dtype = check_comm_dtype(comm_dtype)
+        if isinstance(comm_dtype, dict):
+            unknown = sorted(set(comm_dtype) - set(names))
+            if unknown:
+                raise UnknownTableError(
+                    f"comm_dtype names tables {unknown} the plan does not hold", f"use {sorted(names)}"
+                )
+            self.comm_dtypes = {t: check_comm_dtype(comm_dtype.get(t, "fp32")) for t in names}
+        else:
+            self.comm_dtypes = dict.fromkeys(names, check_comm_dtype(comm_dtype))
         self.planned = [tp for tp in plan.tables if tp.table in set(self.feature_tables.values())]
         self.chained = chained_tables(self.planned, names)
         if self.chained and nonfinite == "skip":
@@ -256,7 +265,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     engine.check_bags(local, gb.plan)
                     pooled = np.asarray(engine.lookup_pooled(local, gb.plan, backward=training))
                     for s in range(ex.world_size):
-                        replies[s].append(encode(gb.rows_for(pooled, s), self.comm_dtype))
+                        replies[s].append(encode(gb.rows_for(pooled, s), self.comm_dtypes[tp.table]))
                     if training:
                         step.served.append(_Served(tp, local, c0, c1, bags=gb))
             elif tp.sharding_type in ROW_SHARDED and ex.rank in tp.ranks:
@@ -266,7 +275,7 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                 rows = np.asarray(self.store.lookup(tp.table, np.concatenate(asked)))
                 bounds = np.cumsum([0] + [a.shape[0] for a in asked])
                 for s in range(ex.world_size):
-                    replies[s].append(encode(rows[bounds[s] : bounds[s + 1]], self.comm_dtype))
+                    replies[s].append(encode(rows[bounds[s] : bounds[s + 1]], self.comm_dtypes[tp.table]))
                 if training:
                     step.served.append(_Served(tp, tp.table, 0, -1, requests=reqs))
             elif tp.sharding_type is ShardingType.DATA_PARALLEL and training:
@@ -314,16 +323,16 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
         per_table = self._per_table(step, grads)
         out: list[list[np.ndarray]] = [[] for _ in range(ex.world_size)]
         for tp in self.planned:
-            g, bags = per_table[tp.table], step.tables[tp.table]
+            g, bags, dtype = per_table[tp.table], step.tables[tp.table], self.comm_dtypes[tp.table]
             if tp.sharding_type in BAG_SHARDED:
                 for r, c0, c1 in tp.pieces():
-                    out[r].append(encode(g if c1 < 0 else g[:, c0:c1], self.comm_dtype))
+                    out[r].append(encode(g if c1 < 0 else g[:, c0:c1], dtype))
             elif tp.sharding_type in ROW_SHARDED:
                 for gi, r in enumerate(tp.ranks):
-                    out[r].append(encode(owned_grads(step.requests[(tp.table, gi)], g), self.comm_dtype))
+                    out[r].append(encode(owned_grads(step.requests[(tp.table, gi)], g), dtype))
             else:
                 for r in range(ex.world_size):
-                    out[r] += [*bags.message(), encode(g, self.comm_dtype)]
+                    out[r] += [*bags.message(), encode(g, dtype)]
         incoming = ex.all_to_all(out)
         updates, splits, failure = [], {}, None
         t0 = time.perf_counter()
