@@ -17,6 +17,7 @@ torch is imported when the job runs, not when the CLI is built.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -360,6 +361,10 @@ def rank_main(rank: int, world: int, job: dict):
             evals[split] = every
     if store is not None:
         store.close(checkpoint=False)
+    # DDP's reducer holds the process group: released now, while the group is whole, not
+    # at the interpreter's exit after leave() (gloo's threads then abort the process)
+    ddp = model = opt = None
+    gc.collect()
     if rank:
         return None
     samples = (job["steps"] - start) * cfg["batch"]
