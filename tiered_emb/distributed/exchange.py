@@ -36,16 +36,18 @@ def encode(a: np.ndarray, comm_dtype: str) -> np.ndarray:
     each rounded to nearest even."""
     if comm_dtype == "fp32":
         return np.ascontiguousarray(a, dtype=np.float32)
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # (torch converts on every core; NumPy on one)
     if comm_dtype == "fp16":
-        return np.ascontiguousarray(a, dtype=np.float16)
-    bits = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16).view(torch.int16)
-    return bits.numpy().view(np.uint16)
+        return t.to(torch.float16).numpy()
+    return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
 def decode(a: np.ndarray) -> np.ndarray:
     """A float array received: float32 again (bfloat16 bits widened exactly)."""
     if a.dtype == np.uint16:
         return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if a.dtype == np.float16:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32).numpy()
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
