@@ -13,7 +13,8 @@ The cost of a rank for one global batch of ``batch_size`` samples, in bytes move
 Small tables are replicated (data-parallel) unless the tables need over half of the
 ranks' disks together; a table larger than one rank's disk is split
 row-wise over as few ranks as hold it (table-row-wise, or row-wise over all); a wide
-table is cut column-wise; a table heavier than a rank's fair share of the whole cost is
+table is cut column-wise (not a RowWiseAdagrad one: its pieces would hand the row sum
+along, one exchange a piece); a table heavier than a rank's fair share of the whole cost is
 split row-wise; the rest go table-wise, the heaviest first, each to the rank of least cost
 so far (ties to the lower rank).  Same inputs, same plan: no randomness, no dict order.
 """
