@@ -155,7 +155,7 @@ def _configs_of(source, feature_tables, mode: str) -> list:
     return out
 
 
-def _check_against_store(source, configs: list) -> None:
+def _check_against_tables(source, configs: list) -> None:
     """Every config names a table (``source(name)``: its TableConfig) of its width and size; no table twice."""
     seen = set()
     for cfg in configs:
@@ -262,7 +262,7 @@ class TieredEmbeddingBagCollection(_Interface):
                 _check_config(cfg)
                 if not cfg.feature_names:  # as TorchRec: a table without features is its own feature
                     cfg.feature_names = [cfg.name]
-        _check_against_store(source, configs)
+        _check_against_tables(source, configs)
         self.store, self.sharded, self.nonfinite = store, sharded, nonfinite
         self.job_tables = [source(cfg.name) for cfg in configs]
         self.weighted = bool(is_weighted)

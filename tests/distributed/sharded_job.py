@@ -141,24 +141,13 @@ def sharded_rank(rank: int, world: int, root: str, kinds: list[str], mode: str, 
     return results
 
 
-def piece_of(record: np.ndarray, cfg: TableConfig, c0: int, c1: int) -> np.ndarray:
-    """Columns ``c0:c1`` of whole records of ``cfg``, as a column piece holds them (weights,
-    then each per-column state array's columns, then a per-row word)."""
-    dim = cfg.dim
-    parts = [record[:, c0:c1]]
-    state = cfg.optimizer.state_width(dim)
-    at = dim
-    while state - (at - dim) >= dim:
-        parts.append(record[:, at + c0 : at + c1])
-        at += dim
-    parts.append(record[:, at : dim + state])
-    return np.concatenate(parts, axis=1)
-
-
 def record_mismatches(plan: ShardingPlan, ranks: list[dict], reference: dict[str, np.ndarray]) -> list[str]:
     """Where the ranks' shards differ from the single process's records, bit for bit:
-    ``ranks[r]`` is rank r's (local table -> records), ``info`` as sharded_rank returns."""
+    ``ranks[r]`` is rank r's (local table -> records); a column piece is compared with
+    :func:`~tiered_emb.distributed.plan.piece_records` of the whole records (checked on its
+    own in tests/distributed/test_plan.py)."""
     from tiered_emb.distributed import row_owner
+    from tiered_emb.distributed.plan import piece_records
 
     bad = []
     by_name = {c.name: c for c in TABLES}
@@ -170,7 +159,7 @@ def record_mismatches(plan: ShardingPlan, ranks: list[dict], reference: dict[str
             checks = [(r, tp.table, owner == g, ref) for g, r in enumerate(tp.ranks)]
         elif tp.sharding_type is ShardingType.COLUMN_WISE:
             checks = [
-                (r, f"{tp.table}.cols{c0}-{c1}", slice(None), piece_of(ref, by_name[tp.table], c0, c1))
+                (r, f"{tp.table}.cols{c0}-{c1}", slice(None), piece_records(ref, by_name[tp.table], c0, c1))
                 for r, c0, c1 in tp.pieces()
             ]
         else:

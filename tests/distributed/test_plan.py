@@ -3,13 +3,16 @@ hash, and plans that balance the stated cost model within the ranks' limits."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
-from tiered_emb import SGD, Adagrad, RowWiseAdagrad, TableConfig, TierConfig
+from tiered_emb import SGD, Adagrad, Adam, RowWiseAdagrad, TableConfig, TierConfig
 from tiered_emb.distributed import ShardingPlan, ShardingType, TablePlan, row_owner
+from tiered_emb.distributed.plan import column_layout, piece_records, stitch_records
 from tiered_emb.distributed.planner import (
     RankLimits,
     TableLoad,
@@ -91,6 +94,25 @@ def test_column_pieces_start_as_their_columns_of_the_whole_row():
         got = init_rows(c, ids, seed=3)
         assert np.array_equal(got[:, : c.dim], whole[:, c.init_column : c.init_column + c.dim])
     assert TableConfig.from_dict(pieces[1].to_dict()) == pieces[1]
+
+
+@pytest.mark.parametrize("opt", [SGD(), Adagrad(), RowWiseAdagrad(), Adam()])
+@pytest.mark.parametrize("ttl", [None, 5])
+def test_column_pieces_hold_their_columns_of_every_record_word(opt, ttl):
+    cfg = TableConfig("t", 7, optimizer=opt, ttl_steps=ttl)
+    rec = np.arange(3 * cfg.record_width, dtype=np.float32).reshape(3, cfg.record_width)
+    cuts = (0, 1, 5, 7)
+    pieces = [piece_records(rec, cfg, a, b) for a, b in itertools.pairwise(cuts)]
+    for p, (a, b) in zip(pieces, itertools.pairwise(cuts), strict=True):
+        piece = TableConfig("p", b - a, optimizer=opt, ttl_steps=ttl)
+        assert p.shape == (3, piece.record_width)
+        assert np.array_equal(p[:, : b - a], rec[:, a:b])  # the weights first
+        arrays, tail = column_layout(cfg)
+        for k in range(arrays):  # then each per-column state array's columns
+            got = p[:, (b - a) * (1 + k) : (b - a) * (2 + k)]
+            assert np.array_equal(got, rec[:, 7 * (1 + k) + a : 7 * (1 + k) + b])
+        assert np.array_equal(p[:, p.shape[1] - tail :], rec[:, cfg.record_width - tail :])  # then the row's words
+    assert np.array_equal(stitch_records(pieces, cfg, cuts), rec)
 
 
 def test_the_row_hash_is_fixed_and_spreads_ids_evenly():

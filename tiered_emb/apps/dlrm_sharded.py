@@ -252,8 +252,7 @@ def rank_main(rank: int, world: int, job: dict):
     gen = m["generation"] if m else 0
     snapshot = m["epochs"][rank] if m else None
     store = open_shards(generation_root(run_dir, gen), plan, tables, _tiers(cfg), rank, cfg["seed"], snapshot)
-    shards = Shards(store, plan, tables, comm_dtype=cfg["comm_dtype"])
-    shards.grad_scale = 1.0 / world
+    shards = Shards(store, plan, tables, comm_dtype=cfg["comm_dtype"], grad_scale=1.0 / world)
     torch.manual_seed(cfg["seed"])
     build = build_model
     if cfg["model"] == "torchrec":

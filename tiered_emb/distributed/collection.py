@@ -490,14 +490,22 @@ class _Bags(torch.autograd.Function):
 
 class Shards:
     """A job's sharded tables as this rank sees them: its store (None if the plan gives it
-    no table), the plan and every table; :meth:`collection` makes the sharded collection
+    no table), the plan and every table (``comm_dtype``, ``group``, ``grad_scale`` as
+    :class:`ShardedEmbeddingBagCollection` takes them); :meth:`collection` makes the sharded collection
     of some of its features (what :class:`tiered_emb.torchrec.TieredEmbeddingBagCollection`
     takes as ``sharded=`` to shard TorchRec's collection the same way)."""
 
-    def __init__(self, store, plan: ShardingPlan, tables: list[TableConfig], comm_dtype: str = "fp32", group=None):
+    def __init__(
+        self,
+        store,
+        plan: ShardingPlan,
+        tables: list[TableConfig],
+        comm_dtype: str | dict[str, str] = "fp32",
+        group=None,
+        grad_scale: float = 1.0,
+    ):
         self.store, self.plan, self.tables = store, plan, list(tables)
-        self.comm_dtype, self.group = comm_dtype, group
-        self.grad_scale = 1.0
+        self.comm_dtype, self.group, self.grad_scale = comm_dtype, group, grad_scale
         self.made: list[ShardedEmbeddingBagCollection] = []
 
     def table_config(self, name: str) -> TableConfig:
