@@ -19,6 +19,10 @@ TABLES = [
     TableConfig("r", dim=3, optimizer=RowWiseAdagrad(lr=0.3)),
     TableConfig("s", dim=2, num_rows=12, optimizer=Adagrad(lr=0.2)),
     TableConfig("g", dim=4, optimizer=SGD(lr=0.1)),
+    # narrow rows: the updates round stochastically, keyed by (seed, table, id, column, step, update)
+    TableConfig("h", dim=3, dtype="float16", optimizer=RowWiseAdagrad(lr=0.3)),
+    TableConfig("b", dim=2, num_rows=12, dtype="bfloat16", optimizer=Adagrad(lr=0.2)),
+    TableConfig("q", dim=5, dtype="int8", optimizer=SGD(lr=0.1)),
 ]
 NAMES = [t.name for t in TABLES]
 ID_SPACE = 12
@@ -44,7 +48,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.writeback_rows = writeback_rows  # evicted rows waiting in memory before an LMDB write
         self.store = self._with_writeback(TieredStore.create(self.path, TABLES, tiers, seed=5))
         self.model = ReferenceStore(TABLES, seed=5)
-        self.checkpointed = copy.deepcopy(self.model.rows)
+        self._checkpointed()
+
+    def _checkpointed(self):
+        self.checkpointed = copy.deepcopy((self.model.rows, self.model.updates))
 
     def _with_writeback(self, store):
         store.engine.ssd.writeback_rows = self.writeback_rows
@@ -78,20 +85,20 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def checkpoint(self):
         self.store.checkpoint()
-        self.checkpointed = copy.deepcopy(self.model.rows)
+        self._checkpointed()
 
     @rule(tiers=tiers_st)
     def close_and_reopen(self, tiers):
         self.store.close()
         self.store = self._with_writeback(TieredStore.open(self.path, tiers=tiers))
-        self.checkpointed = copy.deepcopy(self.model.rows)
+        self._checkpointed()
 
     @rule(tiers=tiers_st)
     def crash_and_reopen(self, tiers):
         # no close(): whatever was not checkpointed is gone, the checkpoint is intact
         crash(self.store)
         self.store = self._with_writeback(TieredStore.open(self.path, tiers=tiers))
-        self.model.rows = copy.deepcopy(self.checkpointed)
+        self.model.rows, self.model.updates = copy.deepcopy(self.checkpointed)
 
     @invariant()
     def every_row_matches(self):

@@ -110,6 +110,20 @@ class Normal:
 INITS: dict[str, type[Uniform] | type[Normal]] = {"uniform": Uniform, "normal": Normal}
 
 
+#: the row precisions a table takes (:mod:`tiered_emb.precision`)
+DTYPES = ("float32", "float16", "bfloat16", "int8")
+
+
+def weight_words(dtype: str, dim: int) -> int:
+    """The 32-bit words of ``dim`` weights in ``dtype``: float32 one a weight, 16-bit floats
+    two a word, int8 four a word after a float32 scale and bias."""
+    if dtype == "float32":
+        return dim
+    if dtype == "int8":
+        return 2 + (dim + 3) // 4
+    return (dim + 1) // 2
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """One embedding table.
@@ -124,7 +138,10 @@ class TableConfig:
         ``None``: ids are any int64 >= 0 (unbounded, rows exist once touched);
         an int bounds ids to ``[0, num_rows)``.
     dtype : str
-        ``"float32"`` (reduced precision rows come later).
+        The weights' precision in every tier, on disk and in exports: ``"float32"``,
+        ``"float16"``, ``"bfloat16"`` or ``"int8"`` (row-wise, a float32 scale and bias a
+        row).  Rows are gathered and pooled in float32, the optimizer state stays float32,
+        and updates round stochastically (:mod:`tiered_emb.precision`).
     init : Uniform | Normal
         Initialiser of rows never written; a pure function of (seed, table, id).
     optimizer : SGD | Adagrad | RowWiseAdagrad | Adam
@@ -204,8 +221,11 @@ class TableConfig:
                 f"TableConfig.init_column={self.init_column!r} is invalid",
                 f"use an int from 0 to {MAX_DIM}: the column of init_table's rows this table starts at",
             )
-        if self.dtype != "float32":
-            raise ConfigError(f"TableConfig.dtype={self.dtype!r} is not supported", "use 'float32'")
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"TableConfig.dtype={self.dtype!r} is not a row precision",
+                f"use one of {', '.join(DTYPES)} (docs/tuning.md, 'Row precision')",
+            )
         if not isinstance(self.init, (Uniform, Normal)):
             raise ConfigError(
                 f"TableConfig.init={self.init!r} is invalid", "use tiered_emb.Uniform(...) or tiered_emb.Normal(...)"
@@ -238,8 +258,21 @@ class TableConfig:
         return self.optimizer.state_width(self.dim) + (1 if self.ttl_steps is not None else 0)
 
     @property
+    def weight_words(self) -> int:
+        """32-bit words of a record's weights: ``dim`` in float32, fewer in a narrower ``dtype``
+        (:mod:`tiered_emb.precision`)."""
+        return weight_words(self.dtype, self.dim)
+
+    @property
     def record_width(self) -> int:
-        """Floats per record: weights then optimizer state."""
+        """32-bit words per record as the tiers hold it: the weights in ``dtype``, then the
+        optimizer state (float32)."""
+        return self.weight_words + self.state_width
+
+    @property
+    def value_width(self) -> int:
+        """Floats of a record read back as float32 (``peek(..., with_state=True)``): ``dim``
+        weights then the state."""
         return self.dim + self.state_width
 
     def to_dict(self) -> dict[str, Any]:

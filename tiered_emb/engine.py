@@ -76,6 +76,9 @@ class Engine:
         )
         self.resolver.load_admission()  # (the counts of the checkpoint opened)
         self.resolver.step = int(meta.get("step", 0))
+        for name, n in meta.get("updates", {}).items():  # (the rounding of narrow rows goes on from there)
+            if name in self.resolver.tables:
+                self.resolver.tables[name].updates = int(n)
         if any(t.expiry for t in self.resolver.tables.values()) and ssd.snapshots():
             ssd.checkpoints.drop_logs_from(self.resolver.step + 1)  # (the logs of steps after it)
         #: The prefetch window over this store's tables (see :mod:`tiered_emb.prefetch`).

@@ -50,8 +50,9 @@ class Expiry:
         records.view(np.uint32)[:, self.col] = np.uint32(step)
 
     def last_update(self, records: np.ndarray) -> np.ndarray:
-        """The step of each record's last update, int64 (k,)."""
-        return records.view(np.uint32)[:, self.col].astype(np.int64)
+        """The step of each record's last update, int64 (k,): its last word, in a record as
+        the tiers hold it or read back as float32 values."""
+        return records.view(np.uint32)[:, -1].astype(np.int64)
 
     def take_held(self) -> dict[int, np.ndarray]:
         """The logs held in memory, each step's ids distinct and sorted, now handed to be written."""

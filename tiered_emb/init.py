@@ -6,7 +6,8 @@ element index gives each element's random bits, so the value does not depend on 
 order in which ids are first touched, on tier sizes, or on the thread count.  A table
 with ``init_table`` and ``init_column`` (a column-wise shard) is keyed by that name, its
 columns numbered from that column: it starts as exactly those columns of the whole row.
-Optimizer state of a fresh row is zero.
+Optimizer state of a fresh row is zero.  A table of a narrower ``dtype`` rounds the
+float32 draw to nearest (:mod:`tiered_emb.precision`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tiered_emb.config import Normal, TableConfig
+from tiered_emb.precision import encode
 
 _KIND_UNIFORM = 0
 _KIND_NORMAL = 1
@@ -88,7 +90,8 @@ def init_rows(table: TableConfig, ids: npt.NDArray[np.integer[Any]], seed: int) 
 
     Returns
     -------
-    float32 array (n, table.record_width): weights from the initialiser, state zeros.
+    float32 array (n, table.record_width): weights from the initialiser (in the table's
+    dtype, rounded to nearest), state zeros.
 
     Examples
     --------
@@ -103,7 +106,8 @@ def init_rows(table: TableConfig, ids: npt.NDArray[np.integer[Any]], seed: int) 
             kind, a, b = _KIND_NORMAL, float(init.mean), float(init.std)
         else:
             kind, a, b = _KIND_UNIFORM, float(init.low), float(init.high)
-        weights = out[:, : table.dim]
+        packed = table.dtype != "float32"
+        weights = np.empty((ids.shape[0], table.dim), np.float32) if packed else out[:, : table.dim]
         _init_rows(
             weights,
             np.ascontiguousarray(ids, dtype=np.int64),
@@ -114,4 +118,6 @@ def init_rows(table: TableConfig, ids: npt.NDArray[np.integer[Any]], seed: int) 
             a,
             b,
         )
+        if packed:
+            encode(table.dtype, weights, out)
     return out

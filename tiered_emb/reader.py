@@ -23,6 +23,7 @@ from tiered_emb._args import snapshot_arg, table_ids
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import ConfigError, ReadOnlyError, StoreClosedError, UnknownTableError
 from tiered_emb.init import init_rows
+from tiered_emb.precision import values_of
 from tiered_emb.step.plan import dedupe
 from tiered_emb.tiers.ssd.snapshot import SnapshotTier
 from tiered_emb.tiers.ssd.verify import verify_path
@@ -191,7 +192,7 @@ class StoreReader:
             counts["misses"] += int((~found).sum())
         if not found.all():
             rows[~found] = init_rows(cfg, uids[~found], self.seed)
-        out = rows[inverse]
+        out = values_of(cfg, rows)[inverse]  # (weights decoded from the table's dtype)
         return out if with_state else np.ascontiguousarray(out[:, : cfg.dim])
 
     def stats(self) -> dict[str, dict[str, Any]]:

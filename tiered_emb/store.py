@@ -236,7 +236,8 @@ class TieredStore:
     def write(self, table: str, ids: ArrayLike, rows: Any) -> None:
         """Set the weights of ``ids`` (optimizer state kept); for duplicates the last row wins.
 
-        ``rows``: float32 (n, dim), finite.
+        ``rows``: float32 (n, dim), finite; a table of a narrower ``dtype`` rounds them to
+        nearest (:mod:`tiered_emb.precision`).
         """
         with self._res.lock:
             t = self.engine.table(table)
@@ -274,12 +275,13 @@ class TieredStore:
     def peek(self, table: str, ids: ArrayLike, with_state: bool = False) -> np.ndarray:
         """Newest values of ``ids`` as NumPy, without touching any cache state.
 
-        Returns float32 (n, dim), or (n, dim + state_width) records with ``with_state``.
+        Returns float32 (n, dim), or (n, dim + state_width) records with ``with_state``
+        (weights decoded from the table's ``dtype``, every value exactly as held).
         """
         with self._res.lock:
             t = self.engine.table(table)
             uids, inverse = plan.dedupe(table_ids(table, ids, t.cfg.num_rows))  # the LMDB read takes distinct ids
-            return self._res.read_through(t, uids, inverse, t.cfg.record_width if with_state else t.cfg.dim)
+            return self._res.read_through(t, uids, inverse, t.cfg.value_width if with_state else t.cfg.dim)
 
     # ------------------------------------------------------------------ lookahead
     def prefetch(self, batch: dict[str, ArrayLike], bring_up: bool = True) -> Ticket:
@@ -347,6 +349,7 @@ class TieredStore:
             rates = {n: t.cfg.optimizer.lr for n, t in sorted(self._res.tables.items())}
             meta = dict(self.engine.meta, epoch=self.epoch + 1, lr=rates)
             meta["step"] = self._res.step
+            meta["updates"] = {n: t.updates for n, t in sorted(self._res.tables.items()) if t.updates}
             blobs, logs = self._res.admission_blobs(), self.engine.checkpoint_logs(meta)
             try:
                 self.engine.last_checkpoint_rows = self.engine.ssd.checkpoint(

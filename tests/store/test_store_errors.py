@@ -87,7 +87,7 @@ def test_config_errors_name_field_and_value():
     with pytest.raises(ConfigError, match="name"):
         TableConfig("a b", dim=1)
     with pytest.raises(ConfigError, match="dtype"):
-        TableConfig("t", dim=1, dtype="float16")
+        TableConfig("t", dim=1, dtype="float8")
     with pytest.raises(ConfigError, match="Uniform"):
         Uniform(1, 0)
     with pytest.raises(ConfigError, match="lr"):

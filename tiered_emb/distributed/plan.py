@@ -187,6 +187,11 @@ def _check_table(tp: TablePlan, cfg: TableConfig, w: int) -> None:
         if tp.columns:
             raise PlanError(f"{where} has columns", "only a column-wise table names columns")
         return
+    if cfg.dtype != "float32":
+        raise PlanError(
+            f"{where} is cut by columns, and its rows are {cfg.dtype}",
+            "shard a table of narrow rows table-wise or row-wise (an int8 row's scale spans its columns)",
+        )
     cols = tp.columns
     if (
         len(cols) != len(tp.ranks) + 1
@@ -224,7 +229,7 @@ def stitch_records(pieces: list[np.ndarray], cfg: TableConfig, columns: tuple[in
     the tail words from the first piece: every piece keeps the same)."""
     arrays, _ = column_layout(cfg)
     n = pieces[0].shape[0]
-    out = np.empty((n, cfg.record_width), dtype=np.float32)
+    out = np.empty((n, cfg.value_width), dtype=np.float32)
     dim = cfg.dim
     for p, (c0, c1) in zip(pieces, itertools.pairwise(columns), strict=True):
         w = c1 - c0

@@ -88,7 +88,7 @@ class ShardedReader:
             out = stitch_records(pieces, cfg, tp.columns)
         elif tp.sharding_type in ROW_SHARDED:
             owner = row_owner(ids, len(tp.ranks))
-            out = np.empty((ids.shape[0], cfg.record_width), dtype=np.float32)
+            out = np.empty((ids.shape[0], cfg.value_width), dtype=np.float32)
             for g, r in enumerate(tp.ranks):
                 mine = owner == g
                 if mine.any():

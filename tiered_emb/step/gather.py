@@ -15,7 +15,8 @@ import numpy as np
 
 from tiered_emb._args import table_ids
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, take_rows, threads_for
+from tiered_emb.precision import decode
 from tiered_emb.step.device import plan as device_plan
 
 
@@ -123,6 +124,8 @@ def gather(res, t, uids: np.ndarray, inverse: np.ndarray):
         for _, slots in res.chunks(t, uids):
             if kernels is not None:
                 out = kernels.gather(t.hbm.records, slots, inverse, dim)
+            elif t.cfg.dtype != "float32":
+                out = take_rows(decode(t.cfg.dtype, t.hbm.records, slots, dim), inverse)
             else:
                 out = np.empty((n, dim), dtype=np.float32)
                 _gather_rows(t.hbm.records, slots, inverse, out)
@@ -138,6 +141,8 @@ def gather(res, t, uids: np.ndarray, inverse: np.ndarray):
         if kernels is not None:
             rows = kernels.gather(t.hbm.records, slots, inverse[positions] - start, dim)
             out_host[positions] = kernels.to_host(rows)
+        elif t.cfg.dtype != "float32":
+            out_host[positions] = take_rows(decode(t.cfg.dtype, t.hbm.records, slots, dim), inverse[positions] - start)
         else:
             _gather_positions(t.hbm.records, slots, inverse, positions, start, out_host)
     return to_xp(xp, out_host)
@@ -182,9 +187,7 @@ def lookup_pooled(res, window, t, plan, backward: bool = True):
             if res.kernels is not None:
                 return res.kernels.pool(t.hbm.records, slots, inverse, plan.offsets, plan.weights, plan.mean, dim)
             with threads_for(plan.ids.shape[0] * dim):
-                pool_kernel(dim, False, use_w)(
-                    t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out
-                )
+                _pool_slots(t, slots, inverse, plan, weights, out)
             return out
     kernels = res.kernels
     direct = t.hbm.direct and kernels is None
@@ -194,7 +197,8 @@ def lookup_pooled(res, window, t, plan, backward: bool = True):
         # Inference over a table held whole: when every row of the batch is already up
         # there is nothing to dedupe, resolve or pin (a direct tier never evicts).  The
         # kernel checks the ids' range and flags rows not up yet (NaN: see DirectHbmTier).
-        if direct and not backward and _pooled_by_id(t, plan, weights, out):
+        packed = t.cfg.dtype != "float32"
+        if direct and not backward and not packed and _pooled_by_id(t, plan, weights, out):
             t.count_hits(plan.ids.shape[0])
             return out
         if plan.checked is not t:  # (a collection checks every feature before reading any)
@@ -209,19 +213,29 @@ def lookup_pooled(res, window, t, plan, backward: bool = True):
                 out[:] = 0.0
                 return out
             for _, slots in res.chunks(t, plan.uids):
-                if direct:  # slots are the ids
+                if direct and not packed:  # slots are the ids
                     pool_kernel(dim, True, use_w)(
                         t.hbm.records, _NO_SLOTS, plan.ids, False, 0, plan.offsets, weights, plan.mean, out
                     )
                 else:
-                    pool_kernel(dim, False, use_w)(
-                        t.hbm.records, slots, plan.inverse, False, 0, plan.offsets, weights, plan.mean, out
-                    )
+                    _pool_slots(t, slots, plan.inverse, plan, weights, out)
                 plan.slots = slots
             return out
         # Spill path: rows gathered, pooled on the host.
         pool_rows(gather(res, t, plan.uids, plan.inverse), plan, weights, out)
     return out
+
+
+def _pool_slots(t, slots, inverse, plan, weights: np.ndarray, out: np.ndarray) -> None:
+    """Pool ``plan``'s bags from ``t``'s HBM ``slots`` (one a unique id; ``inverse`` a
+    position's unique id) into ``out``; a table of a narrower dtype has its unique rows
+    decoded to float32 first (:mod:`tiered_emb.precision`), then pooled as rows of their own."""
+    dim, use_w = t.cfg.dim, plan.weights is not None
+    if t.cfg.dtype == "float32":
+        pool_kernel(dim, False, use_w)(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out)
+        return
+    rows = decode(t.cfg.dtype, t.hbm.records, slots, dim)
+    pool_kernel(dim, True, use_w)(rows, _NO_SLOTS, inverse, False, 0, plan.offsets, weights, plan.mean, out)
 
 
 def _pool_on_device(res, t, plan):

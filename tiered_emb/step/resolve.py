@@ -27,7 +27,8 @@ from tiered_emb.admission import admission_of
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.expiry import expiry_of
-from tiered_emb.init import init_rows
+from tiered_emb.init import init_rows, table_hash
+from tiered_emb.precision import encode, values_of
 from tiered_emb.step.device.launch import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
 from tiered_emb.tiers.ssd.codec import tombstones
@@ -65,6 +66,15 @@ class Table:
         self.admission = admission_of(cfg)
         #: the table's touch log (None: its rows never expire)
         self.expiry = expiry_of(cfg)
+        if cfg.dtype != "float32" and xp is not np:
+            raise ConfigError(
+                f"table {cfg.name!r}: dtype {cfg.dtype!r} rows are held on the host only in this version",
+                "use TierConfig(device='cpu'), or dtype='float32' for an HBM tier on a GPU",
+            )
+        #: the key of the table's rounding bits (its initial rows' name) and the updates it
+        #: had in the store's current step (:func:`tiered_emb.precision.rounding_key`)
+        self.key_hash = table_hash(cfg.init_table or cfg.name)
+        self.updates = 0
         if cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
             self.hbm = DirectHbmTier(cfg.num_rows, cfg.record_width, xp)
         else:
@@ -215,7 +225,11 @@ class Resolver:
             resident = self.write_below(t, uids, rows)
             uids, rows = uids[resident], rows[resident]
         for start, slots in self.chunks(t, uids):
-            t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(self.xp, rows[start : start + slots.shape[0]])
+            part = rows[start : start + slots.shape[0]]
+            if t.cfg.dtype == "float32":
+                t.hbm.records[to_xp(self.xp, slots), : t.cfg.dim] = to_xp(self.xp, part)
+            else:  # (host records only: see Table)
+                encode(t.cfg.dtype, part, t.hbm.records, slots)
             t.hbm.dirty[slots] = 1
             if t.expiry is not None:  # (a write is an update: the row's last one now)
                 t.expiry.touch(
@@ -228,6 +242,8 @@ class Resolver:
         (:mod:`tiered_emb.expiry`); the logs held in memory are written once past an eighth of
         the budget."""
         self.step += 1
+        for t in self.tables.values():
+            t.updates = 0
         held = 0
         for name, t in sorted(self.tables.items()):
             if t.expiry is None:
@@ -323,12 +339,12 @@ class Resolver:
         step = max(1, self.budget_bytes // (5 * (8 + 4 * t.cfg.record_width)))
         for a in range(0, below.shape[0], step):
             at = below[a : a + step]
-            if t.cfg.record_width == t.cfg.dim:  # no optimizer state: the rows are the records
+            if t.cfg.record_width == t.cfg.dim and t.cfg.dtype == "float32":  # the rows are the records
                 # (a copy: the write goes on on the writer thread after the caller's rows change)
                 recs, fresh = take_rows(rows, at), at[:0]
             else:
                 recs, _, fresh = self.read_below(t, uids[at])
-                recs[:, : t.cfg.dim] = take_rows(rows, at)
+                encode(t.cfg.dtype, take_rows(rows, at), recs)
                 if t.expiry is not None:
                     t.expiry.stamp(recs, self.step)
                     t.expiry.log(uids[at], self.step)
@@ -451,13 +467,14 @@ class Resolver:
         return _charge(moves, "below_up", t0, below_at.shape[0], below_at.shape[0] * 4 * t.cfg.record_width)
 
     def peek(self, t: Table, uids: np.ndarray) -> np.ndarray:
-        """Newest records (float32 (k, record_width)) of distinct ``uids``, touching no cache state."""
-        return self.read_through(t, uids, _ALL, t.cfg.record_width)
+        """Newest records of distinct ``uids`` as float32 values (k, value_width), touching no cache state."""
+        return self.read_through(t, uids, _ALL, t.cfg.value_width)
 
     def read_through(
         self, t: Table, uids: np.ndarray, inverse: np.ndarray, cols: int, c: dict | None = None
     ) -> np.ndarray:
-        """The first ``cols`` floats of the newest records of ``uids[inverse]`` (distinct ``uids``;
+        """The first ``cols`` floats of the newest records of ``uids[inverse]`` read as float32
+        values (:meth:`TableConfig.value_width <tiered_emb.config.TableConfig.value_width>`; distinct ``uids``;
         ``inverse`` empty: ``uids`` themselves), read where they are, HBM, DDR, LMDB or the
         initialiser: float32 host (n, cols).  No row moves and no cache state changes (a
         row never written is made, not kept).  ``c``: the counters to charge (None: none).
@@ -486,6 +503,8 @@ class Resolver:
             if below.shape[0]:
                 rows, on_ssd, _ = self.read_below(t, uids[below])
                 move_rows(rows, None, src, below, width)
+        if t.cfg.dtype != "float32":
+            src, width = values_of(t.cfg, src), t.cfg.value_width
         if c is not None:
             for tier, asked, found in (
                 ("hbm", k, k - rest.shape[0]),

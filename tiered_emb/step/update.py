@@ -14,6 +14,7 @@ import numpy as np
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
 from tiered_emb.errors import ConfigError
+from tiered_emb.precision import encode, rounding_key, values_of
 
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
 # parallel over distinct rows (slots are distinct by construction: one per unique id).
@@ -256,17 +257,47 @@ def admitted(t, uids: np.ndarray, summed):
     return uids[at], summed[at], at
 
 
-def update_rows(res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = False, row_means=None) -> None:
+def rounding(res, t) -> int | None:
+    """The key of the random bits of ``t``'s next update (None for float32 rows, which round
+    nothing): (seed, table, step, the update's number in the step), the number then moved
+    on (:mod:`tiered_emb.precision`)."""
+    if t.cfg.dtype == "float32":
+        return None
+    key = rounding_key(res.seed, t.key_hash, res.step, t.updates)
+    t.updates += 1
+    return key
+
+
+def _apply(res, t, slots, uids: np.ndarray, grads, row_means, key: int | None) -> None:
+    """:func:`apply_update` on ``t``'s HBM ``slots`` (of ``uids``); rows of a narrower dtype
+    are read as float32, updated, and rounded back stochastically with ``key``'s bits."""
+    if key is None:
+        apply_update(t.cfg.optimizer, t.hbm.records, slots, grads, res.kernels, row_means)
+        return
+    cfg = t.cfg
+    values = values_of(cfg, t.hbm.records, slots)
+    apply_update(cfg.optimizer, values, np.arange(slots.shape[0], dtype=np.int64), grads, None, row_means)
+    encode(cfg.dtype, values[:, : cfg.dim], t.hbm.records, slots, uids, key, col0=cfg.init_column)
+    if cfg.state_width:
+        t.hbm.records.view(np.uint32)[slots, cfg.weight_words : cfg.record_width] = values.view(np.uint32)[:, cfg.dim :]
+
+
+def update_rows(
+    res, t, uids: np.ndarray, summed: np.ndarray, checked: bool = False, row_means=None, key: int | None = -1
+) -> None:
     """One optimizer update per unique id of table ``t``, chunk by chunk in HBM (``summed``
     float32 (k, dim), screened); ``checked`` as :meth:`~tiered_emb.step.resolve.Resolver.chunks`;
-    ``row_means`` as :func:`apply_update`."""
-    opt = t.cfg.optimizer
+    ``row_means`` as :func:`apply_update`; ``key`` the update's rounding (-1: the table's
+    next, :func:`rounding`)."""
+    if key == -1:
+        key = rounding(res, t)
     for start, slots in res.chunks(t, uids, checked):
+        part = uids[start : start + slots.shape[0]]
         chunk = summed[start : start + slots.shape[0]]
         means = None if row_means is None else row_means[start : start + slots.shape[0]]
-        apply_update(opt, t.hbm.records, slots, chunk, res.kernels, means)
+        _apply(res, t, slots, part, chunk, means, key)
         t.hbm.dirty[slots] = 1
-        touched(res, t, slots, uids[start : start + slots.shape[0]])
+        touched(res, t, slots, part)
 
 
 def touched(res, t, slots, uids: np.ndarray) -> None:
@@ -286,6 +317,7 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
     rows, and takes the locked path at once.  ``row_means`` as :func:`apply_update`.
     """
     slots = plan.slots if plan.checked is t and uids is plan.uids else None
+    key = rounding(res, t)  # (before the path is chosen: the same bits whichever is taken)
     if t.admission is not None:
         with res.lock:  # (the counts change under the store's lock, as the rows)
             uids, summed, at = admitted(t, uids, summed)
@@ -295,14 +327,14 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
             row_means = row_means[at]
     if plan.pinned is not None and slots is not None and window.still_pinned(plan.pinned):
         with threads_for(work):
-            if _update_in_place(res, t, slots, uids, summed, pinned=True, row_means=row_means):
+            if _update_in_place(res, t, slots, uids, summed, key, pinned=True, row_means=row_means):
                 return
     with res.lock, threads_for(work):
-        if not _update_in_place(res, t, slots, uids, summed, row_means=row_means):
-            update_rows(res, t, uids, summed, checked=True, row_means=row_means)
+        if not _update_in_place(res, t, slots, uids, summed, key, row_means=row_means):
+            update_rows(res, t, uids, summed, checked=True, row_means=row_means, key=key)
 
 
-def _update_in_place(res, t, slots, uids, summed, pinned: bool = False, row_means=None) -> bool:
+def _update_in_place(res, t, slots, uids, summed, key, pinned: bool = False, row_means=None) -> bool:
     """Update ``slots`` (the forward's, of ``uids``; None: none) in place when they still hold
     ``uids`` (always, when ``pinned``); False, with nothing changed, where the rows must be
     resolved again."""
@@ -310,10 +342,10 @@ def _update_in_place(res, t, slots, uids, summed, pinned: bool = False, row_mean
         return False
     if not pinned and not _still_resident(t.hbm.slot_ids, slots, uids):
         return False
-    apply_update(t.cfg.optimizer, t.hbm.records, slots, summed, res.kernels, row_means)
+    _apply(res, t, slots, uids, summed, row_means, key)
     t.hbm.dirty[slots] = 1
     touched(res, t, slots, uids)
     return True
 
 
-__all__ = ["CPU_KERNELS", "apply_update", "no_update", "update_pooled", "update_rows"]
+__all__ = ["CPU_KERNELS", "apply_update", "no_update", "rounding", "update_pooled", "update_rows"]

@@ -12,7 +12,8 @@ import numba
 import numpy as np
 
 from tiered_emb.config import TableConfig
-from tiered_emb.init import init_rows
+from tiered_emb.init import init_rows, table_hash
+from tiered_emb.precision import decode, encode, rounding_key, values_of
 from tiered_emb.step.reduce import REDUCE_CHUNK
 from tiered_emb.testing.reference_ghosts import GHOST_POLICIES
 
@@ -147,13 +148,30 @@ class ReferenceStore:
         #: the step counter (``advance_step``), and the step of each row's last update
         self.step = 0
         self.touched: dict[str, dict[int, int]] = {t.name: {} for t in tables}
+        #: each table's updates in the current step (the key of a narrow row's rounding)
+        self.updates: dict[str, int] = {t.name: 0 for t in tables}
 
     def record(self, table: str, i: int) -> np.ndarray:
-        """The record (weights and optimizer state) of row ``i``, made lazily; changed in place by the caller."""
+        """The record (weights and optimizer state, as float32 values) of row ``i``, made
+        lazily; changed in place by the caller."""
         rows = self.rows[table]
         if i not in rows:
-            rows[i] = init_rows(self.tables[table], np.array([i], dtype=np.int64), self.seed)[0]
+            cfg = self.tables[table]
+            rows[i] = values_of(cfg, init_rows(cfg, np.array([i], dtype=np.int64), self.seed))[0]
         return rows[i]
+
+    def _rounded(self, table: str, ids: list[int], key: int | None) -> None:
+        """Round the weights of ``ids`` to the table's dtype: to nearest, or stochastically
+        with ``key`` (by the arithmetic path, :func:`tiered_emb.precision.encode`'s ``generic``)."""
+        cfg = self.tables[table]
+        if cfg.dtype == "float32" or not ids:
+            return
+        values = np.stack([self.record(table, i)[: cfg.dim] for i in ids])
+        words = np.zeros((len(ids), cfg.weight_words), np.float32)
+        encode(cfg.dtype, values, words, None, np.array(ids, np.int64), key, generic=True, col0=cfg.init_column)
+        back = decode(cfg.dtype, words, None, cfg.dim)
+        for i, r in zip(ids, back, strict=True):
+            self.record(table, i)[: cfg.dim] = r
 
     def lookup(self, table: str, ids) -> np.ndarray:
         dim = self.tables[table].dim
@@ -170,6 +188,7 @@ class ReferenceStore:
         dim = self.tables[table].dim
         for i, r in zip(ids, rows, strict=True):
             self.record(table, int(i))[:dim] = r
+            self._rounded(table, [int(i)], None)
             self._touch(table, int(i))
 
     def delete(self, table: str, ids) -> None:
@@ -187,6 +206,7 @@ class ReferenceStore:
     def advance_step(self) -> int:
         """The next step: rows of a table with ``ttl_steps`` not updated for more steps are deleted."""
         self.step += 1
+        self.updates = dict.fromkeys(self.tables, 0)
         for name, cfg in self.tables.items():
             if cfg.ttl_steps is not None:
                 old = [i for i, u in self.touched[name].items() if self.step - u > cfg.ttl_steps]
@@ -205,11 +225,18 @@ class ReferenceStore:
         for i, g in zip(ids, grads, strict=True):
             terms.setdefault(int(i), []).append(g.astype(np.float32))
         seen = self.seen[table]
+        if not terms:  # (an empty update is none: it takes no number)
+            return
+        key = rounding_key(self.seed, table_hash(cfg.init_table or cfg.name), self.step, self.updates[table])
+        self.updates[table] += 1
+        done = []
         for i, rows in terms.items():
             seen[i] = min(seen.get(i, 0) + 1, cfg.min_count)
             if seen[i] >= cfg.min_count:  # admitted: from the min_count-th update that holds it
                 _update_row(cfg, self.record(table, i), chunked_sum(rows))
                 self._touch(table, i)
+                done.append(i)
+        self._rounded(table, done, key)
 
 
 def chunked_sum(rows: list[np.ndarray]) -> np.ndarray:

@@ -1,0 +1,353 @@
+"""Row precision: the bytes a table's weights take in every tier, and the rounding into them.
+
+A record is 32-bit words: the weights packed in the table's ``dtype``, then the optimizer
+state (float32, as :mod:`tiered_emb.optimizers` lays it out).  The tiers move words and
+never look inside; the step decodes the rows it reads into float32, and encodes the rows
+it writes back:
+
+==========  ==========================  =============================================
+dtype       weight words                layout
+==========  ==========================  =============================================
+float32     ``dim``                     the floats
+float16     ``ceil(dim / 2)``           IEEE binary16, two a word, the low half first;
+                                        an odd dim's last half-word is zero
+bfloat16    ``ceil(dim / 2)``           the top 16 bits of a float32, as float16
+int8        ``2 + ceil(dim / 4)``       scale (float32), bias (float32), then one
+                                        uint8 code a column, value = code * scale + bias
+                                        (FBGEMM's fused 8-bit rows), zero padded
+==========  ==========================  =============================================
+
+The int8 row starts with its scale, never a NaN, so a row's first word is never a
+deleted row's mark (:data:`tiered_emb.tiers.ssd.codec.TOMBSTONE_WORD`).
+
+Rounding.  First values, ``write()`` and imported rows round to nearest (16-bit floats:
+ties to even, IEEE's overflow to infinity; int8: ties up, scale ``(max - min) / 255``).
+An optimizer update rounds stochastically: the value goes to the upper of its two
+neighbours with probability its distance from the lower over their gap, from 32 random
+bits that are a pure function of (seed, table, id, column, step, the update's number in
+the step): the same bytes on any tier sizes, thread count, prefetch depth or after a
+resume.  The rounding is unbiased to 2**-32 of a gap; a 16-bit value beyond the largest
+finite one saturates there rather than becoming infinite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from tiered_emb.config import DTYPES, TableConfig, weight_words
+from tiered_emb.errors import ConfigError
+
+#: names the command line and TorchRec's ``DataType`` give for each dtype
+ALIASES = {
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "int8": "int8",
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+}
+
+#: the bits of each dtype's value, for the error bound and the byte counts
+VALUE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "int8": 8}
+
+_CODES = {"float16": 0, "bfloat16": 1}
+
+# The unit a 16-bit float rounds to, in three numbers: the smallest normal exponent, the
+# mantissa bits, the exponent bias; and the largest finite value.
+_F16 = (-14, 10, 15, 65504.0)
+_BF16 = (-126, 7, 127, 3.3895313892515355e38)
+
+_LUT = {
+    "float16": np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32),
+    "bfloat16": (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32),
+}
+
+
+def canonical(dtype: str, where: str = "dtype") -> str:
+    """The dtype's name in :data:`DTYPES` for any of :data:`ALIASES`; ConfigError otherwise."""
+    name = ALIASES.get(dtype) if isinstance(dtype, str) else None
+    if name is None:
+        raise ConfigError(f"{where}={dtype!r} is not a row precision", f"use one of {', '.join(DTYPES)}")
+    return name
+
+
+def is_lossless(src: str, dst: str) -> bool:
+    """True when every value of ``src`` is one of ``dst`` (a conversion loses nothing)."""
+    return src == dst or dst == "float32" and src in ("float16", "bfloat16")
+
+
+# --------------------------------------------------------------------------- kernels
+@numba.njit(inline="always")
+def _splitmix64(x):
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(inline="always")
+def _row_key(key, id_):
+    """The key of one row's random bits: (key, id)."""
+    return _splitmix64(key ^ _splitmix64(np.uint64(id_)))
+
+
+@numba.njit(inline="always")
+def _bits(row, col):
+    """32 random bits of (a row's key, column)."""
+    return np.uint32(_splitmix64(row + np.uint64(col + 1) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32))
+
+
+@numba.njit(inline="always")
+def _up(frac, r):
+    """Whether a value ``frac`` (in [0, 1)) of the gap above its lower neighbour rounds up,
+    given 32 random bits ``r``: when ``r + frac * 2**32`` carries past 2**32, which is what
+    adding ``r``'s top bits below a float's kept bits and truncating does."""
+    return np.float64(r) >= (1.0 - frac) * 4294967296.0
+
+
+@numba.njit(inline="always")
+def _round16(x, r, stochastic, emin, mbits, ebias, fmax):
+    """The 16-bit pattern of float32 ``x`` rounded to the format (emin, mbits, ebias, fmax)."""
+    xf = np.float64(x)
+    inf_bits = (2 * ebias + 1) << mbits
+    if np.isnan(xf):
+        return np.uint16(inf_bits | (1 << (mbits - 1)))
+    sign = 0x8000 if math.copysign(1.0, xf) < 0.0 else 0
+    a = abs(xf)
+    if a == 0.0:
+        return np.uint16(sign)
+    if np.isinf(a):
+        return np.uint16(sign | inf_bits)
+    e = math.frexp(a)[1]  # a in [2**(e-1), 2**e)
+    ex = max(e - 1, emin)
+    ulp = math.ldexp(1.0, ex - mbits)
+    q = a / ulp
+    fl = math.floor(q)
+    frac = q - fl
+    if stochastic:
+        up = _up(frac, r)
+    else:
+        up = frac > 0.5 or (frac == 0.5 and int(fl) % 2 == 1)
+    v = (fl + (1.0 if up else 0.0)) * ulp
+    if v > fmax:
+        if stochastic:  # saturate: an update never makes a row infinite
+            return np.uint16(sign | (inf_bits - 1))
+        return np.uint16(sign | inf_bits)
+    if v < math.ldexp(1.0, emin):
+        return np.uint16(sign | int(v / math.ldexp(1.0, emin - mbits)))
+    m, e2 = math.frexp(v)
+    return np.uint16(sign | ((e2 - 1 + ebias) << mbits) | int((2.0 * m - 1.0) * (1 << mbits)))
+
+
+@numba.njit(inline="always")
+def _fast16(b, r, stochastic, bf16):
+    """:func:`_round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
+    finite value; float16: its normal range, 2**-14 <= |x| < 2**16); 0x10000 elsewhere.
+    Adding ``r``'s top bits below the kept ones and truncating rounds up exactly when
+    :func:`_up` does, so both paths give the same pattern."""
+    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
+    a = b & np.uint32(0x7FFFFFFF)
+    e = a >> np.uint32(23)
+    if bf16:
+        if e == 255:
+            return np.uint32(0x10000)
+        if stochastic:
+            h = (a + (r >> np.uint32(16))) >> np.uint32(16)
+            if h >= 0x7F80:  # saturate
+                h = np.uint32(0x7F7F)
+        else:
+            h = (a + np.uint32(0x7FFF) + ((a >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        return sign | h
+    if e < 113 or e > 142:
+        return np.uint32(0x10000)
+    if stochastic:
+        t = a + (r >> np.uint32(19))
+        h = ((t >> np.uint32(23)) - np.uint32(112)) << np.uint32(10) | ((t >> np.uint32(13)) & np.uint32(0x3FF))
+        if h >= 0x7C00:
+            h = np.uint32(0x7BFF)
+    else:
+        h = ((e - np.uint32(112)) << np.uint32(10)) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
+        low = a & np.uint32(0x1FFF)
+        if low > 0x1000 or (low == 0x1000 and (h & np.uint32(1))):
+            h += np.uint32(1)
+    return sign | h
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generic):
+    """``out16[slots[i], :]`` = the 16-bit patterns of ``vals[i]`` (float32 (k, dim), ``bits``
+    its uint32 view); ``slots`` of length 0: row i itself.  ``generic`` takes
+    :func:`_round16` for every value (what the tests check the fast path against)."""
+    dim = vals.shape[1]
+    for i in numba.prange(vals.shape[0]):
+        s = slots[i] if slots.shape[0] else np.int64(i)
+        row = _row_key(key, ids[i])
+        for j in range(dim):
+            r = _bits(row, col0 + j) if stochastic else np.uint32(0)
+            h = np.uint32(0x10000) if generic else _fast16(bits[i, j], r, stochastic, bf16)
+            if h != 0x10000:
+                out16[s, j] = np.uint16(h)
+            elif bf16:
+                out16[s, j] = _round16(vals[i, j], r, stochastic, _BF16[0], _BF16[1], _BF16[2], _BF16[3])
+            else:
+                out16[s, j] = _round16(vals[i, j], r, stochastic, _F16[0], _F16[1], _F16[2], _F16[3])
+        for j in range(dim, 2 * ((dim + 1) // 2)):
+            out16[s, j] = 0
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _decode16(in16, slots, lut, out):
+    """``out[i] = lut[in16[slots[i], :dim]]`` (``slots`` length 0: row i itself)."""
+    dim = out.shape[1]
+    for i in numba.prange(out.shape[0]):
+        s = slots[i] if slots.shape[0] else np.int64(i)
+        for j in range(dim):
+            out[i, j] = lut[in16[s, j]]
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
+    """Quantize each row of ``vals`` (float32 (k, dim)) into ``slots``' records: scale and
+    bias (words 0 and 1), then a uint8 code a column from byte 8."""
+    dim = vals.shape[1]
+    for i in numba.prange(vals.shape[0]):
+        s = slots[i] if slots.shape[0] else np.int64(i)
+        lo = vals[i, 0]
+        hi = vals[i, 0]
+        for j in range(1, dim):
+            lo = min(lo, vals[i, j])
+            hi = max(hi, vals[i, j])
+        scale = np.float32((hi - lo) / np.float32(255.0))
+        if not scale > 0.0:  # (a constant row: every code 0, the value its bias)
+            scale = np.float32(1.0)
+        out32[s, 0] = scale
+        out32[s, 1] = lo
+        row = _row_key(key, ids[i])
+        for j in range(dim):
+            t = (np.float64(vals[i, j]) - np.float64(lo)) / np.float64(scale)
+            fl = math.floor(t)
+            frac = t - fl
+            if stochastic:
+                up = _up(frac, _bits(row, col0 + j))
+            else:
+                up = frac >= 0.5
+            q = fl + (1.0 if up else 0.0)
+            out8[s, 8 + j] = np.uint8(min(max(q, 0.0), 255.0))
+        for j in range(8 + dim, 8 + 4 * ((dim + 3) // 4)):
+            out8[s, j] = 0
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _decode8(in32, in8, slots, out):
+    dim = out.shape[1]
+    for i in numba.prange(out.shape[0]):
+        s = slots[i] if slots.shape[0] else np.int64(i)
+        scale = in32[s, 0]
+        bias = in32[s, 1]
+        for j in range(dim):
+            out[i, j] = np.float32(in8[s, 8 + j]) * scale + bias
+
+
+_ALL = np.empty(0, dtype=np.int64)
+
+
+def decode(dtype: str, words: np.ndarray, slots: np.ndarray | None, dim: int) -> np.ndarray:
+    """The float32 weights (k, dim) of records ``words`` (float32 words (n, W)), at ``slots``
+    (None: every row).  Exact: every value of a dtype is a float32."""
+    at = _ALL if slots is None else np.ascontiguousarray(slots, dtype=np.int64)
+    k = words.shape[0] if slots is None else at.shape[0]
+    if dtype == "float32":
+        return np.ascontiguousarray(words[:, :dim] if slots is None else words[at, :dim])
+    out = np.empty((k, dim), dtype=np.float32)
+    if dtype == "int8":
+        _decode8(words, words.view(np.uint8), at, out)
+    else:
+        _decode16(words.view(np.uint16), at, _LUT[dtype], out)
+    return out
+
+
+def encode(
+    dtype: str,
+    values: np.ndarray,
+    words: np.ndarray,
+    slots: np.ndarray | None = None,
+    ids: np.ndarray | None = None,
+    key: int | None = None,
+    generic: bool = False,
+    col0: int = 0,
+) -> None:
+    """Write ``values`` (float32 (k, dim)) as the weights of records ``words`` (float32 words
+    (n, W)) at ``slots`` (None: rows 0..k-1): to nearest, or with ``key``
+    (:func:`rounding_key`) stochastically from the bits of (key, ``ids[i]``, column).
+    ``generic`` rounds every value by the arithmetic path (the same bits; for tests).
+    ``col0``: the column the first value is in the keyed row (a column-wise shard's first)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    dim = values.shape[1]
+    if dtype == "float32":
+        if slots is None:
+            words[: values.shape[0], :dim] = values
+        else:
+            words[slots, :dim] = values
+        return
+    at = _ALL if slots is None else np.ascontiguousarray(slots, dtype=np.int64)
+    stochastic = key is not None
+    id_arr = np.ascontiguousarray(ids, dtype=np.int64) if stochastic else np.zeros(values.shape[0], np.int64)
+    k = np.uint64(key if stochastic else 0)
+    if dtype == "int8":
+        _encode8(values, words, words.view(np.uint8), at, id_arr, k, col0, stochastic)
+    else:
+        bits = values.view(np.uint32)
+        _encode16(values, bits, words.view(np.uint16), at, id_arr, k, col0, stochastic, dtype == "bfloat16", generic)
+
+
+def rounding_key(seed: int, table_hash: int, step: int, update: int) -> int:
+    """The key of an update's random bits: (seed, table, step, the update's number in the step)."""
+    m = (1 << 64) - 1
+    h = _mix((seed ^ 0x5EED5EED0D15EA5E) & m)
+    h = _mix(h ^ (table_hash & m))
+    h = _mix(h ^ (step & m))
+    return _mix(h ^ (update & m))
+
+
+def _mix(x: int) -> int:
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def values_of(cfg: TableConfig, records: np.ndarray, slots: np.ndarray | None = None) -> np.ndarray:
+    """Records (float32 words (n, record_width)) at ``slots`` (None: all) read as float32
+    values (k, value_width): the weights decoded, the state words as they are."""
+    if cfg.dtype == "float32":
+        return np.ascontiguousarray(records if slots is None else records[slots], dtype=np.float32)
+    w = cfg.weight_words
+    k = records.shape[0] if slots is None else slots.shape[0]
+    out = np.empty((k, cfg.value_width), dtype=np.float32)
+    out[:, : cfg.dim] = decode(cfg.dtype, records, slots, cfg.dim)
+    if cfg.state_width:
+        state = records[:, w : cfg.record_width] if slots is None else records[slots, w : cfg.record_width]
+        out.view(np.uint32)[:, cfg.dim :] = state.view(np.uint32)
+    return out
+
+
+def records_of(cfg: TableConfig, values: np.ndarray, ids: np.ndarray | None = None, key: int | None = None):
+    """Float32 values (k, value_width) as records (float32 words (k, record_width)): the
+    weights rounded as :func:`encode` does, the state words as they are."""
+    if cfg.dtype == "float32":
+        return np.ascontiguousarray(values, dtype=np.float32)
+    out = np.empty((values.shape[0], cfg.record_width), dtype=np.float32)
+    encode(cfg.dtype, values[:, : cfg.dim], out, None, ids, key)
+    if cfg.state_width:
+        out.view(np.uint32)[:, cfg.weight_words :] = np.ascontiguousarray(values[:, cfg.dim :]).view(np.uint32)
+    return out
+
+
+__all__ = ["ALIASES", "DTYPES", "canonical", "decode", "encode", "is_lossless", "records_of", "rounding_key", "values_of"]
