@@ -10,7 +10,10 @@ import numpy as np
 from tiered_emb import Adam, Adagrad, RowWiseAdagrad, TableConfig, TieredStore, TierConfig
 from tiered_emb.sim.traces import zipf_ids
 tables = [TableConfig("r", dim=64, optimizer=RowWiseAdagrad(lr=0.1)), TableConfig("a", dim=16, optimizer=Adam()),
-          TableConfig("g", dim=32, optimizer=Adagrad(lr=0.1))]
+          TableConfig("g", dim=32, optimizer=Adagrad(lr=0.1)),
+          TableConfig("h", dim=24, dtype="float16", optimizer=RowWiseAdagrad(lr=0.1)),
+          TableConfig("b", dim=8, dtype="bfloat16", optimizer=Adam()),
+          TableConfig("q", dim=20, dtype="int8", optimizer=Adagrad(lr=0.1))]
 h = hashlib.sha256()
 with TieredStore.create(tempfile.mkdtemp() + "/s", tables, TierConfig(4000, 2000, "lfu", "cpu"), seed=11) as s:
     for step in range(6):
