@@ -508,3 +508,24 @@ def _saved(run):
     dense = {k: v["table"] if k.endswith("_extra_state") else _bytes(v) for k, v in state["model"].items()}
     adagrad = {(k, n): _bytes(t) for k, v in state["opt"]["state"].items() for n, t in v.items()}
     return state["step"], rows, dense, adagrad
+
+
+@needs_torchrec
+@pytest.mark.parametrize("data_type, dtype", [("FP16", "float16"), ("BF16", "bfloat16"), ("INT8", "int8")])
+def test_a_narrow_data_type_becomes_the_tables_dtype_and_trains(tmp_path, data_type, dtype):
+    cfgs = _configs()
+    for c in cfgs:
+        c.data_type = DataType[data_type]
+    tables = table_configs(cfgs, SGD(0.5))
+    assert [t.dtype for t in tables] == [dtype, dtype]
+    with TieredStore.create(tmp_path / "s", tables, TierConfig(16, ddr_rows=8, device="cpu")) as s:
+        ebc = TieredEmbeddingBagCollection(s, cfgs)
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f1", "f2", "f3"], values=torch.tensor([1, 2, 3, 4, 5, 6]), lengths=torch.tensor([1, 1, 1, 1, 1, 1])
+        )
+        before = s.peek("t1", [1, 2])
+        ebc(kjt).values().sum().backward()
+        assert (s.peek("t1", [1, 2]) != before).any()
+    cfgs[0].data_type = DataType.INT4
+    with pytest.raises(ConfigError, match="INT4"):
+        table_configs(cfgs, SGD(0.5))

@@ -350,4 +350,14 @@ def records_of(cfg: TableConfig, values: np.ndarray, ids: np.ndarray | None = No
     return out
 
 
-__all__ = ["ALIASES", "DTYPES", "canonical", "decode", "encode", "is_lossless", "records_of", "rounding_key", "values_of"]
+__all__ = [
+    "ALIASES",
+    "DTYPES",
+    "canonical",
+    "decode",
+    "encode",
+    "is_lossless",
+    "records_of",
+    "rounding_key",
+    "values_of",
+]

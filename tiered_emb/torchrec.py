@@ -66,17 +66,35 @@ def _need_torchrec() -> None:
         raise MissingExtraError(f"torchrec cannot be imported ({TORCHREC_ERROR})", INSTALL)
 
 
+def _dtypes() -> dict:
+    return (
+        {}
+        if TORCHREC_ERROR is not None
+        else {
+            DataType.FP32: "float32",
+            DataType.FP16: "float16",
+            DataType.BF16: "bfloat16",
+            DataType.INT8: "int8",
+        }
+    )
+
+
+#: TorchRec's ``DataType`` -> the store's row precision (TableConfig.dtype)
+_DTYPES = _dtypes()
+
+
 def _check_config(cfg) -> None:
-    """What a store-backed table can be: float32 rows, sum or mean pooling, named."""
+    """What a store-backed table can be: rows of a precision the store holds, sum or mean pooling, named."""
     if not isinstance(cfg, EmbeddingBagConfig):
         raise ConfigError(
             f"a table config of type {type(cfg).__name__} is invalid", "pass torchrec.EmbeddingBagConfig objects"
         )
     if not cfg.name:
         raise ConfigError("an EmbeddingBagConfig has name=''", "name every table: the name is the store's table")
-    if cfg.data_type != DataType.FP32:
+    if cfg.data_type not in _DTYPES:
         raise ConfigError(
-            f"EmbeddingBagConfig {cfg.name!r} has data_type={cfg.data_type}", "use DataType.FP32: rows are float32"
+            f"EmbeddingBagConfig {cfg.name!r} has data_type={cfg.data_type}",
+            "use DataType.FP32, FP16, BF16 or INT8: the rows' precision in the store",
         )
     if cfg.pooling.value not in _MODES:
         raise ConfigError(
@@ -90,7 +108,8 @@ def table_configs(configs, optimizer) -> list[TableConfig]:
     ``name``, ``embedding_dim`` and ``num_embeddings`` become the table's name, ``dim`` and
     ``num_rows``; rows start uniform in ``[weight_init_min, weight_init_max]``, by default
     ``+-sqrt(1 / num_embeddings)`` as in TorchRec (the same law, not the same values: a
-    row's first value is a pure function of the store's seed, the table and the id).  An
+    row's first value is a pure function of the store's seed, the table and the id).
+    ``data_type`` FP32 / FP16 / BF16 / INT8 becomes the table's ``dtype``.  An
     ``init_fn`` other than TorchRec's uniform one cannot be honoured that way and is refused.
 
     Parameters
@@ -107,7 +126,14 @@ def table_configs(configs, optimizer) -> list[TableConfig]:
     for cfg in configs:
         _check_config(cfg)
         out.append(
-            TableConfig(cfg.name, cfg.embedding_dim, cfg.num_embeddings, init=_init_of(cfg), optimizer=optimizer)
+            TableConfig(
+                cfg.name,
+                cfg.embedding_dim,
+                cfg.num_embeddings,
+                dtype=_DTYPES[cfg.data_type],
+                init=_init_of(cfg),
+                optimizer=optimizer,
+            )
         )
     return out
 
@@ -148,6 +174,7 @@ def _configs_of(source, feature_tables, mode: str) -> list:
                 name=t,
                 feature_names=feats,
                 pooling=PoolingType.SUM if mode == "sum" else PoolingType.MEAN,
+                data_type=next(k for k, v in _DTYPES.items() if v == table.dtype),
                 weight_init_min=init.low if isinstance(init, Uniform) else None,
                 weight_init_max=init.high if isinstance(init, Uniform) else None,
             )
@@ -169,6 +196,11 @@ def _check_against_tables(source, configs: list) -> None:
                 f"EmbeddingBagConfig {cfg.name!r} has embedding_dim={cfg.embedding_dim}, "
                 f"the store's table dim={table.dim}",
                 "give the table's dim, or create the store from these configs (table_configs)",
+            )
+        if _DTYPES[cfg.data_type] != table.dtype:
+            raise ConfigError(
+                f"EmbeddingBagConfig {cfg.name!r} has data_type={cfg.data_type}, the store's table dtype={table.dtype!r}",
+                "give the table's precision, or convert the store (tiered-emb convert)",
             )
         if table.num_rows is not None and cfg.num_embeddings != table.num_rows:
             raise ConfigError(

@@ -28,13 +28,32 @@ def _ddp_wraps_a_forward() -> bool:
     return ddp is not None and ddp._get_active_ddp_module() is not None
 
 
+#: the forward's output dtypes (FBGEMM's TBE ``output_dtype``: FP32, FP16, BF16)
+OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 class StoreModule(torch.nn.Module):
     """Base of the modules over one table of a store (see :class:`TieredEmbeddingBag`)."""
 
-    def __init__(self, store, table: str, nonfinite: str, padding_idx: int | None = None, freeze: bool = False):
+    def __init__(
+        self,
+        store,
+        table: str,
+        nonfinite: str,
+        padding_idx: int | None = None,
+        freeze: bool = False,
+        output_dtype=torch.float32,
+    ):
         super().__init__()
         store.engine.table_config(table)  # raises UnknownTableError with a hint
         nonfinite_rule(nonfinite)
+        if output_dtype not in OUTPUT_DTYPES:
+            raise ConfigError(
+                f"output_dtype={output_dtype!r} is not supported",
+                "use torch.float32, torch.float16 or torch.bfloat16 (rows are pooled in float32, then cast)",
+            )
+        #: the dtype of the forward's output (as FBGEMM's TBE ``output_dtype``); pooled in float32
+        self.output_dtype = output_dtype
         self.store = store
         self.table = table
         self.nonfinite = nonfinite
@@ -113,9 +132,11 @@ class StoreModule(torch.nn.Module):
         if self._hold is not FUSED or not (self.updates_rows() if updates is None else updates):
             return
         device = self.float16_autocast() if autocast is None else autocast
+        if self.output_dtype is torch.float16:
+            device = device or "output_dtype=torch.float16"
         if device:
             raise ConfigError(
-                f"the module over table {self.table!r} runs under float16 autocast ({device}) "
+                f"the module over table {self.table!r} runs under float16 autocast or output ({device}) "
                 "and would update its rows in the backward with the gradient it gets: under a "
                 "GradScaler, the scaled one (the rows would move scale times too far)",
                 "build a tiered_emb.torch.TieredOptimizer(model, dense_optimizer) and step it "
@@ -152,11 +173,15 @@ class StoreModule(torch.nn.Module):
         hold = self._hold if self.updates_rows() else None
         batch = Batch(self.store, self.table, plan, self.nonfinite, hold)
         if mode == "max":
-            return self._pooled_rows(batch, weights_t, mode)
+            return self.cast(self._pooled_rows(batch, weights_t, mode))
         weights_grad = weights_t is not None and weights_t.requires_grad and torch.is_grad_enabled()
         if hold is None and not weights_grad:
-            return as_tensor(self.store.engine.lookup_pooled(self.table, plan, backward=False))
-        return FusedBags.apply(self._anchor, weights_t, batch)
+            return self.cast(as_tensor(self.store.engine.lookup_pooled(self.table, plan, backward=False)))
+        return self.cast(FusedBags.apply(self._anchor, weights_t, batch))
+
+    def cast(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (float32) in :attr:`output_dtype` (its gradient comes back as float32)."""
+        return out if self.output_dtype is torch.float32 else out.to(self.output_dtype)
 
     def compiles(self, mode: str, input) -> bool:
         """Whether this forward, being compiled, is one custom op (see :mod:`tiered_emb.torch.compiled`)."""
@@ -172,8 +197,8 @@ class StoreModule(torch.nn.Module):
         update = self.updates_rows()
         anchor = self._anchor if update else self._anchor.detach()
         autocast = self.float16_autocast()
-        return compiled.pooled(
-            input, offsets, weights, anchor, self._handle, mode, include_last_offset, update, autocast
+        return self.cast(
+            compiled.pooled(input, offsets, weights, anchor, self._handle, mode, include_last_offset, update, autocast)
         )
 
     def _pooled_rows(self, batch: Batch, weights_t, mode: str) -> torch.Tensor:

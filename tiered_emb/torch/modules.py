@@ -41,6 +41,10 @@ class TieredEmbeddingBag(StoreModule):
         mean's count, its max), gets no gradient and is never read or updated
     freeze : bool, True: no forward plans an update (``per_sample_weights`` still get
         their gradient)
+    output_dtype : torch.float32 (default), torch.float16 or torch.bfloat16: the output's
+        dtype (as FBGEMM's TBE); rows are pooled in float32, then cast.  A float16 output
+        updates the rows through a :class:`tiered_emb.torch.TieredOptimizer` only (its loss
+        is scaled: ConfigError for a fused update, as under float16 autocast)
 
     Notes
     -----
@@ -73,10 +77,11 @@ class TieredEmbeddingBag(StoreModule):
         *,
         padding_idx: int | None = None,
         freeze: bool = False,
+        output_dtype=torch.float32,
     ):
         if mode not in _MODES:
             raise ConfigError(f"mode={mode!r} is not supported", f"use one of {_MODES}")
-        super().__init__(store, table, nonfinite, padding_idx, freeze)
+        super().__init__(store, table, nonfinite, padding_idx, freeze, output_dtype)
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
 
@@ -183,6 +188,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
     store : TieredStore
     feature_tables : dict feature name -> table name (a list means feature == table)
     mode : ``"sum"`` (default, as torchrec), ``"mean"`` or ``"max"``
+    output_dtype : the pooled outputs' dtype, as :class:`TieredEmbeddingBag`'s
 
     Notes
     -----
@@ -204,7 +210,9 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
     >>> s.close()
     """
 
-    def __init__(self, store, feature_tables, mode: str = "sum", nonfinite: str = "raise"):
+    def __init__(
+        self, store, feature_tables, mode: str = "sum", nonfinite: str = "raise", *, output_dtype=torch.float32
+    ):
         super().__init__()
         if not isinstance(feature_tables, dict):
             feature_tables = {f: f for f in feature_tables}
@@ -213,7 +221,10 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
                 raise ConfigError(f"feature name {f!r} is a {type(f).__name__}", "name features with str")
         self.feature_tables = dict(feature_tables)
         self.bags = torch.nn.ModuleDict(
-            {f: TieredEmbeddingBag(store, t, mode=mode, nonfinite=nonfinite) for f, t in self.feature_tables.items()}
+            {
+                f: TieredEmbeddingBag(store, t, mode=mode, nonfinite=nonfinite, output_dtype=output_dtype)
+                for f, t in self.feature_tables.items()
+            }
         )
 
     def forward(self, features) -> dict[str, torch.Tensor]:
