@@ -118,7 +118,7 @@ def _train(path, dtype, tiers, steps=6, pooled=False, prefetch=False):
     ref = ReferenceStore(tables, seed=3)
     rng = np.random.default_rng(5)
     with TieredStore.create(path, tables, tiers, seed=3) as s:
-        for step in range(steps):
+        for _ in range(steps):
             for t in tables:
                 ids = rng.integers(0, 60, 48)
                 offsets = np.arange(0, 49, 4)

@@ -37,7 +37,7 @@ import math
 import numba
 import numpy as np
 
-from tiered_emb.config import DTYPES, TableConfig, weight_words
+from tiered_emb.config import DTYPES, TableConfig
 from tiered_emb.errors import ConfigError
 
 #: names the command line and TorchRec's ``DataType`` give for each dtype
@@ -79,7 +79,7 @@ def canonical(dtype: str, where: str = "dtype") -> str:
 
 def is_lossless(src: str, dst: str) -> bool:
     """True when every value of ``src`` is one of ``dst`` (a conversion loses nothing)."""
-    return src == dst or dst == "float32" and src in ("float16", "bfloat16")
+    return src == dst or (dst == "float32" and src in ("float16", "bfloat16"))
 
 
 # --------------------------------------------------------------------------- kernels

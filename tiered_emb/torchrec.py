@@ -199,7 +199,8 @@ def _check_against_tables(source, configs: list) -> None:
             )
         if _DTYPES[cfg.data_type] != table.dtype:
             raise ConfigError(
-                f"EmbeddingBagConfig {cfg.name!r} has data_type={cfg.data_type}, the store's table dtype={table.dtype!r}",
+                f"EmbeddingBagConfig {cfg.name!r} has data_type={cfg.data_type}, "
+                f"the store's table dtype={table.dtype!r}",
                 "give the table's precision, or convert the store (tiered-emb convert)",
             )
         if table.num_rows is not None and cfg.num_embeddings != table.num_rows:
