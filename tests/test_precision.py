@@ -185,3 +185,23 @@ def test_peek_decodes_and_the_record_words_hold_the_dtype(tmp_path):
     words = np.zeros((1, cfg.record_width), np.float32)
     encode("bfloat16", np.array([[1.0, 1.0, -2.5]], np.float32), words)
     assert values_of(cfg, words)[0, :3].tolist() == [1.0, 1.0, -2.5]
+
+
+def test_nearest_loses_small_updates_that_stochastic_rounding_keeps_on_average(tmp_path):
+    """SGD steps of 1e-4 on float16 rows at 1.0 (a step of the dtype there: 2**-10 above,
+    2**-11 below): to nearest every one is lost; stochastically 50 of them move the
+    rows' mean by 50 * 1e-4 give or take its standard deviation."""
+    from tiered_emb import SGD
+
+    ids = np.arange(2000)
+    means = {}
+    for rounding in ("nearest", "stochastic"):
+        cfg = TableConfig("t", dim=4, dtype="float16", optimizer=SGD(lr=1e-4), rounding=rounding)
+        with TieredStore.create(tmp_path / rounding, [cfg], TierConfig(4096, 0, "lru", "cpu")) as s:
+            s.write("t", ids, np.ones((2000, 4), np.float32))
+            for _ in range(50):
+                s.apply_gradients("t", ids, np.ones((2000, 4), np.float32))
+                s.advance_step()
+            means[rounding] = float(s.peek("t", ids).astype(np.float64).mean())
+    assert means["nearest"] == 1.0
+    assert abs(means["stochastic"] - (1.0 - 50e-4)) < 2e-4, means

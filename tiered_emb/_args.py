@@ -22,6 +22,32 @@ _INT64_MAX = 2**63 - 1
 _COUNT_SUFFIX = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
+_BYTE_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "B": 1}
+
+
+def parse_bytes(text: object) -> int:
+    """A size in bytes: ``"2GiB"``, ``"512MiB"``, ``"1.5KiB"``, ``"100B"`` (powers of 1024),
+    or a count (:func:`parse_count`: ``"4M"`` is 4e6 bytes); ConfigError for anything else.
+
+    Examples
+    --------
+    >>> parse_bytes("2GiB"), parse_bytes("1.5KiB"), parse_bytes("4M")
+    (2147483648, 1536, 4000000)
+    """
+    t = str(text).strip()
+    for unit, scale in _BYTE_UNITS.items():
+        if t.endswith(unit):
+            try:
+                d = Decimal(t[: -len(unit)].strip().replace("_", "")) * scale
+                ok = d.is_finite() and d >= 0 and d == d.to_integral_value() and d <= _INT64_MAX
+            except ArithmeticError:  # not a number (decimal.InvalidOperation)
+                ok = False
+            if not ok:
+                raise ConfigError(f"not a size in bytes: {text!r}", "write e.g. 2GiB, 512MiB, 1.5KiB, 100B or 4M")
+            return int(d)
+    return parse_count(t)
+
+
 def parse_count(text: object) -> int:
     """A count in the command line's syntax: ``"20M"`` -> 20_000_000; ``"10k"``, ``"1.5G"``,
     ``"2_000"``, ``"1e6"`` and plain integers too.  A count that is not a whole number

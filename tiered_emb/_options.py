@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from tiered_emb._args import parse_count
+from tiered_emb._args import parse_bytes, parse_count
 from tiered_emb._version import __version__
 from tiered_emb.errors import ConfigError, MissingExtraError, TieredEmbError
 
@@ -52,6 +52,14 @@ def count(text: str) -> int:
     """An argparse ``type`` for counts: ``1M``, ``2K``, ``1.5G``, ``2_000`` or a plain int."""
     try:
         return parse_count(text)
+    except TieredEmbError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def byte_size(text: str) -> int:
+    """An argparse ``type`` for sizes in bytes: ``2GiB``, ``512MiB``, ``4M`` (:func:`tiered_emb._args.parse_bytes`)."""
+    try:
+        return parse_bytes(text)
     except TieredEmbError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 

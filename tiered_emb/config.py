@@ -164,6 +164,10 @@ class TableConfig:
         those columns of its rows: a column-wise shard (:mod:`tiered_emb.distributed`).
     init_column : int
         The column of ``init_table``'s rows that this table's first column is (>= 0).
+    rounding : str
+        How an update writes a narrow ``dtype``: ``"stochastic"`` (the default: unbiased,
+        from bits that are a pure function of seed, table, id, column and step) or
+        ``"nearest"`` (ties to even; an update smaller than half a step of the dtype is lost).
 
     Examples
     --------
@@ -183,6 +187,7 @@ class TableConfig:
     ttl_steps: int | None = None
     init_table: str | None = None
     init_column: int = 0
+    rounding: str = "stochastic"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -225,6 +230,11 @@ class TableConfig:
             raise ConfigError(
                 f"TableConfig.dtype={self.dtype!r} is not a row precision",
                 f"use one of {', '.join(DTYPES)} (docs/tuning.md, 'Row precision')",
+            )
+        if self.rounding not in ("stochastic", "nearest"):
+            raise ConfigError(
+                f"TableConfig.rounding={self.rounding!r} is invalid",
+                "use 'stochastic' (unbiased: the default) or 'nearest' (ties to even)",
             )
         if not isinstance(self.init, (Uniform, Normal)):
             raise ConfigError(
@@ -290,6 +300,7 @@ class TableConfig:
             "ttl_steps": self.ttl_steps,
             "init_table": self.init_table,
             "init_column": self.init_column,
+            "rounding": self.rounding,
         }
 
     @classmethod
@@ -309,6 +320,7 @@ class TableConfig:
             ttl_steps=d.get("ttl_steps"),
             init_table=d.get("init_table"),  # (a manifest written before column-wise shards: none)
             init_column=d.get("init_column", 0),
+            rounding=d.get("rounding", "stochastic"),  # (a manifest written before narrow rows: none)
         )
 
 

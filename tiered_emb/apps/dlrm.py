@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_emb._options import STDOUT, add_command, check_run_dir, count, make_run_dir, require
+from tiered_emb._options import STDOUT, add_command, byte_size, check_run_dir, count, make_run_dir, require
 from tiered_emb._progress import progress_bar
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.apps.clicks import NUM_DENSE, CriteoTSV, SyntheticClicks
@@ -37,6 +37,7 @@ from tiered_emb.apps.dlrm_config import (
     lr_factor,
     mlp_sizes,
     read_run_config,
+    rows_in,
     run_config,
     table_configs,
 )
@@ -83,6 +84,18 @@ def add_parser(sub) -> None:
     p.add_argument("--hbm-rows", type=count, default=4096, help="HBM rows per table")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="HBM tier and MLPs on a GPU (docs/gpu.md)")
     p.add_argument("--ddr-rows", type=count, default=4096, help="DDR rows per table")
+    p.add_argument(
+        "--hbm-bytes",
+        type=byte_size,
+        help="HBM for all 26 tables, e.g. 64MiB: each table holds the rows that an even share takes "
+        "in its dtype (replaces --hbm-rows)",
+    )
+    p.add_argument("--ddr-bytes", type=byte_size, help="DDR for all 26 tables, as --hbm-bytes (replaces --ddr-rows)")
+    p.add_argument(
+        "--dtype",
+        help="precision of the embedding rows in every tier and on disk: float32 (the default), "
+        "float16 / fp16, bfloat16 / bf16 or int8; updates round stochastically (docs/tuning.md)",
+    )
     p.add_argument(
         "--policy", default="lookahead+lru", help=f"eviction policy of the tiers: {', '.join(sorted(POLICIES))}"
     )
@@ -314,13 +327,6 @@ def train(args) -> dict:
         check_output(args.json, "--json")
     if getattr(args, "device", "cpu") == "cuda" and not torch.cuda.is_available():  # before the run dir is touched
         raise DeviceError("--device cuda was given but torch sees no CUDA GPU", "drop --device cuda (docs/gpu.md)")
-    tiers = TierConfig(
-        hbm_rows=args.hbm_rows,
-        ddr_rows=args.ddr_rows,
-        policy=args.policy,
-        device=getattr(args, "device", "cpu"),
-        background_writes=not getattr(args, "sync_writes", False),
-    )
     if args.resume:
         if not config_path.is_file():
             raise StoreNotFoundError(f"no run to resume in {str(run_dir)!r}", "drop --resume to start a new run")
@@ -343,13 +349,14 @@ def train(args) -> dict:
                 "(without --resume, or in another --run-dir)",
             )
         data = load_data(cfg)
-        store = TieredStore.open(store_dir, tiers=tiers)
+        store = TieredStore.open(store_dir, tiers=_tiers(args, table_configs(cfg)))
     else:
         cfg = run_config(args)
         # Kept with the run: torch's results depend on its thread count (docs/determinism.md),
         # so a resume on another machine, whose default differs, goes on as the run began.
         cfg["step_threads"] = _step_threads(args)
         tables = table_configs(cfg)
+        tiers = _tiers(args, tables)
         data = load_data(cfg)
         make_run_dir(run_dir, "train")
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -363,6 +370,18 @@ def train(args) -> dict:
         raise
     store.close()
     return report
+
+
+def _tiers(args, tables) -> TierConfig:
+    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows``, or the rows ``--hbm-bytes`` /
+    ``--ddr-bytes`` hold of every table in its dtype."""
+    return TierConfig(
+        hbm_rows=rows_in(getattr(args, "hbm_bytes", None), args.hbm_rows, tables, "--hbm-bytes"),
+        ddr_rows=rows_in(getattr(args, "ddr_bytes", None), args.ddr_rows, tables, "--ddr-bytes"),
+        policy=args.policy,
+        device=getattr(args, "device", "cpu"),
+        background_writes=not getattr(args, "sync_writes", False),
+    )
 
 
 def _train_loop(torch, args, cfg: dict, store, data) -> dict:

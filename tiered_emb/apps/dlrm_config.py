@@ -11,6 +11,7 @@ from tiered_emb.apps.clicks import NUM_CATS
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
+from tiered_emb.precision import canonical
 
 EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
@@ -32,6 +33,7 @@ RUN_KEYS = (
     "decay_steps",
     "weight_decay",
     "min_count",
+    "dtype",
 )
 #: The learning-rate schedules of ``--lr-schedule`` (see :func:`lr_factor`).
 SCHEDULES = ("constant", "cosine", "poly")
@@ -55,6 +57,7 @@ RUN_DEFAULTS = {
     "decay_steps": None,  # the run's --steps after the warm-up, as the run began
     "weight_decay": 0.0,
     "min_count": 1,
+    "dtype": "float32",
 }
 # Kept by runs made before these keys were: their value then.
 _BEFORE = {
@@ -64,6 +67,7 @@ _BEFORE = {
     "decay_steps": 0,
     "weight_decay": 0.0,
     "min_count": 1,
+    "dtype": "float32",
 }
 
 
@@ -129,6 +133,7 @@ def run_config(args) -> dict:
     if cfg["optimizer"] not in EMB_OPTIMIZERS:
         raise ConfigError(f"--optimizer {cfg['optimizer']!r} is unknown", f"use one of {sorted(EMB_OPTIMIZERS)}")
     _check_schedule(cfg, args.steps)
+    cfg["dtype"] = canonical(cfg["dtype"], "--dtype")
     table_configs(cfg)  # (the optimizer checks lr and weight decay)
     mlp_sizes(cfg["bottom"])
     mlp_sizes(cfg["top"])
@@ -181,12 +186,28 @@ def lr_factor(cfg: dict, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * t)) if kind == "cosine" else (1.0 - t) ** 2
 
 
+def rows_in(budget: int | None, rows: int, tables: list[TableConfig], flag: str) -> int:
+    """Rows per table that a tier of ``budget`` bytes holds, each table the same rows (None:
+    ``rows``, the ``--*-rows`` flag's); ConfigError when not one row of each fits."""
+    if budget is None:
+        return rows
+    per_row = sum(4 * t.record_width for t in tables)
+    if budget < per_row:
+        raise ConfigError(
+            f"{flag} {budget} holds no row of each table (one row of every table takes {per_row} bytes)",
+            f"give at least {per_row} bytes, or the --*-rows flag instead",
+        )
+    return budget // per_row
+
+
 def table_configs(cfg: dict) -> list[TableConfig]:
     """The run's 26 tables: their optimizer at the run's ``lr`` and weight decay (L2, as
     FBGEMM's), their admission after ``min_count`` sightings."""
     opt = EMB_OPTIMIZERS[cfg["optimizer"]](lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     return [
-        TableConfig(f, dim=cfg["dim"], num_rows=cfg["rows"], optimizer=opt, min_count=cfg["min_count"])
+        TableConfig(
+            f, dim=cfg["dim"], num_rows=cfg["rows"], dtype=cfg["dtype"], optimizer=opt, min_count=cfg["min_count"]
+        )
         for f in feature_names()
     ]
 

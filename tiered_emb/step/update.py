@@ -258,20 +258,20 @@ def admitted(t, uids: np.ndarray, summed):
 
 
 def rounding(res, t) -> int | None:
-    """The key of the random bits of ``t``'s next update (None for float32 rows, which round
-    nothing): (seed, table, step, the update's number in the step), the number then moved
-    on (:mod:`tiered_emb.precision`)."""
-    if t.cfg.dtype == "float32":
-        return None
-    key = rounding_key(res.seed, t.key_hash, res.step, t.updates)
+    """The key of the random bits of ``t``'s next update: (seed, table, step, the update's
+    number in the step), the number then moved on (:mod:`tiered_emb.precision`); None where
+    nothing rounds stochastically (float32 rows, ``rounding="nearest"``)."""
     t.updates += 1
-    return key
+    if t.cfg.dtype == "float32" or t.cfg.rounding == "nearest":
+        return None
+    return rounding_key(res.seed, t.key_hash, res.step, t.updates - 1)
 
 
 def _apply(res, t, slots, uids: np.ndarray, grads, row_means, key: int | None) -> None:
     """:func:`apply_update` on ``t``'s HBM ``slots`` (of ``uids``); rows of a narrower dtype
-    are read as float32, updated, and rounded back stochastically with ``key``'s bits."""
-    if key is None:
+    are read as float32, updated, and rounded back: stochastically with ``key``'s bits, to
+    nearest where it is None."""
+    if t.cfg.dtype == "float32":
         apply_update(t.cfg.optimizer, t.hbm.records, slots, grads, res.kernels, row_means)
         return
     cfg = t.cfg

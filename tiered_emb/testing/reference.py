@@ -236,7 +236,7 @@ class ReferenceStore:
                 _update_row(cfg, self.record(table, i), chunked_sum(rows))
                 self._touch(table, i)
                 done.append(i)
-        self._rounded(table, done, key)
+        self._rounded(table, done, None if cfg.rounding == "nearest" else key)
 
 
 def chunked_sum(rows: list[np.ndarray]) -> np.ndarray:
