@@ -98,15 +98,16 @@ def write_json(path: str | Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True))
 
 
-def fbgemm_tbe(rows: int, dim: int, on_gpu: bool, lr: float, eps: float):
+def fbgemm_tbe(rows: int, dim: int, on_gpu: bool, lr: float, eps: float, weights_precision: str = "FP32"):
     """FBGEMM's TBE over one table with EXACT_ROWWISE_ADAGRAD, in host memory on the CPU or in
-    device memory on the GPU; None (said on stderr) where fbgemm_gpu does not import."""
+    device memory on the GPU, its rows in ``weights_precision`` (a ``SparseType`` name: FP32,
+    FP16); None (said on stderr) where fbgemm_gpu does not import."""
     import warnings
 
     try:
         with warnings.catch_warnings():  # (fbgemm_gpu warns about its optional ops)
             warnings.simplefilter("ignore")
-            from fbgemm_gpu.split_embedding_configs import EmbOptimType
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
             from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
             from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
                 ComputeDevice,
@@ -117,5 +118,9 @@ def fbgemm_tbe(rows: int, dim: int, on_gpu: bool, lr: float, eps: float):
         return None
     where = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if on_gpu else (EmbeddingLocation.HOST, ComputeDevice.CPU)
     return SplitTableBatchedEmbeddingBagsCodegen(
-        [(rows, dim, *where)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=lr, eps=eps
+        [(rows, dim, *where)],
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=lr,
+        eps=eps,
+        weights_precision=SparseType[weights_precision],
     )

@@ -205,3 +205,42 @@ def test_nearest_loses_small_updates_that_stochastic_rounding_keeps_on_average(t
             means[rounding] = float(s.peek("t", ids).astype(np.float64).mean())
     assert means["nearest"] == 1.0
     assert abs(means["stochastic"] - (1.0 - 50e-4)) < 2e-4, means
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+@pytest.mark.parametrize("decay", ["none", "l2", "decoupled"])
+def test_fused_16_bit_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
+    """The fused kernels (decode, step, round in one pass) against rows decoded to float32,
+    the float32 kernel, and :func:`encode`: values across float16's subnormal and normal
+    ranges, an odd first column (a column-wise shard's), given row means."""
+    from tiered_emb import SGD
+    from tiered_emb.step import narrow
+    from tiered_emb.step.update import apply_update
+
+    kw = {} if decay == "none" else {"weight_decay": 0.01, "weight_decay_mode": decay}
+    optimizer = RowWiseAdagrad(lr=0.1, **kw) if opt == "rowwise_adagrad" else SGD(lr=0.1, **kw)
+    rng = np.random.default_rng(3)
+    for col0, dim, given in ((0, 33, False), (5, 33, False), (0, 33, True)):
+        cfg = TableConfig("t", dim=dim, dtype=dtype, optimizer=optimizer, init_column=col0)
+        k = 300
+        values = np.zeros((k, cfg.value_width), np.float32)
+        values[:, :dim] = rng.standard_normal((k, dim)).astype(np.float32) * np.float32(10.0) ** rng.integers(
+            -9, 3, (k, 1)
+        )
+        values[:, dim:] = rng.uniform(0, 1, (k, cfg.value_width - dim)).astype(np.float32)
+        records = np.zeros((k + 5, cfg.record_width), np.float32)
+        slots = rng.permutation(k + 5)[:k].astype(np.int64)
+        ids = rng.integers(0, 1 << 40, k)
+        encode(dtype, values[:, :dim], records, slots)
+        records[slots, cfg.weight_words :] = values[:, dim:]
+        grads = rng.standard_normal((k, dim)).astype(np.float32) * np.float32(1e-3)
+        means = (grads.astype(np.float64) ** 2).mean(axis=1).astype(np.float32) * 3 if given else None
+        means = means if opt == "rowwise_adagrad" else None
+        want = records.copy()
+        vals = values_of(cfg, want, slots)
+        apply_update(optimizer, vals, np.arange(k, dtype=np.int64), grads, None, means)
+        encode(dtype, vals[:, :dim], want, slots, ids, 777, col0=col0)
+        want[slots, cfg.weight_words :] = vals[:, dim:]
+        assert narrow.update(cfg, records, slots, ids, grads, 777, means)
+        assert records.tobytes() == want.tobytes(), (col0, dim)

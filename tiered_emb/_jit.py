@@ -68,6 +68,59 @@ def local_f32(typingctx, n):
     return arrty(n), codegen
 
 
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bits of float32 ``x`` as a uint32 (a bitcast: no conversion)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def f32_of_bits(typingctx, b):
+    """The float32 whose bits are the low 32 bits of unsigned ``b`` (a bitcast)."""
+    if not isinstance(b, types.Integer) or b.signed:
+        return None
+
+    def codegen(context, builder, signature, args):
+        word = args[0] if b.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
+        return builder.bitcast(word, ir.FloatType())
+
+    return types.float32(b), codegen
+
+
+@intrinsic
+def f32_of_half(typingctx, h):
+    """The float32 value of IEEE binary16 bits ``h`` (uint16): LLVM's exact ``fpext half``,
+    one vector instruction for 16 values where the CPU has F16C (:data:`HAS_F16C`)."""
+    if h != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        half = builder.bitcast(args[0], ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+def _host_has_f16c() -> bool:
+    from llvmlite import binding
+
+    try:
+        return "+f16c" in binding.get_host_cpu_features().flatten().split(",")
+    except RuntimeError:  # (features unknown: the table lookup, which needs none)
+        return False
+
+
+#: whether this CPU converts binary16 in hardware (x86's F16C); elsewhere ``fpext half``
+#: would call a runtime helper that Numba's JIT may not link, so kernels take a table
+HAS_F16C = _host_has_f16c()
+
+
 @numba.njit(inline="always")
 def prefetch_row_hint(records, row):
     """Prefetch every 64-byte line of ``records[row]`` (float32)."""

@@ -60,13 +60,24 @@ _CODES = {"float16": 0, "bfloat16": 1}
 
 # The unit a 16-bit float rounds to, in three numbers: the smallest normal exponent, the
 # mantissa bits, the exponent bias; and the largest finite value.
-_F16 = (-14, 10, 15, 65504.0)
-_BF16 = (-126, 7, 127, 3.3895313892515355e38)
+F16 = (-14, 10, 15, 65504.0)
+BF16 = (-126, 7, 127, 3.3895313892515355e38)
 
-_LUT = {
-    "float16": np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32),
-    "bfloat16": (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32),
-}
+
+def _lut16(dtype: str) -> np.ndarray:
+    """The float32 value of every 16-bit pattern; a NaN quiet, as the CPU's conversion makes it."""
+    h = np.arange(65536, dtype=np.uint32)
+    if dtype == "bfloat16":
+        v = h << np.uint32(16)
+    else:
+        v = h.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    nan = (v & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    nan &= (v & np.uint32(0x007FFFFF)) != 0
+    return (v | np.where(nan, np.uint32(0x00400000), np.uint32(0))).view(np.float32)
+
+
+#: dtype -> float32 (65536,): the value of each 16-bit pattern (a decode is a lookup)
+LUT = {"float16": _lut16("float16"), "bfloat16": _lut16("bfloat16")}
 
 
 def canonical(dtype: str, where: str = "dtype") -> str:
@@ -92,15 +103,25 @@ def _splitmix64(x):
 
 
 @numba.njit(inline="always")
-def _row_key(key, id_):
+def row_key(key, id_):
     """The key of one row's random bits: (key, id)."""
     return _splitmix64(key ^ _splitmix64(np.uint64(id_)))
 
 
 @numba.njit(inline="always")
-def _bits(row, col):
-    """32 random bits of (a row's key, column)."""
-    return np.uint32(_splitmix64(row + np.uint64(col + 1) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32))
+def pair_bits(row, pair):
+    """64 random bits of (a row's key, a pair of columns): the high half for column
+    ``2 * pair``, the low half for the next (one hash serves two values)."""
+    return _splitmix64(row + np.uint64(pair + 1) * np.uint64(0x9E3779B97F4A7C15))
+
+
+@numba.njit(inline="always")
+def column_bits(row, col):
+    """32 random bits of (a row's key, column): its half of :func:`pair_bits`."""
+    x = pair_bits(row, col >> 1)
+    if col & 1:
+        return np.uint32(x & np.uint64(0xFFFFFFFF))
+    return np.uint32(x >> np.uint64(32))
 
 
 @numba.njit(inline="always")
@@ -112,7 +133,7 @@ def _up(frac, r):
 
 
 @numba.njit(inline="always")
-def _round16(x, r, stochastic, emin, mbits, ebias, fmax):
+def round16(x, r, stochastic, emin, mbits, ebias, fmax):
     """The 16-bit pattern of float32 ``x`` rounded to the format (emin, mbits, ebias, fmax)."""
     xf = np.float64(x)
     inf_bits = (2 * ebias + 1) << mbits
@@ -146,8 +167,8 @@ def _round16(x, r, stochastic, emin, mbits, ebias, fmax):
 
 
 @numba.njit(inline="always")
-def _fast16(b, r, stochastic, bf16):
-    """:func:`_round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
+def fast16(b, r, stochastic, bf16):
+    """:func:`round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
     finite value; float16: its normal range, 2**-14 <= |x| < 2**16); 0x10000 elsewhere.
     Adding ``r``'s top bits below the kept ones and truncating rounds up exactly when
     :func:`_up` does, so both paths give the same pattern."""
@@ -183,20 +204,20 @@ def _fast16(b, r, stochastic, bf16):
 def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generic):
     """``out16[slots[i], :]`` = the 16-bit patterns of ``vals[i]`` (float32 (k, dim), ``bits``
     its uint32 view); ``slots`` of length 0: row i itself.  ``generic`` takes
-    :func:`_round16` for every value (what the tests check the fast path against)."""
+    :func:`round16` for every value (what the tests check the fast path against)."""
     dim = vals.shape[1]
     for i in numba.prange(vals.shape[0]):
         s = slots[i] if slots.shape[0] else np.int64(i)
-        row = _row_key(key, ids[i])
+        row = row_key(key, ids[i])
         for j in range(dim):
-            r = _bits(row, col0 + j) if stochastic else np.uint32(0)
-            h = np.uint32(0x10000) if generic else _fast16(bits[i, j], r, stochastic, bf16)
+            r = column_bits(row, col0 + j) if stochastic else np.uint32(0)
+            h = np.uint32(0x10000) if generic else fast16(bits[i, j], r, stochastic, bf16)
             if h != 0x10000:
                 out16[s, j] = np.uint16(h)
             elif bf16:
-                out16[s, j] = _round16(vals[i, j], r, stochastic, _BF16[0], _BF16[1], _BF16[2], _BF16[3])
+                out16[s, j] = round16(vals[i, j], r, stochastic, BF16[0], BF16[1], BF16[2], BF16[3])
             else:
-                out16[s, j] = _round16(vals[i, j], r, stochastic, _F16[0], _F16[1], _F16[2], _F16[3])
+                out16[s, j] = round16(vals[i, j], r, stochastic, F16[0], F16[1], F16[2], F16[3])
         for j in range(dim, 2 * ((dim + 1) // 2)):
             out16[s, j] = 0
 
@@ -228,13 +249,13 @@ def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
             scale = np.float32(1.0)
         out32[s, 0] = scale
         out32[s, 1] = lo
-        row = _row_key(key, ids[i])
+        row = row_key(key, ids[i])
         for j in range(dim):
             t = (np.float64(vals[i, j]) - np.float64(lo)) / np.float64(scale)
             fl = math.floor(t)
             frac = t - fl
             if stochastic:
-                up = _up(frac, _bits(row, col0 + j))
+                up = _up(frac, column_bits(row, col0 + j))
             else:
                 up = frac >= 0.5
             q = fl + (1.0 if up else 0.0)
@@ -268,7 +289,7 @@ def decode(dtype: str, words: np.ndarray, slots: np.ndarray | None, dim: int) ->
     if dtype == "int8":
         _decode8(words, words.view(np.uint8), at, out)
     else:
-        _decode16(words.view(np.uint16), at, _LUT[dtype], out)
+        _decode16(words.view(np.uint16), at, LUT[dtype], out)
     return out
 
 

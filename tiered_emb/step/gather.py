@@ -17,6 +17,7 @@ from tiered_emb._args import table_ids
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, take_rows, threads_for
 from tiered_emb.precision import decode
+from tiered_emb.step import narrow
 from tiered_emb.step.device import plan as device_plan
 
 
@@ -228,14 +229,13 @@ def lookup_pooled(res, window, t, plan, backward: bool = True):
 
 def _pool_slots(t, slots, inverse, plan, weights: np.ndarray, out: np.ndarray) -> None:
     """Pool ``plan``'s bags from ``t``'s HBM ``slots`` (one a unique id; ``inverse`` a
-    position's unique id) into ``out``; a table of a narrower dtype has its unique rows
-    decoded to float32 first (:mod:`tiered_emb.precision`), then pooled as rows of their own."""
-    dim, use_w = t.cfg.dim, plan.weights is not None
+    position's unique id) into ``out``; a table of a narrow dtype by the kernel that decodes
+    as it reads (:func:`tiered_emb.step.narrow.pool`)."""
     if t.cfg.dtype == "float32":
-        pool_kernel(dim, False, use_w)(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out)
+        kernel = pool_kernel(t.cfg.dim, False, plan.weights is not None)
+        kernel(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out)
         return
-    rows = decode(t.cfg.dtype, t.hbm.records, slots, dim)
-    pool_kernel(dim, True, use_w)(rows, _NO_SLOTS, inverse, False, 0, plan.offsets, weights, plan.mean, out)
+    narrow.pool(t.cfg.dtype, t.hbm.records, slots, inverse, plan, weights, out)
 
 
 def _pool_on_device(res, t, plan):

@@ -15,6 +15,7 @@ from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
 from tiered_emb.errors import ConfigError
 from tiered_emb.precision import encode, rounding_key, values_of
+from tiered_emb.step import narrow
 
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
 # parallel over distinct rows (slots are distinct by construction: one per unique id).
@@ -275,6 +276,8 @@ def _apply(res, t, slots, uids: np.ndarray, grads, row_means, key: int | None) -
         apply_update(t.cfg.optimizer, t.hbm.records, slots, grads, res.kernels, row_means)
         return
     cfg = t.cfg
+    if key is not None and narrow.update(cfg, t.hbm.records, slots, uids, grads, key, row_means):
+        return
     values = values_of(cfg, t.hbm.records, slots)
     apply_update(cfg.optimizer, values, np.arange(slots.shape[0], dtype=np.int64), grads, None, row_means)
     encode(cfg.dtype, values[:, : cfg.dim], t.hbm.records, slots, uids, key, col0=cfg.init_column)

@@ -1,0 +1,272 @@
+"""The step's kernels over rows of a narrow dtype (:mod:`tiered_emb.precision`), each fused:
+the pooling reads the 16-bit or int8 words where they lie, and row-wise Adagrad and SGD
+update a 16-bit row in one pass (decode, step, stochastic rounding), with no float32 copy
+of the rows.
+
+Each gives the bytes of the unfused path (rows decoded to float32, the float32 kernel of
+:mod:`tiered_emb.step.update`, then :func:`tiered_emb.precision.encode`): the same float32
+operations in the same order, the same random bits (the tests compare them).  Adagrad,
+Adam and int8 updates take that path.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from tiered_emb._jit import HAS_F16C, PREFETCH_DISTANCE, f32_bits, f32_of_bits, f32_of_half, local_f32, prefetch_hint
+from tiered_emb.precision import BF16, F16, LUT, column_bits, fast16, pair_bits, round16, row_key
+
+# How a kernel reads a 16-bit value (``kind``): the CPU's conversion, a shift, or the table.
+_HALF, _BRAIN, _TABLE = 0, 1, 2
+
+
+def _kind(dtype: str) -> int:
+    if dtype == "bfloat16":
+        return _BRAIN
+    return _HALF if HAS_F16C else _TABLE
+
+
+@numba.njit(inline="always")
+def _dec(h, lut, kind):
+    """The float32 value of 16-bit pattern ``h``: ``lut[h]``, by whichever way ``kind`` says."""
+    if kind == 0:
+        return f32_of_half(h)
+    if kind == 1:
+        return f32_of_bits(np.uint32(h) << np.uint32(16))
+    return lut[h]
+
+
+@numba.njit(inline="always")
+def _bits_of(row, col0, j):
+    """The 32 random bits of column ``col0 + j`` (:func:`tiered_emb.precision.column_bits`)."""
+    return column_bits(row, col0 + j)
+
+
+@numba.njit(inline="always")
+def _store16(out16, s, new, row, col0, bf16):
+    """``out16[s, :]`` = the float32 values ``new`` (n,) rounded stochastically to 16-bit
+    floats (``precision.encode``'s rule, bits of ``row``'s key): the bit-level rounding of
+    every value (a loop the compiler vectorizes, one hash a pair of columns), then the few
+    it leaves (float16 outside its normal range) again by the arithmetic path."""
+    n = new.shape[0]
+    slow = np.uint32(0)
+    if col0 & 1 == 0:  # (columns in pairs: one hash for two values)
+        for p in range(n >> 1):
+            x = pair_bits(row, (col0 >> 1) + p)
+            h = fast16(f32_bits(new[2 * p]), np.uint32(x >> np.uint64(32)), True, bf16)
+            out16[s, 2 * p] = np.uint16(h & np.uint32(0xFFFF))
+            slow |= h
+            h = fast16(f32_bits(new[2 * p + 1]), np.uint32(x & np.uint64(0xFFFFFFFF)), True, bf16)
+            out16[s, 2 * p + 1] = np.uint16(h & np.uint32(0xFFFF))
+            slow |= h
+        first = n & ~1
+    else:
+        first = 0
+    for j in range(first, n):
+        h = fast16(f32_bits(new[j]), _bits_of(row, col0, j), True, bf16)
+        out16[s, j] = np.uint16(h & np.uint32(0xFFFF))
+        slow |= h
+    if slow & np.uint32(0x10000):
+        for j in range(n):
+            r = _bits_of(row, col0, j)
+            if fast16(f32_bits(new[j]), r, True, bf16) != 0x10000:
+                continue
+            if bf16:
+                out16[s, j] = round16(new[j], r, True, BF16[0], BF16[1], BF16[2], BF16[3])
+            else:
+                out16[s, j] = round16(new[j], r, True, F16[0], F16[1], F16[2], F16[3])
+
+
+def pool_kernel(dim: int, weighted: bool, int8: bool, kind: int = _TABLE):
+    """The pooling kernel over narrow records, compiled once per (dim, weighted, int8, kind)."""
+    kernel = _POOL.get((dim, weighted, int8, kind))
+    if kernel is not None:
+        return kernel
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _pool(w16, w8, w32, lut, slots, inverse, offsets, weights, mean, out):
+        """``out[b] = sum_i w_i * row(slots[inverse[i]])`` over bag b in position order, each
+        value decoded as it is read: 16-bit through ``lut``, int8 as code * scale + bias."""
+        n = inverse.shape[0]
+        for b in numba.prange(out.shape[0]):
+            acc = local_f32(dim)
+            for j in range(dim):
+                acc[j] = 0.0
+            lo = offsets[b]
+            hi = offsets[b + 1]
+            for i in range(lo, hi):
+                if i + PREFETCH_DISTANCE < n:
+                    prefetch_hint(w32, (slots[inverse[i + PREFETCH_DISTANCE]], 0))
+                r = slots[inverse[i]]
+                w = weights[i] if weighted else np.float32(1.0)
+                if int8:
+                    scale = w32[r, 0]
+                    bias = w32[r, 1]
+                    src8 = w8[r]
+                    for j in range(dim):
+                        v = np.float32(src8[8 + j]) * scale + bias
+                        if weighted:
+                            acc[j] += w * v
+                        else:
+                            acc[j] += v
+                else:
+                    src = w16[r]
+                    for j in range(dim):
+                        if weighted:
+                            acc[j] += w * _dec(src[j], lut, kind)
+                        else:
+                            acc[j] += _dec(src[j], lut, kind)
+            if mean and hi > lo:
+                inv = np.float32(1.0) / np.float32(hi - lo)
+                for j in range(dim):
+                    acc[j] *= inv
+            for j in range(dim):
+                out[b, j] = acc[j]
+
+    _POOL[(dim, weighted, int8, kind)] = _pool
+    return _pool
+
+
+_POOL: dict = {}
+_NO_LUT = np.zeros(1, dtype=np.float32)
+
+
+def pool(dtype: str, records: np.ndarray, slots, inverse, plan, weights: np.ndarray, out: np.ndarray) -> None:
+    """Pool ``plan``'s bags from narrow ``records`` at ``slots`` (one a unique id; ``inverse``
+    a position's) into ``out`` (float32 (B, dim)): bitwise pooling the decoded rows."""
+    int8 = dtype == "int8"
+    kernel = pool_kernel(out.shape[1], plan.weights is not None, int8, _TABLE if int8 else _kind(dtype))
+    lut = _NO_LUT if int8 else LUT[dtype]
+    kernel(
+        records.view(np.uint16),
+        records.view(np.uint8),
+        records,
+        lut,
+        slots,
+        inverse,
+        plan.offsets,
+        weights,
+        plan.mean,
+        out,
+    )
+
+
+def update_kernels(dim: int, kind: int):
+    """The fused 16-bit updates ``(rowwise_adagrad, sgd)`` for rows of ``dim`` read the
+    ``kind`` way, compiled once per (dim, kind) (a row's new values sit in a stack array of
+    that size, as the pooling's sum)."""
+    kernels = _UPDATE.get((dim, kind))
+    if kernels is not None:
+        return kernels
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _rowwise16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, means):
+        """Row-wise Adagrad on 16-bit rows, rounded stochastically with ``key``'s bits; the
+        state at word ``sw``; ``means`` (length 0: formed here) as the float32 kernel's."""
+        lr, eps, wd, mode = params[0], params[1], params[2], params[3]
+        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+        for k in numba.prange(slots.shape[0]):
+            s = slots[k]
+            src = w16[s]
+            if means.shape[0]:
+                mean = means[k]
+            else:
+                acc = 0.0
+                for j in range(dim):
+                    g = grads[k, j] + wd * _dec(src[j], lut, kind) if mode == 1.0 else grads[k, j]
+                    acc += np.float64(g) * np.float64(g)
+                mean = np.float32(acc / dim)
+            st = w32[s, sw] + mean
+            w32[s, sw] = st
+            step = lr / (np.sqrt(st) + eps)
+            new = local_f32(dim)
+            for j in range(dim):
+                w = _dec(src[j], lut, kind)
+                g = grads[k, j] + wd * w if mode == 1.0 else grads[k, j]
+                new[j] = c * w - step * g
+            _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _sgd16(w16, lut, slots, ids, grads, params, key, col0, bf16):
+        lr, wd, mode = params[0], params[1], params[2]
+        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+        for k in numba.prange(slots.shape[0]):
+            s = slots[k]
+            new = local_f32(dim)
+            for j in range(dim):
+                w = _dec(w16[s, j], lut, kind)
+                g = grads[k, j] + wd * w if mode == 1.0 else grads[k, j]
+                new[j] = c * w - lr * g
+            _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
+
+    _UPDATE[(dim, kind)] = (_rowwise16, _sgd16)
+    return _rowwise16, _sgd16
+
+
+_UPDATE: dict = {}
+_NO_MEANS = np.empty(0, dtype=np.float32)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _square_means(grads):
+    """Each row's mean of its squared gradient (float32 of the float64 sum in column order,
+    row-wise Adagrad's), four rows side by side: each sum is a chain of dependent adds, and
+    four chains hide each other's latency."""
+    k, dim = grads.shape
+    out = np.empty(k, dtype=np.float32)
+    for q in numba.prange((k + 3) // 4):
+        u0 = 4 * q
+        if u0 + 4 <= k:
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            for j in range(dim):
+                g0 = np.float64(grads[u0, j])
+                g1 = np.float64(grads[u0 + 1, j])
+                g2 = np.float64(grads[u0 + 2, j])
+                g3 = np.float64(grads[u0 + 3, j])
+                a0 += g0 * g0
+                a1 += g1 * g1
+                a2 += g2 * g2
+                a3 += g3 * g3
+            out[u0] = np.float32(a0 / dim)
+            out[u0 + 1] = np.float32(a1 / dim)
+            out[u0 + 2] = np.float32(a2 / dim)
+            out[u0 + 3] = np.float32(a3 / dim)
+        else:
+            for u in range(u0, k):
+                a = 0.0
+                for j in range(dim):
+                    g = np.float64(grads[u, j])
+                    a += g * g
+                out[u] = np.float32(a / dim)
+    return out
+
+
+def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None) -> bool:
+    """The fused update of a 16-bit table's rows at ``slots`` (of ``ids``) with ``grads``,
+    rounded stochastically from ``key``'s bits; False (nothing done) where none is fused
+    (int8, Adagrad, Adam): the caller takes the unfused path."""
+    name = cfg.optimizer.name
+    if cfg.dtype not in ("float16", "bfloat16") or name not in ("rowwise_adagrad", "sgd"):
+        return False
+    lut, bf16, params, kind = LUT[cfg.dtype], cfg.dtype == "bfloat16", cfg.optimizer.params(), _kind(cfg.dtype)
+    w16, ids = records.view(np.uint16), np.ascontiguousarray(ids, dtype=np.int64)
+    k = np.uint64(key)
+    rowwise16, sgd16 = update_kernels(cfg.dim, kind)
+    if name == "sgd":
+        sgd16(w16, lut, slots, ids, grads, params, k, cfg.init_column, bf16)
+    else:
+        if row_means is not None:
+            means = row_means
+        elif params[3] != 1.0:  # (without L2 decay the means need the gradients alone)
+            means = _square_means(grads)
+        else:
+            means = _NO_MEANS
+        rowwise16(w16, records, lut, slots, ids, grads, params, k, cfg.init_column, cfg.weight_words, bf16, means)
+    return True
+
+
+__all__ = ["pool", "pool_kernel", "update", "update_kernels"]
