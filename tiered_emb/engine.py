@@ -147,6 +147,17 @@ class Engine:
         """The configuration of ``table``; UnknownTableError (with the names there are) if none."""
         return self.table(table).cfg
 
+    def carry_counters(self, other: Engine) -> None:
+        """Take ``other``'s step counter, its tables' updates in the step and their admission
+        counts (this store holds ``other``'s rows converted: ``tiered-emb convert``)."""
+        self.check_open()
+        self.resolver.step = other.resolver.step
+        for name, t in self.resolver.tables.items():
+            src = other.resolver.tables[name]
+            t.updates = src.updates
+            if t.admission is not None and src.admission is not None:
+                t.admission.load(src.admission.to_bytes(), f"table {name!r} of {other.path}")
+
     def check_ids(self, table: str, ids: ArrayLike) -> np.ndarray:
         """``ids`` of ``table`` checked (integers, 1-D, ``>= 0``, below ``num_rows``) as int64 (n,).
 

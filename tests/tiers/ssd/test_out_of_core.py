@@ -49,6 +49,17 @@ if phase == "dirty":  # every row dirty in DDR, none written yet: the checkpoint
     s = TieredStore.open(path, big)
     out["row"] = s.peek("t", np.array([0, rows - 1]))[:, 0].tolist()
     s.close(checkpoint=False)
+elif phase == "convert":  # a store of every row converted to float16, a chunk of the budget at a time
+    from tiered_emb.apps.portable import convert_store
+    s = TieredStore.create(path, [TableConfig("t", dim=64, num_rows=rows, optimizer=SGD(lr=0.1))], tiers, seed=1)
+    write_all(s, 0.5)
+    s.close()
+    TieredStore.open(path, tiers).close()  # (loads what an open runs)
+    out["before"] = start()
+    convert_store(path, path + "_c", "float16", tiers, lossy=True)
+    out["after"] = peak()
+    with TieredStore.open(path + "_c", tiers) as c:
+        out["row"] = c.peek("t", np.array([0, rows - 1]))[:, 0].tolist()
 elif phase == "bulk":  # bulk writes straight to LMDB on the writer thread, the next encoded meanwhile
     bg = TierConfig(hbm_rows=8192, device="cpu", budget_bytes=16 << 20, background_writes=True)
     s = TieredStore.create(path, [TableConfig("t", dim=64, num_rows=rows, optimizer=SGD(lr=0.1))], bg, seed=1)
@@ -119,6 +130,16 @@ def test_bulk_writes_on_the_writer_thread_hold_about_the_budget(tmp_path):
     bulk = _child(_MEMORY, tmp_path / "s", "bulk", rows)
     assert bulk["row"] == [0.5, 0.5]
     assert bulk["after"] - bulk["before"] < 96 * MiB, bulk
+
+
+def test_convert_streams_within_the_budget(tmp_path):
+    """One million rows of dim 64 (256 MiB in float32) converted to float16 into a new store,
+    budget 16 MiB: the source's index and the new store's, a chunk of rows in both forms and
+    the writes in flight, far below the rows' bytes."""
+    rows = 1 << 20
+    conv = _child(_MEMORY, tmp_path / "s", "convert", rows)
+    assert conv["row"] == [0.5, 0.5]
+    assert conv["after"] - conv["before"] < 96 * MiB, conv
 
 
 def test_a_checkpoint_of_every_row_dirty_in_ddr_holds_a_chunk_at_a_time(tmp_path):
