@@ -59,7 +59,10 @@ def inspect_store(path: str) -> dict:
             "checkpoint": {"epoch": r.epoch, "extra_bytes": None if extra is None else len(extra)},
             "snapshots": r.kept_checkpoints(),
             "disk_bytes": r.disk_bytes(),
-            "tables": {n: dict(cfg.to_dict(), rows=stats[n]["ssd"]["rows"]) for n, cfg in sorted(r.tables.items())},
+            "tables": {
+                n: dict(cfg.to_dict(), rows=stats[n]["ssd"]["rows"], row_bytes=4 * cfg.record_width)
+                for n, cfg in sorted(r.tables.items())
+            },
         }
 
 
@@ -72,5 +75,8 @@ def _run_inspect(args) -> int:
     print(f"{out['path']}: checkpoint {ck['epoch']}, {out['disk_bytes']:,} bytes on disk, extra: {ck['extra_bytes']}")
     print(f"  checkpoints kept: {', '.join(str(x['epoch']) for x in out['snapshots'])}")
     for name, t in out["tables"].items():
-        print(f"  {name}: dim {t['dim']}, {t['rows']:,} rows stored, num_rows {t.get('num_rows')}")
+        print(
+            f"  {name}: dim {t['dim']} {t['dtype']} ({t['row_bytes']} bytes a row with its state), "
+            f"{t['rows']:,} rows stored, num_rows {t.get('num_rows')}"
+        )
     return 0
