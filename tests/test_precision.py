@@ -207,13 +207,13 @@ def test_nearest_loses_small_updates_that_stochastic_rounding_keeps_on_average(t
     assert abs(means["stochastic"] - (1.0 - 50e-4)) < 2e-4, means
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", NARROW)
 @pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
 @pytest.mark.parametrize("decay", ["none", "l2", "decoupled"])
-def test_fused_16_bit_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
-    """The fused kernels (decode, step, round in one pass) against rows decoded to float32,
-    the float32 kernel, and :func:`encode`: values across float16's subnormal and normal
-    ranges, an odd first column (a column-wise shard's), given row means."""
+def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
+    """The fused kernels (decode, step, round in one pass; int8 quantized again) against rows
+    decoded to float32, the float32 kernel, and :func:`encode`: values across float16's
+    subnormal and normal ranges, an odd first column (a column-wise shard's), given row means."""
     from tiered_emb import SGD
     from tiered_emb.step import narrow
     from tiered_emb.step.update import apply_update

@@ -125,7 +125,7 @@ def column_bits(row, col):
 
 
 @numba.njit(inline="always")
-def _up(frac, r):
+def rounds_up(frac, r):
     """Whether a value ``frac`` (in [0, 1)) of the gap above its lower neighbour rounds up,
     given 32 random bits ``r``: when ``r + frac * 2**32`` carries past 2**32, which is what
     adding ``r``'s top bits below a float's kept bits and truncating does."""
@@ -152,7 +152,7 @@ def round16(x, r, stochastic, emin, mbits, ebias, fmax):
     fl = math.floor(q)
     frac = q - fl
     if stochastic:
-        up = _up(frac, r)
+        up = rounds_up(frac, r)
     else:
         up = frac > 0.5 or (frac == 0.5 and int(fl) % 2 == 1)
     v = (fl + (1.0 if up else 0.0)) * ulp
@@ -171,7 +171,7 @@ def fast16(b, r, stochastic, bf16):
     """:func:`round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
     finite value; float16: its normal range, 2**-14 <= |x| < 2**16); 0x10000 elsewhere.
     Adding ``r``'s top bits below the kept ones and truncating rounds up exactly when
-    :func:`_up` does, so both paths give the same pattern."""
+    :func:`rounds_up` does, so both paths give the same pattern."""
     sign = (b >> np.uint32(16)) & np.uint32(0x8000)
     a = b & np.uint32(0x7FFFFFFF)
     e = a >> np.uint32(23)
@@ -255,7 +255,7 @@ def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
             fl = math.floor(t)
             frac = t - fl
             if stochastic:
-                up = _up(frac, column_bits(row, col0 + j))
+                up = rounds_up(frac, column_bits(row, col0 + j))
             else:
                 up = frac >= 0.5
             q = fl + (1.0 if up else 0.0)

@@ -1,21 +1,23 @@
 """The step's kernels over rows of a narrow dtype (:mod:`tiered_emb.precision`), each fused:
 the pooling reads the 16-bit or int8 words where they lie, and row-wise Adagrad and SGD
-update a 16-bit row in one pass (decode, step, stochastic rounding), with no float32 copy
-of the rows.
+update a row in one pass (decode, step, stochastic rounding; an int8 row quantized
+again), with no float32 copy of the rows.
 
 Each gives the bytes of the unfused path (rows decoded to float32, the float32 kernel of
 :mod:`tiered_emb.step.update`, then :func:`tiered_emb.precision.encode`): the same float32
-operations in the same order, the same random bits (the tests compare them).  Adagrad,
-Adam and int8 updates take that path.
+operations in the same order, the same random bits (the tests compare them).  Adagrad
+and Adam take that path.
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
 
 from tiered_emb._jit import HAS_F16C, PREFETCH_DISTANCE, f32_bits, f32_of_bits, f32_of_half, local_f32, prefetch_hint
-from tiered_emb.precision import BF16, F16, LUT, column_bits, fast16, pair_bits, round16, row_key
+from tiered_emb.precision import BF16, F16, LUT, column_bits, fast16, pair_bits, round16, rounds_up, row_key
 
 # How a kernel reads a 16-bit value (``kind``): the CPU's conversion, a shift, or the table.
 _HALF, _BRAIN, _TABLE = 0, 1, 2
@@ -205,6 +207,87 @@ def update_kernels(dim: int, kind: int):
 
 
 _UPDATE: dict = {}
+
+
+@numba.njit(inline="always")
+def _store8(w8, w32, s, vals, row, col0):
+    """Record ``s`` = the float32 values ``vals`` quantized to int8 as
+    :func:`tiered_emb.precision.encode` does (scale ``(max - min) / 255``, bias the min,
+    codes rounded stochastically from ``row``'s bits), its padding zero."""
+    n = vals.shape[0]
+    lo = vals[0]
+    hi = vals[0]
+    for j in range(1, n):
+        lo = min(lo, vals[j])
+        hi = max(hi, vals[j])
+    scale = np.float32((hi - lo) / np.float32(255.0))
+    if not scale > 0.0:
+        scale = np.float32(1.0)
+    w32[s, 0] = scale
+    w32[s, 1] = lo
+    for j in range(n):
+        t = (np.float64(vals[j]) - np.float64(lo)) / np.float64(scale)
+        fl = math.floor(t)
+        q = fl + (1.0 if rounds_up(t - fl, column_bits(row, col0 + j)) else 0.0)
+        w8[s, 8 + j] = np.uint8(min(max(q, 0.0), 255.0))
+    for j in range(8 + n, 8 + 4 * ((n + 3) // 4)):
+        w8[s, j] = 0
+
+
+def update_kernels8(dim: int):
+    """The fused int8 updates ``(rowwise_adagrad, sgd)`` for rows of ``dim``: a row decoded
+    into a stack array, stepped, and quantized again in one pass, compiled once per dim."""
+    kernels = _UPDATE8.get(dim)
+    if kernels is not None:
+        return kernels
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _rowwise8(w8, w32, slots, ids, grads, params, key, col0, sw, means):
+        lr, eps, wd, mode = params[0], params[1], params[2], params[3]
+        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+        for k in numba.prange(slots.shape[0]):
+            s = slots[k]
+            scale = w32[s, 0]
+            bias = w32[s, 1]
+            vals = local_f32(dim)
+            for j in range(dim):
+                vals[j] = np.float32(w8[s, 8 + j]) * scale + bias
+            if means.shape[0]:
+                mean = means[k]
+            else:
+                acc = 0.0
+                for j in range(dim):
+                    g = grads[k, j] + wd * vals[j] if mode == 1.0 else grads[k, j]
+                    acc += np.float64(g) * np.float64(g)
+                mean = np.float32(acc / dim)
+            st = w32[s, sw] + mean
+            w32[s, sw] = st
+            step = lr / (np.sqrt(st) + eps)
+            for j in range(dim):
+                g = grads[k, j] + wd * vals[j] if mode == 1.0 else grads[k, j]
+                vals[j] = c * vals[j] - step * g
+            _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _sgd8(w8, w32, slots, ids, grads, params, key, col0):
+        lr, wd, mode = params[0], params[1], params[2]
+        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+        for k in numba.prange(slots.shape[0]):
+            s = slots[k]
+            scale = w32[s, 0]
+            bias = w32[s, 1]
+            vals = local_f32(dim)
+            for j in range(dim):
+                w = np.float32(w8[s, 8 + j]) * scale + bias
+                g = grads[k, j] + wd * w if mode == 1.0 else grads[k, j]
+                vals[j] = c * w - lr * g
+            _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
+
+    _UPDATE8[dim] = (_rowwise8, _sgd8)
+    return _rowwise8, _sgd8
+
+
+_UPDATE8: dict = {}
 _NO_MEANS = np.empty(0, dtype=np.float32)
 
 
@@ -246,27 +329,36 @@ def _square_means(grads):
 
 
 def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None) -> bool:
-    """The fused update of a 16-bit table's rows at ``slots`` (of ``ids``) with ``grads``,
+    """The fused update of a narrow table's rows at ``slots`` (of ``ids``) with ``grads``,
     rounded stochastically from ``key``'s bits; False (nothing done) where none is fused
-    (int8, Adagrad, Adam): the caller takes the unfused path."""
+    (Adagrad, Adam): the caller takes the unfused path."""
     name = cfg.optimizer.name
-    if cfg.dtype not in ("float16", "bfloat16") or name not in ("rowwise_adagrad", "sgd"):
+    if cfg.dtype == "float32" or name not in ("rowwise_adagrad", "sgd"):
         return False
-    lut, bf16, params, kind = LUT[cfg.dtype], cfg.dtype == "bfloat16", cfg.optimizer.params(), _kind(cfg.dtype)
-    w16, ids = records.view(np.uint16), np.ascontiguousarray(ids, dtype=np.int64)
-    k = np.uint64(key)
-    rowwise16, sgd16 = update_kernels(cfg.dim, kind)
-    if name == "sgd":
-        sgd16(w16, lut, slots, ids, grads, params, k, cfg.init_column, bf16)
-    else:
+    params, k = cfg.optimizer.params(), np.uint64(key)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    means = _NO_MEANS
+    if name == "rowwise_adagrad":
         if row_means is not None:
             means = row_means
         elif params[3] != 1.0:  # (without L2 decay the means need the gradients alone)
             means = _square_means(grads)
+    if cfg.dtype == "int8":
+        rowwise8, sgd8 = update_kernels8(cfg.dim)
+        w8 = records.view(np.uint8)
+        if name == "sgd":
+            sgd8(w8, records, slots, ids, grads, params, k, cfg.init_column)
         else:
-            means = _NO_MEANS
+            rowwise8(w8, records, slots, ids, grads, params, k, cfg.init_column, cfg.weight_words, means)
+        return True
+    kind = _kind(cfg.dtype)
+    lut, bf16, w16 = LUT[cfg.dtype], cfg.dtype == "bfloat16", records.view(np.uint16)
+    rowwise16, sgd16 = update_kernels(cfg.dim, kind)
+    if name == "sgd":
+        sgd16(w16, lut, slots, ids, grads, params, k, cfg.init_column, bf16)
+    else:
         rowwise16(w16, records, lut, slots, ids, grads, params, k, cfg.init_column, cfg.weight_words, bf16, means)
     return True
 
 
-__all__ = ["pool", "pool_kernel", "update", "update_kernels"]
+__all__ = ["pool", "pool_kernel", "update", "update_kernels", "update_kernels8"]
