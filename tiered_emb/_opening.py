@@ -105,6 +105,7 @@ def _ssd_tier(path: Path, tables: list[TableConfig], tiers: TierConfig, map_size
         budget_bytes=tiers.budget_bytes,
         keep_checkpoints=tiers.keep_checkpoints or 1,  # (both callers set it)
         tune_malloc=tiers.tune_malloc,
+        table_dtypes={t.name: t.dtype for t in tables},
         **kwargs,
     )
 

@@ -85,6 +85,7 @@ class StoreReader:
             {t.name: t.num_rows for t in tables},
             tiers.budget_bytes,
             snapshot,
+            {t.name: t.dtype for t in tables},
         )
 
     @classmethod
@@ -232,7 +233,7 @@ def verify_store(path: str | os.PathLike[str]) -> dict:
     _, tables, _, _ = _directory.read_manifest(path)
     _directory.check_data_file(path)
     widths = {t.name: t.record_width for t in tables}
-    return verify_path(path / "lmdb", widths, {t.name: t.num_rows for t in tables})
+    return verify_path(path / "lmdb", widths, {t.name: t.num_rows for t in tables}, {t.name: t.dtype for t in tables})
 
 
 __all__ = ["WRITES", "StoreReader", "verify_store"]

@@ -644,3 +644,22 @@ def test_the_row_map_asks_for_no_readahead(tmp_path):
         read_only = [m for m in maps if m.split()[1].startswith("r--")]
         assert read_only, maps
         assert all("rr" in flags[m] for m in read_only), flags
+
+
+def test_a_segment_names_its_rows_dtype_and_a_read_checks_it(tmp_path):
+    """Version 3 headers carry the rows' dtype: a manifest edited to read float16 rows of
+    dim 4 (two words) as float32 rows of dim 2 (as many words) is damage, not a silent misread."""
+    from tiered_emb.errors import CorruptStoreError
+
+    cfg = TableConfig("t", dim=4, dtype="float16", optimizer=SGD(lr=0.1))
+    with TieredStore.create(tmp_path / "s", [cfg], TierConfig(8, 0, "lru", "cpu"), seed=1) as s:
+        s.write("t", np.arange(100), np.ones((100, 4), np.float32))
+        s.checkpoint()
+        assert s.verify()["damaged"] == []
+    manifest = tmp_path / "s" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["tables"][0].update(dim=2, dtype="float32")
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match="dtype code 1, the table's 0"):
+        with TieredStore.open(tmp_path / "s") as s:
+            s.peek("t", np.arange(100))

@@ -59,15 +59,20 @@ def lmdb_keys(ids: np.ndarray) -> list[bytes]:
 
 # A segment: rows written back together, one LMDB value in ``p:<table>`` under its
 # sequence number (8 big-endian bytes: keys only ever grow, so each put appends).
-#   header, 24 bytes little-endian: b"TSEG", version (u8: 2), tag (u8: RAW or ZSTD), 2 zero
-#   bytes, rows n (u32), width W (u32), the CRC-32 of its number and ids (u32), 4 zero bytes;
+#   header, 24 bytes little-endian: b"TSEG", version (u8: 3), tag (u8: RAW or ZSTD), the
+#   rows' dtype (u8: DTYPE_CODES), a zero byte, rows n (u32), width W (u32), the CRC-32 of
+#   its number and ids (u32), 4 zero bytes;
 #   ids: n int64 little-endian, increasing;
 #   records: n * (W + 1) words little-endian, raw, or with ZSTD one zstd frame of them: each
 #   row's W float32 then its checksum (:func:`row_sums`), so a read checks every row it copies.
+# Version 2: the same, its dtype byte zero (float32: stores written before row precision).
 # Version 1 (stores written before checksums): a 16-byte header (no CRC) and records of W
-# words, no checksum; read as they are, rewritten as version 2 by compaction.
+# words, no checksum; read as they are, rewritten as version 3 by compaction.
 SEGMENT_MAGIC = b"TSEG"
-SEGMENT_VERSION = 2
+SEGMENT_VERSION = 3
+#: the byte of a segment's header that names its rows' dtype, and each dtype's code there
+DTYPE_AT = 6
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
 SEGMENT_HEADER = struct.Struct("<4sBBxxIII4x")
 SEGMENT_HEADER_V1 = struct.Struct("<4sBBxxII")
 
@@ -140,14 +145,15 @@ def last_rows(ids: np.ndarray, rows: np.ndarray, take=None, argsort=None) -> tup
     return ids, np.ascontiguousarray(rows, dtype=np.float32)
 
 
-def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0, pack=None):
+def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0, pack=None, dtype: int = 0):
     """The value of a segment of ``rows`` (k, W) under ``ids`` (k,): in id order, a repeated
     id's last row kept, each row followed by its checksum (raw: one array, one copy of the rows).
 
     ``pack(ids, words, records)``, where given, copies the rows' words (uint32 (k, W)) into
     ``records`` (uint32 (k, W + 1)) with each row's checksum after it, as the NumPy lines
     below do (the main process passes :func:`.mapped.pack_rows`, a Numba twin on its threads;
-    the writer process, which imports no Numba, has these)."""
+    the writer process, which imports no Numba, has these).  ``dtype``: the rows' code in
+    :data:`DTYPE_CODES`, named in the header."""
     ids, rows = last_rows(ids, rows)
     n, width = rows.shape
     ids = ids.astype("<i8", copy=False)
@@ -155,6 +161,7 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0, 
     head = SEGMENT_HEADER.size + 8 * n
     out = np.empty(head + 4 * n * (width + 1), dtype=np.uint8)
     SEGMENT_HEADER.pack_into(out, 0, SEGMENT_MAGIC, SEGMENT_VERSION, RAW, n, width, crc)
+    out[DTYPE_AT] = dtype
     out[SEGMENT_HEADER.size : head].view("<i8")[:] = ids
     records = out[head:].view("<u4").reshape(n, width + 1)
     if pack is not None:
@@ -169,12 +176,12 @@ def encode_segment(ids: np.ndarray, rows: np.ndarray, compressor, seq: int = 0, 
 
 
 def put_segment(
-    txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True, pack=None
+    txn, db, seq: int, ids: np.ndarray, rows: np.ndarray, compressor, append: bool = True, pack=None, dtype: int = 0
 ) -> None:
     """Put the segment of ``rows`` under ``ids`` as number ``seq``: appended (above every one in
     ``db``), or with ``append=False`` in a place a compaction freed in the same transaction
-    (``pack``: as :func:`encode_segment`'s)."""
-    put_value(txn, db, seq, encode_segment(ids, rows, compressor, seq, pack), append)
+    (``pack``, ``dtype``: as :func:`encode_segment`'s)."""
+    put_value(txn, db, seq, encode_segment(ids, rows, compressor, seq, pack, dtype), append)
 
 
 def put_value(txn, db, seq: int, value, append: bool = True) -> None:

@@ -130,7 +130,15 @@ class Compactor:
             out = [(table, seq, ids[k * step : (k + 1) * step], None) for k, seq in enumerate(keys)]
             for k, (_, seq, seg_ids, _) in enumerate(out):
                 put_segment(
-                    txn, db, seq, seg_ids, rows[k * step : (k + 1) * step], self._zc, append=False, pack=pack_rows
+                    txn,
+                    db,
+                    seq,
+                    seg_ids,
+                    rows[k * step : (k + 1) * step],
+                    self._zc,
+                    append=False,
+                    pack=pack_rows,
+                    dtype=self._segments.dtypes[table],
                 )
             pos = np.arange(ids.shape[0], dtype=np.int64)
             locs = (np.asarray(keys, dtype=np.int64)[pos // step] << np.int64(POS_BITS)) + pos % step

@@ -35,6 +35,8 @@ class SsdContext:
     compressor, decompressor : per-thread zstd (de)compressors (``codec.PerThread``; the
         compressor None where nothing is compressed or nothing written)
     budget_bytes : the rows an operation may hold at once (``TierConfig.budget_bytes``)
+    dtypes : table name -> its rows' dtype code (``codec.DTYPE_CODES``; a table not named:
+        float32), written in each segment's header and checked on every read
     """
 
     lmdb: LmdbEnv
@@ -47,6 +49,7 @@ class SsdContext:
     compressor: Any
     decompressor: Any
     budget_bytes: int = 256 << 20
+    dtypes: dict[str, int] = field(default_factory=dict)
     tables: list[str] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -16,6 +16,7 @@ import zstandard
 
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd.codec import (
+    DTYPE_AT,
     RAW,
     SEGMENT_HEADER,
     SEGMENT_HEADER_V1,
@@ -47,18 +48,22 @@ def damaged(path: Path, table: str, seq: int, what: str) -> CorruptStoreError:
     return CorruptStoreError(f"segment {seq} of table {table!r} in {path / 'data.mdb'} is damaged ({what})", RESTORE)
 
 
-def head(path: Path, table: str, seq: int, value, width: int) -> Head:
+def head(path: Path, table: str, seq: int, value, width: int, dtype: int = 0) -> Head:
     """The layout of segment ``seq`` of ``table`` (``value``: its bytes or a buffer of them),
-    after checking its header and its length against ``width`` (W, words of a row)."""
+    after checking its header and its length against ``width`` (W, words of a row) and its
+    rows' dtype against ``dtype`` (a code of ``codec.DTYPE_CODES``; versions 1 and 2: float32)."""
     try:
         magic, version, tag, n, w = SEGMENT_HEADER_V1.unpack_from(value)
-        crc = SEGMENT_HEADER.unpack_from(value)[5] if version == SEGMENT_VERSION else None
+        crc = SEGMENT_HEADER.unpack_from(value)[5] if version >= 2 else None
+        code = value[DTYPE_AT] if version == SEGMENT_VERSION else 0
     except Exception:  # (struct.error: shorter than a header)
         raise damaged(path, table, seq, "shorter than a header") from None
-    if magic != SEGMENT_MAGIC or version not in (1, SEGMENT_VERSION) or tag not in (RAW, ZSTD) or w != width:
+    if magic != SEGMENT_MAGIC or version not in (1, 2, SEGMENT_VERSION) or tag not in (RAW, ZSTD) or w != width:
         raise damaged(path, table, seq, "its header")
-    ids_at = SEGMENT_HEADER.size if version == SEGMENT_VERSION else SEGMENT_HEADER_V1.size
-    stride = width + 1 if version == SEGMENT_VERSION else width
+    if code != dtype:
+        raise damaged(path, table, seq, f"its rows are of dtype code {code}, the table's {dtype}")
+    ids_at = SEGMENT_HEADER.size if version >= 2 else SEGMENT_HEADER_V1.size
+    stride = width + 1 if version >= 2 else width
     rows_at = ids_at + 8 * n
     size = rows_at + 4 * n * stride
     if (tag == RAW and len(value) != size) or len(value) < rows_at:
@@ -115,9 +120,11 @@ def checksum_error(path: Path, table: str, seq: int, ids: np.ndarray, bad: np.nd
     )
 
 
-def rows_of(path: Path, table: str, seq: int, value, width: int, decompressor, num_rows: int | None) -> np.ndarray:
+def rows_of(
+    path: Path, table: str, seq: int, value, width: int, decompressor, num_rows: int | None, dtype: int = 0
+) -> np.ndarray:
     """The rows (n, W) float32 of segment ``seq`` of ``table``, every check above passed."""
-    h = head(path, table, seq, value, width)
+    h = head(path, table, seq, value, width, dtype)
     ids = ids_of(path, table, seq, value, h, num_rows)
     records = records_of(path, table, seq, value, h, decompressor)
     bad = bad_rows(ids, records, width)

@@ -80,6 +80,8 @@ class SegmentLog:
     def __init__(self, ctx: SsdContext):
         self._lmdb = ctx.lmdb
         self._widths = dict(ctx.widths)
+        #: table -> its rows' dtype code, in every segment's header (``codec.DTYPE_CODES``)
+        self.dtypes = {n: ctx.dtypes.get(n, 0) for n in sorted(ctx.widths)}
         self._table_rows = dict(ctx.table_rows)
         self._written = ctx.written
         self._lock = ctx.lock
@@ -230,7 +232,7 @@ class SegmentLog:
 
     def head(self, table: str, seq: int, value) -> decode.Head:
         """The layout of segment ``seq`` of ``table``, its header and length checked."""
-        return decode.head(self._lmdb.path, table, seq, value, self._widths[table])
+        return decode.head(self._lmdb.path, table, seq, value, self._widths[table], self.dtypes[table])
 
     def ids_of(self, table: str, seq: int, value) -> np.ndarray:
         """The ids of segment ``seq`` of ``table``, checked (a view of ``value``)."""
@@ -261,7 +263,7 @@ class SegmentLog:
     def rows_of(self, table: str, seq: int, value) -> np.ndarray:
         """The rows (n, W) float32 of segment ``seq`` of ``table``, each checked against its checksum."""
         args = (self._lmdb.path, table, seq, value, self._widths[table])
-        return decode.rows_of(*args, self._zd, self._table_rows[table])
+        return decode.rows_of(*args, self._zd, self._table_rows[table], self.dtypes[table])
 
     def read(self, table: str, ids: np.ndarray, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
         """Rows of ``ids`` at ``locs`` (index locations, int64) of ``p:<table>`` into
@@ -401,7 +403,10 @@ class SegmentLog:
     def encoded(self, segments: list) -> list:
         """``segments`` (:meth:`cut`) with each one's rows replaced by its LMDB value
         (:func:`.codec.encode_segment`): the CPU's part of a write, done outside its transaction."""
-        return [(t, seq, ids, encode_segment(ids, rows, self._zc, seq, pack_rows)) for t, seq, ids, rows in segments]
+        return [
+            (t, seq, ids, encode_segment(ids, rows, self._zc, seq, pack_rows, self.dtypes[t]))
+            for t, seq, ids, rows in segments
+        ]
 
     def put(self, txn, segments: list) -> None:
         """Append ``segments`` (:meth:`cut`, or :meth:`encoded`) to ``p:`` in ``txn``, their ids'
@@ -411,7 +416,7 @@ class SegmentLog:
                 self._written.set(t, ids)
         for t, seq, ids, rows in segments:
             if isinstance(rows, np.ndarray) and rows.ndim == 2:
-                put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc, pack=pack_rows)
+                put_segment(txn, self._lmdb.pending[t], seq, ids, rows, self._zc, pack=pack_rows, dtype=self.dtypes[t])
             else:
                 put_value(txn, self._lmdb.pending[t], seq, rows)
 

@@ -46,9 +46,11 @@ class SnapshotTier:
         table_rows: dict[str, int | None],
         budget_bytes: int,
         epoch: int | None = None,
+        dtypes: dict[str, str] | None = None,
     ):
         self.path = Path(path)
         self.widths = dict(widths)
+        self.dtypes = {n: codec.DTYPE_CODES[d] for n, d in sorted((dtypes or {}).items())}
         self.table_rows = {n: table_rows.get(n) for n in sorted(self.widths)}
         self._budget = budget_bytes
         self._lock = threading.Lock()
@@ -117,6 +119,7 @@ class SnapshotTier:
                         None,
                         self._zd,
                         self._budget,
+                        self.dtypes,
                     )
                     segments = SegmentLog(ctx)
                     for n in sorted(self.widths):

@@ -77,9 +77,12 @@ class SsdTier:
         budget_bytes: int = 256 << 20,
         keep_checkpoints: int = 1,
         tune_malloc: bool = False,
+        table_dtypes: dict[str, str] | None = None,
     ):
         self.path = Path(path)
         self.widths = dict(table_widths)
+        #: table name -> the code of its rows' dtype in segment headers (``codec.DTYPE_CODES``)
+        self.dtypes = {n: codec.DTYPE_CODES[d] for n, d in sorted((table_dtypes or {}).items())}
         self.compression = compression
         tables = sorted(self.widths)
         # Guards the held rows, the segment index and the written bits (short sections only):
@@ -94,7 +97,17 @@ class SsdTier:
         self.table_rows, self._zd = table_rows, zd
         self.written = WrittenIds(self.lmdb)
         ctx = SsdContext(
-            self.lmdb, self.widths, table_rows, self._lock, self.held, self.written, compression, zc, zd, budget_bytes
+            self.lmdb,
+            self.widths,
+            table_rows,
+            self._lock,
+            self.held,
+            self.written,
+            compression,
+            zc,
+            zd,
+            budget_bytes,
+            self.dtypes,
         )
         self.segments = SegmentLog(ctx)
         self.reader = Reader(ctx, self.segments)
@@ -324,7 +337,7 @@ class SsdTier:
 
     def verify(self) -> dict:
         """Check every stored byte (:func:`.verify.verify`): what was checked and each damaged record."""
-        return verify(self.lmdb, self.widths, self.table_rows, self._zd)
+        return verify(self.lmdb, self.widths, self.table_rows, self._zd, self.dtypes)
 
     def index_bytes(self) -> int:
         """Bytes of RAM the SSD tier's index takes: the segment index and the written bits."""

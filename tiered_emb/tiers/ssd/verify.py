@@ -17,7 +17,7 @@ import zstandard
 
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import decode, snapshots
-from tiered_emb.tiers.ssd.codec import RAW, ZSTD, PerThread
+from tiered_emb.tiers.ssd.codec import DTYPE_CODES, RAW, ZSTD, PerThread
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.mapped import value_offset
 
@@ -25,12 +25,15 @@ from tiered_emb.tiers.ssd.mapped import value_offset
 NAMED_ROWS = 16
 
 
-def verify(env: LmdbEnv, widths: dict[str, int], table_rows: dict[str, int | None], decompressor) -> dict:
+def verify(
+    env: LmdbEnv, widths: dict[str, int], table_rows: dict[str, int | None], decompressor, dtypes: dict | None = None
+) -> dict:
     """``{"segments", "rows", "unchecked_rows", "records", "damaged": [finding, ...]}``: what
     was checked (``unchecked_rows``: rows of segments written before checksums), and
     each damaged segment or record (a dict: ``table``, ``segment`` or ``record``, ``what``,
     and where known ``ids`` (its first and last), ``bad_ids``, ``bad_rows``, ``offset`` in
-    ``data.mdb``)."""
+    ``data.mdb``).  ``dtypes``: table -> its rows' dtype code in segment headers (none: float32)."""
+    codes = {n: (d if isinstance(d, int) else DTYPE_CODES[d]) for n, d in (dtypes or {}).items()}
     out: dict = {"segments": 0, "rows": 0, "unchecked_rows": 0, "records": 0, "damaged": []}
     psize = int(env.env.stat()["psize"])
     with env.gate.reading():  # (held against this process's map growth while the walk runs)
@@ -40,7 +43,8 @@ def verify(env: LmdbEnv, widths: dict[str, int], table_rows: dict[str, int | Non
                 for what in snapshots.problems(txn, env.meta, env.path):
                     out["damaged"].append({"table": None, "what": what})
             for table in sorted(widths):
-                _segments(txn, env, table, widths[table], table_rows.get(table), decompressor, psize, out)
+                code = codes.get(table, 0)
+                _segments(txn, env, table, (widths[table], code), table_rows.get(table), decompressor, psize, out)
                 if env.records[table]:
                     _records(txn, env, table, widths[table], decompressor, out)
         finally:
@@ -48,29 +52,32 @@ def verify(env: LmdbEnv, widths: dict[str, int], table_rows: dict[str, int | Non
     return out
 
 
-def verify_path(path: Path, widths: dict[str, int], table_rows: dict[str, int | None]) -> dict:
+def verify_path(
+    path: Path, widths: dict[str, int], table_rows: dict[str, int | None], dtypes: dict | None = None
+) -> dict:
     """:func:`verify` of the LMDB environment at ``path``, opened read-only for it (no index
     is built: a store too damaged to open is listed too; a writer may run meanwhile)."""
     env = LmdbEnv(path, sorted(widths), 1 << 20, existing=True, readonly=True)
     try:
-        return verify(env, widths, table_rows, PerThread(zstandard.ZstdDecompressor))
+        return verify(env, widths, table_rows, PerThread(zstandard.ZstdDecompressor), dtypes)
     finally:
         env.close()
 
 
-def _segments(txn, env: LmdbEnv, table: str, width: int, num_rows, decompressor, psize: int, out: dict) -> None:
+def _segments(txn, env: LmdbEnv, table: str, layout, num_rows, decompressor, psize: int, out: dict) -> None:
+    """Check every segment of ``table`` (``layout``: its rows' width and dtype code) into ``out``."""
     seq = -1
     try:
         with txn.cursor(db=env.pending[table]) as cur:
             for key, value in cur:
                 seq = int.from_bytes(key, "big")
                 out["segments"] += 1
-                found = _segment(env, table, seq, value, width, num_rows, decompressor)
+                found = _segment(env, table, seq, value, layout, num_rows, decompressor)
                 if found is not None:
                     found["offset"] = value_offset(value, psize)
                     out["damaged"].append(found)
                 else:
-                    h = decode.head(env.path, table, seq, value, width)
+                    h = decode.head(env.path, table, seq, value, *layout)
                     out["rows" if h.crc is not None else "unchecked_rows"] += h.n
     except lmdb.Error as err:
         out["damaged"].append(
@@ -78,11 +85,12 @@ def _segments(txn, env: LmdbEnv, table: str, width: int, num_rows, decompressor,
         )
 
 
-def _segment(env: LmdbEnv, table: str, seq: int, value, width: int, num_rows, decompressor) -> dict | None:
+def _segment(env: LmdbEnv, table: str, seq: int, value, layout, num_rows, decompressor) -> dict | None:
     """The finding of one segment, or None when it is whole."""
     found: dict = {"table": table, "segment": seq}
+    width = layout[0]
     try:
-        h = decode.head(env.path, table, seq, value, width)
+        h = decode.head(env.path, table, seq, value, *layout)
         ids = decode.ids_of(env.path, table, seq, value, h, num_rows)
         found["ids"] = [int(ids[0]), int(ids[-1])] if h.n else []
         records = decode.records_of(env.path, table, seq, value, h, decompressor)

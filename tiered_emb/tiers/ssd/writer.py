@@ -373,7 +373,9 @@ class Writer:
         while True:
             if self.process is None:
                 try:
-                    self.process = WriterProcess(self._lmdb, self._compression, self._tables, self._malloc_trim)
+                    self.process = WriterProcess(
+                        self._lmdb, self._compression, self._tables, self._malloc_trim, self._segments.dtypes
+                    )
                 except WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
                     self.writer_process = False
                     try:  # told once; under -W error it must not fail the write

@@ -46,7 +46,14 @@ class WriterProcess:
     #: Seconds the process has to start and open the environment.
     START_TIMEOUT_S = 60
 
-    def __init__(self, lmdb_env: LmdbEnv, compression: int | None, tables: list[str], malloc_trim: int = 0):
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        compression: int | None,
+        tables: list[str],
+        malloc_trim: int = 0,
+        dtypes: dict[str, int] | None = None,
+    ):
         self.path = lmdb_env.path
         if getattr(sys, "frozen", False) or not sys.executable:  # sys.executable is the app, or none
             raise WriterStartError(
@@ -75,6 +82,7 @@ class WriterProcess:
             "max_readers": lmdb_env.max_readers,
             "compression": compression,
             "dbs": ["p:" + t for t in sorted(tables)],
+            "dtypes": {"p:" + t: int(c) for t, c in sorted((dtypes or {}).items())},
             "malloc_trim": int(malloc_trim),
         }
         try:

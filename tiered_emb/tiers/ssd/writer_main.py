@@ -15,7 +15,8 @@ processes must share.
 
 Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / stdout:
 
-- first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs"}``; reply ``{"ok": true}``;
+- first ``{"path", "map_size", "max_dbs", "max_readers", "compression", "dbs", "dtypes"}``
+  (``dtypes``: db name -> its rows' dtype code, :data:`.codec.DTYPE_CODES`); reply ``{"ok": true}``;
 - then per write ``{"map_size", "parts": [[db name, segment number, rows, width], ...]}``
   followed, per part, by its ids (int64) and rows (float32, rows x width) as raw bytes;
   each part is put as one segment (see :func:`.codec.encode_segment`); reply ``{"ok": true}``,
@@ -183,6 +184,7 @@ def main() -> None:
     level = hello["compression"]
     compressor = zstandard.ZstdCompressor(level=level) if level else None
     dbs = {name: env.open_db(name.encode()) for name in hello["dbs"]}
+    dtypes = hello.get("dtypes", {})
     codec.write_frame(out, {"ok": True})
     while True:
         if not _wait_for_input(inp, parent):
@@ -200,7 +202,7 @@ def main() -> None:
                 env.set_mapsize(req["map_size"])  # the trainer's size (it grows the map)
             with env.begin(write=True) as txn:
                 for name, seq, ids, rows in parts:
-                    codec.put_segment(txn, dbs[name], seq, ids, rows, compressor)
+                    codec.put_segment(txn, dbs[name], seq, ids, rows, compressor, dtype=dtypes.get(name, 0))
                 if os.getppid() != parent:  # under LMDB's writer lock: see the module's docstring
                     raise _Orphaned
         except _Orphaned:
