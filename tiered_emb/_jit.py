@@ -122,6 +122,27 @@ HAS_F16C = _host_has_f16c()
 
 
 @numba.njit(inline="always")
+def square_sums4(grads, u0):
+    """The float64 sums of squares of rows ``u0 .. u0 + 3`` of ``grads`` (float32), each in
+    column order: four chains of dependent adds side by side, hiding each other's latency
+    (row-wise Adagrad's means)."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    for j in range(grads.shape[1]):
+        g0 = np.float64(grads[u0, j])
+        g1 = np.float64(grads[u0 + 1, j])
+        g2 = np.float64(grads[u0 + 2, j])
+        g3 = np.float64(grads[u0 + 3, j])
+        a0 += g0 * g0
+        a1 += g1 * g1
+        a2 += g2 * g2
+        a3 += g3 * g3
+    return a0, a1, a2, a3
+
+
+@numba.njit(inline="always")
 def prefetch_row_hint(records, row):
     """Prefetch every 64-byte line of ``records[row]`` (float32)."""
     for c in range(0, records.shape[1], 16):

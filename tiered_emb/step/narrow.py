@@ -16,7 +16,16 @@ import math
 import numba
 import numpy as np
 
-from tiered_emb._jit import HAS_F16C, PREFETCH_DISTANCE, f32_bits, f32_of_bits, f32_of_half, local_f32, prefetch_hint
+from tiered_emb._jit import (
+    HAS_F16C,
+    PREFETCH_DISTANCE,
+    f32_bits,
+    f32_of_bits,
+    f32_of_half,
+    local_f32,
+    prefetch_hint,
+    square_sums4,
+)
 from tiered_emb.precision import BF16, F16, LUT, column_bits, fast16, pair_bits, round16, rounds_up, row_key
 
 # How a kernel reads a 16-bit value (``kind``): the CPU's conversion, a shift, or the table.
@@ -301,23 +310,9 @@ def _square_means(grads):
     for q in numba.prange((k + 3) // 4):
         u0 = 4 * q
         if u0 + 4 <= k:
-            a0 = 0.0
-            a1 = 0.0
-            a2 = 0.0
-            a3 = 0.0
-            for j in range(dim):
-                g0 = np.float64(grads[u0, j])
-                g1 = np.float64(grads[u0 + 1, j])
-                g2 = np.float64(grads[u0 + 2, j])
-                g3 = np.float64(grads[u0 + 3, j])
-                a0 += g0 * g0
-                a1 += g1 * g1
-                a2 += g2 * g2
-                a3 += g3 * g3
-            out[u0] = np.float32(a0 / dim)
-            out[u0 + 1] = np.float32(a1 / dim)
-            out[u0 + 2] = np.float32(a2 / dim)
-            out[u0 + 3] = np.float32(a3 / dim)
+            accs = square_sums4(grads, u0)
+            for d in range(4):
+                out[u0 + d] = np.float32(accs[d] / dim)
         else:
             for u in range(u0, k):
                 a = 0.0

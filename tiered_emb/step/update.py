@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, square_sums4, threads_for
 from tiered_emb.errors import ConfigError
 from tiered_emb.precision import encode, rounding_key, values_of
 from tiered_emb.step import narrow
@@ -118,20 +118,7 @@ def _rowwise_adagrad_update(records, slots, grads, params):
             if u0 + d < k:
                 prefetch_row_hint(records, slots[u0 + d])
         if u0 + 4 <= k and mode != 1.0:
-            a0 = 0.0
-            a1 = 0.0
-            a2 = 0.0
-            a3 = 0.0
-            for j in range(dim):
-                g0 = np.float64(grads[u0, j])
-                g1 = np.float64(grads[u0 + 1, j])
-                g2 = np.float64(grads[u0 + 2, j])
-                g3 = np.float64(grads[u0 + 3, j])
-                a0 += g0 * g0
-                a1 += g1 * g1
-                a2 += g2 * g2
-                a3 += g3 * g3
-            accs = (a0, a1, a2, a3)
+            accs = square_sums4(grads, u0)
             for d in range(4):
                 mean = np.float32(accs[d] / dim)
                 _rowwise_row(records[slots[u0 + d]], grads[u0 + d], lr, eps, wd, mode, c, dim, mean)
