@@ -1,13 +1,14 @@
 """Row precision: the DLRM job at one byte budget with float32 / float16 / bfloat16 / int8
 rows, and the resident train step against FBGEMM's CPU TBE in FP32 and FP16.
 
-Part 1 runs ``tiered-emb train`` once per dtype with the same ``--hbm-bytes`` and
-``--ddr-bytes`` (the tables ``--factor`` times the budget in float32): rows resident, hit
-rates per tier, samples/s, LMDB bytes, checkpoint seconds, held-out log loss and AUC after
-the same steps (and float16 with ``rounding="nearest"`` is not a job flag: part 1 keeps to
-the job's stochastic rounding).  Part 2 times the train step (forward + fused backward,
-row-wise Adagrad, every row resident) of one table, ours in each dtype and FBGEMM's TBE in
-FP32 and FP16 weights, alternating batch by batch over the same ids; lookups/s, medians.
+Part 1 runs ``tiered-emb train`` per dtype with the same ``--hbm-bytes`` and
+``--ddr-bytes`` (the tables ``--factor`` times the budget in float32), ``--job-repeats``
+times, the dtypes interleaved: rows resident, hit rates per tier, samples/s (the median of
+the runs), LMDB bytes, checkpoint seconds, held-out log loss and AUC after the same steps
+(the runs of a dtype give the same bytes; the first run's figures).  Part 2 times the
+train step (forward + fused backward, row-wise Adagrad, every row resident) of one table,
+ours in each dtype and FBGEMM's TBE in FP32 and FP16 weights, alternating batch by batch
+over the same ids; lookups/s, medians.
 Run from the repository root::
 
     python bench/bench_precision.py --json bench/results/precision.json --plot docs/img/precision.png
@@ -142,6 +143,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--factor", type=int, default=10, help="float32 tables / (HBM + DDR) bytes")
+    p.add_argument("--job-repeats", type=int, default=3, help="runs of the job per dtype (samples/s: their median)")
     p.add_argument("--step-rows", type=int, default=1_000_000, help="rows of the train-step comparison's table")
     p.add_argument("--step-dim", type=int, default=128)
     p.add_argument("--bags", type=int, default=8192)
@@ -163,7 +165,14 @@ def main(argv=None) -> dict:
             for d in DTYPES:  # (every kernel of every dtype compiled before anything is timed)
                 small = argparse.Namespace(**{**vars(args), "rows": 2000, "steps": 4, "eval_batches": 1})
                 _job(small, root, d, budget // 200, budget // 200)
-            result["job"] = {d: _job(args, root, d, budget // 2, budget - budget // 2) for d in DTYPES}
+            runs: dict[str, list[dict]] = {d: [] for d in DTYPES}
+            for _ in range(args.job_repeats):  # (interleaved: a burst of noise lands on every dtype alike)
+                for d in DTYPES:
+                    runs[d].append(_job(args, root, d, budget // 2, budget - budget // 2))
+            result["job"] = {}
+            for d, rs in runs.items():
+                speeds = [r["samples_per_s"] for r in rs]
+                result["job"][d] = dict(rs[0], samples_per_s=float(np.median(speeds)), samples_per_s_runs=speeds)
             base = result["job"]["float32"]
             result["job_vs_float32"] = {
                 d: {

@@ -273,14 +273,7 @@ def add_parser(sub) -> None:
     p = add_command(sub, "import", "make a new store from an export (streaming)", json_file=False)
     p.add_argument("src", help="an export directory")
     p.add_argument("path", help="the new store")
-    p.add_argument("--hbm-rows", type=count, default=65536, help="HBM rows per table of the new store")
-    p.add_argument("--ddr-rows", type=count, default=0, help="DDR rows per table of the new store")
-    p.add_argument(
-        "--budget-bytes",
-        type=byte_size,
-        default=256 << 20,
-        help="the SSD tier's memory budget (TierConfig.budget_bytes): 256MiB, or 256M for 256,000,000 bytes",
-    )
+    _new_store_options(p)
     p.add_argument(
         "--dtype",
         help="the new store's row precision (float32, float16 / fp16, bfloat16 / bf16, int8; default: the export's)",
@@ -292,15 +285,24 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", required=True, help="float32, float16 / fp16, bfloat16 / bf16 or int8")
     p.add_argument("--out", required=True, help="the new store (the source stays as it is)")
     p.add_argument("--lossy", action="store_true", help="allow a --dtype that rounds the rows (to nearest)")
+    _new_store_options(p)
+    p.set_defaults(func=_run_convert)
+
+
+def _new_store_options(p) -> None:
+    """The options of a command that makes a new store: its tiers and its memory budget."""
     p.add_argument("--hbm-rows", type=count, default=65536, help="HBM rows per table of the new store")
     p.add_argument("--ddr-rows", type=count, default=0, help="DDR rows per table of the new store")
     p.add_argument(
         "--budget-bytes",
         type=byte_size,
         default=256 << 20,
-        help="the memory a chunk of rows may take (TierConfig.budget_bytes of the new store)",
+        help="the memory a chunk of rows may take (TierConfig.budget_bytes): 256MiB, or 256M for 256,000,000 bytes",
     )
-    p.set_defaults(func=_run_convert)
+
+
+def _tiers_of(args) -> TierConfig:
+    return TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget_bytes)
 
 
 def _report(args, what: str, counts: dict, where: str) -> None:
@@ -319,14 +321,12 @@ def _run_export(args) -> int:
 def _run_import(args) -> int:
     if Path(args.path).exists():
         raise StoreExistsError(f"store path {args.path!r} already exists", "choose a new path")
-    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget_bytes)
-    counts = import_store(args.src, args.path, tiers, args.dtype, args.lossy)
+    counts = import_store(args.src, args.path, _tiers_of(args), args.dtype, args.lossy)
     _report(args, "imported", counts, f"into {args.path}")
     return 0
 
 
 def _run_convert(args) -> int:
-    tiers = TierConfig(hbm_rows=args.hbm_rows, ddr_rows=args.ddr_rows, device="cpu", budget_bytes=args.budget_bytes)
-    counts = convert_store(args.path, args.out, args.dtype, tiers, args.lossy)
+    counts = convert_store(args.path, args.out, args.dtype, _tiers_of(args), args.lossy)
     _report(args, "converted", counts, f"into {args.out}")
     return 0

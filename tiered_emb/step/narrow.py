@@ -219,6 +219,15 @@ _UPDATE: dict = {}
 
 
 @numba.njit(inline="always")
+def _load8(w8, w32, s, vals):
+    """``vals`` = the float32 values of int8 record ``s`` (code * scale + bias)."""
+    scale = w32[s, 0]
+    bias = w32[s, 1]
+    for j in range(vals.shape[0]):
+        vals[j] = np.float32(w8[s, 8 + j]) * scale + bias
+
+
+@numba.njit(inline="always")
 def _store8(w8, w32, s, vals, row, col0):
     """Record ``s`` = the float32 values ``vals`` quantized to int8 as
     :func:`tiered_emb.precision.encode` does (scale ``(max - min) / 255``, bias the min,
@@ -256,11 +265,8 @@ def update_kernels8(dim: int):
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
         for k in numba.prange(slots.shape[0]):
             s = slots[k]
-            scale = w32[s, 0]
-            bias = w32[s, 1]
             vals = local_f32(dim)
-            for j in range(dim):
-                vals[j] = np.float32(w8[s, 8 + j]) * scale + bias
+            _load8(w8, w32, s, vals)
             if means.shape[0]:
                 mean = means[k]
             else:
@@ -283,13 +289,11 @@ def update_kernels8(dim: int):
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
         for k in numba.prange(slots.shape[0]):
             s = slots[k]
-            scale = w32[s, 0]
-            bias = w32[s, 1]
             vals = local_f32(dim)
+            _load8(w8, w32, s, vals)
             for j in range(dim):
-                w = np.float32(w8[s, 8 + j]) * scale + bias
-                g = grads[k, j] + wd * w if mode == 1.0 else grads[k, j]
-                vals[j] = c * w - lr * g
+                g = grads[k, j] + wd * vals[j] if mode == 1.0 else grads[k, j]
+                vals[j] = c * vals[j] - lr * g
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
     _UPDATE8[dim] = (_rowwise8, _sgd8)
