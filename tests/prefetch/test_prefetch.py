@@ -1,5 +1,6 @@
 """Lookahead prefetch: results unchanged for every depth, the thread is safe and leaves nothing behind."""
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -67,8 +68,8 @@ def close_keeping_errors(store, raised):
         raised.append(err)
 
 
-def reference(data):
-    ref = ReferenceStore(TABLES, seed=4)
+def reference(data, tables=TABLES):
+    ref = ReferenceStore(tables, seed=4)
     for b in data:
         for name in sorted(b):
             rows = ref.lookup(name, b[name])
@@ -80,8 +81,21 @@ def reference(data):
 @pytest.mark.parametrize("policy", ["lru", "lookahead+lru", "lookahead+lfu"])
 @pytest.mark.parametrize("hbm, ddr", [(8, 0), (24, 16), (1000, 0)])
 def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
+    _every_depth(tmp_path, TABLES, policy, hbm, ddr, pooled)
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+def test_narrow_rows_identical_for_every_depth(tmp_path, dtype, pooled):
+    """Rows of a narrow dtype round stochastically from bits of (seed, table, step, update,
+    id, column): the window's depth, load and read-ahead distances change nothing either."""
+    tables = [dataclasses.replace(TABLES[0], dtype=dtype), dataclasses.replace(TABLES[1], dtype=dtype)]
+    _every_depth(tmp_path, tables, "lookahead+lru", 24, 16, pooled)
+
+
+def _every_depth(tmp_path, tables, policy, hbm, ddr, pooled):
     data = batches(25, seed=1)
-    ref = reference(data)
+    ref = reference(data, tables)
     # window, how far ahead rows come up, how far ahead LMDB is read; evicted rows written every 3 or 65,536
     for depth, load, read, wb in (
         (0, 0, 0, 3),
@@ -95,7 +109,7 @@ def test_results_identical_for_every_depth(tmp_path, policy, hbm, ddr, pooled):
         (4, 1, 2, 3),
     ):
         with TieredStore.create(
-            tmp_path / f"{depth}_{load}_{read}", TABLES, TierConfig(hbm, ddr, policy, "cpu"), seed=4
+            tmp_path / f"{depth}_{load}_{read}", tables, TierConfig(hbm, ddr, policy, "cpu"), seed=4
         ) as s:
             s.engine.ssd.writeback_rows = wb
             train(s, data, depth, load_ahead=load, read_ahead=read, pooled=pooled)
