@@ -239,6 +239,8 @@ def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
         (["--batch", "0"], "--batch 0"),
         (["--policy", "mru"], "policy"),
         (["--hbm-rows", "0"], "hbm_rows"),
+        (["--dtype", "fp8"], "--dtype"),
+        (["--hbm", "100B"], "holds no row of each table"),
     ]
     for flags, match in cases:
         with pytest.raises(ConfigError, match=match):
@@ -454,3 +456,17 @@ def test_a_run_kept_before_schedules_resumes_with_a_constant_rate(tmp_path):
     path.write_text(json.dumps(cfg))
     r = _train(tmp_path / "old", "--steps", "3", "--resume")
     assert r["steps_this_run"] == 1 and r["lr_final"] == 0.05
+
+
+def test_narrow_rows_sized_in_bytes_train_and_resume_keeps_the_dtype(tmp_path):
+    """--dtype bf16 with --hbm / --ddr in bytes: each of the 26 tables holds the rows its
+    share takes in bfloat16 (dim 4 + row-wise Adagrad's word: 3 words, 12 bytes); a resume
+    goes on in the run's dtype and refuses another."""
+    run = tmp_path / "r"
+    report = _train(run, "--steps", "2", "--dtype", "bf16", "--hbm", "312KiB", "--ddr", "156KiB")
+    assert report["capacity_rows"] == 26 * (312 * 1024 // (26 * 12) + 156 * 1024 // (26 * 12))
+    with TieredStore.open(run / "store") as store:
+        assert {store.engine.table_config(n).dtype for n in store.tables} == {"bfloat16"}
+    assert main(["train", "--run-dir", str(run), *TINY, "--steps", "3", "--resume", "--dtype", "bfloat16"]) == 0
+    with pytest.raises(ConfigError, match="--dtype"):
+        main(["train", "--run-dir", str(run), *TINY, "--steps", "4", "--resume", "--dtype", "float32"])

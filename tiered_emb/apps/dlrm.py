@@ -86,11 +86,14 @@ def add_parser(sub) -> None:
     p.add_argument("--ddr-rows", type=count, default=4096, help="DDR rows per table")
     p.add_argument(
         "--hbm-bytes",
+        "--hbm",
         type=byte_size,
         help="HBM for all 26 tables, e.g. 64MiB: each table holds the rows that an even share takes "
         "in its dtype (replaces --hbm-rows)",
     )
-    p.add_argument("--ddr-bytes", type=byte_size, help="DDR for all 26 tables, as --hbm-bytes (replaces --ddr-rows)")
+    p.add_argument(
+        "--ddr-bytes", "--ddr", type=byte_size, help="DDR for all 26 tables, as --hbm-bytes (replaces --ddr-rows)"
+    )
     p.add_argument(
         "--dtype",
         help="precision of the embedding rows in every tier and on disk: float32 (the default), "

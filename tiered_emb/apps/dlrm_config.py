@@ -249,6 +249,8 @@ def flag_conflicts(args, stored: dict) -> list[str]:
             same = had is not None and str(Path(given).resolve()) == had
         elif k in ("bottom", "top"):
             same = mlp_sizes(given) == mlp_sizes(had)
+        elif k == "dtype":  # (bf16 is bfloat16)
+            same = canonical(given, "--dtype") == had
         else:
             same = given == had
         if not same:
