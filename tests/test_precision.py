@@ -109,11 +109,12 @@ def test_unknown_dtype_is_a_config_error_with_the_choices():
         TableConfig("t", dim=4, dtype="fp8")
 
 
-def _train(path, dtype, tiers, steps=6, pooled=False, prefetch=False):
-    """A few steps over a narrow table (and an Adam one) with ``tiers``; returns the store's records."""
+def _train(path, dtype, tiers, steps=6, pooled=False, prefetch=False, state="float32"):
+    """A few steps over a narrow table (and an Adam one, its state in ``state``) with ``tiers``;
+    returns the store's records."""
     tables = [
         TableConfig("r", dim=10, dtype=dtype, optimizer=RowWiseAdagrad(lr=0.2)),
-        TableConfig("a", dim=5, dtype=dtype, optimizer=Adam(lr=0.05)),
+        TableConfig("a", dim=5, dtype=dtype, optimizer=Adam(lr=0.05), state_dtype=state),
     ]
     ref = ReferenceStore(tables, seed=3)
     rng = np.random.default_rng(5)
@@ -244,3 +245,27 @@ def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
         want[slots, cfg.weight_words :] = vals[:, dim:]
         assert narrow.update(cfg, records, slots, ids, grads, 777, means)
         assert records.tobytes() == want.tobytes(), (col0, dim)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bfloat16_state_is_the_reference_bit_for_bit_on_any_tiers(tmp_path, dtype):
+    """Adam's m and v in bfloat16 (rounded stochastically, each array from its own bits)."""
+    big = _train(tmp_path / "big", dtype, TierConfig(64, 0, "lru", "cpu"), pooled=True, prefetch=True, state="bfloat16")
+    small = _train(tmp_path / "small", dtype, TierConfig(12, 8, "lfu", "cpu"), pooled=True, state="bfloat16")
+    assert big["a"].tobytes() == small["a"].tobytes()
+    _train(tmp_path / "plain", dtype, TierConfig(12, 8, "lru", "cpu"), state="bfloat16")  # (apply_gradients)
+    cfg = TableConfig("a", dim=64, optimizer=Adam(), state_dtype="bfloat16")
+    assert cfg.record_width == 64 + 2 * 32 + 1  # (against 193 words in float32)
+
+
+def test_a_state_dtype_the_optimizer_cannot_hold_is_a_config_error():
+    from tiered_emb import SGD, Adagrad
+
+    with pytest.raises(ConfigError, match="6e-8"):
+        TableConfig("t", dim=4, optimizer=Adagrad(), state_dtype="float16")
+    with pytest.raises(ConfigError, match="nothing to narrow"):
+        TableConfig("t", dim=4, optimizer=RowWiseAdagrad(), state_dtype="bfloat16")
+    with pytest.raises(ConfigError, match="nothing to narrow"):
+        TableConfig("t", dim=4, optimizer=SGD(), state_dtype="bfloat16")
+    with pytest.raises(ConfigError, match="precision"):
+        TableConfig("t", dim=4, optimizer=Adam(), state_dtype="fp8")

@@ -23,6 +23,7 @@ TABLES = [
     TableConfig("h", dim=3, dtype="float16", optimizer=RowWiseAdagrad(lr=0.3)),
     TableConfig("b", dim=2, num_rows=12, dtype="bfloat16", optimizer=Adagrad(lr=0.2)),
     TableConfig("q", dim=5, dtype="int8", optimizer=SGD(lr=0.1)),
+    TableConfig("m", dim=3, optimizer=Adagrad(lr=0.2), state_dtype="bfloat16"),
 ]
 NAMES = [t.name for t in TABLES]
 ID_SPACE = 12

@@ -164,8 +164,12 @@ class TableConfig:
         those columns of its rows: a column-wise shard (:mod:`tiered_emb.distributed`).
     init_column : int
         The column of ``init_table``'s rows that this table's first column is (>= 0).
+    state_dtype : str
+        The precision of the optimizer's state arrays (Adagrad's sums of squares, Adam's m
+        and v): ``"float32"`` (the default) or ``"bfloat16"`` (half their bytes, rounded as
+        the weights are); a row's single words (row-wise Adagrad's, Adam's step) stay float32.
     rounding : str
-        How an update writes a narrow ``dtype``: ``"stochastic"`` (the default: unbiased,
+        How an update writes a narrow ``dtype`` or ``state_dtype``: ``"stochastic"`` (the default: unbiased,
         from bits that are a pure function of seed, table, id, column and step) or
         ``"nearest"`` (ties to even; an update smaller than half a step of the dtype is lost).
 
@@ -188,6 +192,7 @@ class TableConfig:
     init_table: str | None = None
     init_column: int = 0
     rounding: str = "stochastic"
+    state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
@@ -231,6 +236,7 @@ class TableConfig:
                 f"TableConfig.dtype={self.dtype!r} is not a row precision",
                 f"use one of {', '.join(DTYPES)} (docs/tuning.md, 'Row precision')",
             )
+        self._check_state_dtype()
         if self.rounding not in ("stochastic", "nearest"):
             raise ConfigError(
                 f"TableConfig.rounding={self.rounding!r} is invalid",
@@ -256,6 +262,30 @@ class TableConfig:
                         f"use a {k} of at most {FLOAT32_MAX:.7g} in magnitude",
                     )
 
+    def _check_state_dtype(self) -> None:
+        """``state_dtype`` is a precision the optimizer's state can be held in: bfloat16 for the
+        arrays of Adagrad and Adam (one value a column), float32 for any."""
+        if self.state_dtype not in DTYPES:
+            raise ConfigError(
+                f"TableConfig.state_dtype={self.state_dtype!r} is not a precision", "use 'float32' or 'bfloat16'"
+            )
+        if self.state_dtype == "float32" or type(self.optimizer) not in OPTIMIZERS.values():
+            return
+        name = type(self.optimizer).__name__
+        if not self.state_arrays:
+            raise ConfigError(
+                f"TableConfig.state_dtype={self.state_dtype!r}: {name} keeps no state a column (at most one "
+                "float a row), nothing to narrow",
+                "leave state_dtype='float32'",
+            )
+        if self.state_dtype != "bfloat16":
+            raise ConfigError(
+                f"{name} cannot hold its state in {self.state_dtype}: its sums of squared gradients "
+                "fall below float16's smallest value (6e-8) and become 0"
+                + (" (int8 cannot follow them at all)" if self.state_dtype == "int8" else ""),
+                "use state_dtype='bfloat16' (float32's range in half the bytes) or 'float32'",
+            )
+
     def with_learning_rate(self, lr: float) -> TableConfig:
         """This config with its optimizer's learning rate ``lr``; ConfigError for one that is
         not a finite number >= 0."""
@@ -274,10 +304,27 @@ class TableConfig:
         return weight_words(self.dtype, self.dim)
 
     @property
+    def state_arrays(self) -> int:
+        """How many of the optimizer's state arrays hold one value a column (Adagrad 1, Adam 2);
+        the rest of its state (and the expiry word) is a few words a row."""
+        return self.optimizer.state_width(2) - self.optimizer.state_width(1)
+
+    @property
+    def state_words(self) -> int:
+        """32-bit words of a record's state: its arrays in ``state_dtype``, then the words a row."""
+        arrays, dim = self.state_arrays, self.dim
+        return arrays * weight_words(self.state_dtype, dim) + self.state_width - arrays * dim
+
+    @property
+    def packed(self) -> bool:
+        """Whether a record's words differ from its float32 values (a narrow dtype or state)."""
+        return self.dtype != "float32" or self.state_dtype != "float32"
+
+    @property
     def record_width(self) -> int:
         """32-bit words per record as the tiers hold it: the weights in ``dtype``, then the
-        optimizer state (float32)."""
-        return self.weight_words + self.state_width
+        optimizer state (its arrays in ``state_dtype``)."""
+        return self.weight_words + self.state_words
 
     @property
     def value_width(self) -> int:
@@ -301,6 +348,7 @@ class TableConfig:
             "init_table": self.init_table,
             "init_column": self.init_column,
             "rounding": self.rounding,
+            "state_dtype": self.state_dtype,
         }
 
     @classmethod
@@ -321,6 +369,7 @@ class TableConfig:
             init_table=d.get("init_table"),  # (a manifest written before column-wise shards: none)
             init_column=d.get("init_column", 0),
             rounding=d.get("rounding", "stochastic"),  # (a manifest written before narrow rows: none)
+            state_dtype=d.get("state_dtype", "float32"),
         )
 
 

@@ -37,7 +37,7 @@ import math
 import numba
 import numpy as np
 
-from tiered_emb.config import DTYPES, TableConfig
+from tiered_emb.config import DTYPES, TableConfig, weight_words
 from tiered_emb.errors import ConfigError
 
 #: names the command line and TorchRec's ``DataType`` give for each dtype
@@ -346,28 +346,42 @@ def _mix(x: int) -> int:
 
 def values_of(cfg: TableConfig, records: np.ndarray, slots: np.ndarray | None = None) -> np.ndarray:
     """Records (float32 words (n, record_width)) at ``slots`` (None: all) read as float32
-    values (k, value_width): the weights decoded, the state words as they are."""
-    if cfg.dtype == "float32":
+    values (k, value_width): the weights and the state arrays decoded, a row's single
+    words (row-wise Adagrad's, Adam's step, the expiry step) as they are."""
+    if not cfg.packed:
         return np.ascontiguousarray(records if slots is None else records[slots], dtype=np.float32)
-    w = cfg.weight_words
-    k = records.shape[0] if slots is None else slots.shape[0]
-    out = np.empty((k, cfg.value_width), dtype=np.float32)
-    out[:, : cfg.dim] = decode(cfg.dtype, records, slots, cfg.dim)
-    if cfg.state_width:
-        state = records[:, w : cfg.record_width] if slots is None else records[slots, w : cfg.record_width]
-        out.view(np.uint32)[:, cfg.dim :] = state.view(np.uint32)
+    rows = records if slots is None else records[slots]
+    out = np.empty((rows.shape[0], cfg.value_width), dtype=np.float32)
+    dim, per = cfg.dim, weight_words(cfg.state_dtype, cfg.dim)
+    out[:, :dim] = decode(cfg.dtype, rows, None, dim)
+    at = cfg.weight_words
+    for a in range(cfg.state_arrays):
+        out[:, dim * (1 + a) : dim * (2 + a)] = decode(cfg.state_dtype, rows[:, at : at + per], None, dim)
+        at += per
+    out.view(np.uint32)[:, dim * (1 + cfg.state_arrays) :] = rows[:, at : cfg.record_width].view(np.uint32)
     return out
 
 
-def records_of(cfg: TableConfig, values: np.ndarray, ids: np.ndarray | None = None, key: int | None = None):
+def records_of(
+    cfg: TableConfig, values: np.ndarray, ids: np.ndarray | None = None, key: int | None = None, col0: int = 0
+) -> np.ndarray:
     """Float32 values (k, value_width) as records (float32 words (k, record_width)): the
-    weights rounded as :func:`encode` does, the state words as they are."""
-    if cfg.dtype == "float32":
+    weights and the state arrays rounded as :func:`encode` does (each array from bits of its
+    own key), a row's single words as they are.  ``col0`` as :func:`encode`'s."""
+    if not cfg.packed:
         return np.ascontiguousarray(values, dtype=np.float32)
-    out = np.empty((values.shape[0], cfg.record_width), dtype=np.float32)
-    encode(cfg.dtype, values[:, : cfg.dim], out, None, ids, key)
-    if cfg.state_width:
-        out.view(np.uint32)[:, cfg.weight_words :] = np.ascontiguousarray(values[:, cfg.dim :]).view(np.uint32)
+    out = np.zeros((values.shape[0], cfg.record_width), dtype=np.float32)
+    dim, per = cfg.dim, weight_words(cfg.state_dtype, cfg.dim)
+    encode(cfg.dtype, values[:, :dim], out, None, ids, key, col0=col0)
+    at = cfg.weight_words
+    for a in range(cfg.state_arrays):
+        words = np.zeros((values.shape[0], per), dtype=np.float32)
+        state_key = None if key is None else _mix(key ^ (a + 1))
+        encode(cfg.state_dtype, values[:, dim * (1 + a) : dim * (2 + a)], words, None, ids, state_key, col0=col0)
+        out[:, at : at + per] = words
+        at += per
+    tail = np.ascontiguousarray(values[:, dim * (1 + cfg.state_arrays) :])
+    out.view(np.uint32)[:, at:] = tail.view(np.uint32)
     return out
 
 

@@ -5,7 +5,7 @@ An export is a directory of its own: ``export.json`` (the format, the tables' co
 the seed and each table's row count) and per table ``<table>.ids.npy`` (int64, increasing)
 and ``<table>.rows.npy`` (rows x record width: the weights, then the optimizer's state;
 float32 for a float32 table, else uint32: the record's words as the store holds them,
-the weights packed in the table's dtype, :mod:`tiered_emb.precision`).  Format 2 says
+the weights and state packed in the table's dtypes, :mod:`tiered_emb.precision`).  Format 2 says
 so; format 1 (float32 tables only) still imports.  It holds the rows of the store's last
 checkpoint that were ever written; the others are the initialiser's, drawn again alike by
 a store of the same seed.  All three stream: a chunk of ``TierConfig.budget_bytes`` of rows at a time, written
@@ -40,13 +40,13 @@ IMPORT_FORMATS = ("tiered_emb-export/1", EXPORT_FORMAT)
 
 def _words_dtype(cfg: TableConfig) -> type:
     """What an export's ``rows.npy`` holds for ``cfg``: float32 values, or the words of narrow rows."""
-    return np.float32 if cfg.dtype == "float32" else np.uint32
+    return np.uint32 if cfg.packed else np.float32
 
 
 def converted(src: TableConfig, dst: TableConfig, records: np.ndarray) -> np.ndarray:
     """Records of ``src`` (float32 words (k, record_width)) as records of ``dst`` (the same
     table in another dtype): the weights rounded to nearest, the state as it is."""
-    if src.dtype == dst.dtype:
+    if (src.dtype, src.state_dtype) == (dst.dtype, dst.state_dtype):
         return records
     return records_of(dst, values_of(src, records))
 

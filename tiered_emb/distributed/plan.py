@@ -187,9 +187,9 @@ def _check_table(tp: TablePlan, cfg: TableConfig, w: int) -> None:
         if tp.columns:
             raise PlanError(f"{where} has columns", "only a column-wise table names columns")
         return
-    if cfg.dtype != "float32":
+    if cfg.packed:
         raise PlanError(
-            f"{where} is cut by columns, and its rows are {cfg.dtype}",
+            f"{where} is cut by columns, and its rows are {cfg.dtype} (state {cfg.state_dtype})",
             "shard a table of narrow rows table-wise or row-wise (an int8 row's scale spans its columns)",
         )
     cols = tp.columns

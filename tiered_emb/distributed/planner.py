@@ -195,7 +195,7 @@ def plan_tables(
         by_load = sorted(everyone, key=lambda r: (cost[r], r))
         owner = next((r for r in by_load if fits(r, size)), None)
         wide = cfg.dim >= column_dim and not isinstance(cfg.optimizer, RowWiseAdagrad) and world_size > 1
-        wide = wide and cfg.dtype == "float32"  # (narrow rows are not cut by columns: see plan.check)
+        wide = wide and not cfg.packed  # (narrow rows are not cut by columns: see plan.check)
         if wide and owner is not None:
             k = min(world_size, max(2, round(cfg.dim / max(column_dim // 2, 1))))
             cuts = tuple(cfg.dim * i // k for i in range(k + 1))

@@ -66,10 +66,11 @@ class Table:
         self.admission = admission_of(cfg)
         #: the table's touch log (None: its rows never expire)
         self.expiry = expiry_of(cfg)
-        if cfg.dtype != "float32" and xp is not np:
+        if cfg.packed and xp is not np:
             raise ConfigError(
-                f"table {cfg.name!r}: dtype {cfg.dtype!r} rows are held on the host only in this version",
-                "use TierConfig(device='cpu'), or dtype='float32' for an HBM tier on a GPU",
+                f"table {cfg.name!r}: rows of dtype {cfg.dtype!r}, state {cfg.state_dtype!r} are held on the "
+                "host only in this version",
+                "use TierConfig(device='cpu'), or float32 rows and state for an HBM tier on a GPU",
             )
         #: the key of the table's rounding bits (its initial rows' name) and the updates it
         #: had in the store's current step (:func:`tiered_emb.precision.rounding_key`)
@@ -503,7 +504,7 @@ class Resolver:
             if below.shape[0]:
                 rows, on_ssd, _ = self.read_below(t, uids[below])
                 move_rows(rows, None, src, below, width)
-        if t.cfg.dtype != "float32":
+        if t.cfg.packed:
             src, width = values_of(t.cfg, src), t.cfg.value_width
         if c is not None:
             for tier, asked, found in (

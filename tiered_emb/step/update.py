@@ -14,7 +14,7 @@ import numpy as np
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, square_sums4, threads_for
 from tiered_emb.errors import ConfigError
-from tiered_emb.precision import encode, rounding_key, values_of
+from tiered_emb.precision import records_of, rounding_key, values_of
 from tiered_emb.step import narrow
 
 # Each kernel updates records[slots[k]] with grads[k] for k in range(len(slots)),
@@ -250,16 +250,16 @@ def rounding(res, t) -> int | None:
     number in the step), the number then moved on (:mod:`tiered_emb.precision`); None where
     nothing rounds stochastically (float32 rows, ``rounding="nearest"``)."""
     t.updates += 1
-    if t.cfg.dtype == "float32" or t.cfg.rounding == "nearest":
+    if not t.cfg.packed or t.cfg.rounding == "nearest":
         return None
     return rounding_key(res.seed, t.key_hash, res.step, t.updates - 1)
 
 
 def _apply(res, t, slots, uids: np.ndarray, grads, row_means, key: int | None) -> None:
     """:func:`apply_update` on ``t``'s HBM ``slots`` (of ``uids``); rows of a narrower dtype
-    are read as float32, updated, and rounded back: stochastically with ``key``'s bits, to
-    nearest where it is None."""
-    if t.cfg.dtype == "float32":
+    or state are read as float32, updated, and rounded back: stochastically with ``key``'s
+    bits, to nearest where it is None."""
+    if not t.cfg.packed:
         apply_update(t.cfg.optimizer, t.hbm.records, slots, grads, res.kernels, row_means)
         return
     cfg = t.cfg
@@ -267,9 +267,7 @@ def _apply(res, t, slots, uids: np.ndarray, grads, row_means, key: int | None) -
         return
     values = values_of(cfg, t.hbm.records, slots)
     apply_update(cfg.optimizer, values, np.arange(slots.shape[0], dtype=np.int64), grads, None, row_means)
-    encode(cfg.dtype, values[:, : cfg.dim], t.hbm.records, slots, uids, key, col0=cfg.init_column)
-    if cfg.state_width:
-        t.hbm.records.view(np.uint32)[slots, cfg.weight_words : cfg.record_width] = values.view(np.uint32)[:, cfg.dim :]
+    t.hbm.records[slots, : cfg.record_width] = records_of(cfg, values, uids, key, cfg.init_column)
 
 
 def update_rows(

@@ -13,7 +13,7 @@ import numpy as np
 
 from tiered_emb.config import TableConfig
 from tiered_emb.init import init_rows, table_hash
-from tiered_emb.precision import decode, encode, rounding_key, values_of
+from tiered_emb.precision import decode, encode, records_of, rounding_key, values_of
 from tiered_emb.step.reduce import REDUCE_CHUNK
 from tiered_emb.testing.reference_ghosts import GHOST_POLICIES
 
@@ -160,18 +160,25 @@ class ReferenceStore:
             rows[i] = values_of(cfg, init_rows(cfg, np.array([i], dtype=np.int64), self.seed))[0]
         return rows[i]
 
-    def _rounded(self, table: str, ids: list[int], key: int | None) -> None:
-        """Round the weights of ``ids`` to the table's dtype: to nearest, or stochastically
-        with ``key`` (by the arithmetic path, :func:`tiered_emb.precision.encode`'s ``generic``)."""
+    def _rounded(self, table: str, ids: list[int], key: int | None, weights_only: bool = False) -> None:
+        """Round the records of ``ids`` to the table's dtype and state dtype: to nearest, or
+        stochastically with ``key`` (the weights by the arithmetic path, ``encode``'s
+        ``generic``; the state arrays through :func:`tiered_emb.precision.records_of`).
+        ``weights_only``: a write, which leaves the state as it is."""
         cfg = self.tables[table]
-        if cfg.dtype == "float32" or not ids:
+        if not cfg.packed or not ids:
             return
-        values = np.stack([self.record(table, i)[: cfg.dim] for i in ids])
+        id_arr = np.array(ids, np.int64)
+        values = np.stack([self.record(table, i) for i in ids])
+        back = values_of(cfg, records_of(cfg, values, id_arr, key, cfg.init_column))
         words = np.zeros((len(ids), cfg.weight_words), np.float32)
-        encode(cfg.dtype, values, words, None, np.array(ids, np.int64), key, generic=True, col0=cfg.init_column)
-        back = decode(cfg.dtype, words, None, cfg.dim)
+        encode(cfg.dtype, values[:, : cfg.dim], words, None, id_arr, key, generic=True, col0=cfg.init_column)
+        back[:, : cfg.dim] = decode(cfg.dtype, words, None, cfg.dim)
         for i, r in zip(ids, back, strict=True):
-            self.record(table, i)[: cfg.dim] = r
+            if weights_only:
+                self.record(table, i)[: cfg.dim] = r[: cfg.dim]
+            else:
+                self.record(table, i)[:] = r
 
     def lookup(self, table: str, ids) -> np.ndarray:
         dim = self.tables[table].dim
@@ -188,7 +195,7 @@ class ReferenceStore:
         dim = self.tables[table].dim
         for i, r in zip(ids, rows, strict=True):
             self.record(table, int(i))[:dim] = r
-            self._rounded(table, [int(i)], None)
+            self._rounded(table, [int(i)], None, weights_only=True)
             self._touch(table, int(i))
 
     def delete(self, table: str, ids) -> None:
