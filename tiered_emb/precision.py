@@ -53,10 +53,6 @@ ALIASES = {
     "bfloat16": "bfloat16",
 }
 
-#: the bits of each dtype's value, for the error bound and the byte counts
-VALUE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "int8": 8}
-
-_CODES = {"float16": 0, "bfloat16": 1}
 
 # The unit a 16-bit float rounds to, in three numbers: the smallest normal exponent, the
 # mantissa bits, the exponent bias; and the largest finite value.

@@ -209,3 +209,17 @@ def test_a_sharded_report_names_the_plan_it_ran(tmp_path):
     ran = ShardingPlan.from_json(json.dumps({"format": "tiered_emb-plan/1", **report["plan"]}))
     assert ran == ShardingPlan.load(tmp_path / "plan.json") == ShardingPlan.from_json(read_manifest(tmp_path)["plan"])
     assert report["steps_this_run"] == 2 and len(report["rank_busy_seconds"]) == 2
+
+
+def test_a_sharded_run_of_narrow_rows_sizes_its_tiers_in_bytes(tmp_path):
+    """--dtype bf16 --hbm / --ddr at world size 2: each rank's tables hold the rows their
+    share of the bytes takes in bfloat16 (dim 4 + row-wise Adagrad's word: 12 bytes a row),
+    as in one process; the shards' tables are bfloat16."""
+    run = tmp_path / "r"
+    _train(run, "--world-size", "2", "--steps", "2", "--dtype", "bf16", "--hbm", "312KiB", "--ddr", "156KiB")
+    cfg = json.loads((run / "config.json").read_text())
+    assert (cfg["hbm_rows"], cfg["ddr_rows"]) == (312 * 1024 // (26 * 12), 156 * 1024 // (26 * 12))
+    m = read_manifest(run)
+    path = shard_path(generation_root(run, m["generation"]), 0)
+    with TieredStore.open(path, snapshot=m["epochs"][0]) as store:
+        assert {store.engine.table_config(n).dtype for n in store.tables} == {"bfloat16"}

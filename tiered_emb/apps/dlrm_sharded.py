@@ -33,6 +33,7 @@ from tiered_emb.apps.dlrm_config import (
     feature_names,
     lr_factor,
     mlp_sizes,
+    rows_in,
     run_config,
     table_configs,
 )
@@ -144,16 +145,16 @@ def prepare(args) -> dict:
     cfg = run_config(args)
     if cfg["batch"] % world:
         raise ConfigError(f"--batch {cfg['batch']} for {world} ranks", "give a batch that the world size divides")
+    tables = table_configs(cfg)
     cfg.update(
         comm_dtype=args.comm_dtype,
-        hbm_rows=args.hbm_rows,
-        ddr_rows=args.ddr_rows,
+        hbm_rows=rows_in(getattr(args, "hbm_bytes", None), args.hbm_rows, tables, "--hbm-bytes"),
+        ddr_rows=rows_in(getattr(args, "ddr_bytes", None), args.ddr_rows, tables, "--ddr-bytes"),
         policy=args.policy,
         device=args.device,
         sync_writes=bool(getattr(args, "sync_writes", False)),
         disk_limit=getattr(args, "disk_limit", None),
     )
-    tables = table_configs(cfg)
     plan, estimate, est = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
     make_run_dir(run_dir, "train")
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))

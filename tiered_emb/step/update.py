@@ -248,10 +248,11 @@ def admitted(t, uids: np.ndarray, summed):
 def rounding(res, t) -> int | None:
     """The key of the random bits of ``t``'s next update: (seed, table, step, the update's
     number in the step), the number then moved on (:mod:`tiered_emb.precision`); None where
-    nothing rounds stochastically (float32 rows, ``rounding="nearest"``)."""
-    t.updates += 1
+    nothing rounds stochastically (float32 rows and state, ``rounding="nearest"``), and
+    nothing is counted."""
     if not t.cfg.packed or t.cfg.rounding == "nearest":
         return None
+    t.updates += 1
     return rounding_key(res.seed, t.key_hash, res.step, t.updates - 1)
 
 
