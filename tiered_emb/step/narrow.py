@@ -49,12 +49,6 @@ def _dec(h, lut, kind):
 
 
 @numba.njit(inline="always")
-def _bits_of(row, col0, j):
-    """The 32 random bits of column ``col0 + j`` (:func:`tiered_emb.precision.column_bits`)."""
-    return column_bits(row, col0 + j)
-
-
-@numba.njit(inline="always")
 def _store16(out16, s, new, row, col0, bf16):
     """``out16[s, :]`` = the float32 values ``new`` (n,) rounded stochastically to 16-bit
     floats (``precision.encode``'s rule, bits of ``row``'s key): the bit-level rounding of
@@ -75,12 +69,12 @@ def _store16(out16, s, new, row, col0, bf16):
     else:
         first = 0
     for j in range(first, n):
-        h = fast16(f32_bits(new[j]), _bits_of(row, col0, j), True, bf16)
+        h = fast16(f32_bits(new[j]), column_bits(row, col0 + j), True, bf16)
         out16[s, j] = np.uint16(h & np.uint32(0xFFFF))
         slow |= h
     if slow & np.uint32(0x10000):
         for j in range(n):
-            r = _bits_of(row, col0, j)
+            r = column_bits(row, col0 + j)
             if fast16(f32_bits(new[j]), r, True, bf16) != 0x10000:
                 continue
             if bf16:
