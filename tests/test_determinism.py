@@ -63,6 +63,6 @@ def test_signed_zero_matches_the_reference_byte_for_byte(tmp_path):
         with TieredStore.create(tmp_path / f"p{k}", [cfg], TierConfig(8, 8, "lru", "cpu"), seed=1) as s:
             s.write("t", ids, rows)
             plan = plan_bags(ids, np.array([0, 1, 2]))  # each id a bag of its own: the fused path
-            s.engine.lookup_pooled("t", plan)
-            s.engine.apply_pooled_gradients("t", plan, g)
+            _, fwd = s.engine.lookup_pooled("t", plan)
+            s.engine.apply_pooled_gradients("t", fwd, g)
             assert s.peek("t", ids, with_state=True).tobytes() == ref.peek_records("t", ids).tobytes(), opt.name

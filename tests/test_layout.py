@@ -213,6 +213,13 @@ def test_sim_imports_neither_the_store_nor_the_tiers() -> None:
     assert not found, "sim/ imports the store's side of the package:\n" + _grouped(found)
 
 
+def test_torch_front_end_goes_through_the_engine() -> None:
+    """The torch front end plans, looks up, reduces and updates through ``store.engine``
+    (the step as values: a plan, a forward record), never through the step's modules."""
+    found = _forbidden_imports(("tiered_emb/torch",), ("tiered_emb.step",))
+    assert not found, "torch/ imports the step's modules (ask the engine):\n" + _grouped(found)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # (c): optional dependencies stay optional
 

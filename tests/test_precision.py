@@ -129,12 +129,12 @@ def _train(path, dtype, tiers, steps=6, pooled=False, prefetch=False, state="flo
                     ticket = s.prefetch({t.name: ids}) if prefetch else None
                     if ticket is not None:
                         with s.engine.stepping(ticket):
-                            out = s.engine.lookup_pooled(t.name, bags)
-                            s.engine.apply_pooled_gradients(t.name, bags, g)
+                            out, fwd = s.engine.lookup_pooled(t.name, bags)
+                            s.engine.apply_pooled_gradients(t.name, fwd, g)
                         s.release(ticket)
                     else:
-                        out = s.engine.lookup_pooled(t.name, bags)
-                        s.engine.apply_pooled_gradients(t.name, bags, g)
+                        out, fwd = s.engine.lookup_pooled(t.name, bags)
+                        s.engine.apply_pooled_gradients(t.name, fwd, g)
                     want = np.zeros((12, t.dim), np.float32)
                     pool_bags(ref.lookup(t.name, ids), offsets, np.empty(0, np.float32), False, False, want)
                     assert out.tobytes() == want.tobytes()

@@ -9,12 +9,14 @@ A user calls :class:`~tiered_emb.TieredStore`; :mod:`tiered_emb.torch`,
   tables' HBM and DDR tiers and the step's stages, :mod:`tiered_emb.step.resolve`), ``ssd``
   (the SSD tier), ``window`` and ``prefetcher`` (:mod:`tiered_emb.prefetch`), ``lock``,
   ``closed``, ``last_checkpoint_rows``;
-- tables: :meth:`table` (its HBM and DDR tiers and counters), :meth:`table_config`, :meth:`check_ids`,
-  :meth:`check_bags`;
-- the pooled step of the torch front end: :meth:`lookup_pooled`,
+- tables: :meth:`table` (its HBM and DDR tiers and counters), :meth:`table_config`, :meth:`check_ids`;
+- the pooled step of the torch front end, as values: :meth:`plan_bags` (a batch of bags),
+  :meth:`check_bags` (its ids checked against a table, once), :meth:`lookup_pooled` (the
+  pooled rows and the immutable record of what was read, which the backward consumes),
   :meth:`apply_pooled_gradients`, and the backward in two halves, :meth:`gradient_update`
   and :meth:`pooled_update` (every check first, then the update), with
-  :meth:`raise_failed_write`;
+  :meth:`raise_failed_write`; the sums a held update keeps, :meth:`reduce_pooled` and
+  :meth:`reduce_rows`;
 - the prefetch thread: :meth:`bring_up`, :meth:`read_ahead`, :meth:`stepping`,
   :meth:`drain_prefetch`;
 - on disk: :meth:`write_manifest`, :meth:`checkpoint_logs`, :meth:`disk_bytes`, :meth:`shut`.
@@ -39,7 +41,8 @@ from tiered_emb._version import __version__
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, StoreClosedError
 from tiered_emb.prefetch import Prefetcher, Ticket, Window
-from tiered_emb.step import backward, gather, plan
+from tiered_emb.step import backward, gather, plan, reduce
+from tiered_emb.step.plan import BagPlan, Forward
 from tiered_emb.step.resolve import Resolver, Table
 from tiered_emb.tiers import SsdTier
 
@@ -166,17 +169,23 @@ class Engine:
         t = self.table(table)
         return table_ids(t.cfg.name, ids, t.cfg.num_rows)
 
-    def check_bags(self, table: str, bags: plan.BagPlan) -> None:
-        """Check the ids of ``bags`` against ``table`` now (a collection checks every feature
-        before it reads any); :meth:`lookup_pooled` then does not check them again."""
-        t = self.table(table)
-        table_ids(table, bags.ids, t.cfg.num_rows)
-        bags.checked = t
+    def check_bags(self, table: str, bags: plan.BagPlan) -> plan.BagPlan:
+        """``bags`` checked against ``table``: the plan the pooled step takes without checking
+        again (a collection checks every feature before it reads any).  The same plan when it
+        was checked for ``table`` already; IdRangeError / IdTypeError, nothing changed, else."""
+        return plan.checked(self.table(table), bags)
 
     # ------------------------------------------------------------------ the pooled step
-    def lookup_pooled(self, table: str, bags: plan.BagPlan, backward: bool = True) -> Any:
-        """Pooled rows of every bag of ``bags`` (:func:`tiered_emb.step.plan.plan_bags`): float32 (B, dim),
-        host NumPy, or a CuPy array when the HBM tier is on a GPU.
+    @staticmethod
+    def plan_bags(ids: Any, offsets: Any, weights: Any = None, mean: bool = False) -> plan.BagPlan:
+        """A batch of bags, its shapes checked (:func:`tiered_emb.step.plan.plan_bags`); its ids
+        are checked against a table by :meth:`check_bags` or the first lookup."""
+        return plan.plan_bags(ids, offsets, weights, mean)
+
+    def lookup_pooled(self, table: str, bags: plan.BagPlan, backward: bool = True) -> tuple[Any, plan.Forward]:
+        """``(pooled, forward)``: the pooled rows of every bag of ``bags`` (float32 (B, dim), host
+        NumPy, or a CuPy array when the HBM tier is on a GPU), and the record of what was read
+        (:class:`tiered_emb.step.plan.Forward`) that its backward takes.
 
         Bitwise equal to pooling ``store.lookup(table, bags.ids)`` bag by bag, with no
         gathered copy (see :func:`tiered_emb.step.gather.lookup_pooled`).  ``backward=False``
@@ -184,13 +193,15 @@ class Engine:
         """
         return gather.lookup_pooled(self.resolver, self.window, self.table(table), bags, backward)
 
-    def apply_pooled_gradients(self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise") -> None:
+    def apply_pooled_gradients(self, table: str, step: Any, grad_out: Any, nonfinite: str = "raise") -> None:
         """The fused backward of :meth:`lookup_pooled`: the table's optimizer once per unique id.
 
+        ``step``: the lookup's :class:`~tiered_emb.step.plan.Forward` (its rows updated in the
+        slots it found), or a :class:`~tiered_emb.step.plan.BagPlan` no lookup read.
         ``grad_out``: float32 (B, dim), the gradient of the pooled output.  Bitwise equal to
         ``store.apply_gradients`` with each position's gradient row, and checked as strictly.
         """
-        self.pooled_update(table, bags, grad_out, nonfinite)()
+        self.pooled_update(table, step, grad_out, nonfinite)()
 
     def gradient_update(self, table: str, ids: ArrayLike, grads: Any, nonfinite: str = "raise") -> Callable[[], None]:
         """``store.apply_gradients`` in two halves: every check and the reduction now (what
@@ -199,17 +210,32 @@ class Engine:
         checks them all before it updates any (:mod:`tiered_emb.torch`)."""
         return backward.gradient_update(self.resolver, self.table(table), ids, grads, nonfinite)
 
-    def pooled_update(
-        self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise"
-    ) -> Callable[[], None]:
+    def pooled_update(self, table: str, step: Any, grad_out: Any, nonfinite: str = "raise") -> Callable[[], None]:
         """:meth:`apply_pooled_gradients` in two halves, as :meth:`gradient_update`."""
-        return backward.pooled_update(self.resolver, self.window, self.table(table), bags, grad_out, nonfinite)
+        return backward.pooled_update(self.resolver, self.window, self.table(table), step, grad_out, nonfinite)
 
-    def split_rows(self, table: str, bags: plan.BagPlan, grad_out: Any, nonfinite: str = "raise") -> backward.SplitRows:
+    def split_rows(self, table: str, step: Any, grad_out: Any, nonfinite: str = "raise") -> backward.SplitRows:
         """:meth:`pooled_update` of a row-wise Adagrad table holding some of its rows' columns
         (a column piece), in the halves that share one row state between the pieces
         (:class:`tiered_emb.step.backward.SplitRows`)."""
-        return backward.SplitRows(self.resolver, self.window, self.table(table), bags, grad_out, nonfinite)
+        return backward.SplitRows(self.resolver, self.window, self.table(table), step, grad_out, nonfinite)
+
+    @staticmethod
+    def reduce_pooled(step: Any, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(uids, summed)``: the gradient of each unique id of a batch of bags (``step`` its
+        :class:`~tiered_emb.step.plan.Forward` or :class:`~tiered_emb.step.plan.BagPlan`),
+        summed from ``grad_out`` (float32 (B, dim), host) in position order, as the fused
+        update sums it: what a held update keeps (:class:`tiered_emb.torch.TieredOptimizer`)."""
+        uids = step.uids if step.uids is not None else plan.dedupe(step.ids)[0]
+        return uids, reduce.reduce_bag_grads(step, grad_out)[0]
+
+    @staticmethod
+    def reduce_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(uids, summed)``: ``grads`` (float32 (n, dim), one a position of int64 ``ids``)
+        summed per unique id in position order, uids in first-occurrence order (the sums
+        ``apply_gradients`` makes)."""
+        uids, inverse = plan.dedupe(ids)
+        return uids, reduce.reduce_grads(grads, inverse, uids.shape[0])
 
     def raise_failed_write(self) -> None:
         """Raise the failure of an earlier write-back of evicted rows (a full disk), once, if
@@ -275,4 +301,4 @@ class Engine:
             return self.ssd.file_bytes()
 
 
-__all__ = ["Engine"]
+__all__ = ["BagPlan", "Engine", "Forward"]

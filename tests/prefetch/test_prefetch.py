@@ -41,8 +41,8 @@ def train(store, data, depth, checkpoint_every=0, load_ahead=1, read_ahead=0, po
         for name in sorted(b):
             if pooled:
                 plan = plan_bags(b[name], np.arange(b[name].shape[0] + 1))
-                rows = store.engine.lookup_pooled(name, plan)
-                store.engine.apply_pooled_gradients(name, plan, rows * np.float32(0.5) + np.float32(0.01))
+                rows, fwd = store.engine.lookup_pooled(name, plan)
+                store.engine.apply_pooled_gradients(name, fwd, rows * np.float32(0.5) + np.float32(0.01))
                 continue
             rows = store.lookup(name, b[name])
             store.apply_gradients(name, b[name], np.asarray(rows) * np.float32(0.5) + np.float32(0.01))
@@ -126,8 +126,8 @@ def train_bags(store, data, depth, load_ahead):
         for name in sorted(b):
             ids, offsets = b[name]
             plan = plan_bags(ids, offsets, None, mean=(name == "v"))
-            out = store.engine.lookup_pooled(name, plan)
-            store.engine.apply_pooled_gradients(name, plan, out * np.float32(0.5) + np.float32(0.01))
+            out, fwd = store.engine.lookup_pooled(name, plan)
+            store.engine.apply_pooled_gradients(name, fwd, out * np.float32(0.5) + np.float32(0.01))
 
 
 @pytest.mark.parametrize("hbm, ddr", [(8, 0), (60, 16), (1000, 0)])
@@ -464,10 +464,10 @@ def test_a_plan_forwarded_on_two_tables_updates_each_tables_own_rows(tmp_path, d
         ids = np.array([1, 2])
         for b in lookahead(s, [ids], lambda b: {"a": b, "b": b}, depth=depth, load_ahead=1):
             plan = plan_bags(b, np.array([0, 2]))
-            s.engine.lookup_pooled("a", plan)
-            s.engine.lookup_pooled("b", plan)
-            s.engine.apply_pooled_gradients("a", plan, np.ones((1, 2), np.float32))
-            s.engine.apply_pooled_gradients("b", plan, np.ones((1, 2), np.float32))
+            _, fa = s.engine.lookup_pooled("a", plan)
+            _, fb = s.engine.lookup_pooled("b", plan)
+            s.engine.apply_pooled_gradients("a", fa, np.ones((1, 2), np.float32))
+            s.engine.apply_pooled_gradients("b", fb, np.ones((1, 2), np.float32))
         for name in ("a", "b"):
             ref.apply_gradients(name, ids, np.ones((2, 2), np.float32))
             check = np.array([1, 2, 9])
@@ -518,11 +518,11 @@ def test_backward_after_its_step_moved_on_takes_the_locked_path(tmp_path):
             pending = None
             for b in it:
                 plan = plan_bags(b, off)
-                out = s.engine.lookup_pooled("t", plan)
+                out, fwd = s.engine.lookup_pooled("t", plan)
                 if pending is None:
-                    pending = (plan, out)
+                    pending = (fwd, out)
                     continue
-                for p, o in (pending, (plan, out)):
+                for p, o in (pending, (fwd, out)):
                     s.engine.apply_pooled_gradients("t", p, o * np.float32(0.5) + np.float32(0.01))
                 pending = None
             return s.peek("t", np.arange(40), with_state=True)

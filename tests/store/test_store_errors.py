@@ -161,14 +161,16 @@ def test_fused_backward_checks_its_gradient_and_ids(tmp_path):
 
     with TieredStore.create(tmp_path / "s", TABLES, cpu(4, 4), seed=3) as s:
         plan = plan_bags(np.array([1, 2]), np.array([0, 1, 2]))
-        s.engine.lookup_pooled("a", plan)
+        _, fwd = s.engine.lookup_pooled("a", plan)
         before = s.peek("a", np.array([1, 2]), with_state=True)
         with pytest.raises(RowShapeError):
-            s.engine.apply_pooled_gradients("a", plan, np.ones((2, 4), np.float32))
+            s.engine.apply_pooled_gradients("a", fwd, np.ones((2, 4), np.float32))
         with pytest.raises(RowShapeError):
-            s.engine.apply_pooled_gradients("a", plan, np.ones((3, 8), np.float32))
+            s.engine.apply_pooled_gradients("a", fwd, np.ones((3, 8), np.float32))
         with pytest.raises(RowDtypeError):
-            s.engine.apply_pooled_gradients("a", plan, np.ones((2, 8), np.float64))
+            s.engine.apply_pooled_gradients("a", fwd, np.ones((2, 8), np.float64))
+        with pytest.raises(ConfigError, match="forward record of table 'a'"):  # a record is its table's
+            s.engine.apply_pooled_gradients("b", fwd, np.ones((2, 3), np.float32))
         np.testing.assert_array_equal(s.peek("a", np.array([1, 2]), with_state=True), before)
         bad = plan_bags(np.array([5, 100]), np.array([0, 2]))  # b has num_rows=100, never looked up
         with pytest.raises(IdRangeError):

@@ -116,7 +116,7 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
         w = np.linspace(0.1, 1.0, ids.shape[0]).astype(np.float32)
         for mean, weights in ((False, w), (True, None)):
             plan = plan_bags(ids, off, weights, mean)
-            out = fused.engine.lookup_pooled("t", plan)
+            out, fwd = fused.engine.lookup_pooled("t", plan)
             rows = plain.lookup("t", ids)
             ref = np.empty_like(out)
             use_w = weights is not None
@@ -124,7 +124,7 @@ def test_fused_path_is_bitwise_the_plain_path(tmp_path, hbm_rows):
             _pool_bags(rows, off, wk, use_w, mean, ref)
             assert out.tobytes() == ref.tobytes()
             grad_out = np.sin(np.arange(out.size, dtype=np.float32) + step).reshape(out.shape)
-            fused.engine.apply_pooled_gradients("t", plan, grad_out)
+            fused.engine.apply_pooled_gradients("t", fwd, grad_out)
             unpooled = np.empty((ids.shape[0], DIM), np.float32)
             _unpool_grads(grad_out, off, wk, use_w, mean, unpooled)
             plain.apply_gradients("t", ids, unpooled)

@@ -42,6 +42,7 @@ from tiered_emb.distributed.routing import (
     rows_by_position,
     split_rows,
 )
+from tiered_emb.engine import Forward
 from tiered_emb.errors import BackwardError, ConfigError, IdTypeError, PlanError, UnknownTableError
 from tiered_emb.torch._autograd import after_backward
 from tiered_emb.torch._inputs import as_numpy_ids
@@ -58,6 +59,7 @@ class _Served:
     c1: int
     bags: GlobalBags | None = None  # a bag shard's or a replica's global batch
     requests: list | None = None  # a row shard's requests, per rank
+    forward: Forward | None = None  # a bag shard's lookup, for its backward
 
 
 @dataclass
@@ -262,12 +264,12 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     parts = [incoming[s][at[s] : at[s] + 4] for s in range(ex.world_size)]
                     at = [a + 4 for a in at]
                     gb = GlobalBags.of(parts, self.mode == "mean")
-                    engine.check_bags(local, gb.plan)
-                    pooled = np.asarray(engine.lookup_pooled(local, gb.plan, backward=training))
+                    out, fwd = engine.lookup_pooled(local, engine.check_bags(local, gb.plan), backward=training)
+                    pooled = np.asarray(out)
                     for s in range(ex.world_size):
                         replies[s].append(encode(gb.rows_for(pooled, s), self.comm_dtypes[tp.table]))
                     if training:
-                        step.served.append(_Served(tp, local, c0, c1, bags=gb))
+                        step.served.append(_Served(tp, local, c0, c1, bags=gb, forward=fwd))
             elif tp.sharding_type in ROW_SHARDED and ex.rank in tp.ranks:
                 reqs = [incoming[s][at[s] : at[s] + 4] for s in range(ex.world_size)]
                 at = [a + 4 for a in at]
@@ -301,8 +303,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     at[r] += 1
                 pooled[tp.table] = pool_local(bags, rows_by_position(bags, step.owners[tp.table], replies, dim))
             else:
-                engine.check_bags(tp.table, bags.plan)
-                pooled[tp.table] = np.asarray(engine.lookup_pooled(tp.table, bags.plan, backward=False))
+                checked = engine.check_bags(tp.table, bags.plan)
+                pooled[tp.table] = np.asarray(engine.lookup_pooled(tp.table, checked, backward=False)[0])
         return self._per_feature(step, pooled)
 
     def _per_feature(self, step: _Step, pooled: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -375,8 +377,8 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     at = [a + 5 for a in at]
                     gb = GlobalBags.of([p[:4] for p in parts], self.mode == "mean")
                     grad = gb.place([decode(p[4]) for p in parts], self.configs[tp.table].dim)
-                    engine.check_bags(sv.local, gb.plan)
-                    updates.append(engine.pooled_update(sv.local, gb.plan, grad, self.nonfinite))
+                    checked = engine.check_bags(sv.local, gb.plan)
+                    updates.append(engine.pooled_update(sv.local, checked, grad, self.nonfinite))
                     continue
                 grads = [decode(incoming[s][at[s]]) for s in range(ex.world_size)]
                 at = [a + 1 for a in at]
@@ -384,13 +386,14 @@ class ShardedEmbeddingBagCollection(torch.nn.Module):
                     grad = sv.bags.place(grads, grads[0].shape[1] if grads else 0)
                     if tp in self.chained:
                         piece = tp.columns.index(sv.c0)
-                        splits[(tp.table, piece)] = engine.split_rows(sv.local, sv.bags.plan, grad, self.nonfinite)
+                        splits[(tp.table, piece)] = engine.split_rows(sv.local, sv.forward, grad, self.nonfinite)
                     else:
-                        updates.append(engine.pooled_update(sv.local, sv.bags.plan, grad, self.nonfinite))
+                        updates.append(engine.pooled_update(sv.local, sv.forward, grad, self.nonfinite))
                 else:
                     plan, grad = owned_bags(sv.requests, grads)
-                    engine.check_bags(sv.local, plan)
-                    updates.append(engine.pooled_update(sv.local, plan, grad, self.nonfinite))
+                    updates.append(
+                        engine.pooled_update(sv.local, engine.check_bags(sv.local, plan), grad, self.nonfinite)
+                    )
         return updates, splits
 
     def _per_table(self, step: _Step, grads: list[np.ndarray | None]) -> dict[str, np.ndarray]:

@@ -45,28 +45,50 @@ def gradient_update(res, t, ids: Any, grads: Any, nonfinite: str) -> Callable[[]
     return run
 
 
-def pooled_update(res, window, t, bags: plan.BagPlan, grad_out: Any, nonfinite: str) -> Callable[[], None]:
-    """``apply_pooled_gradients`` of table ``t`` in two halves, as :func:`gradient_update`."""
+def forward_of(t, step) -> plan.Forward:
+    """The :class:`~tiered_emb.step.plan.Forward` a pooled backward of table ``t`` consumes:
+    ``step`` itself (a lookup's record, of ``t``), or a record of nothing read for ``step``
+    a :class:`~tiered_emb.step.plan.BagPlan` (checked for ``t`` here: the backward of bags no
+    lookup of this store read, as a data-parallel owner's).  ConfigError for a record of
+    another table, or of a lookup no backward follows."""
+    if isinstance(step, plan.BagPlan):
+        return plan.Forward.unread(plan.checked(t, step))
+    if step.backend == "by_id":
+        raise ConfigError(
+            f"the forward of table {t.cfg.name!r} was read for no backward (lookup_pooled(backward=False))",
+            "look the batch up with backward=True before its backward",
+        )
+    if step.table is not t:
+        raise ConfigError(
+            f"a backward of table {t.cfg.name!r} got the forward record of table {step.table.cfg.name!r} "
+            "(of this store or another)",
+            "hand each backward the record its own table's lookup_pooled returned",
+        )
+    return step
+
+
+def pooled_update(res, window, t, step, grad_out: Any, nonfinite: str) -> Callable[[], None]:
+    """``apply_pooled_gradients`` of table ``t`` in two halves, as :func:`gradient_update`;
+    ``step``: the lookup's :class:`~tiered_emb.step.plan.Forward`, or a
+    :class:`~tiered_emb.step.plan.BagPlan` no lookup read (:func:`forward_of`)."""
     table = t.cfg.name
     nonfinite_rule(nonfinite)
     kernels = res.kernels  # with the step's CUDA kernels a device gradient stays on the device
-    grad_out = table_rows(table, grad_out, bags.num_bags, t.cfg.dim, "bag gradients", kernels is not None)
-    if bags.checked is not t:  # not already checked by lookup_pooled for this table
-        table_ids(table, bags.ids, t.cfg.num_rows)
-    if bags.ids.shape[0] == 0:
+    fwd = forward_of(t, step)
+    grad_out = table_rows(table, grad_out, fwd.num_bags, t.cfg.dim, "bag gradients", kernels is not None)
+    if fwd.ids.shape[0] == 0:
         return update.no_update
-    grouped = bags.device_grouping
-    if isinstance(grouped, device_plan.DeviceGrouping) and grouped.table is t:  # grouped on the device
-        apply = device_plan.update(res, t, bags, grad_out, nonfinite)
+    if fwd.backend == "device_planned":  # grouped on the device
+        apply = device_plan.update(res, t, fwd, grad_out, nonfinite)
         with res.lock:
             res.ssd.raise_failed_write()
         return apply
-    work = bags.ids.shape[0] * t.cfg.dim
-    summed, bad = reduce.reduce_bag_grads(bags, grad_out, kernels)
-    uids, summed = reduce.screen_nonfinite(table, bags.uids, summed, bad.astype(bool), nonfinite)
+    work = fwd.ids.shape[0] * t.cfg.dim
+    summed, bad = reduce.reduce_bag_grads(fwd, grad_out, kernels)
+    uids, summed = reduce.screen_nonfinite(table, fwd.uids, summed, bad.astype(bool), nonfinite)
     with res.lock:
         res.ssd.raise_failed_write()
-    return lambda: update.update_pooled(res, window, t, bags, uids, summed, work)
+    return lambda: update.update_pooled(res, window, t, fwd, uids, summed, work)
 
 
 class SplitRows:
@@ -81,7 +103,7 @@ class SplitRows:
     "raise" or "zero": a piece cannot skip a row its neighbours update).
     """
 
-    def __init__(self, res, window, t, bags: plan.BagPlan, grad_out: Any, nonfinite: str):
+    def __init__(self, res, window, t, step, grad_out: Any, nonfinite: str):
         table = t.cfg.name
         nonfinite_rule(nonfinite)
         if t.cfg.optimizer.name != "rowwise_adagrad" or res.kernels is not None or nonfinite == "skip":
@@ -89,16 +111,15 @@ class SplitRows:
                 f"table {table!r}: a split row update takes row-wise Adagrad on the host, nonfinite 'raise' or 'zero'",
                 "hold column pieces of row-wise Adagrad tables on the CPU, with nonfinite='raise' or 'zero'",
             )
-        grad_out = table_rows(table, grad_out, bags.num_bags, t.cfg.dim, "bag gradients")
-        if bags.checked is not t:
-            table_ids(table, bags.ids, t.cfg.num_rows)
-        self.res, self.window, self.t, self.bags = res, window, t, bags
-        self.work = bags.ids.shape[0] * t.cfg.dim
-        if bags.ids.shape[0] == 0:
-            self.uids, self.summed = bags.ids, np.zeros((0, t.cfg.dim), np.float32)
+        fwd = forward_of(t, step)
+        grad_out = table_rows(table, grad_out, fwd.num_bags, t.cfg.dim, "bag gradients")
+        self.res, self.window, self.t, self.fwd = res, window, t, fwd
+        self.work = fwd.ids.shape[0] * t.cfg.dim
+        if fwd.ids.shape[0] == 0:
+            self.uids, self.summed = fwd.ids, np.zeros((0, t.cfg.dim), np.float32)
         else:
-            summed, bad = reduce.reduce_bag_grads(bags, grad_out)
-            self.uids, self.summed = reduce.screen_nonfinite(table, bags.uids, summed, bad.astype(bool), nonfinite)
+            summed, bad = reduce.reduce_bag_grads(fwd, grad_out)
+            self.uids, self.summed = reduce.screen_nonfinite(table, fwd.uids, summed, bad.astype(bool), nonfinite)
         with res.lock:
             res.ssd.raise_failed_write()
 
@@ -120,7 +141,7 @@ class SplitRows:
     def update(self, means: np.ndarray) -> None:
         """The update, each row with ``means`` (float32 (k,)): the whole row's mean of squares."""
         if self.uids.shape[0]:
-            update.update_pooled(self.res, self.window, self.t, self.bags, self.uids, self.summed, self.work, means)
+            update.update_pooled(self.res, self.window, self.t, self.fwd, self.uids, self.summed, self.work, means)
 
 
-__all__ = ["SplitRows", "gradient_update", "pooled_update"]
+__all__ = ["SplitRows", "forward_of", "gradient_update", "pooled_update"]

@@ -10,15 +10,17 @@ store's lock (pinned slots are never victims).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numba
 import numpy as np
 
-from tiered_emb._args import table_ids
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, take_rows, threads_for
 from tiered_emb.precision import decode
 from tiered_emb.step import narrow
 from tiered_emb.step.device import plan as device_plan
+from tiered_emb.step.plan import BagPlan, Forward, checked
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -157,74 +159,72 @@ def pool_rows(rows: np.ndarray, plan, weights: np.ndarray, out: np.ndarray) -> N
     )
 
 
-def lookup_pooled(res, window, t, plan, backward: bool = True):
-    """Pooled rows of every bag of ``plan``: float32 (B, dim), host NumPy, or on the device
-    (``res.xp``) when the step's CUDA kernels run there (``res.kernels``).
+def lookup_pooled(res, window, t, bags: BagPlan, backward: bool = True) -> tuple[object, Forward]:
+    """Pooled rows of every bag of ``bags``, and the :class:`~tiered_emb.step.plan.Forward`
+    record its backward consumes: ``(out, forward)``, ``out`` float32 (B, dim), host NumPy,
+    or on the device (``res.xp``) when the step's CUDA kernels run there (``res.kernels``).
 
     ``res``: the store's :class:`~tiered_emb.step.resolve.Resolver`; ``window``: its
-    prefetch window (the batch's rows may be pinned for it there).  Bitwise equal to
-    pooling ``store.lookup(table, plan.ids)``.  ``backward=False`` (inference) lets a table
-    held whole in HBM skip the dedupe: its rows are read by id, and each position counts
-    as one HBM lookup (with ``backward`` each unique id does, as everywhere else).
+    prefetch window (the batch's rows may be pinned for it there).  The backend is chosen
+    here, once, and named in the record.  Bitwise equal to pooling ``store.lookup(table,
+    bags.ids)``.  ``bags`` not checked for ``t`` are checked here (:func:`checked`), but for
+    the by-id read: ``backward=False`` (inference) lets a table held whole in HBM skip the
+    dedupe and the check (its kernel guards the ids' range); its rows are read by id, and
+    each position counts as one HBM lookup (with ``backward`` each unique id does, as
+    everywhere else).
     """
     dim = t.cfg.dim
-    out = np.empty((plan.num_bags, dim), dtype=np.float32)
-    use_w = plan.weights is not None
-    weights = plan.weights if use_w else np.empty(0, dtype=np.float32)
-    plan.slots = None
-    plan.pinned = None
-    plan.device_grouping = None
+    out = np.empty((bags.num_bags, dim), dtype=np.float32)
+    use_w = bags.weights is not None
+    weights = bags.weights if use_w else np.empty(0, dtype=np.float32)
     if backward:
-        pinned = window.pinned_batch(t.cfg.name, plan.ids)  # None on a device HBM
+        pinned = window.pinned_batch(t.cfg.name, bags.ids)  # None on a device HBM
         if pinned is not None:
             # Every row is pinned in HBM for this very batch: pool from its slots with no
             # dedupe (the window did it), no resolve and no lock (the worker may be placing
-            # the next batch's rows meanwhile; it never moves these).
+            # the next batch's rows meanwhile; it never moves these).  The ids are the ones
+            # handed to prefetch(), which checked them.
             ticket, uids, inverse, slots = pinned
-            plan.use_unique(uids, inverse)
-            plan.slots, plan.pinned = slots, ticket
-            plan.checked = t  # the same ids as handed to prefetch(), which checked them
+            bags = bags if bags.table is t else replace(bags, table=t)
+            fwd = Forward.of(t, bags, "pinned", slots, ticket, unique=(uids, inverse))
             t.count_hits(uids.shape[0])
             if res.kernels is not None:
-                return res.kernels.pool(t.hbm.records, slots, inverse, plan.offsets, plan.weights, plan.mean, dim)
-            with threads_for(plan.ids.shape[0] * dim):
-                _pool_slots(t, slots, inverse, plan, weights, out)
-            return out
+                return res.kernels.pool(t.hbm.records, slots, inverse, bags.offsets, bags.weights, bags.mean, dim), fwd
+            with threads_for(bags.ids.shape[0] * dim):
+                _pool_slots(t, slots, inverse, fwd, weights, out)
+            return out, fwd
     kernels = res.kernels
     direct = t.hbm.direct and kernels is None
     # The lock (re-entrant) for the whole read: a prefetch thread must not pin or evict
     # between the capacity check and the pooling (one chunk, so ``inverse`` indexes ``slots``).
-    with res.lock, threads_for(plan.ids.shape[0] * dim):
+    with res.lock, threads_for(bags.ids.shape[0] * dim):
         # Inference over a table held whole: when every row of the batch is already up
         # there is nothing to dedupe, resolve or pin (a direct tier never evicts).  The
         # kernel checks the ids' range and flags rows not up yet (NaN: see DirectHbmTier).
         packed = t.cfg.dtype != "float32"
-        if direct and not backward and not packed and _pooled_by_id(t, plan, weights, out):
-            t.count_hits(plan.ids.shape[0])
-            return out
-        if plan.checked is not t:  # (a collection checks every feature before reading any)
-            table_ids(t.cfg.name, plan.ids, t.cfg.num_rows)
-            plan.checked = t
+        if direct and not backward and not packed and _pooled_by_id(t, bags, weights, out):
+            t.count_hits(bags.ids.shape[0])
+            return out, Forward.of(t, bags, "by_id")
+        bags = checked(t, bags)
         if kernels is not None:
-            if device_plan.applies(res, t, plan, backward):
-                return device_plan.pool(res, t, plan)
-            return _pool_on_device(res, t, plan)
-        if plan.uids.shape[0] <= t.hbm.unpinned_capacity:
-            if plan.uids.shape[0] == 0:
-                out[:] = 0.0
-                return out
-            for _, slots in res.chunks(t, plan.uids):
-                if direct and not packed:  # slots are the ids
-                    pool_kernel(dim, True, use_w)(
-                        t.hbm.records, _NO_SLOTS, plan.ids, False, 0, plan.offsets, weights, plan.mean, out
-                    )
-                else:
-                    _pool_slots(t, slots, plan.inverse, plan, weights, out)
-                plan.slots = slots
-            return out
-        # Spill path: rows gathered, pooled on the host.
-        pool_rows(gather(res, t, plan.uids, plan.inverse), plan, weights, out)
-    return out
+            if device_plan.applies(res, t, bags, backward):
+                out, grouping = device_plan.pool(res, t, bags)
+                return out, Forward.of(t, bags, "device_planned", grouping=grouping)
+            return _pool_on_device(res, t, bags)
+        if bags.uids.shape[0] > t.hbm.unpinned_capacity:  # spill path: rows gathered, pooled on the host
+            pool_rows(gather(res, t, bags.uids, bags.inverse), bags, weights, out)
+            return out, Forward.of(t, bags, "spill")
+        if bags.uids.shape[0] == 0:
+            out[:] = 0.0
+            return out, Forward.of(t, bags, "host")
+        for _, slots in res.chunks(t, bags.uids):  # (one chunk)
+            if direct and not packed:  # slots are the ids
+                pool_kernel(dim, True, use_w)(
+                    t.hbm.records, _NO_SLOTS, bags.ids, False, 0, bags.offsets, weights, bags.mean, out
+                )
+            else:
+                _pool_slots(t, slots, bags.inverse, bags, weights, out)
+        return out, Forward.of(t, bags, "host", slots)
 
 
 def _pool_slots(t, slots, inverse, plan, weights: np.ndarray, out: np.ndarray) -> None:
@@ -238,20 +238,20 @@ def _pool_slots(t, slots, inverse, plan, weights: np.ndarray, out: np.ndarray) -
     narrow.pool(t.cfg.dtype, t.hbm.records, slots, inverse, plan, weights, out)
 
 
-def _pool_on_device(res, t, plan):
-    """:func:`lookup_pooled` by the step's CUDA kernels: float32 (B, dim) on ``res.xp``."""
+def _pool_on_device(res, t, bags: BagPlan) -> tuple[object, Forward]:
+    """:func:`lookup_pooled` by the step's CUDA kernels: float32 (B, dim) on ``res.xp``, and the record."""
     kernels, dim = res.kernels, t.cfg.dim
-    if plan.uids.shape[0] == 0:
-        return res.xp.zeros((plan.num_bags, dim), dtype=res.xp.float32)
-    if plan.uids.shape[0] <= t.hbm.unpinned_capacity:
-        for _, slots in res.chunks(t, plan.uids):
-            out = kernels.pool(t.hbm.records, slots, plan.inverse, plan.offsets, plan.weights, plan.mean, dim)
-            plan.slots = slots
-        return out
+    if bags.uids.shape[0] == 0:
+        return res.xp.zeros((bags.num_bags, dim), dtype=res.xp.float32), Forward.of(t, bags, "device")
+    if bags.uids.shape[0] <= t.hbm.unpinned_capacity:
+        for _, slots in res.chunks(t, bags.uids):  # (one chunk)
+            out = kernels.pool(t.hbm.records, slots, bags.inverse, bags.offsets, bags.weights, bags.mean, dim)
+        return out, Forward.of(t, bags, "device", slots)
     # Spill path: rows gathered chunk by chunk, then pooled as rows of their own (slot i = position i).
-    rows = kernels.asarray(gather(res, t, plan.uids, plan.inverse))
-    positions = np.arange(plan.ids.shape[0], dtype=np.int64)
-    return kernels.pool(rows, positions, positions, plan.offsets, plan.weights, plan.mean, dim)
+    rows = kernels.asarray(gather(res, t, bags.uids, bags.inverse))
+    positions = np.arange(bags.ids.shape[0], dtype=np.int64)
+    out = kernels.pool(rows, positions, positions, bags.offsets, bags.weights, bags.mean, dim)
+    return out, Forward.of(t, bags, "spill")
 
 
 def _pooled_by_id(t, plan, weights: np.ndarray, out: np.ndarray) -> bool:

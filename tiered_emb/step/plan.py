@@ -7,12 +7,12 @@ batch of bags (the pooled path of :mod:`tiered_emb.torch`) is checked and planne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numba
 import numpy as np
 
-from tiered_emb._args import int64_of
+from tiered_emb._args import int64_of, table_ids
 from tiered_emb._jit import PREFETCH_DISTANCE
 from tiered_emb.cache.index import hash_home, index_prefetch
 from tiered_emb.errors import ConfigError, IdTypeError
@@ -79,9 +79,9 @@ def _last_occurrence(inverse, last):
         last[inverse[i]] = i
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class BagPlan:
-    """The ids of one batch of bags, planned once for forward and backward.
+    """The ids of one batch of bags, planned once for forward and backward; never changed.
 
     Attributes
     ----------
@@ -89,6 +89,8 @@ class BagPlan:
     offsets : int64 (B + 1,), bag b is ``ids[offsets[b]:offsets[b+1]]``
     weights : float32 (n,) or None, per-sample weights
     mean : bool, divide each bag by its length
+    table : the store table (:class:`tiered_emb.step.resolve.Table`) whose id range ``ids``
+        were checked against (:func:`checked`), or None: not checked yet
     uids : int64 (k,), unique ids in first-occurrence order (deduped on first use: a
         no-grad forward over a table held whole in HBM never needs them)
     inverse : int64 (n,), ``uids[inverse[i]] == ids[i]``
@@ -98,14 +100,8 @@ class BagPlan:
     offsets: np.ndarray
     weights: np.ndarray | None
     mean: bool
-    slots: np.ndarray | None = None  # HBM slots of uids at the forward (fused path), for the backward
-    pinned: object = None  # the prefetch ticket that pinned ``slots`` for this batch (see Window.pinned_batch)
-    # The store table whose id range ``ids`` were last checked against (the ids never change);
-    # ``slots``, when set, are that table's: a lookup sets both.
-    checked: object = None
-    # the positions grouped by id on the device (:mod:`tiered_emb.step.device.plan`), for the backward
-    device_grouping: object = None
-    _unique: tuple[np.ndarray, np.ndarray] | None = None
+    table: object = None
+    _unique: list = field(default_factory=list, init=False, repr=False, compare=False)  # (its dedupe, once)
 
     @property
     def num_bags(self) -> int:
@@ -119,14 +115,93 @@ class BagPlan:
     def inverse(self) -> np.ndarray:
         return self._deduped()[1]
 
-    def use_unique(self, uids: np.ndarray, inverse: np.ndarray) -> None:
-        """Take ``(uids, inverse)`` deduped elsewhere (by the prefetch window) for these ids."""
-        self._unique = (uids, inverse)
-
     def _deduped(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._unique is None:
-            self._unique = dedupe(self.ids)
-        return self._unique
+        if not self._unique:
+            self._unique.append(dedupe(self.ids))
+        return self._unique[0]
+
+
+def checked(t, bags: BagPlan) -> BagPlan:
+    """``bags`` with their ids checked against table ``t`` (a
+    :class:`~tiered_emb.step.resolve.Table`): the same plan when it was checked for ``t``
+    already, else a copy naming ``t``.  IdRangeError / IdTypeError, nothing changed, for an
+    id ``t`` cannot hold: the one place the pooled step checks ids."""
+    if bags.table is t:
+        return bags
+    table_ids(t.cfg.name, bags.ids, t.cfg.num_rows)
+    bound = replace(bags, table=t)
+    if bags._unique:  # (the same ids: their dedupe holds)
+        bound._unique.append(bags._unique[0])
+    return bound
+
+
+#: How a pooled lookup read its rows (:attr:`Forward.backend`), chosen once by the lookup:
+#: ``pinned`` from slots the prefetch window pinned for the batch; ``host`` from HBM slots
+#: resolved for it (host kernels); ``device`` the same by the CUDA kernels; ``device_planned``
+#: from a direct tier on the device, its backward grouped there; ``spill`` gathered chunk by
+#: chunk (more unique ids than HBM holds: no slots to keep); ``by_id`` a direct tier read by
+#: id with no dedupe (no backward follows); ``unread`` nothing read (a backward with no
+#: lookup before it: its rows are resolved by the update).
+BACKENDS = ("pinned", "host", "device", "device_planned", "spill", "by_id", "unread")
+
+
+@dataclass(frozen=True, eq=False)
+class Forward:
+    """What a pooled lookup read, as a value its backward consumes (never changed).
+
+    Attributes
+    ----------
+    bags : the :class:`BagPlan`, checked for ``table``
+    table : the store table read (:class:`tiered_emb.step.resolve.Table`)
+    backend : one of :data:`BACKENDS`
+    uids, inverse : the batch's unique ids and each position's (the prefetch window's
+        dedupe for a ``pinned`` batch, the plan's otherwise)
+    slots : int64 (k,) HBM slots of ``uids`` at the lookup, or None (the update resolves)
+    ticket : the prefetch ticket that pinned ``slots`` (``pinned``), else None
+    grouping : the positions grouped by id on the device (``device_planned``), else None
+    """
+
+    bags: BagPlan
+    table: object
+    backend: str
+    uids: np.ndarray | None = None
+    inverse: np.ndarray | None = None
+    slots: np.ndarray | None = None
+    ticket: object = None
+    grouping: object = None
+
+    @classmethod
+    def unread(cls, bags: BagPlan) -> Forward:
+        """The record of checked ``bags`` that no lookup read (their backward resolves its rows)."""
+        return cls(bags, bags.table, "unread", bags.uids, bags.inverse)
+
+    @classmethod
+    def of(cls, table, bags: BagPlan, backend: str, slots=None, ticket=None, grouping=None, unique=None) -> Forward:
+        """A lookup's record of ``table`` (``unique``: ``(uids, inverse)`` deduped elsewhere,
+        else the plan's; none for ``by_id``)."""
+        uids, inverse = unique if unique is not None else (None, None) if backend == "by_id" else bags._deduped()
+        return cls(bags, table, backend, uids, inverse, slots, ticket, grouping)
+
+    # the batch, as the reduction reads it (:func:`tiered_emb.step.reduce.reduce_bag_grads`)
+    @property
+    def ids(self) -> np.ndarray:
+        return self.bags.ids
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.bags.offsets
+
+    @property
+    def weights(self) -> np.ndarray | None:
+        return self.bags.weights
+
+    @property
+    def mean(self) -> bool:
+        return self.bags.mean
+
+    @property
+    def num_bags(self) -> int:
+        return self.bags.num_bags
 
 
 def plan_bags(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None = None, mean: bool = False) -> BagPlan:
@@ -176,4 +251,4 @@ def last_occurrence(inverse: np.ndarray, k: int) -> np.ndarray:
     return last
 
 
-__all__ = ["BagPlan", "dedupe", "last_occurrence", "plan_bags"]
+__all__ = ["BACKENDS", "BagPlan", "Forward", "checked", "dedupe", "last_occurrence", "plan_bags"]

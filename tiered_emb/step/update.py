@@ -295,9 +295,10 @@ def touched(res, t, slots, uids: np.ndarray) -> None:
         t.expiry.touch(t.hbm.records, to_xp(res.xp, slots), uids, res.step, res.xp)
 
 
-def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, work: int, row_means=None) -> None:
-    """The pooled backward's update: on the slots the forward found (``plan.slots``) when they
-    still hold these ids, else resolved again as ``apply_gradients`` does.  The ids the
+def update_pooled(res, window, t, fwd, uids: np.ndarray, summed: np.ndarray, work: int, row_means=None) -> None:
+    """The pooled backward's update: on the slots the forward found (``fwd.slots``, ``fwd`` its
+    :class:`~tiered_emb.step.plan.Forward`) when they still hold these ids, else resolved
+    again as ``apply_gradients`` does.  The ids the
     table's admission holds back are dropped first (:func:`admitted`).
 
     While the batch's rows are pinned for it by the prefetch window no lock is taken
@@ -305,7 +306,7 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
     (gradients accumulated over batches, say) finds its slots perhaps given to other
     rows, and takes the locked path at once.  ``row_means`` as :func:`apply_update`.
     """
-    slots = plan.slots if plan.checked is t and uids is plan.uids else None
+    slots = fwd.slots if uids is fwd.uids else None
     key = rounding(res, t)  # (before the path is chosen: the same bits whichever is taken)
     if t.admission is not None:
         with res.lock:  # (the counts change under the store's lock, as the rows)
@@ -314,7 +315,7 @@ def update_pooled(res, window, t, plan, uids: np.ndarray, summed: np.ndarray, wo
             slots = slots[at]
         if at is not None and row_means is not None:
             row_means = row_means[at]
-    if plan.pinned is not None and slots is not None and window.still_pinned(plan.pinned):
+    if fwd.ticket is not None and slots is not None and window.still_pinned(fwd.ticket):
         with threads_for(work):
             if _update_in_place(res, t, slots, uids, summed, key, pinned=True, row_means=row_means):
                 return

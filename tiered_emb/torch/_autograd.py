@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tiered_emb.engine import BagPlan
 from tiered_emb.errors import BackwardError
-from tiered_emb.step.plan import BagPlan, dedupe
-from tiered_emb.step.reduce import reduce_bag_grads, reduce_grads
 
 
 def after_backward(update, ctx, spent: tuple[str, ...]) -> None:
@@ -98,7 +97,7 @@ class FusedBags(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor, weights_t, batch: Batch):
-        out = batch.store.engine.lookup_pooled(batch.table, batch.plan, backward=batch.hold is not None)
+        out, ctx.forward = batch.store.engine.lookup_pooled(batch.table, batch.plan, backward=batch.hold is not None)
         ctx.batch = batch
         ctx.weights_need_grad = weights_t is not None and weights_t.requires_grad
         if ctx.weights_need_grad:
@@ -124,11 +123,11 @@ class FusedBags(torch.autograd.Function):
         hand_over(
             batch,
             ctx,
-            ("batch", "rows"),
+            ("batch", "rows", "forward"),
             lambda: store.engine.pooled_update(
-                batch.table, batch.plan, g if g is not None else store.engine.xp.from_dlpack(g_t), batch.nonfinite
+                batch.table, ctx.forward, g if g is not None else store.engine.xp.from_dlpack(g_t), batch.nonfinite
             ),
-            lambda: (batch.plan.uids, reduce_bag_grads(batch.plan, g if g is not None else _host(g_t))[0]),
+            lambda: store.engine.reduce_pooled(ctx.forward, g if g is not None else _host(g_t)),
         )
         return None, grad_w, None
 
@@ -156,8 +155,7 @@ class RowsFromStore(torch.autograd.Function):
         g = grad_rows.detach().contiguous()
 
         def reduced():
-            uids, inverse = dedupe(batch.plan.ids)
-            return uids, reduce_grads(np.ascontiguousarray(g.cpu().numpy(), np.float32), inverse, uids.shape[0])
+            return store.engine.reduce_rows(batch.plan.ids, np.ascontiguousarray(g.cpu().numpy(), np.float32))
 
         g_store = g.cpu().numpy() if store.engine.xp is np else store.engine.xp.from_dlpack(g)
         hand_over(

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from tiered_emb._args import nonfinite_rule
+from tiered_emb.engine import BagPlan, Engine
 from tiered_emb.errors import ConfigError, CopyError, DistributedError, StaleRowsWarning
-from tiered_emb.step.plan import BagPlan, plan_bags
 from tiered_emb.torch import compiled
 from tiered_emb.torch._autograd import FUSED, Batch, FusedBags, RowsFromStore, as_tensor
 from tiered_emb.torch._inputs import weights_of
@@ -152,7 +152,7 @@ class StoreModule(torch.nn.Module):
         indexing, so those positions get a zero gradient, as in torch).
         """
         shape = ids.shape if shape is None else shape
-        plan = plan_bags(ids, offsets, weights_of(weights_t, shape, mode), mean=(mode == "mean"))
+        plan = Engine.plan_bags(ids, offsets, weights_of(weights_t, shape, mode), mean=(mode == "mean"))
         if self.padding_idx is None:
             return plan, weights_t
         keep = ids != self.padding_idx
@@ -163,7 +163,7 @@ class StoreModule(torch.nn.Module):
         if weights_t is not None:
             weights_t = weights_t.reshape(-1)[torch.from_numpy(keep).to(weights_t.device)]
         w = weights_of(weights_t, (int(kept[-1]),), mode)
-        return plan_bags(ids[keep], kept[plan.offsets], w, mean=(mode == "mean")), weights_t
+        return Engine.plan_bags(ids[keep], kept[plan.offsets], w, mean=(mode == "mean")), weights_t
 
     def pool(self, plan: BagPlan, weights_t, mode: str) -> torch.Tensor:
         """Pooled rows of a checked plan, float32 (B, dim), with the update planned when
@@ -176,7 +176,7 @@ class StoreModule(torch.nn.Module):
             return self.cast(self._pooled_rows(batch, weights_t, mode))
         weights_grad = weights_t is not None and weights_t.requires_grad and torch.is_grad_enabled()
         if hold is None and not weights_grad:
-            return self.cast(as_tensor(self.store.engine.lookup_pooled(self.table, plan, backward=False)))
+            return self.cast(as_tensor(self.store.engine.lookup_pooled(self.table, plan, backward=False)[0]))
         return self.cast(FusedBags.apply(self._anchor, weights_t, batch))
 
     def cast(self, out: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from tiered_emb.errors import ConfigError
-from tiered_emb.step.reduce import reduce_bag_grads
 from tiered_emb.torch._autograd import Batch, hand_over, weights_grad
 from tiered_emb.torch._inputs import bags_of
 
@@ -65,7 +64,7 @@ def pooled(
     m.check_not_distributed()
     m.check_scaled(update, autocast)
     _, plan, _ = _plan(m, ids, offsets, weights, mode, include_last_offset)
-    return torch.from_numpy(m.store.engine.lookup_pooled(m.table, plan, backward=update))
+    return torch.from_numpy(m.store.engine.lookup_pooled(m.table, plan, backward=update)[0])
 
 
 @pooled.register_fake
@@ -104,7 +103,7 @@ def pooled_backward(
             None,
             (),
             lambda: m.store.engine.pooled_update(m.table, plan, g, m.nonfinite),
-            lambda: (plan.uids, reduce_bag_grads(plan, g)[0]),
+            lambda: m.store.engine.reduce_pooled(plan, g),
         )
     return grad_w, torch.zeros(0)
 

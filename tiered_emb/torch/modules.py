@@ -273,7 +273,7 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             ids, offsets, weights_t = bags[feats[0]] if len(feats) == 1 else joined([bags[f] for f in feats])
             plan, weights_t = bag.plan_batch(ids, offsets, weights_t, bag.mode)
             store = bag.store
-            store.engine.check_bags(table, plan)  # the ids' range, before anything is read
+            plan = store.engine.check_bags(table, plan)  # the ids' range, before anything is read
             planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
         out = {}
         for bag, plan, weights_t, feats, sizes in planned:

@@ -18,8 +18,6 @@ import numpy as np
 import torch
 
 from tiered_emb.errors import ConfigError
-from tiered_emb.step.plan import dedupe
-from tiered_emb.step.reduce import reduce_grads
 from tiered_emb.torch._base import StoreModule
 
 
@@ -44,8 +42,7 @@ class _Held:
             uids, summed = ids, grads
         else:
             old = np.ascontiguousarray(now.detach().cpu().numpy(), dtype=np.float32)
-            uids, inverse = dedupe(np.concatenate([self.ids, ids]))
-            summed = reduce_grads(np.concatenate([old, grads]), inverse, uids.shape[0])
+            uids, summed = self.store.engine.reduce_rows(np.concatenate([self.ids, ids]), np.concatenate([old, grads]))
         self._hold(uids, summed)
 
 

@@ -50,10 +50,10 @@ def _train(path, steps: int, seed: int, reopen: bool):
     for step in range(steps):
         for cfg in TABLES:
             plan = _bags(rng, step)
-            out = store.engine.lookup_pooled(cfg.name, plan)
+            out, fwd = store.engine.lookup_pooled(cfg.name, plan)
             outputs.append(np.array(out))
             grad = np.sin(np.asarray(out) * np.float32(3.0)) + np.float32(0.1 * step)
-            store.engine.apply_pooled_gradients(cfg.name, plan, grad.astype(np.float32))
+            store.engine.apply_pooled_gradients(cfg.name, fwd, grad.astype(np.float32))
             ids = rng.integers(0, 12, 5)
             rows = store.lookup(cfg.name, ids)
             outputs.append(np.array(rows))
@@ -112,8 +112,9 @@ def test_prefetched_batches_on_the_device_path(tmp_path, monkeypatch):
         outs = []
         with TieredStore.create(path, TABLES[2:3], TierConfig(16, 4, "lru", "cpu"), seed=1) as s:
             for plan in lookahead(s, plans, lambda p: {"r": p.ids}, 2, load_ahead=1):
-                out = np.array(s.engine.lookup_pooled("r", plan))
-                s.engine.apply_pooled_gradients("r", plan, np.tanh(out + np.float32(0.5)))
+                out, fwd = s.engine.lookup_pooled("r", plan)
+                out = np.array(out)
+                s.engine.apply_pooled_gradients("r", fwd, np.tanh(out + np.float32(0.5)))
                 outs.append(out)
             return outs + [s.peek("r", np.arange(12), with_state=True)]
 
@@ -127,11 +128,11 @@ def test_nonfinite_gradients_on_the_device_path(tmp_path, monkeypatch, nonfinite
     def run(path):
         with TieredStore.create(path, TABLES[1:2], TierConfig(8, device="cpu"), seed=2) as s:
             plan = plan_bags(np.array([1, 2, 3, 2]), np.array([0, 2, 4]))
-            s.engine.lookup_pooled("a", plan)
+            _, fwd = s.engine.lookup_pooled("a", plan)
             g = np.ones((2, 4), dtype=np.float32)
             g[1, 2] = np.nan
             try:
-                s.engine.apply_pooled_gradients("a", plan, g, nonfinite=nonfinite)
+                s.engine.apply_pooled_gradients("a", fwd, g, nonfinite=nonfinite)
             except NonFiniteGradientError:
                 pass
             return [s.peek("a", np.arange(5), with_state=True)]
@@ -187,16 +188,17 @@ def test_a_table_held_whole_is_planned_on_the_device_with_the_hosts_counts(tmp_p
             for step in range(6):  # new ids each step, and ids seen again
                 plan = _bags(rng, step)
                 plan = plan_bags(plan.ids * 3 % 40, plan.offsets, plan.weights, mean=plan.mean)
-                out = np.array(s.engine.lookup_pooled("m", plan))
-                s.engine.apply_pooled_gradients("m", plan, np.tanh(out + np.float32(step)))
+                out, fwd = s.engine.lookup_pooled("m", plan)
+                out = np.array(out)
+                s.engine.apply_pooled_gradients("m", fwd, np.tanh(out + np.float32(step)))
                 outs.append(out)
             bad = plan_bags(np.array([1, 2, 1]), np.array([0, 2, 3]))
-            out = s.engine.lookup_pooled("m", bad)
+            out, fwd = s.engine.lookup_pooled("m", bad)
             grad = np.ones((2, 3), dtype=np.float32)
             grad[1, 0] = np.nan  # id 1's sum (bags 0 and 1) is NaN, id 2's is not
             with pytest.raises(NonFiniteGradientError):
-                s.engine.apply_pooled_gradients("m", bad, grad)
-            s.engine.apply_pooled_gradients("m", bad, grad, nonfinite="skip")
+                s.engine.apply_pooled_gradients("m", fwd, grad)
+            s.engine.apply_pooled_gradients("m", fwd, grad, nonfinite="skip")
             outs.append(s.peek("m", np.arange(40), with_state=True))
             return outs, s.stats()["m"]["hbm"]
 

@@ -48,9 +48,10 @@ def _train(path, device: str, steps: int = 8, seed: int = 0):
             mode = ("sum", "mean", "weighted")[step % 3]
             w = rng.standard_normal(n).astype(np.float32) if mode == "weighted" else None
             plan = plan_bags(ids, offsets, w, mean=mode == "mean")
-            out = _host(store.engine.lookup_pooled(cfg.name, plan))
+            out, fwd = store.engine.lookup_pooled(cfg.name, plan)
+            out = _host(out)
             outputs.append(out.copy())
-            store.engine.apply_pooled_gradients(cfg.name, plan, np.sin(out * np.float32(3.0)) + np.float32(0.1))
+            store.engine.apply_pooled_gradients(cfg.name, fwd, np.sin(out * np.float32(3.0)) + np.float32(0.1))
             few = rng.integers(0, hi, 40)
             rows = _host(store.lookup(cfg.name, few))
             outputs.append(rows.copy())

@@ -53,8 +53,8 @@ def applies(res, t, plan, backward: bool) -> bool:
 
 
 def pool(res, t, plan):
-    """The pooled forward of ``plan`` (ids checked) from a direct tier on the device; sets
-    ``plan.device_grouping`` for :func:`update`.  Call under ``res.lock``."""
+    """The pooled forward of ``plan`` (ids checked) from a direct tier on the device:
+    ``(out, grouping)``, the :class:`DeviceGrouping` for :func:`update`.  Call under ``res.lock``."""
     xp, kernels, dim = res.xp, res.kernels, t.cfg.dim
     n = plan.ids.shape[0]
     use_w = plan.weights is not None
@@ -72,9 +72,8 @@ def pool(res, t, plan):
         for _ in res.chunks(t, up):  # brought up, and counted as lookups that missed
             pass
     out = kernels.pool(t.hbm.records, ids_d, positions, offsets_d, w[0] if use_w else None, plan.mean, dim)
-    plan.device_grouping = grouping
     t.count_hits(k - m)  # (those brought up were counted by their resolve)
-    return out
+    return out, grouping
 
 
 def _group(xp, t, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGrouping:
@@ -98,18 +97,19 @@ def _group(xp, t, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGroupin
     return DeviceGrouping(t, by_id[first], starts, bag, scale)
 
 
-def update(res, t, plan, grad_out, nonfinite: str) -> Callable[[], None]:
-    """The fused backward of :func:`pool`'s forward: reduce on the device's grouping, screen,
+def update(res, t, fwd, grad_out, nonfinite: str) -> Callable[[], None]:
+    """The fused backward of :func:`pool`'s forward (``fwd``: its
+    :class:`~tiered_emb.step.plan.Forward`): reduce on the device's grouping, screen,
     then a callable that updates the rows by id (as ``pooled_update``'s)."""
-    g = plan.device_grouping
+    g = fwd.grouping
     summed, bad = res.kernels.reduce_bags(grad_out, (g.starts, g.bag, g.scale))
     if bad.any():  # the rare non-finite case is settled on the host, as on the host path: the
         # rows left are resolved again (and counted) as apply_gradients does
         uids, summed = reduce.screen_nonfinite(t.cfg.name, to_host(g.uids), summed, bad.astype(bool), nonfinite)
         return lambda: _update_again(res, t, uids, summed)
     if t.admission is not None:
-        return lambda: _admit_then_apply(res, t, g.uids, summed, plan.ids)
-    return lambda: _apply(res, t, g.uids, summed, plan.ids)
+        return lambda: _admit_then_apply(res, t, g.uids, summed, fwd.ids)
+    return lambda: _apply(res, t, g.uids, summed, fwd.ids)
 
 
 def _admit_then_apply(res, t, uids, summed, ids: np.ndarray) -> None:
