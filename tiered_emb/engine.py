@@ -226,8 +226,7 @@ class Engine:
         :class:`~tiered_emb.step.plan.Forward` or :class:`~tiered_emb.step.plan.BagPlan`),
         summed from ``grad_out`` (float32 (B, dim), host) in position order, as the fused
         update sums it: what a held update keeps (:class:`tiered_emb.torch.TieredOptimizer`)."""
-        uids = step.uids if step.uids is not None else plan.dedupe(step.ids)[0]
-        return uids, reduce.reduce_bag_grads(step, grad_out)[0]
+        return step.uids, reduce.reduce_bag_grads(step, grad_out)[0]
 
     @staticmethod
     def reduce_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -39,7 +39,6 @@ class DeviceGrouping:
     values, the ids numbered in id order).
     """
 
-    table: object
     uids: object
     starts: object
     bag: object
@@ -61,7 +60,7 @@ def pool(res, t, plan):
     staged = [(plan.ids, np.int64), (plan.offsets, np.int64)] + ([(plan.weights, np.float32)] if use_w else [])
     ids_d, offsets_d, *w = kernels.stage(*staged)
     positions = xp.arange(n, dtype=xp.int64)
-    grouping = _group(xp, t, plan, ids_d, offsets_d, positions, w[0] if use_w else None)
+    grouping = _group(xp, plan, ids_d, offsets_d, positions, w[0] if use_w else None)
     k = int(grouping.uids.shape[0])
     res.check_budget(t, k)  # (before any row moves, as on the host path)
     missing = plan.ids[t.hbm.find(plan.ids) < 0]  # not up yet, with repeats, in batch order
@@ -76,7 +75,7 @@ def pool(res, t, plan):
     return out, grouping
 
 
-def _group(xp, t, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGrouping:
+def _group(xp, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGrouping:
     n = positions.shape[0]
     order = xp.argsort(ids_d, kind="stable")  # positions by id, batch order within an id
     by_id = ids_d[order]
@@ -94,7 +93,7 @@ def _group(xp, t, plan, ids_d, offsets_d, positions, weights_d) -> DeviceGroupin
         scale = per_bag[bag_of][order]
     if weights_d is not None:
         scale = scale * weights_d[order]
-    return DeviceGrouping(t, by_id[first], starts, bag, scale)
+    return DeviceGrouping(by_id[first], starts, bag, scale)
 
 
 def update(res, t, fwd, grad_out, nonfinite: str) -> Callable[[], None]:
