@@ -197,3 +197,45 @@ def test_the_write_back_buffer_does_not_grow_again_each_cycle():
         held.committed()
     assert caps[0][1] > caps[0][0]  # the first cycle grew from the default
     assert caps[1][0] == caps[0][1] and caps[2] == (caps[1][1], caps[1][1])  # then never again
+
+
+def test_a_committed_write_back_buffer_is_used_again_empty():
+    """The buffer of a snapshot that reached LMDB becomes its table's next buffer, emptied
+    (its memory in use already); a snapshot still being written is never reused, and its
+    rows read as put until it commits."""
+    import threading
+
+    from tiered_emb.tiers.ssd.held import HeldRows
+
+    held = HeldRows({"t": 3}, threading.Lock())
+    rng = np.random.default_rng(5)
+
+    def put():
+        ids = rng.choice(1 << 40, 3000, replace=False)
+        rows = rng.normal(size=(3000, 3)).astype(np.float32)
+        held.put("t", ids, rows)
+        return ids, rows
+
+    def reads(ids):
+        out, state = np.zeros((ids.shape[0], 3), np.float32), np.zeros(ids.shape[0], dtype=np.uint8)
+        held.get("t", ids, out, state)
+        return out, state
+
+    old_ids, _ = put()
+    first = held.writeback["t"]
+    first_snap = held.waiting()[-1]
+    second = held.writeback["t"]
+    new_ids, new_rows = put()
+    held.waiting()
+    assert held.writeback["t"] is not first and held.writeback["t"] is not second  # both being written
+    held.committed([first_snap])
+    third_ids, third_rows = put()
+    held.waiting()
+    assert held.writeback["t"] is first and len(first) == 0
+    assert not reads(old_ids)[1].any()  # committed: no longer on the read path, nor in the reused buffer
+    for ids, rows in ((new_ids, new_rows), (third_ids, third_rows)):  # those still waiting read as put
+        out, state = reads(ids)
+        assert state.all() and out.tobytes() == rows.tobytes()
+    again_ids, again_rows = put()
+    out, state = reads(again_ids)
+    assert state.all() and out.tobytes() == again_rows.tobytes() and len(first) == 3000

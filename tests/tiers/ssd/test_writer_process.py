@@ -191,6 +191,27 @@ def test_an_orphaned_writer_never_commits(tmp_path, monkeypatch):
     assert _serve(monkeypatch, frames, parent=777, ppids=[1]) == b""
 
 
+def test_the_writer_puts_a_segment_the_trainer_encoded_as_it_is(tmp_path, monkeypatch):
+    """A part sent as an encoded value is put byte for byte: the same value as the writer
+    encodes from the rows (and from a part of either form in one write)."""
+    path, hello = _env_for_writer(tmp_path)
+    ids, rows = np.arange(5, dtype=np.int64) * 7, np.arange(10, dtype=np.float32).reshape(5, 2)
+    value = codec.encode_segment(ids, rows, None, 1)
+    encoded = codec.frame_bytes({"map_size": 1 << 24, "parts": [["p:a", 1, int(value.nbytes)]]}) + value.tobytes()
+    frames = hello + _write_request(ids, rows, 1 << 24, seq=0) + encoded
+    out = _serve(monkeypatch, frames, parent=777, ppids=[777] * 10)
+    stream = io.BytesIO(out)
+    assert [codec.read_frame(stream) for _ in range(3)] == [{"ok": True}] * 3
+    env = lmdb.open(str(path), map_size=1 << 24, max_dbs=4)
+    with env.begin() as txn:
+        got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=env.open_db(b"p:a", txn=txn))]
+    env.close()
+    assert got == [
+        (codec.segment_key(0), bytes(codec.encode_segment(ids, rows, None, 0))),
+        (codec.segment_key(1), value.tobytes()),
+    ]
+
+
 def test_a_writer_whose_input_ends_mid_write_commits_nothing(tmp_path, monkeypatch):
     path, hello = _env_for_writer(tmp_path)
     whole = _write_request(np.arange(3, dtype=np.int64), np.ones((3, 2), np.float32), 1 << 24)

@@ -34,6 +34,9 @@ class HeldRows:
         self._lock = lock
         self.writeback: dict[str, RowBuffer] = {n: RowBuffer(w) for n, w in sorted(self._widths.items())}
         self.flushing: list[dict[str, RowBuffer]] = []
+        # a committed snapshot's buffer per table, the next buffer of that table: its memory
+        # is in use already (fresh pages cost a fault each, most of a put's time here)
+        self._spare: dict[str, RowBuffer] = {}
         self.staged: dict[int, dict[str, RowBuffer]] = {}
         self.gen = 0
         self.staging = {"reads": 0, "rows": 0, "used": 0, "discarded": 0}
@@ -62,15 +65,22 @@ class HeldRows:
         """Every write-back not yet in LMDB, oldest first; the buffer starts afresh."""
         snaps = self.flushing + [self.writeback]
         self.flushing = snaps
-        # Sized as the last one grew to: growing re-inserts every row (and sorts them) at each
-        # doubling, and a buffer sized to the rows it last held grew once more each time
-        # (the put that crosses the write-back threshold comes on top of them).  At most
-        # twice those rows, so that one large put does not size every buffer after it.
-        self.writeback = {
-            n: RowBuffer(w, max(len(snaps[-1][n]), min(snaps[-1][n].capacity, 2 * len(snaps[-1][n]))))
-            for n, w in sorted(self._widths.items())
-        }
+        self.writeback = {n: self._next_buffer(n, w, snaps[-1][n]) for n, w in sorted(self._widths.items())}
         return snaps
+
+    def _next_buffer(self, table: str, width: int, last: RowBuffer) -> RowBuffer:
+        """The buffer of ``table`` after ``last``: sized as ``last`` grew to (growing re-inserts
+        every row, and sorts them, at each doubling; a buffer sized to the rows it last held
+        grew once more each time, as the put that crosses the write-back threshold comes on
+        top of them), at most twice the rows it held, so that one large put does not size
+        every buffer after it.  The spare, emptied, where it is large enough and at most
+        four times that."""
+        want = max(len(last), min(last.capacity, 2 * len(last)))
+        spare = self._spare.pop(table, None)
+        if spare is not None and want <= spare.capacity <= 4 * max(want, 256):
+            spare.clear()
+            return spare
+        return RowBuffer(width, want)
 
     def waiting_with(self, table: str, rows) -> list[dict]:
         """:meth:`waiting`, with ``rows`` (a :class:`.rowbuf.SortedRows` of ``table``) after
@@ -80,8 +90,14 @@ class HeldRows:
         return list(self.flushing)
 
     def committed(self, snaps: list[dict[str, RowBuffer]] | None = None) -> None:
-        """``snaps`` (None: every snapshot) are in LMDB: they leave the read path."""
+        """``snaps`` (None: every snapshot) are in LMDB: they leave the read path, and their
+        buffers are kept as the spares of their tables (one a table, the newest)."""
+        done = self.flushing if snaps is None else [s for s in self.flushing if any(s is x for x in snaps)]
         self.flushing = [] if snaps is None else [s for s in self.flushing if not any(s is x for x in snaps)]
+        for snap in done:
+            for name, buf in snap.items():
+                if isinstance(buf, RowBuffer):
+                    self._spare[name] = buf
 
     def waiting_rows(self, table: str) -> int:
         """Rows of ``table`` waiting in memory for the next write."""

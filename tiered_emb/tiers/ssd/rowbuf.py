@@ -124,6 +124,12 @@ class RowBuffer:
         """Rows it holds before it grows."""
         return int(self.ids.shape[0])
 
+    def clear(self) -> None:
+        """Hold nothing, keeping the memory (a buffer used again: its pages stay mapped)."""
+        self.keys.fill(EMPTY)
+        self.n = 0
+        self.live = 0
+
     def _room(self, extra: int) -> None:
         if self.n + extra <= self.ids.shape[0]:
             return

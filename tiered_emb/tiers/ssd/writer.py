@@ -341,6 +341,8 @@ class Writer:
         try:
             if segments is None:
                 segments = self._segments.cut(snaps)
+                if on_thread and by_process and self.writer_process:
+                    segments = self._segments.encoded(segments)
             if not (on_thread and by_process and self.writer_process and self.write_by_process(segments)):
                 # (also where the writer process cannot start)
                 self._lmdb.write(lambda txn: self._segments.put(txn, segments))

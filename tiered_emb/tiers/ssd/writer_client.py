@@ -17,6 +17,8 @@ import subprocess
 import sys
 import weakref
 
+import numpy as np
+
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd import writer_main
 from tiered_emb.tiers.ssd.codec import frame_bytes, read_frame
@@ -73,6 +75,7 @@ class WriterProcess:
             )
         except (OSError, TypeError, ValueError) as err:
             raise WriterStartError(f"the LMDB writer process for {self.path} cannot start ({err})") from err
+        _widen_pipe(self.proc.stdin)
         self._end = weakref.finalize(self, _end_process, self.proc)
         _RUNNING.add(self)
         hello = {
@@ -98,12 +101,19 @@ class WriterProcess:
             raise WriterStartError(f"the LMDB writer process for {self.path} could not open it ({reply})")
 
     def write(self, segments, map_size: int) -> dict:
-        """Send one write (``[(table, number, ids int64, rows float32)]``) and return the process's reply."""
-        head = {
-            "map_size": map_size,
-            "parts": [["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])] for t, seq, ids, rows in segments],
-        }
-        return self._call(head, [a for _, _, ids, rows in segments for a in (ids, rows)])
+        """Send one write and return the process's reply: ``[(table, number, ids int64, value)]``,
+        each value a segment's LMDB value (:meth:`.SegmentLog.encoded`), put as it is, or its
+        rows (float32 (k, W)), which the process encodes."""
+        parts, arrays = [], []
+        for t, seq, ids, rows in segments:
+            if isinstance(rows, np.ndarray) and rows.ndim == 2:
+                parts.append(["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])])
+                arrays += [ids, rows]
+            else:
+                value = memoryview(rows).cast("B")
+                parts.append(["p:" + t, int(seq), value.nbytes])
+                arrays.append(value)
+        return self._call({"map_size": map_size, "parts": parts}, arrays)
 
     def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
         """Send a frame (and ``arrays``' bytes) and return the reply; ``timeout`` seconds for
@@ -137,6 +147,28 @@ class WriterProcess:
         """End the process and reap it (between writes: it holds no transaction)."""
         _RUNNING.discard(self)
         self._end()
+
+
+#: The pipe buffer asked for the writes (Linux; capped by ``/proc/sys/fs/pipe-max-size``).
+PIPE_BYTES = 1 << 20
+
+
+def _widen_pipe(stream) -> None:
+    """Give the pipe to the process a buffer of :data:`PIPE_BYTES` where Linux allows it: a
+    write of 16 MiB then wakes each side 16 times, not 256 (64 KiB by default).  Left as it
+    is where the call is refused."""
+    import fcntl
+
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsize is None:
+        return
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            most = int(f.read())
+    except (OSError, ValueError):
+        most = PIPE_BYTES
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(stream.fileno(), setsize, min(PIPE_BYTES, most))
 
 
 def _end_process(proc: subprocess.Popen) -> None:

@@ -19,7 +19,9 @@ Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / 
   (``dtypes``: db name -> its rows' dtype code, :data:`.codec.DTYPE_CODES`); reply ``{"ok": true}``;
 - then per write ``{"map_size", "parts": [[db name, segment number, rows, width], ...]}``
   followed, per part, by its ids (int64) and rows (float32, rows x width) as raw bytes;
-  each part is put as one segment (see :func:`.codec.encode_segment`); reply ``{"ok": true}``,
+  each part is put as one segment (see :func:`.codec.encode_segment`); a part
+  ``[db name, segment number, bytes]`` is followed by the segment's value, encoded by the
+  trainer (its Numba kernels on its threads), and put as it is; reply ``{"ok": true}``,
   or ``{"error": "map_full"}`` (nothing written: the trainer's side grows the map and sends the write again), or
   ``{"error": "full" | "failed", "message": ...}`` (rolled back).
 
@@ -193,7 +195,12 @@ def main() -> None:
         if req is None:
             return
         parts = []
-        for name, seq, n, width in req["parts"]:
+        for part in req["parts"]:
+            if len(part) == 3:  # a segment's value, encoded by the trainer
+                name, seq, nbytes = part
+                parts.append((name, seq, None, _read_exact(inp, nbytes)))
+                continue
+            name, seq, n, width = part
             ids = np.frombuffer(_read_exact(inp, 8 * n), dtype=np.int64)
             rows = np.frombuffer(_read_exact(inp, 4 * n * width), dtype=np.float32).reshape(n, width)
             parts.append((name, seq, ids, rows))
@@ -202,7 +209,10 @@ def main() -> None:
                 env.set_mapsize(req["map_size"])  # the trainer's size (it grows the map)
             with env.begin(write=True) as txn:
                 for name, seq, ids, rows in parts:
-                    codec.put_segment(txn, dbs[name], seq, ids, rows, compressor, dtype=dtypes.get(name, 0))
+                    if ids is None:
+                        codec.put_value(txn, dbs[name], seq, rows)
+                    else:
+                        codec.put_segment(txn, dbs[name], seq, ids, rows, compressor, dtype=dtypes.get(name, 0))
                 if os.getppid() != parent:  # under LMDB's writer lock: see the module's docstring
                     raise _Orphaned
         except _Orphaned:
