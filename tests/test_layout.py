@@ -481,6 +481,27 @@ _TIER_PARTS = re.compile(
 )
 
 
+_TIER_REACH = re.compile(r"engine\.(?:ssd|resolver)\.\w+(?:\[[^\]]*\])?\.\w+")
+
+
+def test_no_test_above_the_tiers_reaches_two_levels_into_a_tier() -> None:
+    """Tests outside ``tests/tiers/`` reach a tier's settings and methods (one level) but not
+    its parts' parts (``engine.ssd.held.staged``, ``engine.ssd.lmdb.env``): they watch those
+    through the probes of :mod:`tiered_emb.testing.faults`."""
+    assert _TIER_REACH.search("assert len(s.engine.ssd.held.flushing) == 2")  # (the check sees one)
+    assert _TIER_REACH.search('t = s.engine.resolver.tables["t"].hbm')
+    assert not _TIER_REACH.search("s.engine.ssd.writeback_rows = 32")
+    assert not _TIER_REACH.search("s.engine.ssd.wait_writes()")
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if "tiers" in path.relative_to(TESTS).parts[:1] or path == Path(__file__).resolve():
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _TIER_REACH.search(line):
+                found.append(f"{path.relative_to(TESTS)}:{n}: {line.strip()}")
+    assert not found, found
+
+
 def test_no_test_above_the_tiers_monkeypatches_a_tier() -> None:
     """Tests outside ``tests/tiers/`` make a tier fail or watch it through
     :mod:`tiered_emb.testing.faults`, never by monkeypatching its parts."""

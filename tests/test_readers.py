@@ -16,7 +16,7 @@ import pytest
 from tiered_emb import SGD, RowWiseAdagrad, StoreReader, TableConfig, TierConfig, TieredStore
 from tiered_emb.cli import main as cli
 from tiered_emb.errors import ConfigError, ReadOnlyError, StoreNotFoundError
-from tiered_emb.testing import flip_bit, random_updates
+from tiered_emb.testing import faults, flip_bit, random_updates
 
 TABLES = [
     TableConfig("a", dim=4, optimizer=RowWiseAdagrad(lr=0.1)),
@@ -130,12 +130,12 @@ def test_a_reader_killed_in_its_snapshot_leaves_no_stale_slot(tmp_path):
             env=dict(os.environ, PYTHONPATH=str(REPO)),
         )
         assert p.stdout.readline().strip() == "open"
-        assert str(p.pid) in s.engine.ssd.lmdb.env.readers()
+        assert str(p.pid) in faults.lmdb_readers(s)
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stdout.close()
         s.checkpoint()  # frees the slots of dead readers
-        assert str(p.pid) not in s.engine.ssd.lmdb.env.readers()
+        assert str(p.pid) not in faults.lmdb_readers(s)
 
 
 def test_verify_and_inspect_from_the_command_line(tmp_path, capsys):

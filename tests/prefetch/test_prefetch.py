@@ -11,7 +11,7 @@ from tiered_emb.errors import ConfigError, IdRangeError, PrefetchError
 from tiered_emb.prefetch import Window, lookahead
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.step.plan import plan_bags
-from tiered_emb.testing import full_disk_for
+from tiered_emb.testing import faults, full_disk_for
 from tiered_emb.testing.reference import ReferenceStore
 
 TABLES = [
@@ -250,7 +250,7 @@ def test_read_ahead_serves_the_step_from_memory(tmp_path):
             )
     assert staging["reads"] == 10 and staging["discarded"] == 0 and staging["used"] > 0
     assert after["hits"] > before["hits"]  # the step's counters are its own, staged or not
-    assert s.engine.ssd.held.staged == {}  # every staged batch dropped at its release
+    assert faults.staged_rows(s) == {}  # every staged batch dropped at its release
 
 
 def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
@@ -269,7 +269,7 @@ def test_staged_rows_never_outlive_an_lmdb_write(tmp_path):
         s.apply_gradients("u", np.array([5]), np.ones((1, 2), dtype=np.float32))  # 5 newer than its staged copy
         s.lookup("u", np.array([6]))  # 5 evicted and written again
         s.engine.ssd.wait_writes()
-        assert len(s.engine.ssd.held.staged[ticket.seq]["u"]) == 0
+        assert faults.staged_rows(s)[ticket.seq]["u"] == 0
         got = s.lookup("u", np.array([5]))
         s.release(ticket)
     ref = ReferenceStore(tables, seed=4)

@@ -92,7 +92,7 @@ def test_two_failed_write_backs_of_one_id_read_the_newer(tmp_path):
         ref.apply_gradients("t", np.array([0]), g)
         s.lookup("t", np.array([other]))  # evicts row 0: its write-back cannot be written (kept for the next call)
         assert s.peek("t", np.array([0]), with_state=True).tobytes() == ref.peek_records("t", np.array([0])).tobytes()
-    assert len(s.engine.ssd.held.flushing) == 2  # both write-backs of row 0 wait in memory
+    assert faults.snapshots_waiting(s) == 2  # both write-backs of row 0 wait in memory
     with pytest.raises(StoreFullError):
         s.lookup("t", np.array([3]))
     full[0] = False
@@ -157,7 +157,7 @@ def test_a_short_write_on_a_full_disk_is_store_full(tmp_path, monkeypatch, messa
         raise lmdb.Error(message)
 
     with pytest.raises(StoreFullError if full else CorruptStoreError):
-        s.engine.ssd.lmdb.write(fail)
+        faults.in_lmdb_write(s, fail)
     s.close()
 
 

@@ -20,7 +20,12 @@ Points:
 
 Probes: :func:`compactions` (the tables compacted, in order), :func:`lmdb_reads` (the
 ids looked up in LMDB), :func:`hold_background_puts` (the writer thread's transactions
-held until an event is set).
+held until an event is set), :func:`staged_rows` (the rows read ahead, per batch and
+table), :func:`snapshots_waiting` (write-backs handed over and not yet in LMDB),
+:func:`lmdb_readers` (the reader table of the store's LMDB environment) and
+:func:`in_lmdb_write` (a body run in one of the store's write transactions, its errors
+translated as every write's).  Tests above the tiers use these instead of reaching
+into a tier's parts (``tests/test_layout.py`` checks it).
 """
 
 from __future__ import annotations
@@ -104,3 +109,27 @@ def lmdb_reads(store: Any) -> list[tuple[str, int]]:
 
     reader.read_lmdb = read
     return asked
+
+
+def staged_rows(store: Any) -> dict[int, dict[str, int]]:
+    """The rows read ahead and held for coming batches: ``{ticket number: {table: rows}}``
+    (read between operations: nothing is changing them)."""
+    staged = store.engine.ssd.held.staged
+    return {key: {t: len(b) for t, b in sorted(staged[key].items())} for key in sorted(staged)}
+
+
+def snapshots_waiting(store: Any) -> int:
+    """Write-backs handed over to be written (snapshots) that are not in LMDB yet."""
+    return len(store.engine.ssd.held.flushing)
+
+
+def lmdb_readers(store: Any) -> str:
+    """LMDB's reader table of ``store``'s environment, as text (a line per reader: its pid)."""
+    return str(store.engine.ssd.lmdb.env.readers())
+
+
+def in_lmdb_write(store: Any, body: Callable[[Any], Any]) -> Any:
+    """``body(txn)`` in one write transaction of ``store``'s LMDB environment, as every write
+    runs (a full disk or a failure raised as :class:`~tiered_emb.errors.StoreFullError` or
+    :class:`~tiered_emb.errors.CorruptStoreError`)."""
+    return store.engine.ssd.lmdb.write(body)
