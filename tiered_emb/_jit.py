@@ -20,6 +20,10 @@ from numba.extending import intrinsic
 # random from a large table misses the caches, and the loop's own loads cannot run far
 # enough ahead to hide it (docs/benchmarks.md, "Kernel choices").
 PREFETCH_DISTANCE = 8
+#: The same for loops that read whole rows at random from a table far larger than the caches
+#: (the forward's pooling, the SSD tier's gather from its file): a row from memory takes
+#: longer than pooling or checking eight, so they look further ahead (docs/benchmarks.md).
+ROW_PREFETCH_DISTANCE = 24
 
 
 @intrinsic

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, take_rows, threads_for
+from tiered_emb._jit import ROW_PREFETCH_DISTANCE, local_f32, prefetch_hint, take_rows, threads_for
 from tiered_emb.precision import decode
 from tiered_emb.step import narrow
 from tiered_emb.step.device import plan as device_plan
@@ -82,8 +82,9 @@ def pool_kernel(dim: int, direct: bool, weighted: bool):
             hi = offsets[b + 1]
             bad = 0
             for i in range(lo, hi):
-                if i + PREFETCH_DISTANCE < n:  # a hint: never faults, even on an unchecked id
-                    ahead = index[i + PREFETCH_DISTANCE] if direct else slots[index[i + PREFETCH_DISTANCE]]
+                if i + ROW_PREFETCH_DISTANCE < n:  # a hint: never faults, even on an unchecked id
+                    d = i + ROW_PREFETCH_DISTANCE
+                    ahead = index[d] if direct else slots[index[d]]
                     for c in range(0, dim, 16):  # the row's lines, not the optimizer state after them
                         prefetch_hint(records, (ahead, c))
                 r = index[i] if direct else slots[index[i]]

@@ -19,7 +19,9 @@ def no_data(x, what: str) -> None:
         )
 
 
-def as_numpy_ids(x, what: str) -> np.ndarray:
+def as_numpy_ids(x, what: str, copy: bool = True) -> np.ndarray:
+    """``x`` (a tensor or array of integer ids) as int64 NumPy, checked: a copy, or with
+    ``copy=False`` a view of ``x`` where it is one already (no backward will read it)."""
     if isinstance(x, torch.Tensor):
         no_data(x, what)
         if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
@@ -34,14 +36,17 @@ def as_numpy_ids(x, what: str) -> np.ndarray:
             raise IdTypeError(f"{what} have dtype {a.dtype}", "pass integer ids")
     if a.dtype == np.uint64 and a.size and int(a.max()) > _MAX_INT64:  # would wrap to a negative int64
         raise IdRangeError(f"{what} hold {int(a.max())}, beyond int64", f"ids are int64 in [0, {_MAX_INT64}]")
-    # A copy, never a view of the caller's tensor: the backward reads the batch again, and
+    # A copy, never a view of the caller's tensor, where a backward reads the batch again:
     # an input changed in place after the forward must not change the update.
+    if not copy:
+        return np.ascontiguousarray(a, dtype=np.int64)
     return np.array(a, dtype=np.int64, order="C", copy=True)
 
 
-def bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """``(ids (n,), offsets (B+1,), the input's shape)`` from torch.nn.EmbeddingBag's input conventions."""
-    ids = as_numpy_ids(input, "input ids")
+def bags_of(input, offsets, include_last_offset: bool, copy: bool = True) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """``(ids (n,), offsets (B+1,), the input's shape)`` from torch.nn.EmbeddingBag's input
+    conventions (``copy``: as :func:`as_numpy_ids`)."""
+    ids = as_numpy_ids(input, "input ids", copy)
     shape = tuple(ids.shape)
     if ids.ndim == 2:
         if offsets is not None:
@@ -52,7 +57,7 @@ def bags_of(input, offsets, include_last_offset: bool) -> tuple[np.ndarray, np.n
         raise IdTypeError(f"input ids have shape {tuple(ids.shape)}", "pass 1-D ids with offsets, or 2-D (B, L) ids")
     if offsets is None:
         raise ConfigError("a 1-D input needs offsets", "pass offsets (int64, one start per bag), or a 2-D input")
-    off = as_numpy_ids(offsets, "offsets")
+    off = as_numpy_ids(offsets, "offsets", copy)
     if off.ndim != 1:
         raise IdTypeError(f"offsets have shape {tuple(off.shape)}", "pass 1-D offsets")
     if not include_last_offset:

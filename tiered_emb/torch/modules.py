@@ -108,7 +108,8 @@ class TieredEmbeddingBag(StoreModule):
         """Pooled rows, float32 (B, dim); ``input`` 1-D with ``offsets``, or 2-D (B, L)."""
         if self.compiles(self.mode, input):
             return self.pool_compiled(input, offsets, per_sample_weights, self.mode, self.include_last_offset)
-        ids, off, shape = bags_of(input, offsets, self.include_last_offset)
+        # (no copy of the ids where no backward will read them again)
+        ids, off, shape = bags_of(input, offsets, self.include_last_offset, copy=torch.is_grad_enabled())
         plan, weights_t = self.plan_batch(ids, off, per_sample_weights, self.mode, shape)
         return self.pool(plan, weights_t, self.mode)
 

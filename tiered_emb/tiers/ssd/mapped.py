@@ -30,7 +30,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb._jit import ROW_PREFETCH_DISTANCE, prefetch_hint
 from tiered_emb.tiers.ssd.codec import SUM_MUL_HI, SUM_MUL_ID, SUM_SEED, sum_weights
 from tiered_emb.tiers.ssd.index import POS_BITS, POS_MASK
 
@@ -145,8 +145,8 @@ def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights,
     out_words = out_rows.view(np.uint32)
     n = locs.shape[0]
     for j in range(n):
-        if j + PREFETCH_DISTANCE < n:
-            ahead = locs[j + PREFETCH_DISTANCE]
+        if j + ROW_PREFETCH_DISTANCE < n:
+            ahead = locs[j + ROW_PREFETCH_DISTANCE]
             seq_a = ahead >> POS_BITS
             if (ahead & POS_MASK) < nrows[seq_a]:
                 first = base[seq_a] + (ahead & POS_MASK) * (width + summed[seq_a])
