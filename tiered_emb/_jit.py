@@ -188,7 +188,11 @@ def threads_for(work: int):
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _take_rows(rows, at, out):
-    for i in numba.prange(at.shape[0]):
+    n = at.shape[0]
+    for i in numba.prange(n):
+        if i + ROW_PREFETCH_DISTANCE < n:
+            for c in range(0, rows.shape[1], 16):
+                prefetch_hint(rows, (at[i + ROW_PREFETCH_DISTANCE], c))
         src = rows[at[i]]
         dst = out[i]
         for k in range(out.shape[1]):
@@ -210,6 +214,25 @@ def take_rows(rows: np.ndarray, at: np.ndarray, out: np.ndarray | None = None) -
 
 
 @numba.njit(inline="always")
+def _prefetch_move(src, src_at, dst, dst_at, width, i, n):
+    """Hints for the row :func:`_move_row` moves ``ROW_PREFETCH_DISTANCE`` moves on: its
+    source's and its destination's lines (each most often a cache miss of its own)."""
+    j = i + ROW_PREFETCH_DISTANCE
+    if j >= n:
+        return
+    if src_at.shape[0]:
+        s = src_at[j]
+        if s >= 0:
+            for c in range(0, width, 16):
+                prefetch_hint(src, (s, c))
+    if dst_at.shape[0]:
+        d = dst_at[j]
+        if d >= 0:
+            for c in range(0, width, 16):
+                prefetch_hint(dst, (d, c))
+
+
+@numba.njit(inline="always")
 def _move_row(src, src_at, dst, dst_at, width, i):
     d = np.int64(i)
     if dst_at.shape[0]:
@@ -227,14 +250,18 @@ def _move_row(src, src_at, dst, dst_at, width, i):
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _move_rows(src, src_at, dst, dst_at, width):
-    for i in numba.prange(max(src_at.shape[0], dst_at.shape[0])):
+    n = max(src_at.shape[0], dst_at.shape[0])
+    for i in numba.prange(n):
+        _prefetch_move(src, src_at, dst, dst_at, width, i, n)
         _move_row(src, src_at, dst, dst_at, width, i)
 
 
 @numba.njit(cache=True, nogil=True)
 def _move_rows_here(src, src_at, dst, dst_at, width):
     """:func:`_move_rows` on the calling thread: a small move, without waking (or setting) the pool."""
-    for i in range(max(src_at.shape[0], dst_at.shape[0])):
+    n = max(src_at.shape[0], dst_at.shape[0])
+    for i in range(n):
+        _prefetch_move(src, src_at, dst, dst_at, width, i, n)
         _move_row(src, src_at, dst, dst_at, width, i)
 
 
