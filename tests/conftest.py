@@ -13,6 +13,11 @@ from hypothesis import HealthCheck, settings
 if shutil.which("nvidia-smi") is None or importlib.util.find_spec("numba_cuda") is None:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+# The small job that compiles a first run's kernels beside it (tiered_emb/apps/warm.py) stays
+# off: the suite's first `tiered-emb train` would otherwise share the cores with one.
+# tests/apps/test_warm.py turns it on where it is the subject.
+os.environ.setdefault("TIERED_EMB_WARM", "0")
+
 # default: quick local runs; ci: derandomized and larger (the CI script selects it).
 settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(

@@ -25,6 +25,7 @@ import numpy as np
 
 from tiered_emb._options import STDOUT, add_command, byte_size, check_run_dir, count, make_run_dir, require
 from tiered_emb._progress import progress_bar
+from tiered_emb.apps import warm
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
 from tiered_emb.apps.clicks import NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.apps.dlrm_config import (
@@ -322,8 +323,21 @@ def train(args) -> dict:
     run_dir = Path(args.run_dir)
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
+    helper = None
     if not args.resume:
         check_run_dir(run_dir, "train")
+        # the small job that compiles the kernels beside a first run (apps/warm.py), started
+        # first: it compiles while this process imports torch and makes its data
+        cfg = run_config(args)
+        helper = warm.start(cfg, args, _lookahead(args, cfg, _tiers(args, table_configs(cfg)).hbm_rows))
+    try:
+        return _train(args, run_dir, store_dir, config_path, helper)
+    finally:
+        warm.stop(helper)
+
+
+def _train(args, run_dir: Path, store_dir: Path, config_path: Path, helper) -> dict:
+    """:func:`train` once its run directory is checked (``helper``: the small job beside it, or None)."""
     torch = require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
     check_run_flags(args)
     if args.json not in (None, STDOUT):
@@ -371,6 +385,7 @@ def train(args) -> dict:
         # it (step, dense weights) must come from the same instant for --resume.
         store.close(checkpoint=False)
         raise
+    warm.stop(helper)  # (before the store's last checkpoint: its kernels, if needed, are the job's alone)
     store.close()
     return report
 

@@ -258,8 +258,9 @@ def cache_resolve_new(tag, st, uids, force_pin, probe):
         np.empty(k, dtype=np.uint8),
     )
     probed = probe.shape[0] == k and k > 0
-    if probed:
-        out.slots[:] = probe
+    if probed:  # (a loop: a slice assignment compiles its shape-mismatch error, seconds on a first run)
+        for i in range(k):
+            out.slots[i] = probe[i]
     n_miss, n_v, pinned = cache_resolve(tag, st, uids, force_pin, out, probed)
     return out, n_miss, n_v, pinned
 

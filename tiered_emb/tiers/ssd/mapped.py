@@ -157,7 +157,9 @@ def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights,
         if pos >= nrows[seq]:
             return 2 * j
         start = base[seq] + pos * (width + summed[seq])
-        out_rows[at[j], :] = floats[start : start + width]
+        dst = at[j]
+        for k in range(width):  # (a loop: a slice assignment compiles its shape error)
+            out_rows[dst, k] = floats[start + k]
         # (summed from the copy: a row in cache, contiguous, while the next rows' loads run)
         if check and summed[seq] and row_sum(out_words[at[j]], 0, width, ids[j], weights) != words[start + width]:
             return 2 * j + 1

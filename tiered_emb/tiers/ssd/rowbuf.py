@@ -40,7 +40,8 @@ def _buf_put(keys, vals, ids, rows, states, n, new_ids, new_rows, new_states):
             n += 1
             index_put(keys, vals, key, at)
             ids[at] = key
-        rows[at] = new_rows[i]
+        for j in range(rows.shape[1]):  # (a loop: a row assignment compiles its shape error)
+            rows[at, j] = new_rows[i, j]
         states[at] = new_states[i]
     return n
 
@@ -57,7 +58,8 @@ def _buf_get(keys, vals, rows, states, ids, out_rows, out_state):
             continue
         at = index_find(keys, vals, ids[i])
         if at >= 0:
-            out_rows[i] = rows[at]
+            for j in range(rows.shape[1]):
+                out_rows[i, j] = rows[at, j]
             out_state[i] = states[at]
             hits += 1
     return hits
