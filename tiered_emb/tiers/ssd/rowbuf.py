@@ -17,6 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._jit import take_rows
 from tiered_emb._order import stable_argsort
 from tiered_emb.cache.index import EMPTY, index_del, index_find, index_prefetch, index_put, new_index
 
@@ -176,7 +177,7 @@ class RowBuffer:
         m = _buf_live(self.keys, self.vals, at)
         at = at[:m]
         at = at[stable_argsort(self.ids[at])]
-        out = (self.ids[at], self.rows[at])
+        out = (self.ids[at], take_rows(self.rows, at))  # (on the threads, the GIL let go: a writer thread's)
         return out + (self.states[at],) if with_state else out
 
 
