@@ -481,6 +481,18 @@ _TIER_PARTS = re.compile(
 )
 
 
+def _above_the_tiers(pattern: re.Pattern) -> list[str]:
+    """``path:line: text`` of every line of a test outside ``tests/tiers/`` that ``pattern`` finds."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if "tiers" in path.relative_to(TESTS).parts[:1] or path == Path(__file__).resolve():
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(TESTS)}:{n}: {line.strip()}")
+    return found
+
+
 _TIER_REACH = re.compile(r"engine\.(?:ssd|resolver)\.\w+(?:\[[^\]]*\])?\.\w+")
 
 
@@ -492,13 +504,7 @@ def test_no_test_above_the_tiers_reaches_two_levels_into_a_tier() -> None:
     assert _TIER_REACH.search('t = s.engine.resolver.tables["t"].hbm')
     assert not _TIER_REACH.search("s.engine.ssd.writeback_rows = 32")
     assert not _TIER_REACH.search("s.engine.ssd.wait_writes()")
-    found = []
-    for path in sorted(TESTS.rglob("*.py")):
-        if "tiers" in path.relative_to(TESTS).parts[:1] or path == Path(__file__).resolve():
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if _TIER_REACH.search(line):
-                found.append(f"{path.relative_to(TESTS)}:{n}: {line.strip()}")
+    found = _above_the_tiers(_TIER_REACH)
     assert not found, found
 
 
@@ -509,11 +515,5 @@ def test_no_test_above_the_tiers_monkeypatches_a_tier() -> None:
     assert _TIER_PARTS.search("    s.engine.ssd.reader.read_lmdb = spy")
     assert not _TIER_PARTS.search('monkeypatch.setattr(sys, "argv", [])')
     assert not _TIER_PARTS.search("    s.engine.ssd.writeback_rows = 32")  # (a setting, not a part)
-    found = []
-    for path in sorted(TESTS.rglob("*.py")):
-        if "tiers" in path.relative_to(TESTS).parts[:1] or path == Path(__file__).resolve():
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if _TIER_PARTS.search(line):
-                found.append(f"{path.relative_to(TESTS)}:{n}: {line.strip()}")
+    found = _above_the_tiers(_TIER_PARTS)
     assert not found, found

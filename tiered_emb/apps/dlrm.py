@@ -385,7 +385,7 @@ def _train(args, run_dir: Path, store_dir: Path, config_path: Path, helper) -> d
         # it (step, dense weights) must come from the same instant for --resume.
         store.close(checkpoint=False)
         raise
-    warm.stop(helper)  # (before the store's last checkpoint: its kernels, if needed, are the job's alone)
+    warm.stop(helper)  # (done by now, or no longer of use: the last checkpoint has the cores)
     store.close()
     return report
 

@@ -35,7 +35,8 @@ class HeldRows:
         self.writeback: dict[str, RowBuffer] = {n: RowBuffer(w) for n, w in sorted(self._widths.items())}
         self.flushing: list[dict[str, RowBuffer]] = []
         # a committed snapshot's buffer per table, the next buffer of that table: its memory
-        # is in use already (fresh pages cost a fault each, most of a put's time here)
+        # is in use already (a put into fresh memory cost several times one into memory in
+        # use: docs/architecture.md)
         self._spare: dict[str, RowBuffer] = {}
         self.staged: dict[int, dict[str, RowBuffer]] = {}
         self.gen = 0
