@@ -18,7 +18,7 @@ import numpy as np
 
 from tiered_emb._jit import (
     HAS_F16C,
-    PREFETCH_DISTANCE,
+    ROW_PREFETCH_DISTANCE,
     f32_bits,
     f32_of_bits,
     f32_of_half,
@@ -94,6 +94,7 @@ def pool_kernel(dim: int, weighted: bool, int8: bool, kind: int = _TABLE):
         """``out[b] = sum_i w_i * row(slots[inverse[i]])`` over bag b in position order, each
         value decoded as it is read: 16-bit through ``lut``, int8 as code * scale + bias."""
         n = inverse.shape[0]
+        words = 2 + (dim + 3) // 4 if int8 else (dim + 1) // 2  # (the row's weights, not its state)
         for b in numba.prange(out.shape[0]):
             acc = local_f32(dim)
             for j in range(dim):
@@ -101,8 +102,10 @@ def pool_kernel(dim: int, weighted: bool, int8: bool, kind: int = _TABLE):
             lo = offsets[b]
             hi = offsets[b + 1]
             for i in range(lo, hi):
-                if i + PREFETCH_DISTANCE < n:
-                    prefetch_hint(w32, (slots[inverse[i + PREFETCH_DISTANCE]], 0))
+                if i + ROW_PREFETCH_DISTANCE < n:  # the row's lines, as the float32 kernel does
+                    ahead = slots[inverse[i + ROW_PREFETCH_DISTANCE]]
+                    for c in range(0, words, 16):
+                        prefetch_hint(w32, (ahead, c))
                 r = slots[inverse[i]]
                 w = weights[i] if weighted else np.float32(1.0)
                 if int8:
