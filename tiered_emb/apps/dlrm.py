@@ -315,10 +315,12 @@ def train(args) -> dict:
     """Run the job described by the parsed ``args``; returns the report as a dict.
 
     The run directory is checked first (only an empty one or an earlier run of this command
-    is replaced), then that torch imports, then every flag, all before anything on disk
-    changes.  A step that fails (or a Ctrl-C) closes the store without a checkpoint, so the rows stay those of the last
-    checkpoint, saved with the step and dense weights of that instant: ``--resume``
-    continues from there as if never interrupted.
+    is replaced), then the run's own flags (and a small job is started beside a first run to
+    compile kernels: :mod:`tiered_emb.apps.warm`), then that torch imports, then every
+    other flag, all before anything on disk changes.  A step that fails (or a Ctrl-C)
+    closes the store without a checkpoint, so the rows stay those of the last checkpoint,
+    saved with the step and dense weights of that instant: ``--resume`` continues from
+    there as if never interrupted.
     """
     run_dir = Path(args.run_dir)
     store_dir = run_dir / "store"
