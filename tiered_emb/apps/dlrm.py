@@ -325,7 +325,7 @@ def train(args) -> dict:
     run_dir = Path(args.run_dir)
     store_dir = run_dir / "store"
     config_path = run_dir / "config.json"
-    helper = None
+    helper, cfg = None, None
     if not args.resume:
         check_run_dir(run_dir, "train")
         # the small job that compiles the kernels beside a first run (apps/warm.py), started
@@ -333,13 +333,14 @@ def train(args) -> dict:
         cfg = run_config(args)
         helper = warm.start(cfg, args, _lookahead(args, cfg, _tiers(args, table_configs(cfg)).hbm_rows))
     try:
-        return _train(args, run_dir, store_dir, config_path, helper)
+        return _train(args, run_dir, store_dir, config_path, cfg, helper)
     finally:
         warm.stop(helper)
 
 
-def _train(args, run_dir: Path, store_dir: Path, config_path: Path, helper) -> dict:
-    """:func:`train` once its run directory is checked (``helper``: the small job beside it, or None)."""
+def _train(args, run_dir: Path, store_dir: Path, config_path: Path, cfg: dict | None, helper) -> dict:
+    """:func:`train` once its run directory is checked: ``cfg`` the new run's config (None for
+    ``--resume``: the run's own is read), ``helper`` the small job beside it, or None."""
     torch = require("torch", "tiered-emb train", "pip install 'tiered-emb[torch]' (on CPU: pip install torch==2.13.0)")
     check_run_flags(args)
     if args.json not in (None, STDOUT):
@@ -370,7 +371,6 @@ def _train(args, run_dir: Path, store_dir: Path, config_path: Path, helper) -> d
         data = load_data(cfg)
         store = TieredStore.open(store_dir, tiers=_tiers(args, table_configs(cfg)))
     else:
-        cfg = run_config(args)
         # Kept with the run: torch's results depend on its thread count (docs/determinism.md),
         # so a resume on another machine, whose default differs, goes on as the run began.
         cfg["step_threads"] = _step_threads(args)
