@@ -15,7 +15,8 @@ tables = [TableConfig("r", dim=64, optimizer=RowWiseAdagrad(lr=0.1)), TableConfi
           TableConfig("b", dim=8, dtype="bfloat16", optimizer=Adam()),
           TableConfig("q", dim=20, dtype="int8", optimizer=Adagrad(lr=0.1))]
 h = hashlib.sha256()
-with TieredStore.create(tempfile.mkdtemp() + "/s", tables, TierConfig(4000, 2000, "lfu", "cpu"), seed=11) as s:
+tiers = eval(sys.argv[1])  # (the test's own expression)
+with TieredStore.create(tempfile.mkdtemp() + "/s", tables, tiers, seed=11) as s:
     for step in range(6):
         for t in tables:
             ids = zipf_ids(50_000, 1.05, 20_000, seed=step * 7 + t.dim)
@@ -27,15 +28,24 @@ print(h.hexdigest())
 """
 
 
-def _digest(threads: int) -> str:
+PER_TABLE = 'TierConfig(4000, 2000, "lfu", "cpu")'
+# one HBM and one DDR tier for the six tables, about as many rows in all as above in one table's
+SHARED = 'TierConfig(policy="lfu", device="cpu", hbm_bytes=4000 * 400, ddr_bytes=2000 * 400)'
+
+
+def _digest(threads: int, tiers: str = PER_TABLE) -> str:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, tiers], env=env, capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 
 def test_rows_and_states_identical_for_one_and_two_threads():
     one, two = _digest(1), _digest(2)
     assert len(one) == 64 and one == two
+
+
+def test_tiers_shared_by_the_tables_give_the_same_bytes_on_any_thread_count():
+    assert _digest(1, SHARED) == _digest(2, SHARED) == _digest(2)
 
 
 def test_signed_zero_matches_the_reference_byte_for_byte(tmp_path):

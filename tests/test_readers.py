@@ -151,6 +151,11 @@ def test_verify_and_inspect_from_the_command_line(tmp_path, capsys):
     listed = json.loads(capsys.readouterr().out)
     with TieredStore.open(tmp_path / "s", mode="r") as r:
         assert listed["tables"]["b"]["rows"] == r.stats()["b"]["ssd"]["rows"] > 0
+    tiers = _tiers()
+    assert listed["tiers"]["hbm"] == {
+        "rows_per_table": tiers.hbm_rows,
+        "bytes": {t.name: tiers.hbm_rows * 4 * t.record_width for t in sorted(TABLES, key=lambda t: t.name)},
+    }
     flip_bit(tmp_path / "s", "b")  # one bit of a row: exit status 1, the table named
     assert cli(["verify", str(tmp_path / "s")]) == 1
     assert "fail their checksums" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from tiered_emb import SGD, Adagrad, RowWiseAdagrad, TableConfig, TierConfig, Ti
 from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.testing import crash
 from tiered_emb.testing.reference import ReferenceStore
+from tiered_emb.tiers.pool import slot_floats
 
 TABLES = [
     TableConfig("r", dim=3, optimizer=RowWiseAdagrad(lr=0.3)),
@@ -29,6 +30,7 @@ NAMES = [t.name for t in TABLES]
 ID_SPACE = 12
 
 ids_st = st.lists(st.integers(0, ID_SPACE - 1), min_size=0, max_size=9)
+HBM_SLOT, DDR_SLOT = (4 * f for f in slot_floats(TABLES))
 # hbm_rows 12 holds table "s" whole (num_rows=12): its HBM is then direct, row id in slot id
 tiers_st = st.builds(
     TierConfig,
@@ -37,6 +39,13 @@ tiers_st = st.builds(
     policy=st.sampled_from(BASE_POLICIES),
     device=st.just("cpu"),
     ssd_compression=st.sampled_from([None, 1]),
+    background_writes=st.booleans(),
+) | st.builds(  # one HBM and one DDR tier shared by the tables, sized in bytes (not always whole slots)
+    TierConfig,
+    hbm_bytes=st.integers(HBM_SLOT, 12 * HBM_SLOT),
+    ddr_bytes=st.integers(0, 8 * DDR_SLOT),
+    policy=st.sampled_from(BASE_POLICIES),
+    device=st.just("cpu"),
     background_writes=st.booleans(),
 )
 
@@ -108,6 +117,16 @@ class StoreMachine(RuleBasedStateMachine):
         ids = np.arange(ID_SPACE)
         for t in NAMES:
             np.testing.assert_array_equal(self.store.peek(t, ids, with_state=True), self.model.peek_records(t, ids))
+
+    @invariant()
+    def shared_tiers_within_their_bytes(self):
+        """A shared tier's rows, every table's together, never take more than its bytes."""
+        tiers = self.store.engine.tiers if hasattr(self, "store") else None
+        if tiers is None or not tiers.shared:
+            return
+        stats = self.store.stats()
+        for tier, budget in (("hbm", tiers.hbm_bytes), ("ddr", tiers.ddr_bytes)):
+            assert sum(stats[t][tier]["bytes"] for t in NAMES) <= budget
 
     def teardown(self):
         if hasattr(self, "store"):

@@ -380,9 +380,18 @@ class TierConfig:
     Parameters
     ----------
     hbm_rows : int
-        Rows *per table* held in the HBM tier (CuPy on a GPU, NumPy otherwise); >= 1.
+        Rows *per table* held in the HBM tier (CuPy on a GPU, NumPy otherwise); >= 1,
+        unless ``hbm_bytes`` sizes the tiers instead (then 0, the default).
     ddr_rows : int
         Rows per table held in host DDR below HBM; >= 0 (0: HBM misses go to LMDB).
+    hbm_bytes : int or None
+        Bytes of records in *one* HBM tier shared by all the store's tables, instead of
+        ``hbm_rows`` per table (:mod:`tiered_emb.tiers.pool`): rows of every table compete
+        for its slots under ``policy``, each slot as wide as the widest record.  With it,
+        ``ddr_bytes`` sizes the DDR tier below (``ddr_rows`` stays 0).  Bookkeeping (index,
+        policy, flags: about 64 bytes a row) comes on top; docs/tuning.md.
+    ddr_bytes : int or None
+        Bytes of records in one DDR tier shared by all tables, with ``hbm_bytes`` (None: 0).
     policy : str
         Eviction policy name from :data:`tiered_emb.cache.policies.POLICIES`: ``"lru"``, ``"lfu"``,
         ``"fifo"``, ``"clock"``, ``"sieve"``, ``"s3fifo"``, ``"arc"``, or one of them after ``"lookahead+"``.
@@ -417,7 +426,7 @@ class TierConfig:
         No effect off glibc.
     """
 
-    hbm_rows: int
+    hbm_rows: int = 0
     ddr_rows: int = 0
     policy: str = "lru"
     device: str = "auto"
@@ -427,14 +436,13 @@ class TierConfig:
     budget_bytes: int = 256 << 20
     keep_checkpoints: int | None = None
     tune_malloc: bool = True
+    hbm_bytes: int | None = None
+    ddr_bytes: int | None = None
 
     def __post_init__(self) -> None:
         from tiered_emb.cache.policies import POLICIES
 
-        if not _is_int(self.hbm_rows) or self.hbm_rows < 1 or self.hbm_rows > 2**31 - 1:
-            raise ConfigError(f"TierConfig.hbm_rows={self.hbm_rows!r} is invalid", "use an int in 1..2**31-1")
-        if not _is_int(self.ddr_rows) or self.ddr_rows < 0 or self.ddr_rows > 2**31 - 1:
-            raise ConfigError(f"TierConfig.ddr_rows={self.ddr_rows!r} is invalid", "use an int in 0..2**31-1")
+        self._check_sizes()
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ConfigError(f"TierConfig.policy={self.policy!r} is unknown", f"use one of {sorted(POLICIES)}")
         if not isinstance(self.device, str) or self.device not in ("auto", "cpu", "cuda"):
@@ -469,6 +477,37 @@ class TierConfig:
                 f"TierConfig.keep_checkpoints={keep!r} is invalid",
                 "use an int in 1..1000 (how many of the last checkpoints the store keeps), or None",
             )
+
+    def _check_sizes(self) -> None:
+        """The tiers' sizes: rows per table, or bytes for tiers shared by the tables."""
+        if not _is_int(self.ddr_rows) or self.ddr_rows < 0 or self.ddr_rows > 2**31 - 1:
+            raise ConfigError(f"TierConfig.ddr_rows={self.ddr_rows!r} is invalid", "use an int in 0..2**31-1")
+        if self.hbm_bytes is None:
+            if self.ddr_bytes is not None:
+                raise ConfigError(
+                    f"TierConfig.ddr_bytes={self.ddr_bytes!r} is given without hbm_bytes",
+                    "size both shared tiers in bytes (hbm_bytes and ddr_bytes), or both per table in rows",
+                )
+            if not _is_int(self.hbm_rows) or self.hbm_rows < 1 or self.hbm_rows > 2**31 - 1:
+                raise ConfigError(
+                    f"TierConfig.hbm_rows={self.hbm_rows!r} is invalid",
+                    "use an int in 1..2**31-1, or hbm_bytes for one HBM tier shared by all tables",
+                )
+            return
+        for name in ("hbm_bytes", "ddr_bytes"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not (0 if name == "ddr_bytes" else 1) <= v <= 2**50):
+                raise ConfigError(f"TierConfig.{name}={v!r} is invalid", "use a number of bytes, up to 2**50")
+        if self.hbm_rows or self.ddr_rows:
+            raise ConfigError(
+                f"TierConfig.hbm_rows={self.hbm_rows!r} / ddr_rows={self.ddr_rows!r} are given with hbm_bytes",
+                "size the tiers either in bytes shared by all tables (hbm_bytes, ddr_bytes) or in rows per table",
+            )
+
+    @property
+    def shared(self) -> bool:
+        """Whether one HBM and one DDR tier hold every table (sized in bytes)."""
+        return self.hbm_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict of plain values."""

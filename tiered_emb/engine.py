@@ -45,6 +45,7 @@ from tiered_emb.step import backward, gather, plan, reduce
 from tiered_emb.step.plan import BagPlan, Forward
 from tiered_emb.step.resolve import Resolver, Table
 from tiered_emb.tiers import SsdTier
+from tiered_emb.tiers.pool import shared_tiers
 
 
 class Engine:
@@ -74,8 +75,14 @@ class Engine:
         rates = meta.get("lr", {})  # the learning rates of the checkpoint opened (the manifest's before them)
         tables = [t.with_learning_rate(rates[t.name]) if t.name in rates else t for t in tables]
         #: The tables' HBM and DDR tiers and the step's stages over them.
+        shares = shared_tiers(tables, tiers, self.xp) if tiers.shared else {}
         self.resolver = Resolver(
-            {t.name: Table(t, tiers, self.xp) for t in tables}, ssd, seed, self.xp, str(path), tiers.budget_bytes
+            {t.name: Table(t, tiers, self.xp, shares.get(t.name)) for t in tables},
+            ssd,
+            seed,
+            self.xp,
+            str(path),
+            tiers.budget_bytes,
         )
         self.resolver.load_admission()  # (the counts of the checkpoint opened)
         self.resolver.step = int(meta.get("step", 0))

@@ -76,6 +76,8 @@ class StoreReader:
         _, tables, tiers, seed = _directory.read_manifest(self.path)
         _directory.check_data_file(self.path)
         self.seed = seed
+        #: the tiers the writer was last opened with (the manifest's): a reader has none of its own
+        self.tiers = tiers
         self._tables = {t.name: t for t in tables}
         self._lock = threading.Lock()
         self._counts = {n: {"lookups": 0, "hits": 0, "misses": 0} for n in sorted(self._tables)}

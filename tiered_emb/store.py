@@ -36,6 +36,7 @@ from tiered_emb.errors import ConfigError, NonFiniteGradientError
 from tiered_emb.prefetch import Ticket
 from tiered_emb.reader import StoreReader
 from tiered_emb.step import gather, plan, reduce
+from tiered_emb.step.dirty import dirty_chunks, written
 
 
 class TieredStore:
@@ -328,8 +329,8 @@ class TieredStore:
         self.engine.prefetcher.drain()
         with self._res.lock:
             counts: dict[str, int] = {}
-            n = self.engine.ssd.write_pending(self._res.dirty_chunks(counts))
-            self._res.written(counts)
+            n = self.engine.ssd.write_pending(dirty_chunks(self._res, counts))
+            written(self._res, counts)
             return n
 
     def checkpoint(self, extra: bytes | None = None) -> int:
@@ -353,13 +354,13 @@ class TieredStore:
             blobs, logs = self._res.admission_blobs(), self.engine.checkpoint_logs(meta)
             try:
                 self.engine.last_checkpoint_rows = self.engine.ssd.checkpoint(
-                    self._res.dirty_chunks(counts), meta, extra, blobs, logs
+                    dirty_chunks(self._res, counts), meta, extra, blobs, logs
                 )
             except BaseException:
                 self._res.hold_logs(logs)  # (kept for the next checkpoint)
                 raise
             self.engine.meta = meta
-            self._res.written(counts)
+            written(self._res, counts)
             self.engine.write_manifest()
             return self.epoch
 

@@ -240,7 +240,8 @@ def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
         (["--policy", "mru"], "policy"),
         (["--hbm-rows", "0"], "hbm_rows"),
         (["--dtype", "fp8"], "--dtype"),
-        (["--hbm", "100B"], "holds no row of each table"),
+        (["--hbm", "10B"], "holds no row"),
+        (["--ddr", "1MiB"], "--ddr-bytes is given without --hbm-bytes"),
     ]
     for flags, match in cases:
         with pytest.raises(ConfigError, match=match):
@@ -459,14 +460,20 @@ def test_a_run_kept_before_schedules_resumes_with_a_constant_rate(tmp_path):
 
 
 def test_narrow_rows_sized_in_bytes_train_and_resume_keeps_the_dtype(tmp_path):
-    """--dtype bf16 with --hbm / --ddr in bytes: each of the 26 tables holds the rows its
-    share takes in bfloat16 (dim 4 + row-wise Adagrad's word: 3 words, 12 bytes); a resume
-    goes on in the run's dtype and refuses another."""
+    """--dtype bf16 with --hbm / --ddr in bytes (replacing the rows flags): one HBM and one
+    DDR tier shared by the 26 tables, each row a slot of bfloat16's record (dim 4 + row-wise
+    Adagrad's word: 3 words, 12 bytes); a resume goes on in the run's dtype and refuses another."""
     run = tmp_path / "r"
     report = _train(run, "--steps", "2", "--dtype", "bf16", "--hbm", "312KiB", "--ddr", "156KiB")
-    assert report["capacity_rows"] == 26 * (312 * 1024 // (26 * 12) + 156 * 1024 // (26 * 12))
+    assert report["capacity_rows"] == 312 * 1024 // 12 + 156 * 1024 // 12
     with TieredStore.open(run / "store") as store:
         assert {store.engine.table_config(n).dtype for n in store.tables} == {"bfloat16"}
+        assert (store.engine.tiers.hbm_bytes, store.engine.tiers.ddr_bytes) == (312 * 1024, 156 * 1024)
+        for name in store.tables:
+            store.lookup(name, np.arange(2000))
+        held = store.stats()
+        assert sum(held[n]["hbm"]["rows"] for n in held) == 312 * 1024 // 12
+        assert sum(held[n]["hbm"]["bytes"] for n in held) == 312 * 1024
     assert main(["train", "--run-dir", str(run), *TINY, "--steps", "3", "--resume", "--dtype", "bfloat16"]) == 0
     with pytest.raises(ConfigError, match="--dtype"):
         main(["train", "--run-dir", str(run), *TINY, "--steps", "4", "--resume", "--dtype", "float32"])

@@ -28,8 +28,9 @@ class KernelPolicy:
             slots = np.empty(k, np.int64)
             miss = np.empty(k, np.int64)
             vs, vi = np.empty(k, np.int64), np.empty(k, np.int64)
-            vd = np.empty(k, np.uint8)
-            nm, nv, pinned = cache_resolve(t.tag, t.state, chunk, self.force_pin, Resolved(slots, miss, vs, vi, vd))
+            vd, vt = np.empty(k, np.uint8), np.empty(k, np.int32)
+            out = Resolved(slots, miss, vs, vi, vd, vt)
+            nm, nv, pinned = cache_resolve(t.tag, t.state, chunk, self.force_pin, out, False, 0)
             missed = set(miss[:nm].tolist())
             hits += [i not in missed for i in range(k)]
             evicted += vi[:nv].tolist()

@@ -160,6 +160,17 @@ def test_cache_limits_and_unbounded_tables_without_an_estimate_are_plan_errors()
     assert plan_tables(unbounded, 2, 8192, loads={"u": TableLoad(rows=10**6)}).tables[0].table == "u"
 
 
+def test_shared_tiers_take_at_most_their_bytes_on_each_rank():
+    """Tiers sized in bytes: a rank's shards share one HBM and one DDR tier of those bytes,
+    so its estimate never exceeds them, and a limit under them is a plan error."""
+    tiers = TierConfig(device="cpu", hbm_bytes=1 << 20, ddr_bytes=4 << 20)
+    plan = plan_tables(TABLES, 2, 8192, tiers=tiers)
+    costs = estimate(plan, TABLES, 8192, tiers=tiers)
+    assert all(c.hbm_bytes == 1 << 20 and c.ddr_bytes == 4 << 20 for c in costs)  # (tables larger than both)
+    with pytest.raises(PlanError, match="HBM tier"):
+        plan_tables(TABLES, 2, 8192, limits=RankLimits(hbm_bytes=1 << 19), tiers=tiers)
+
+
 def test_loads_from_batches_count_ids_per_sample_and_distinct_ids():
     batches = [{"f": (np.array([1, 2, 2, 3]), np.array([2, 2])), "g": (np.array([3, 9]), np.array([1, 1]))}]
     loads = table_loads(batches, {"f": "t", "g": "t"})

@@ -13,6 +13,7 @@ from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.testing import faults, full_disk_for
 from tiered_emb.testing.reference import ReferenceStore
+from tiered_emb.tiers.pool import slot_floats
 
 TABLES = [
     TableConfig("u", dim=4, optimizer=RowWiseAdagrad(lr=0.2)),
@@ -93,7 +94,17 @@ def test_narrow_rows_identical_for_every_depth(tmp_path, dtype, pooled):
     _every_depth(tmp_path, tables, "lookahead+lru", 24, 16, pooled)
 
 
-def _every_depth(tmp_path, tables, policy, hbm, ddr, pooled):
+@pytest.mark.parametrize("pooled", [False, True])
+@pytest.mark.parametrize("policy", ["lru", "lookahead+lru"])
+def test_tiers_shared_by_the_tables_identical_for_every_depth(tmp_path, policy, pooled):
+    """One HBM and one DDR tier for both tables (sized in bytes): the window pins rows of
+    each table in the same slots, and a table's miss may push the other's rows down."""
+    hbm_slot, ddr_slot = (4 * f for f in slot_floats(TABLES))
+    tiers = TierConfig(policy=policy, device="cpu", hbm_bytes=40 * hbm_slot, ddr_bytes=24 * ddr_slot)
+    _every_depth(tmp_path, TABLES, policy, 0, 0, pooled, tiers)
+
+
+def _every_depth(tmp_path, tables, policy, hbm, ddr, pooled, tiers=None):
     data = batches(25, seed=1)
     ref = reference(data, tables)
     # window, how far ahead rows come up, how far ahead LMDB is read; evicted rows written every 3 or 65,536
@@ -109,7 +120,7 @@ def _every_depth(tmp_path, tables, policy, hbm, ddr, pooled):
         (4, 1, 2, 3),
     ):
         with TieredStore.create(
-            tmp_path / f"{depth}_{load}_{read}", tables, TierConfig(hbm, ddr, policy, "cpu"), seed=4
+            tmp_path / f"{depth}_{load}_{read}", tables, tiers or TierConfig(hbm, ddr, policy, "cpu"), seed=4
         ) as s:
             s.engine.ssd.writeback_rows = wb
             train(s, data, depth, load_ahead=load, read_ahead=read, pooled=pooled)

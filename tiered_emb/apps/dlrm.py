@@ -30,6 +30,7 @@ from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, time
 from tiered_emb.apps.clicks import NUM_DENSE, CriteoTSV, SyntheticClicks
 from tiered_emb.apps.dlrm_config import (
     EMB_OPTIMIZERS,
+    ROWS_PER_TABLE,
     SCHEDULES,
     check_model,
     check_run_flags,
@@ -38,7 +39,6 @@ from tiered_emb.apps.dlrm_config import (
     lr_factor,
     mlp_sizes,
     read_run_config,
-    rows_in,
     run_config,
     table_configs,
 )
@@ -54,6 +54,7 @@ from tiered_emb.errors import (
 )
 from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
+from tiered_emb.tiers.pool import pool_rows
 
 LOG = logging.getLogger(__name__)
 
@@ -82,18 +83,18 @@ def add_parser(sub) -> None:
     p.add_argument("--rows", type=count, help="rows per table (its num_rows; 26 tables; default: 100000)")
     p.add_argument("--dim", type=count, help="embedding dimension (default: 16)")
     p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (0: uniform; default: 1.05)")
-    p.add_argument("--hbm-rows", type=count, default=4096, help="HBM rows per table")
+    p.add_argument("--hbm-rows", type=count, help=f"HBM rows per table (default: {ROWS_PER_TABLE})")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="HBM tier and MLPs on a GPU (docs/gpu.md)")
-    p.add_argument("--ddr-rows", type=count, default=4096, help="DDR rows per table")
+    p.add_argument("--ddr-rows", type=count, help=f"DDR rows per table (default: {ROWS_PER_TABLE})")
     p.add_argument(
         "--hbm-bytes",
         "--hbm",
         type=byte_size,
-        help="HBM for all 26 tables, e.g. 64MiB: each table holds the rows that an even share takes "
-        "in its dtype (replaces --hbm-rows)",
+        help="one HBM tier of this many bytes shared by the 26 tables, e.g. 64MiB: rows of every table "
+        "compete for it (replaces --hbm-rows and --ddr-rows; DDR then 0 unless --ddr-bytes)",
     )
     p.add_argument(
-        "--ddr-bytes", "--ddr", type=byte_size, help="DDR for all 26 tables, as --hbm-bytes (replaces --ddr-rows)"
+        "--ddr-bytes", "--ddr", type=byte_size, help="one DDR tier shared by the 26 tables, with --hbm-bytes"
     )
     p.add_argument(
         "--dtype",
@@ -331,7 +332,9 @@ def train(args) -> dict:
         # the small job that compiles the kernels beside a first run (apps/warm.py), started
         # first: it compiles while this process imports torch and makes its data
         cfg = run_config(args)
-        helper = warm.start(cfg, args, _lookahead(args, cfg, _tiers(args, table_configs(cfg)).hbm_rows))
+        tables = table_configs(cfg)
+        hbm_rows = _rows_held(tables, _tiers(args, tables))[0] // len(tables)
+        helper = warm.start(cfg, args, _lookahead(args, cfg, hbm_rows))
     try:
         return _train(args, run_dir, store_dir, config_path, cfg, helper)
     finally:
@@ -393,15 +396,37 @@ def _train(args, run_dir: Path, store_dir: Path, config_path: Path, cfg: dict | 
 
 
 def _tiers(args, tables) -> TierConfig:
-    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows``, or the rows ``--hbm-bytes`` /
-    ``--ddr-bytes`` hold of every table in its dtype."""
-    return TierConfig(
-        hbm_rows=rows_in(getattr(args, "hbm_bytes", None), args.hbm_rows, tables, "--hbm-bytes"),
-        ddr_rows=rows_in(getattr(args, "ddr_bytes", None), args.ddr_rows, tables, "--ddr-bytes"),
-        policy=args.policy,
-        device=getattr(args, "device", "cpu"),
-        background_writes=not getattr(args, "sync_writes", False),
-    )
+    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table, or one HBM and one DDR
+    tier shared by the tables, ``--hbm-bytes`` / ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`);
+    the bytes replace the rows; ConfigError for DDR in bytes under HBM in rows, and the
+    tiers' own (a budget that holds no row)."""
+    hbm_bytes, ddr_bytes = getattr(args, "hbm_bytes", None), getattr(args, "ddr_bytes", None)
+    common = {
+        "policy": args.policy,
+        "device": getattr(args, "device", "cpu"),
+        "background_writes": not getattr(args, "sync_writes", False),
+    }
+    if hbm_bytes is None and ddr_bytes is None:
+        return TierConfig(
+            hbm_rows=ROWS_PER_TABLE if args.hbm_rows is None else args.hbm_rows,
+            ddr_rows=ROWS_PER_TABLE if args.ddr_rows is None else args.ddr_rows,
+            **common,
+        )
+    if hbm_bytes is None:
+        raise ConfigError(
+            "--ddr-bytes is given without --hbm-bytes",
+            "give --hbm-bytes too (tiers shared by the tables), or --hbm-rows / --ddr-rows per table",
+        )
+    tiers = TierConfig(hbm_bytes=hbm_bytes, ddr_bytes=ddr_bytes or 0, **common)
+    pool_rows(tables, tiers)  # (a budget that holds no row: an error before anything starts)
+    return tiers
+
+
+def _rows_held(tables, tiers: TierConfig) -> tuple[int, int]:
+    """Rows of HBM and of DDR the tables hold in all."""
+    if tiers.shared:
+        return pool_rows(tables, tiers)
+    return len(tables) * tiers.hbm_rows, len(tables) * tiers.ddr_rows
 
 
 def _train_loop(torch, args, cfg: dict, store, data) -> dict:
@@ -439,7 +464,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
         return loss_fn(model(x, feats), torch.from_numpy(labels).to(dev))  # backward updates the rows in the store
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
-    lookahead = _lookahead(args, cfg, store.engine.tiers.hbm_rows)
+    tables = [store.engine.table_config(f) for f in feature_names()]
+    lookahead = _lookahead(args, cfg, _rows_held(tables, store.engine.tiers)[0] // len(tables))
     pipeline = TrainPipeline(
         store,
         model,
@@ -503,7 +529,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             for name, s in stats.items()
         }
     )
-    capacity = len(feature_names()) * (store.engine.tiers.hbm_rows + store.engine.tiers.ddr_rows)
+    capacity = sum(_rows_held([store.engine.table_config(f) for f in feature_names()], store.engine.tiers))
     table_rows = sum(data.num_rows)
     report.update(
         tiers=total,

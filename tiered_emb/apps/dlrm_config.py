@@ -186,11 +186,16 @@ def lr_factor(cfg: dict, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * t)) if kind == "cosine" else (1.0 - t) ** 2
 
 
-def rows_in(budget: int | None, rows: int, tables: list[TableConfig], flag: str) -> int:
+#: ``--hbm-rows`` and ``--ddr-rows`` when neither they nor the tiers' bytes are given
+ROWS_PER_TABLE = 4096
+
+
+def rows_in(budget: int | None, rows: int | None, tables: list[TableConfig], flag: str) -> int:
     """Rows per table that a tier of ``budget`` bytes holds, each table the same rows (None:
-    ``rows``, the ``--*-rows`` flag's); ConfigError when not one row of each fits."""
+    ``rows``, the ``--*-rows`` flag's, or :data:`ROWS_PER_TABLE`); ConfigError when not one
+    row of each fits.  (The sharded job's split of ``--hbm-bytes``: each rank's tables alike.)"""
     if budget is None:
-        return rows
+        return ROWS_PER_TABLE if rows is None else rows
     per_row = sum(4 * t.record_width for t in tables)
     if budget < per_row:
         raise ConfigError(

@@ -13,7 +13,9 @@ import json
 import sys
 
 from tiered_emb._options import add_command
+from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.reader import StoreReader, verify_store
+from tiered_emb.tiers.pool import pool_rows, slot_floats
 
 
 def add_parser(sub) -> None:
@@ -59,11 +61,36 @@ def inspect_store(path: str) -> dict:
             "checkpoint": {"epoch": r.epoch, "extra_bytes": None if extra is None else len(extra)},
             "snapshots": r.kept_checkpoints(),
             "disk_bytes": r.disk_bytes(),
+            "tiers": tier_sizes(list(r.tables.values()), r.tiers),
             "tables": {
                 n: dict(cfg.to_dict(), rows=stats[n]["ssd"]["rows"], row_bytes=4 * cfg.record_width)
                 for n, cfg in sorted(r.tables.items())
             },
         }
+
+
+def tier_sizes(tables: list[TableConfig], tiers: TierConfig) -> dict:
+    """The HBM and DDR tiers the store was last opened with: shared by the tables (their
+    bytes, and the rows a slot of the widest record gives), or rows per table (and the
+    bytes those take of each table, with its state)."""
+    if tiers.shared:
+        hbm_rows, ddr_rows = pool_rows(tables, tiers)
+        hbm_slot, ddr_slot = (4 * f for f in slot_floats(tables))
+        return {
+            "shared": True,
+            "hbm": {"bytes": tiers.hbm_bytes, "rows": hbm_rows, "slot_bytes": hbm_slot},
+            "ddr": {"bytes": tiers.ddr_bytes or 0, "rows": ddr_rows, "slot_bytes": ddr_slot},
+        }
+    return {
+        "shared": False,
+        **{
+            tier: {
+                "rows_per_table": rows,
+                "bytes": {t.name: rows * 4 * t.record_width for t in sorted(tables, key=lambda t: t.name)},
+            }
+            for tier, rows in (("hbm", tiers.hbm_rows), ("ddr", tiers.ddr_rows))
+        },
+    }
 
 
 def _run_inspect(args) -> int:
@@ -74,9 +101,28 @@ def _run_inspect(args) -> int:
     ck = out["checkpoint"]
     print(f"{out['path']}: checkpoint {ck['epoch']}, {out['disk_bytes']:,} bytes on disk, extra: {ck['extra_bytes']}")
     print(f"  checkpoints kept: {', '.join(str(x['epoch']) for x in out['snapshots'])}")
+    tiers = out["tiers"]
+    if tiers["shared"]:
+        print(
+            "  tiers shared by the tables: "
+            + ", ".join(
+                f"{tier.upper()} {t['bytes']:,} bytes ({t['rows']:,} rows of {t['slot_bytes']} bytes)"
+                for tier, t in (("hbm", tiers["hbm"]), ("ddr", tiers["ddr"]))
+            )
+        )
+    else:
+        print(
+            f"  tiers per table: HBM {tiers['hbm']['rows_per_table']:,} rows, "
+            f"DDR {tiers['ddr']['rows_per_table']:,} rows"
+        )
     for name, t in out["tables"].items():
         print(
             f"  {name}: dim {t['dim']} {t['dtype']} ({t['row_bytes']} bytes a row with its state), "
             f"{t['rows']:,} rows stored, num_rows {t.get('num_rows')}"
+            + (
+                ""
+                if tiers["shared"]
+                else f"; HBM {tiers['hbm']['bytes'][name]:,} bytes, DDR {tiers['ddr']['bytes'][name]:,} bytes"
+            )
         )
     return 0

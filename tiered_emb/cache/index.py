@@ -7,6 +7,14 @@ with the id space.  State is two preallocated arrays changed in place:
 
 - ``keys``: int64 (table_size,), ``EMPTY`` (-1) where free; ids are >= 0.
 - ``vals``: int32 (table_size,), the slot of ``keys[i]``.
+
+A tier shared by several tables (:mod:`tiered_emb.tiers.pool`) keys its index by
+``(table, id)``: ``keys`` hold ids, and the slot's owner (``owner[vals[i]]``, an int32
+array of the tier's) tells the tables apart; the home bucket mixes the table in, so the
+same id of many tables does not make one long run.  The ``*_of`` functions take that
+``owner`` and a table number; with an empty ``owner`` they are the plain ones.  A tier
+of one table passes a uint8 ``owner`` (:data:`NO_OWNER`): Numba then compiles the kernels
+without the owner's checks at all (:func:`is_shared`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 import numpy.typing as npt
+from numba import types
+from numba.extending import overload
 
 from tiered_emb._backend import host_full
 from tiered_emb._jit import prefetch_hint
@@ -56,6 +66,123 @@ def index_prefetch(keys: Keys, vals: Vals, key: int | np.int64) -> None:
     # (mypy reads Numba's intrinsic as its typing function, which takes a context first)
     prefetch_hint(keys, home)  # type: ignore[call-arg]
     prefetch_hint(vals, home)
+
+
+#: The ``owner`` of a tier of one table: its type tells the kernels there is none.
+NO_OWNER = np.empty(0, dtype=np.uint8)
+
+
+def is_shared(owner: np.ndarray) -> bool:
+    """Whether ``owner`` is a shared tier's (int32, not empty)."""
+    return owner.dtype == np.int32 and owner.shape[0] > 0
+
+
+@overload(is_shared, inline="always")
+def _is_shared_typed(owner):  # type: ignore[no-untyped-def]  # (Numba compares its signature with the lambdas')
+    if owner.dtype == types.int32:
+        return lambda owner: owner.shape[0] > 0
+    return lambda owner: False  # (a constant: the owner's branches compile away)
+
+
+#: What a table number is multiplied by before it is mixed into an id's home bucket.
+_TABLE_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+@numba.njit(inline="always")
+def home_of(key: int | np.int64, tab: int | np.int32, mask: int) -> np.int64:
+    """Home bucket of ``(tab, key)``; table 0's is :func:`hash_home`'s."""
+    if tab == 0:
+        return hash_home(key, mask)
+    return hash_home(np.int64(np.uint64(key) ^ (np.uint64(tab) * _TABLE_MIX)), mask)
+
+
+@numba.njit(inline="always")
+def index_prefetch_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> None:
+    """:func:`index_prefetch` for ``(tab, key)``."""
+    if not is_shared(owner):
+        index_prefetch(keys, vals, key)
+        return
+    home = home_of(key, tab, keys.shape[0] - 1)
+    prefetch_hint(keys, home)  # type: ignore[call-arg]
+    prefetch_hint(vals, home)
+
+
+@numba.njit(cache=True, nogil=True)
+def index_find_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> np.int64:
+    """Slot of ``key`` of table ``tab``, or -1 (``owner`` empty: of the one table)."""
+    if not is_shared(owner):
+        return index_find(keys, vals, key)
+    mask = keys.shape[0] - 1
+    i = home_of(key, tab, mask)
+    while True:
+        k = keys[i]
+        if k == key and owner[vals[i]] == tab:
+            return np.int64(vals[i])
+        if k == EMPTY:
+            return np.int64(-1)
+        i = (i + 1) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def index_put_of(
+    keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32, slot: int | np.int32
+) -> None:
+    """Insert ``(tab, key) -> slot`` (absent; the caller sets ``owner[slot] = tab``)."""
+    if not is_shared(owner):
+        index_put(keys, vals, key, slot)
+        return
+    mask = keys.shape[0] - 1
+    i = home_of(key, tab, mask)
+    while keys[i] != EMPTY:
+        i = (i + 1) & mask
+    keys[i] = key
+    vals[i] = slot
+
+
+@numba.njit(cache=True, nogil=True)
+def index_del_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> None:
+    """Remove ``(tab, key)`` (present; ``owner`` of its slot still ``tab``) as :func:`index_del` does."""
+    if not is_shared(owner):
+        index_del(keys, vals, key)
+        return
+    mask = keys.shape[0] - 1
+    i = home_of(key, tab, mask)
+    while keys[i] != key or owner[vals[i]] != tab:
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        kj = keys[j]
+        if kj == EMPTY:
+            break
+        home = home_of(kj, owner[vals[j]], mask)
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            keys[i] = kj
+            vals[i] = vals[j]
+            i = j
+    keys[i] = EMPTY
+
+
+@numba.njit(cache=True, nogil=True)
+def index_find_many_of(keys: Keys, vals: Vals, owner: Vals, ids: Keys, tab: int, out: Keys, lo: int, hi: int) -> None:
+    """:func:`index_find_many` for the ids of table ``tab``."""
+    n = ids.shape[0] if hi < 0 else hi
+    for i in range(lo, n):
+        if i + _AHEAD < n:
+            index_prefetch_of(keys, vals, owner, ids[i + _AHEAD], tab)
+        out[i] = index_find_of(keys, vals, owner, ids[i], tab)
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def index_find_split_of(keys: Keys, vals: Vals, owner: Vals, ids: Keys, tab: int, out: Keys, parts: int) -> None:
+    """:func:`index_find_many_of` cut into ``parts`` slices on Numba's threads."""
+    n = ids.shape[0]
+    for p in numba.prange(parts):
+        index_find_many_of(keys, vals, owner, ids, tab, out, n * p // parts, n * (p + 1) // parts)
 
 
 @numba.njit(cache=True, nogil=True)

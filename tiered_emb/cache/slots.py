@@ -12,7 +12,12 @@ Arrays (``cap`` = capacity, at least 1 so a zero-capacity DDR still has valid sh
 - ``free``: int32 (cap,), stack of free slots (``meta[FREE]`` entries), lowest slot on top;
 - ``meta``: int64 (3,), the counts ``meta[FREE]``, ``meta[CAPACITY]`` and
   ``meta[PINNED]`` (pinned slots: kept by the kernels so the step never scans ``pins``);
-- ``keys``, ``vals``: the index (:mod:`tiered_emb.cache.index`); ``P``: the policy state.
+- ``keys``, ``vals``: the index (:mod:`tiered_emb.cache.index`); ``P``: the policy state;
+- ``owner``: int32 (cap,), the table of each slot's row in a tier shared by tables
+  (:mod:`tiered_emb.tiers.pool`), or empty (a tier of one table).
+
+The kernels take the table number ``tab`` of the ids they are given (0 for a tier of one
+table); a shared tier's victims are any table's, and come out with their tables.
 
 The kernels take them as one :class:`Slots` (``tier.state``) after the policy's
 :class:`~tiered_emb.cache.policies.PolicyTag` (``tier.tag``), and are compiled once for
@@ -29,12 +34,16 @@ import numpy as np
 from tiered_emb._backend import host_full
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, split_parts
 from tiered_emb.cache.index import (
-    index_del,
-    index_find,
+    NO_OWNER,
+    index_del_of,
     index_find_many,
+    index_find_many_of,
+    index_find_of,
     index_find_split,
-    index_prefetch,
-    index_put,
+    index_find_split_of,
+    index_prefetch_of,
+    index_put_of,
+    is_shared,
     new_index,
 )
 from tiered_emb.cache.policies import (
@@ -70,6 +79,7 @@ class Slots(NamedTuple):
     pins: np.ndarray
     free: np.ndarray
     meta: np.ndarray
+    owner: np.ndarray
 
 
 class Resolved(NamedTuple):
@@ -81,12 +91,17 @@ class Resolved(NamedTuple):
     victim_slots: np.ndarray  # int64
     victim_ids: np.ndarray  # int64
     victim_dirty: np.ndarray  # uint8
+    victim_tabs: np.ndarray  # int32: the table of each victim (0 in a tier of one table)
 
 
 class CacheTier:
-    """Index, policy and bookkeeping of one cache tier of one table."""
+    """Index, policy and bookkeeping of one cache tier of one table, or of several
+    (``shared``: rows of many tables compete for its slots; :mod:`tiered_emb.tiers.pool`)."""
 
-    def __init__(self, capacity_rows: int, policy: str):
+    #: the table number of the ids this object is asked about (0: a tier of one table)
+    tab = 0
+
+    def __init__(self, capacity_rows: int, policy: str, shared: bool = False):
         cap = max(int(capacity_rows), 1)
         self.capacity_rows = int(capacity_rows)
         self.code = POLICIES[policy].code
@@ -105,6 +120,7 @@ class CacheTier:
             pins=host_full(cap, np.int32, 0),
             free=free,
             meta=np.array([self.capacity_rows, self.capacity_rows, 0], dtype=np.int64),
+            owner=host_full(cap, np.int32, -1) if shared else NO_OWNER,
         )
         self.keys, self.vals, self.slot_ids, self.dirty, self.pins = keys, vals, *self.state[3:6]
 
@@ -121,20 +137,37 @@ class CacheTier:
         """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
         out = np.empty(ids.shape[0], dtype=np.int64)
         parts = split_parts(ids.shape[0], _FIND_SPLIT_FROM)
-        if parts > 1:
+        owner = self.owner
+        if owner.shape[0] and parts > 1:
+            index_find_split_of(self.keys, self.vals, owner, ids, self.tab, out, parts)
+        elif owner.shape[0]:
+            index_find_many_of(self.keys, self.vals, owner, ids, self.tab, out, 0, -1)
+        elif parts > 1:
             index_find_split(self.keys, self.vals, ids, out, parts)
         else:  # (every argument given: a call that leaves one to its default takes Numba's slow dispatch)
             index_find_many(self.keys, self.vals, ids, out, 0, -1)
         return out
 
+    @property
+    def owner(self) -> np.ndarray:
+        """The table of each slot's row (a shared tier), or empty (a tier of one table)."""
+        return self.state.owner
+
+    def held(self, a: int = 0, b: int | None = None) -> np.ndarray:
+        """Mask of the slots ``a:b`` that hold a row of this object's table."""
+        held = self.slot_ids[a:b] >= 0
+        if self.owner.shape[0]:
+            held &= self.owner[a:b] == self.tab
+        return held
+
     def resident(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(slots, ids)`` of every resident row, in slot order."""
-        slots = np.flatnonzero(self.slot_ids >= 0)
+        """``(slots, ids)`` of every resident row of this object's table, in slot order."""
+        slots = np.flatnonzero(self.held())
         return slots, self.slot_ids[slots]
 
 
 @numba.njit(inline="always")
-def _prefetch_victims(tag, P, keys, vals, slot_ids, dirty):
+def _prefetch_victims(tag, P, keys, vals, slot_ids, dirty, owner):
     """Hints for the victims to come: the slot state of the one ``2 * PREFETCH_DISTANCE``
     on, the index bucket of the id held by the one ``PREFETCH_DISTANCE`` on (its slot's
     id fetched by the first hint).  Returns the far slot (-1: none known), whose row the
@@ -145,13 +178,14 @@ def _prefetch_victims(tag, P, keys, vals, slot_ids, dirty):
         prefetch_hint(dirty, far)
     near = policy_upcoming(tag, P, PREFETCH_DISTANCE)
     if near >= 0 and slot_ids[near] >= 0:
-        index_prefetch(keys, vals, slot_ids[near])
+        index_prefetch_of(keys, vals, owner, slot_ids[near], owner[near] if is_shared(owner) else 0)
     return far
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_resolve(tag, st, uids, force_pin, out, probed=False):
-    """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned) a slot.
+def cache_resolve(tag, st, uids, force_pin, out, probed, tab):
+    """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned; of table
+    ``tab``) a slot.
 
     Pass 1 probes the index (``probed``: ``out.slots`` holds the probe already, nothing
     changed since).  When every id is resident and ``force_pin`` is false (the
@@ -162,14 +196,15 @@ def cache_resolve(tag, st, uids, force_pin, out, probed=False):
     decisions (a slot's place in its policy depends only on the order of uses).
 
     Writes ``out`` (a :class:`Resolved` of arrays of k entries): ``slots``, ``miss_idx``
-    (positions in ``uids`` that missed), and the victims' slots, ids and dirty flags (the
-    caller copies their rows out before it writes the missed rows in).  Returns
+    (positions in ``uids`` that missed), and the victims' slots, ids, dirty flags and
+    tables (the caller copies their rows out before it writes the missed rows in).  Returns
     ``(n_miss, n_victims, pinned)``; n_victims is -1 when the tier ran out of unpinned
     slots (the caller must chunk by capacity); ``pinned`` says whether the caller must
     :func:`cache_release` the slots.
     """
-    P, keys, vals, slot_ids, dirty, pins, free, meta = st  # (every array of the state)
-    out_slots, miss_idx, victim_slots, victim_ids, victim_dirty = out
+    P, keys, vals, slot_ids, dirty, pins, free, meta, owner = st  # (every array of the state)
+    out_slots, miss_idx, victim_slots, victim_ids, victim_dirty, victim_tabs = out
+    shared = is_shared(owner)
     k = uids.shape[0]
     n_hit = 0
     for i in range(k):
@@ -177,8 +212,8 @@ def cache_resolve(tag, st, uids, force_pin, out, probed=False):
             s = out_slots[i]
         else:
             if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
-                index_prefetch(keys, vals, uids[i + 2 * PREFETCH_DISTANCE])
-            s = index_find(keys, vals, uids[i])
+                index_prefetch_of(keys, vals, owner, uids[i + 2 * PREFETCH_DISTANCE], tab)
+            s = index_find_of(keys, vals, owner, uids[i], tab)
             out_slots[i] = s
         if s >= 0:
             n_hit += 1
@@ -206,31 +241,35 @@ def cache_resolve(tag, st, uids, force_pin, out, probed=False):
     n_victims = 0
     for i in range(k):
         if i + PREFETCH_DISTANCE < k and out_slots[i + PREFETCH_DISTANCE] < 0:  # a miss's put, further on
-            index_prefetch(keys, vals, uids[i + PREFETCH_DISTANCE])
+            index_prefetch_of(keys, vals, owner, uids[i + PREFETCH_DISTANCE], tab)
         s = out_slots[i]
         if s >= 0:
             policy_touch(tag, P, s)
             continue
-        policy_admit(tag, P, uids[i])
+        policy_admit(tag, P, _ghost_key(uids[i], tab))
         if meta[FREE] > 0:
             meta[FREE] -= 1
             s = free[meta[FREE]]
         else:
-            far = _prefetch_victims(tag, P, keys, vals, slot_ids, dirty)
+            far = _prefetch_victims(tag, P, keys, vals, slot_ids, dirty, owner)
             if far >= 0:
                 prefetch_hint(pins, far)
             s = policy_victim(tag, P, slot_ids)
             if s < 0:
                 return n_miss, -1, True
             vid = slot_ids[s]
+            vtab = owner[s] if shared else 0
             victim_slots[n_victims] = s
             victim_ids[n_victims] = vid
             victim_dirty[n_victims] = dirty[s]
+            victim_tabs[n_victims] = vtab
             n_victims += 1
-            index_del(keys, vals, vid)
+            index_del_of(keys, vals, owner, vid, vtab)
         slot_ids[s] = uids[i]
         dirty[s] = 0
-        index_put(keys, vals, uids[i], s)
+        if shared:
+            owner[s] = tab
+        index_put_of(keys, vals, owner, uids[i], tab, s)
         policy_fresh(tag, P, s)
         pins[s] = 1
         meta[PINNED] += 1
@@ -241,9 +280,9 @@ def cache_resolve(tag, st, uids, force_pin, out, probed=False):
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_resolve_new(tag, st, uids, force_pin, probe):
-    """:func:`cache_resolve` into fresh arrays; ``probe`` (int64 (k,)): the slots of ``uids``
-    found just before (the probe skipped), or empty.
+def cache_resolve_new(tag, st, uids, force_pin, probe, tab):
+    """:func:`cache_resolve` into fresh arrays (``uids`` of table ``tab``); ``probe`` (int64
+    (k,)): the slots of ``uids`` found just before (the probe skipped), or empty.
 
     Returns ``(out, n_miss, n_victims, pinned)``: ``out`` a :class:`Resolved` whose arrays
     the caller cuts to the counts; ``n_victims`` is -1 when the tier ran out of unpinned
@@ -256,12 +295,13 @@ def cache_resolve_new(tag, st, uids, force_pin, probe):
         np.empty(k, dtype=np.int64),
         np.empty(k, dtype=np.int64),
         np.empty(k, dtype=np.uint8),
+        np.empty(k, dtype=np.int32),
     )
     probed = probe.shape[0] == k and k > 0
     if probed:  # (a loop: a slice assignment compiles its shape-mismatch error, seconds on a first run)
         for i in range(k):
             out.slots[i] = probe[i]
-    n_miss, n_v, pinned = cache_resolve(tag, st, uids, force_pin, out, probed)
+    n_miss, n_v, pinned = cache_resolve(tag, st, uids, force_pin, out, probed, tab)
     return out, n_miss, n_v, pinned
 
 
@@ -295,26 +335,32 @@ def cache_pin(tag, st, slots):
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_pin_found(tag, st, uids, budget, out_at, out_slots):
+def cache_pin_found(tag, st, uids, budget, out_at, out_slots, tab):
     """Pin the first ``budget`` ids of ``uids`` (int64 (k,), distinct, none pinned for the
     caller yet) that are resident, in order: writes their positions in ``uids`` to
     ``out_at`` and their slots to ``out_slots`` (k,) and returns how many.  What the
     prefetch window pins of a batch entering it, and what the simulator replays."""
-    keys, vals = st.keys, st.vals
+    keys, vals, owner = st.keys, st.vals, st.owner
     k = uids.shape[0]
     n = 0
     for i in range(k):
         if n >= budget:
             break
         if i + 2 * PREFETCH_DISTANCE < k:  # the index bucket of an id further on
-            index_prefetch(keys, vals, uids[i + 2 * PREFETCH_DISTANCE])
-        s = index_find(keys, vals, uids[i])
+            index_prefetch_of(keys, vals, owner, uids[i + 2 * PREFETCH_DISTANCE], tab)
+        s = index_find_of(keys, vals, owner, uids[i], tab)
         if s >= 0:
             out_at[n] = i
             out_slots[n] = s
             n += 1
     cache_pin(tag, st, out_slots[:n])
     return n
+
+
+@numba.njit(inline="always")
+def _ghost_key(key, tab):
+    """The key a policy's ghosts remember ``key`` of table ``tab`` by (``key`` itself for table 0)."""
+    return np.int64(np.uint64(key) ^ (np.uint64(tab) * np.uint64(0xD6E8FEB86659FD93)))
 
 
 @numba.njit(inline="always")
@@ -327,15 +373,15 @@ def _prefetch_slot(tag, P, slot_ids, dirty, pins, s):
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_take_slots(tag, st, ids, slots, out_dirty):
+def cache_take_slots(tag, st, ids, slots, out_dirty, tab):
     """Remove from the tier the ids of ``ids`` (int64 (k,)) whose ``slots[i] >= 0``: their
     slots as :meth:`CacheTier.find` gave them, nothing changed since (exclusive caching).
 
     Bookkeeping only: each row stays in its slot of the records until the tier's next
     admit, so the caller copies the rows out first.  ``out_dirty`` (k,) uint8 gets the
-    dirty flag of each id found.  Returns the number found.
+    dirty flag of each id found.  ``ids`` are of table ``tab``.  Returns the number found.
     """
-    P, keys, vals, slot_ids, dirty, pins, free, meta = st  # (every array of the state)
+    P, keys, vals, slot_ids, dirty, pins, free, meta, owner = st  # (every array of the state)
     n = ids.shape[0]
     n_found = 0
     for i in range(n):
@@ -343,7 +389,7 @@ def cache_take_slots(tag, st, ids, slots, out_dirty):
             ahead = slots[i + PREFETCH_DISTANCE]
             if ahead >= 0:
                 _prefetch_slot(tag, P, slot_ids, dirty, pins, ahead)
-                index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
+                index_prefetch_of(keys, vals, owner, ids[i + PREFETCH_DISTANCE], tab)
         s = slots[i]
         if s < 0:
             continue
@@ -353,7 +399,9 @@ def cache_take_slots(tag, st, ids, slots, out_dirty):
         if pins[s] > 0:
             meta[PINNED] -= 1
         pins[s] = 0
-        index_del(keys, vals, ids[i])
+        index_del_of(keys, vals, owner, ids[i], tab)
+        if is_shared(owner):
+            owner[s] = -1
         slot_ids[s] = -1
         dirty[s] = 0
         free[meta[FREE]] = s
@@ -362,75 +410,94 @@ def cache_take_slots(tag, st, ids, slots, out_dirty):
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_take(tag, st, records, ids, out_rows, out_dirty, found):
+def cache_take(tag, st, records, ids, out_rows, out_dirty, found, tab):
     """Move the rows of ``ids`` present here out of the tier (exclusive caching).
 
     ``records`` (cap, W) float32 host; ``out_rows`` (k, W), ``out_dirty`` (k,) uint8,
     ``found`` (k,) uint8 are written for the ids found.  Returns the number found.
     """
-    keys, vals = st.keys, st.vals
     n = ids.shape[0]
     slots = np.empty(n, dtype=np.int64)
-    index_find_many(keys, vals, ids, slots)
+    index_find_many_of(st.keys, st.vals, st.owner, ids, tab, slots, 0, -1)
     for i in range(n):
         s = slots[i]
         found[i] = s >= 0
         if s >= 0:
-            out_rows[i, :] = records[s, :]
-    return cache_take_slots(tag, st, ids, slots, out_dirty)
+            for c in range(out_rows.shape[1]):  # (the caller's width: a shared tier's records are wider)
+                out_rows[i, c] = records[s, c]
+    return cache_take_slots(tag, st, ids, slots, out_dirty, tab)
 
 
 @numba.njit(cache=True, nogil=True)
-def cache_admit_slots(tag, st, filled, ids, rows_dirty, dest, ev_ids, ev_src):
-    """Admit ``ids`` (int64 (k,), absent here), evicting by policy: the decisions, no row moved.
+def cache_admit_slots(tag, st, filled, ids, tabs, rows_dirty, dest, ev_ids, ev_tabs, ev_src):
+    """Admit ``ids`` (int64 (k,), absent here; of the tables ``tabs``, int32 (k,), or all of
+    table 0 when ``tabs`` is empty), evicting by policy: the decisions, no row moved.
 
     ``rows_dirty`` (k,) uint8: the incoming rows' flags.  Writes ``dest`` (k,): the slot
     each incoming row goes into, or -1 where it was pushed out again within the call
     (capacity 0, or smaller than k); and for each dirty row pushed out, its id in
     ``ev_ids`` and where its row is in ``ev_src``: a slot (its row as before the call) or
-    ``-1 - i`` (incoming row ``i``).  ``filled`` (cap,) int32 is scratch, -1 everywhere
+    ``-1 - i`` (incoming row ``i``), and its table in ``ev_tabs``.  ``filled`` (cap,) int32 is scratch, -1 everywhere
     between calls.  The caller copies the pushed-out rows first, then the incoming rows
     into their slots.  Returns ``(n_dirty_out, n_evicted)``.
     """
-    P, keys, vals, slot_ids, dirty, free, meta = st.P, st.keys, st.vals, st.slot_ids, st.dirty, st.free, st.meta
+    P, keys, vals, slot_ids, dirty, free, meta, owner = (
+        st.P,
+        st.keys,
+        st.vals,
+        st.slot_ids,
+        st.dirty,
+        st.free,
+        st.meta,
+        st.owner,
+    )
+    shared = is_shared(owner)
     n_out = 0
     n_ev = 0
     cap = meta[CAPACITY]
     n = ids.shape[0]
     for i in range(n):
         dest[i] = -1
+        tab = tabs[i] if tabs.shape[0] else 0
         if i + PREFETCH_DISTANCE < n:  # the bucket this id's put probes, further on
-            index_prefetch(keys, vals, ids[i + PREFETCH_DISTANCE])
+            index_prefetch_of(
+                keys, vals, owner, ids[i + PREFETCH_DISTANCE], tabs[i + PREFETCH_DISTANCE] if tabs.shape[0] else 0
+            )
         if meta[FREE] > PREFETCH_DISTANCE:  # the state of the free slot taken that many ids on
             _prefetch_slot(tag, P, slot_ids, dirty, filled, free[meta[FREE] - 1 - PREFETCH_DISTANCE])
         if cap == 0:
             n_ev += 1
             if rows_dirty[i]:
                 ev_ids[n_out] = ids[i]
+                ev_tabs[n_out] = tab
                 ev_src[n_out] = -1 - i
                 n_out += 1
             continue
-        policy_admit(tag, P, ids[i])
+        policy_admit(tag, P, _ghost_key(ids[i], tab))
         if meta[FREE] > 0:
             meta[FREE] -= 1
             s = free[meta[FREE]]
         else:
-            far = _prefetch_victims(tag, P, keys, vals, slot_ids, dirty)
+            far = _prefetch_victims(tag, P, keys, vals, slot_ids, dirty, owner)
             if far >= 0:
                 prefetch_hint(filled, far)
             s = policy_victim(tag, P, slot_ids)
             vid = slot_ids[s]
+            vtab = owner[s] if shared else 0
             n_ev += 1
             was = filled[s]  # an incoming row of this call, pushed out again
             if was >= 0:
                 dest[was] = -1
             if dirty[s]:
                 ev_ids[n_out] = vid
+                ev_tabs[n_out] = vtab
                 ev_src[n_out] = s if was < 0 else -1 - was
                 n_out += 1
-            index_del(keys, vals, vid)
+            index_del_of(keys, vals, owner, vid, vtab)
         slot_ids[s] = ids[i]
-        index_put(keys, vals, ids[i], s)
+        if shared:
+            owner[s] = tab
+        index_put_of(keys, vals, owner, ids[i], tab, s)
         dirty[s] = rows_dirty[i]
         filled[s] = i
         dest[i] = s
@@ -454,7 +521,7 @@ def _simulate_requests(tag, st, trace):
     hits = 0
     for i in range(trace.shape[0]):
         key = trace[i]
-        s = index_find(keys, vals, key)
+        s = index_find_of(keys, vals, st.owner, key, 0)
         if s >= 0:
             hits += 1
             policy_hit(tag, P, s)
@@ -465,9 +532,9 @@ def _simulate_requests(tag, st, trace):
             s = free[meta[FREE]]
         else:
             s = policy_victim(tag, P, slot_ids)
-            index_del(keys, vals, slot_ids[s])
+            index_del_of(keys, vals, st.owner, slot_ids[s], 0)
         slot_ids[s] = key
-        index_put(keys, vals, key, s)
+        index_put_of(keys, vals, st.owner, key, 0, s)
         policy_fresh(tag, P, s)
         policy_attach(tag, P, s)
     return hits

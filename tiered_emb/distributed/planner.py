@@ -122,6 +122,8 @@ class _Model:
         cfg = self.tables[name]
         width = (cfg.record_width if cols is None else cols * cfg.record_width / cfg.dim) * 4
         rows = math.ceil(_rows(cfg, self.loads[name]) * share)
+        if self.tiers.shared:  # (a rank's shards share its tiers: its total is capped by their bytes too)
+            return int(min(self.tiers.hbm_bytes or 0, rows * width)), int(min(self.tiers.ddr_bytes or 0, rows * width))
         return int(min(self.tiers.hbm_rows, rows) * width), int(min(self.tiers.ddr_rows, rows) * width)
 
     def terms(self, name: str, kind: ShardingType, share: float, cols: int | None) -> tuple[float, float, float]:
@@ -274,6 +276,9 @@ def estimate(
             a[4] += hbm
             a[5] += ddr
             a[6].append(f"{label}:{_SHORT[kind]}")
+    if m.tiers is not None and m.tiers.shared:  # each rank's store holds its shards in tiers of these bytes
+        for a in acc:
+            a[4], a[5] = min(a[4], m.tiers.hbm_bytes or 0), min(a[5], m.tiers.ddr_bytes or 0)
     return [RankCost(r, a[0], a[1], a[2], a[3], a[4], a[5], tuple(a[6])) for r, a in enumerate(acc)]
 
 

@@ -150,7 +150,7 @@ def _resolve_counted(tag, h, d, dfilled, ids, force_pin, cnt):
     resolve, DDR's take of the misses, DDR's admit of the victims (no rows).  ``h``, ``d``:
     the tiers' :class:`~tiered_emb.cache.slots.Slots`, ``dfilled`` DDR's admit scratch.
     ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
-    out, n_miss, n_vic, pinned = cache_resolve_new(tag, h, ids, force_pin, ids[:0])
+    out, n_miss, n_vic, pinned = cache_resolve_new(tag, h, ids, force_pin, ids[:0], 0)
     if n_vic < 0:
         raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out
     cnt[0] += n_miss
@@ -158,11 +158,12 @@ def _resolve_counted(tag, h, d, dfilled, ids, force_pin, cnt):
         miss_ids = ids[out.miss_idx[:n_miss]]
         ddr_slots = np.empty(n_miss, dtype=np.int64)
         index_find_many(d.keys, d.vals, miss_ids, ddr_slots)
-        cnt[1] += cache_take_slots(tag, d, miss_ids, ddr_slots, np.empty(n_miss, dtype=np.uint8))
+        cnt[1] += cache_take_slots(tag, d, miss_ids, ddr_slots, np.empty(n_miss, dtype=np.uint8), 0)
     if n_vic > 0:
         vids, vdirty = out.victim_ids[:n_vic], out.victim_dirty[:n_vic]
         dest, ev_ids, ev_src = np.empty(n_vic, np.int64), np.empty(n_vic, np.int64), np.empty(n_vic, np.int64)
-        cache_admit_slots(tag, d, dfilled, vids, vdirty, dest, ev_ids, ev_src)
+        ev_tabs = np.empty(n_vic, np.int32)
+        cache_admit_slots(tag, d, dfilled, vids, ev_tabs[:0], vdirty, dest, ev_ids, ev_tabs, ev_src)
     return out.slots, pinned
 
 
@@ -173,7 +174,7 @@ def _pin_resident(tag, h, cap, uids, boff, j, ticket_slots, in_ticket, tlen):
     todo = np.flatnonzero(~in_ticket[boff[j] : boff[j + 1]]) + boff[j]
     at = np.empty(todo.shape[0], dtype=np.int64)
     slots = np.empty(todo.shape[0], dtype=np.int64)
-    n = cache_pin_found(tag, h, uids[todo], max(pin_budget(cap, h.meta[PINNED]), 0), at, slots)
+    n = cache_pin_found(tag, h, uids[todo], max(pin_budget(cap, h.meta[PINNED]), 0), at, slots, 0)
     in_ticket[todo[at[:n]]] = True
     n0 = tlen[j]
     ticket_slots[boff[j] + n0 : boff[j] + n0 + n] = slots[:n]

@@ -60,7 +60,9 @@ def _charge(moves: dict, part: str, t0: float, rows: int, nbytes: int) -> float:
 class Table:
     """One table's HBM and DDR tiers and its counters (the step's and the prefetch thread's)."""
 
-    def __init__(self, cfg: TableConfig, tiers: TierConfig, xp):
+    def __init__(self, cfg: TableConfig, tiers: TierConfig, xp, shares: tuple | None = None):
+        """``shares``: the table's views of tiers shared by all tables
+        (:func:`tiered_emb.tiers.pool.shared_tiers`), or None: tiers of its own."""
         self.cfg = cfg
         #: the table's admission counts (None: every id admitted at once)
         self.admission = admission_of(cfg)
@@ -76,11 +78,16 @@ class Table:
         #: had in the store's current step (:func:`tiered_emb.precision.rounding_key`)
         self.key_hash = table_hash(cfg.init_table or cfg.name)
         self.updates = 0
-        if cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
+        self.hbm: HbmTier
+        self.ddr: DdrTier
+        if shares is not None:
+            self.hbm, self.ddr = shares
+        elif cfg.num_rows is not None and tiers.hbm_rows >= cfg.num_rows:  # the whole table fits: row id in slot id
             self.hbm = DirectHbmTier(cfg.num_rows, cfg.record_width, xp)
         else:
             self.hbm = HbmTier(tiers.hbm_rows, cfg.record_width, tiers.policy, xp)
-        self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
+        if shares is None:
+            self.ddr = DdrTier(tiers.ddr_rows, cfg.record_width, tiers.policy)
         self.counters = {tier: dict.fromkeys(TIER_COUNTERS, 0) for tier in ("hbm", "ddr", "ssd")}
         self.counters["ssd"]["lazy_inits"] = 0
         # seconds, rows and bytes of each part of the moves between tiers (MOVE_PARTS)
@@ -94,12 +101,12 @@ class Table:
     def stats(self, ssd: dict) -> dict:
         """The counters of each tier, with rows and bytes held and hit rates (``ssd``: the SSD
         tier's own figures of this table); see :meth:`TieredStore.stats`."""
-        row_bytes = 4 * self.cfg.record_width
         s: dict = {tier: dict(c) for tier, c in self.counters.items()}
         for tier, held in (("hbm", self.hbm), ("ddr", self.ddr)):
-            s[tier].update(
-                rows=held.resident_rows, capacity_rows=held.capacity_rows, bytes=held.resident_rows * row_bytes
-            )
+            # a shared tier's row takes a whole slot: the widest record of the store's tables
+            row_bytes = 4 * (held.records.shape[1] if held.owner.shape[0] else self.cfg.record_width)
+            rows = held.resident_rows
+            s[tier].update(rows=rows, capacity_rows=held.capacity_rows, bytes=rows * row_bytes)
         s["ssd"].update(ssd)
         s["moves"] = {part: dict(zip(("seconds", "rows", "bytes"), m, strict=True)) for part, m in self.moves.items()}
         s["prefetch"] = {tier: dict(c) for tier, c in self.prefetch_counters.items()}
@@ -127,6 +134,8 @@ class Resolver:
         self.where = where  # the store's path, for messages
         self.budget_bytes = budget_bytes  # a batch's distinct records must fit in it
         self.tables = tables
+        #: the tables in name order: a shared tier's table numbers
+        self.names = sorted(tables)
         self.ssd = ssd
         self.seed = seed
         self.xp = xp
@@ -298,12 +307,13 @@ class Resolver:
     def _delete_slice(self, t: Table, uids: np.ndarray, hs: np.ndarray) -> None:
         at_h = np.flatnonzero(hs >= 0)
         if at_h.shape[0]:
-            t.hbm.records[to_xp(self.xp, hs[at_h])] = to_xp(self.xp, init_rows(t.cfg, uids[at_h], self.seed))
+            width = t.cfg.record_width
+            t.hbm.records[to_xp(self.xp, hs[at_h]), :width] = to_xp(self.xp, init_rows(t.cfg, uids[at_h], self.seed))
             t.hbm.dirty[hs[at_h]] = 0
         ds = t.ddr.find(uids)
         at_d = np.flatnonzero(ds >= 0)
         if at_d.shape[0]:
-            t.ddr.records[ds[at_d]] = init_rows(t.cfg, uids[at_d], self.seed)
+            t.ddr.records[ds[at_d], : t.cfg.record_width] = init_rows(t.cfg, uids[at_d], self.seed)
             t.ddr.dirty[ds[at_d]] = 0
         below = self.ssd.written.maybe_stored(t.cfg.name, uids, np.arange(uids.shape[0]))
         if below.shape[0]:  # a tombstone for each id LMDB holds a live row of
@@ -397,7 +407,7 @@ class Resolver:
         n_up = missing.shape[0] - below_at.shape[0]
         taking = self._beside(t.ddr.take_slots, missing, ddr_slots, dirty) if n_up >= _BESIDE_ROWS else None
         try:
-            slots, miss_idx, vslots, vids, vdirty, pinned = t.hbm.decide(chunk, force_pin, probe)
+            slots, miss_idx, vslots, vids, vdirty, vtabs, pinned = t.hbm.decide(chunk, force_pin, probe)
         finally:
             n_ddr = taking.result() if taking is not None else 0
         if taking is None:
@@ -409,7 +419,7 @@ class Resolver:
         c["hbm"]["evictions"] += n_v
         # and DDR's decisions on HBM's victims beside the copies up (those read no record of
         # DDR's that they change), the copies then on this thread alone
-        admitting = self._beside(t.ddr.admit_decide, vids, vdirty) if n_v >= _BESIDE_ROWS else None
+        admitting = self._beside(t.ddr.admit_decide, vids, vdirty, vtabs) if n_v >= _BESIDE_ROWS else None
         try:
             with one_thread(admitting is not None):
                 t0, vrows = self._copy_up(t, c, moves, t0, slots, miss_idx, vslots, ddr_slots, n_ddr, dirty)
@@ -421,7 +431,7 @@ class Resolver:
         if n_v:
             c["hbm"]["writebacks"] += int(vdirty.sum())
             if plan is None:
-                plan = t.ddr.admit_decide(vids, vdirty)
+                plan = t.ddr.admit_decide(vids, vdirty, vtabs)
             ev_ids, ev_rows, n_ev = t.ddr.admit_rows(vrows, plan)
             row_bytes = 4 * t.cfg.record_width
             t0 = _charge(moves, "ddr_down", t0, n_v, (n_v + ev_ids.shape[0]) * row_bytes)
@@ -430,13 +440,29 @@ class Resolver:
             if ev_ids.shape[0]:
                 c["ssd"]["writebacks"] += ev_ids.shape[0]
                 try:  # raises a failed background write (its rows, and these, wait in memory)
-                    self.ssd.write_pending({t.cfg.name: (ev_ids, ev_rows)}, durable=False, defer_errors=defer_errors)
+                    rows = self._by_table(t, ev_ids, ev_rows, plan.ev_tabs)
+                    self.ssd.write_pending(rows, durable=False, defer_errors=defer_errors)
                 except BaseException:
                     if pinned:
                         t.hbm.release(slots)
                     raise
                 _charge(moves, "write_back", t0, ev_ids.shape[0], ev_ids.shape[0] * row_bytes)
         return slots, pinned
+
+    def _by_table(self, t: Table, ids: np.ndarray, rows: np.ndarray, tabs: np.ndarray) -> dict:
+        """DDR's dirty rows pushed out, ``{table: (ids, rows)}``: all of ``t`` from tiers of its
+        own; from shared tiers, each table's (in table order) at its own width."""
+        if not t.ddr.owner.shape[0]:
+            return {t.cfg.name: (ids, rows)}
+        out = {}
+        for tab in np.unique(tabs):
+            at = np.flatnonzero(tabs == tab)
+            u = self.tables[self.names[int(tab)]]
+            width = u.cfg.record_width
+            mine = np.empty((at.shape[0], width), dtype=np.float32)
+            move_rows(rows, at, mine, None, width)
+            out[u.cfg.name] = (ids[at], mine)
+        return out
 
     def _copy_up(self, t, c, moves, t0, slots, miss_idx, vslots, ddr_slots, n_ddr, dirty):
         """HBM's victims copied out, then DDR's rows into their HBM slots (the misses are the
@@ -520,74 +546,6 @@ class Resolver:
         out = np.empty((inverse.shape[0], cols), dtype=np.float32)
         move_rows(src, inverse, out, None, cols)
         return out
-
-    def dirty_chunks(self, counts: dict[str, int]):
-        """Every dirty row of HBM and DDR as ``{table: (ids, records)}`` chunks of about a
-        quarter of the budget's bytes each, the first an eighth of that (tables in name order,
-        HBM before DDR, slots in order, each piece of them in id order; small pieces share a
-        chunk; the caller writes each before it takes the next: a flush or checkpoint holds
-        one chunk, whatever the tiers hold); ``counts[table]`` adds up the rows yielded.
-
-        Every chunk's records lie in one buffer of a quarter of the budget, gathered into
-        again for the next chunk: memory touched once, not once a chunk (fresh pages are
-        zeroed by the kernel, as long again as the gather itself)."""
-        quarter = max(1, min(self.budget_bytes, 1 << 40) // 4)
-        # The first chunk is an eighth of the others: its rows reach the disk while the next
-        # are gathered, so the disk is not idle for a whole chunk's gather, sort and encoding.
-        chunk = max(1, quarter // 8)
-        widest = max((t.cfg.record_width for t in self.tables.values()), default=1)
-        buf = np.empty(max(quarter // 4, widest), dtype=np.float32)  # (untouched pages cost nothing)
-        parts: dict[str, list] = {}  # table -> [ids pieces, first word in buf, end]
-        held = 0  # words of buf in parts
-        for name, t in sorted(self.tables.items()):
-            width = t.cfg.record_width
-            for tier in (t.hbm, t.ddr):
-                a = 0
-                while a < tier.slot_ids.shape[0]:
-                    step = max(1, chunk // (4 * width))
-                    slots = a + np.flatnonzero((tier.dirty[a : a + step] != 0) & (tier.slot_ids[a : a + step] >= 0))
-                    a += step
-                    if not slots.shape[0]:
-                        continue
-                    words = slots.shape[0] * width
-                    alone = 4 * words >= chunk // 2  # (large enough to be a chunk by itself)
-                    if parts and (alone or held + words > buf.shape[0]):
-                        yield self._chunk(parts, buf, counts)  # (those before it first: in order)
-                        parts, held, chunk = {}, 0, quarter
-                    ids = tier.slot_ids[slots]
-                    # in id order, as segments hold them: a piece written alone is not sorted again
-                    order = stable_argsort(ids)
-                    slots = slots[order]
-                    out = buf[held : held + words].reshape(-1, width)
-                    if tier is t.hbm:
-                        out[:] = t.hbm.rows_at(slots)
-                    else:
-                        take_rows(tier.records, slots, out)
-                    part = parts.setdefault(name, [[], held, held])
-                    part[0].append(ids[order])
-                    part[2] = held = held + words
-                    if alone or 4 * held >= chunk:
-                        yield self._chunk(parts, buf, counts)
-                        parts, held, chunk = {}, 0, quarter
-        if parts:
-            yield self._chunk(parts, buf, counts)
-
-    def _chunk(self, parts: dict[str, list], buf: np.ndarray, counts: dict[str, int]) -> dict:
-        out = {}
-        for name, (ids, a, b) in parts.items():
-            counts[name] = counts.get(name, 0) + sum(x.shape[0] for x in ids)
-            rows = buf[a:b].reshape(-1, self.tables[name].cfg.record_width)
-            out[name] = (ids[0] if len(ids) == 1 else np.concatenate(ids), rows)
-        return out
-
-    def written(self, counts: dict[str, int]) -> None:
-        """The rows of :meth:`dirty_chunks` (``counts`` of each table) reached LMDB: every
-        row is clean now."""
-        for t in self.tables.values():
-            t.hbm.dirty[:] = 0
-            t.ddr.dirty[:] = 0
-        for name, n in counts.items():
-            self.tables[name].counters["ssd"]["writebacks"] += n
 
 
 __all__ = ["MOVE_PARTS", "TIER_COUNTERS", "Resolver", "Table"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from tiered_emb._backend import to_xp
 from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, square_sums4, threads_for
+from tiered_emb.cache.index import is_shared
 from tiered_emb.errors import ConfigError
 from tiered_emb.precision import records_of, rounding_key, values_of
 from tiered_emb.step import narrow
@@ -224,10 +225,13 @@ def apply_update(opt, records, slots, grads, kernels=None, row_means=None) -> No
 
 
 @numba.njit(cache=True, nogil=True)
-def _still_resident(slot_ids, slots, uids):
-    """True when every ``slots[u]`` still holds ``uids[u]`` (its record is then the row's newest)."""
+def _still_resident(slot_ids, owner, tab, slots, uids):
+    """True when every ``slots[u]`` still holds ``uids[u]`` of table ``tab`` (``owner``: a
+    shared tier's, or empty); its record is then the row's newest."""
+    shared = is_shared(owner)
     for u in range(uids.shape[0]):
-        if slot_ids[slots[u]] != uids[u]:
+        s = slots[u]
+        if slot_ids[s] != uids[u] or (shared and owner[s] != tab):
             return False
     return True
 
@@ -330,7 +334,7 @@ def _update_in_place(res, t, slots, uids, summed, key, pinned: bool = False, row
     resolved again."""
     if slots is None:
         return False
-    if not pinned and not _still_resident(t.hbm.slot_ids, slots, uids):
+    if not pinned and not _still_resident(t.hbm.slot_ids, t.hbm.owner, t.hbm.tab, slots, uids):
         return False
     _apply(res, t, slots, uids, summed, row_means, key)
     t.hbm.dirty[slots] = 1

@@ -12,16 +12,29 @@ its HBM slot, one copy.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from tiered_emb._backend import host_full, host_zeros
 from tiered_emb._jit import move_rows
 from tiered_emb.cache.slots import CacheTier, cache_admit_slots, cache_take, cache_take_slots
 
+_NO_TABS = np.empty(0, dtype=np.int32)
+
+
+class AdmitPlan(NamedTuple):
+    """:meth:`DdrTier.admit_decide`'s decisions (:func:`cache_admit_slots`'s answer)."""
+
+    dest: np.ndarray  # int64 (k,): each incoming row's slot, or -1 (pushed out again)
+    ev_src: np.ndarray  # int64 (n_out,): where each dirty row pushed out is (a slot, or -1 - i)
+    n_ev: int  # rows evicted
+    ev_tabs: np.ndarray  # int32 (n_out,): the table of each dirty row pushed out
+
 
 class DdrTier(CacheTier):
-    def __init__(self, capacity_rows: int, width: int, policy: str):
-        super().__init__(capacity_rows, policy)
+    def __init__(self, capacity_rows: int, width: int, policy: str, shared: bool = False):
+        super().__init__(capacity_rows, policy, shared)
         self.width = width
         self.records = host_zeros((max(capacity_rows, 1), width))
         self._filled = host_full(self.slot_ids.shape[0], np.int32, -1)  # cache_admit_slots' scratch
@@ -32,7 +45,7 @@ class DdrTier(CacheTier):
     def take(self, ids: np.ndarray, out_rows: np.ndarray, out_dirty: np.ndarray) -> np.ndarray:
         """Move the rows of ``ids`` held here into ``out_rows``; returns the found mask (uint8 (k,))."""
         found = np.empty(ids.shape[0], dtype=np.uint8)
-        cache_take(self.tag, self.state, self.records, ids, out_rows, out_dirty, found)
+        cache_take(self.tag, self.state, self.records, ids, out_rows, out_dirty, found, self.tab)
         return found
 
     def take_slots(self, ids: np.ndarray, slots: np.ndarray, out_dirty: np.ndarray) -> int:
@@ -40,7 +53,7 @@ class DdrTier(CacheTier):
         here) from the tier; their rows stay in ``records[slots]`` until the next
         :meth:`admit`, for the caller to copy up.  ``out_dirty`` (k,) uint8 gets the flags of
         those found; returns their count."""
-        return int(cache_take_slots(self.tag, self.state, ids, slots, out_dirty))
+        return int(cache_take_slots(self.tag, self.state, ids, slots, out_dirty, self.tab))
 
     def admit(self, ids: np.ndarray, rows: np.ndarray, dirty: np.ndarray):
         """Admit rows from HBM; returns ``(ids, rows)`` of dirty rows pushed out (valid until the
@@ -48,22 +61,29 @@ class DdrTier(CacheTier):
         plan = self.admit_decide(ids, dirty)
         return self.admit_rows(rows, plan)
 
-    def admit_decide(self, ids: np.ndarray, dirty: np.ndarray) -> tuple:
-        """:meth:`admit`'s decisions alone (no row copied; records are not read): an opaque plan
-        for :meth:`admit_rows`, which must follow before anything else changes the tier."""
+    def admit_decide(self, ids: np.ndarray, dirty: np.ndarray, tabs: np.ndarray = _NO_TABS) -> AdmitPlan:
+        """:meth:`admit`'s decisions alone (no row copied; records are not read): the plan
+        for :meth:`admit_rows`, which must follow before anything else changes the tier.
+        ``tabs`` (int32 (k,)): the table of each id in a shared tier (empty: all of it this
+        object's table)."""
         k = ids.shape[0]
         if self._ev_ids.shape[0] < k:
             self._ev_ids = np.empty(k, dtype=np.int64)
             self._ev_rows = np.empty((k, self.width), dtype=np.float32)
+        if self.owner.shape[0] and not tabs.shape[0]:
+            tabs = np.full(k, self.tab, dtype=np.int32)
         dest = np.empty(k, dtype=np.int64)
         ev_src = np.empty(k, dtype=np.int64)
-        n_out, n_ev = cache_admit_slots(self.tag, self.state, self._filled, ids, dirty, dest, self._ev_ids, ev_src)
-        return dest, ev_src[:n_out], int(n_ev)
+        ev_tabs = np.empty(k, dtype=np.int32)
+        n_out, n_ev = cache_admit_slots(
+            self.tag, self.state, self._filled, ids, tabs, dirty, dest, self._ev_ids, ev_tabs, ev_src
+        )
+        return AdmitPlan(dest, ev_src[:n_out], int(n_ev), ev_tabs[:n_out])
 
-    def admit_rows(self, rows: np.ndarray, plan: tuple):
+    def admit_rows(self, rows: np.ndarray, plan: AdmitPlan):
         """The rows of :meth:`admit_decide`'s ``plan``: the dirty rows pushed out copied out (as
         they were), then ``rows`` (k, W) into their slots.  Returns :meth:`admit`'s answer."""
-        dest, ev_src, n_ev = plan
+        dest, ev_src, n_ev, _ = plan
         n_out = ev_src.shape[0]
         ev_rows = self._ev_rows[:n_out]
         if n_out:

@@ -22,23 +22,30 @@ from tiered_emb.cache.slots import (
 )
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
+_NO_TABS = np.empty(0, dtype=np.int32)
+_NO_OWNER = np.empty(0, dtype=np.uint8)  # (cache.index.NO_OWNER's type)
+
+
+def stride_of(width: int) -> int:
+    """The floats a record of ``width`` takes in HBM: padded to a whole number of 64-byte
+    lines when that costs at most 1/8 more memory (dim 128 + a row-wise state: 129 -> 144
+    floats).  A row then starts on a line: the forward reads its 128 weights from 8 lines,
+    not 9.  Everything outside the tier sees ``width``."""
+    pad = -width % 16
+    return width + pad if pad <= width // 8 else width
 
 
 def _records(xp, rows: int, width: int):
-    """Zeroed records, each row padded to a whole number of 64-byte lines when that costs
-    at most 1/8 more memory (dim 128 + a row-wise state: 129 -> 144 floats).  A row then
-    starts on a line: the forward reads its 128 weights from 8 lines, not 9.  Everything
-    outside the tier sees ``width``."""
-    pad = -width % 16
-    stride = width + pad if pad <= width // 8 else width
+    """Zeroed records of :func:`stride_of` ``width`` floats each."""
+    stride = stride_of(width)
     return host_zeros((rows, stride)) if xp is np else xp.zeros((rows, stride), dtype=xp.float32)
 
 
 class HbmTier(CacheTier):
     direct = False  # capability flag: row id = slot (see DirectHbmTier)
 
-    def __init__(self, capacity_rows: int, width: int, policy: str, xp):
-        super().__init__(capacity_rows, policy)
+    def __init__(self, capacity_rows: int, width: int, policy: str, xp, shared: bool = False):
+        super().__init__(capacity_rows, policy, shared)
         self.xp = xp
         self.width = width
         self.records = _records(xp, max(capacity_rows, 1), width)
@@ -58,14 +65,16 @@ class HbmTier(CacheTier):
         resolve) for the tier below, and whether the slots are pinned (then :meth:`release`
         them after use).
         """
-        slots, miss_idx, vslots, vids, vdirty, pinned = self.decide(uids, force_pin, probe)
+        slots, miss_idx, vslots, vids, vdirty, _, pinned = self.decide(uids, force_pin, probe)
         return slots, miss_idx, vids, self.victim_rows(vslots), vdirty, pinned
 
     def decide(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
         """:meth:`resolve`'s decisions alone, no row copied: ``(slots, miss_idx, victim_slots,
-        victim_ids, victim_dirty, pinned)``; the victims' rows stay in their slots until the
-        caller writes the missed rows in, so it takes them first (:meth:`victim_rows`)."""
-        out, n_miss, n_v, pinned = cache_resolve_new(self.tag, self.state, uids, force_pin, probe)
+        victim_ids, victim_dirty, victim_tables, pinned)``; the victims' rows stay in their
+        slots until the caller writes the missed rows in, so it takes them first
+        (:meth:`victim_rows`).  A victim's table is another's in a shared tier
+        (:mod:`tiered_emb.tiers.pool`), 0 in a tier of one table."""
+        out, n_miss, n_v, pinned = cache_resolve_new(self.tag, self.state, uids, force_pin, probe, self.tab)
         if n_v < 0:
             raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
         return (
@@ -74,6 +83,7 @@ class HbmTier(CacheTier):
             out.victim_slots[:n_v],
             out.victim_ids[:n_v],
             out.victim_dirty[:n_v],
+            out.victim_tabs[:n_v],
             bool(pinned),
         )
 
@@ -114,7 +124,7 @@ class HbmTier(CacheTier):
         positions in ``uids`` and their slots (:func:`cache_pin_found`)."""
         at = np.empty(uids.shape[0], dtype=np.int64)
         slots = np.empty(uids.shape[0], dtype=np.int64)
-        n = cache_pin_found(self.tag, self.state, uids, max(budget, 0), at, slots)
+        n = cache_pin_found(self.tag, self.state, uids, max(budget, 0), at, slots, self.tab)
         return at[:n], slots[:n]
 
     def release(self, slots: np.ndarray) -> None:
@@ -138,6 +148,7 @@ class DirectHbmTier(HbmTier):
     """
 
     direct = True
+    owner = _NO_OWNER  # (one table's tier)
 
     def __init__(self, num_rows: int, width: int, xp):  # no CacheTier state: no index, no policy
         cap = max(int(num_rows), 1)
@@ -173,7 +184,7 @@ class DirectHbmTier(HbmTier):
     def decide(self, uids: np.ndarray, force_pin: bool = False, probe: np.ndarray = _NO_SLOTS):
         """As :meth:`HbmTier.decide`; the slots are the ids, there are never victims."""
         miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.meta, uids, force_pin)
-        return uids, miss_idx, _NO_SLOTS, _NO_SLOTS, _NO_FLAGS, bool(force_pin)
+        return uids, miss_idx, _NO_SLOTS, _NO_SLOTS, _NO_FLAGS, _NO_TABS, bool(force_pin)
 
     def pin_found(self, uids: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
         slots = self.find(uids)

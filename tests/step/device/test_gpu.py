@@ -33,12 +33,15 @@ def _host(a) -> np.ndarray:
     return a if isinstance(a, np.ndarray) else a.get()
 
 
-def _train(path, device: str, steps: int = 8, seed: int = 0):
+def _train(path, device: str, steps: int = 8, seed: int = 0, shared: bool = False):
     """Pooled forward + fused backward (sum, mean, weighted), lookups and apply_gradients with
-    spills (HBM smaller than a batch), a checkpoint and a reopen; outputs and every row at the end."""
+    spills (HBM smaller than a batch), a checkpoint and a reopen; outputs and every row at the
+    end.  ``shared``: one HBM and one DDR tier for the tables, sized in bytes."""
     rng = np.random.default_rng(seed)
     outputs = []
     tiers = TierConfig(hbm_rows=96, ddr_rows=64, policy="lru", device=device)
+    if shared:
+        tiers = TierConfig(hbm_bytes=300 * 4 * 144, ddr_bytes=200 * 4 * 129, policy="lru", device=device)
     store = TieredStore.create(path, TABLES, tiers, seed=3)
     for step in range(steps):
         for cfg in TABLES:
@@ -75,6 +78,17 @@ def test_a_training_run_on_the_gpu_is_bitwise_the_cpus(tmp_path, monkeypatch, ke
     gpu = _train(tmp_path / "gpu", "cuda")
     assert all(a.tobytes() == b.tobytes() for a, b in zip(gpu[0], cpu[0], strict=True))
     assert all(a.tobytes() == b.tobytes() for a, b in zip(gpu[1], cpu[1], strict=True))
+
+
+def test_tiers_shared_by_the_tables_on_the_gpu_are_bitwise_the_cpus(tmp_path):
+    """One HBM tier on the GPU for the four tables (slots of the widest record, 144 floats):
+    the bytes of the same run on the CPU, and of tiers per table."""
+    cpu = _train(tmp_path / "cpu", "cpu", shared=True)
+    gpu = _train(tmp_path / "gpu", "cuda", shared=True)
+    own = _train(tmp_path / "own", "cpu")
+    for run in (cpu, own):
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(gpu[0], run[0], strict=True))
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(gpu[1], run[1], strict=True))
 
 
 def test_the_numba_kernels_without_division_hold_no_fused_multiply_add(tmp_path, monkeypatch):
