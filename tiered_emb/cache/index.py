@@ -99,10 +99,9 @@ def home_of(key: int | np.int64, tab: int | np.int32, mask: int) -> np.int64:
 @numba.njit(inline="always")
 def index_prefetch_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> None:
     """:func:`index_prefetch` for ``(tab, key)``."""
-    if not is_shared(owner):
-        index_prefetch(keys, vals, key)
-        return
-    home = home_of(key, tab, keys.shape[0] - 1)
+    mask = keys.shape[0] - 1
+    # (one expression, no early return: the loops it is inlined into stay one block)
+    home = home_of(key, tab, mask) if is_shared(owner) else hash_home(key, mask)
     prefetch_hint(keys, home)  # type: ignore[call-arg]
     prefetch_hint(vals, home)
 

@@ -246,7 +246,7 @@ def cache_resolve(tag, st, uids, force_pin, out, probed, tab):
         if s >= 0:
             policy_touch(tag, P, s)
             continue
-        policy_admit(tag, P, _ghost_key(uids[i], tab))
+        policy_admit(tag, P, _ghost_key(uids[i], tab) if shared else uids[i])
         if meta[FREE] > 0:
             meta[FREE] -= 1
             s = free[meta[FREE]]
@@ -473,7 +473,7 @@ def cache_admit_slots(tag, st, filled, ids, tabs, rows_dirty, dest, ev_ids, ev_t
                 ev_src[n_out] = -1 - i
                 n_out += 1
             continue
-        policy_admit(tag, P, _ghost_key(ids[i], tab))
+        policy_admit(tag, P, _ghost_key(ids[i], tab) if shared else ids[i])
         if meta[FREE] > 0:
             meta[FREE] -= 1
             s = free[meta[FREE]]
