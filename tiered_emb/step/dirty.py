@@ -76,11 +76,11 @@ def _chunk(res: Resolver, parts: dict[str, list], buf: np.ndarray, counts: dict[
 
 
 def written(res: Resolver, counts: dict[str, int]) -> None:
-    """The rows of :meth:`dirty_chunks` (``counts`` of each table) reached LMDB: every
+    """The rows of :func:`dirty_chunks` (``counts`` of each table) reached LMDB: every
     row is clean now."""
-    for t in res.tables.values():  # (a shared tier's flags more than once)
-        t.hbm.dirty[:] = 0
-        t.ddr.dirty[:] = 0
+    flags = {id(tier.dirty): tier.dirty for t in res.tables.values() for tier in (t.hbm, t.ddr)}
+    for dirty in flags.values():  # (a shared tier's once)
+        dirty[:] = 0
     for name, n in counts.items():
         res.tables[name].counters["ssd"]["writebacks"] += n
 
