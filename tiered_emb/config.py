@@ -389,7 +389,7 @@ class TierConfig:
         ``hbm_rows`` per table (:mod:`tiered_emb.tiers.pool`): rows of every table compete
         for its slots under ``policy``, each slot as wide as the widest record.  With it,
         ``ddr_bytes`` sizes the DDR tier below (``ddr_rows`` stays 0).  Bookkeeping (index,
-        policy, flags: about 64 bytes a row) comes on top; docs/tuning.md.
+        policy, flags: 65-105 bytes a slot) comes on top; docs/tuning.md.
     ddr_bytes : int or None
         Bytes of records in one DDR tier shared by all tables, with ``hbm_bytes`` (None: 0).
     policy : str
