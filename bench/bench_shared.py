@@ -8,12 +8,14 @@ own, stepped side by side on the same batches (lookup, then the update of every 
 
 - ``per_table``: ``TierConfig(hbm_rows, ddr_rows)``, the bytes split evenly: each table
   gets a quarter of the rows;
-- ``shared``: ``TierConfig(hbm_bytes, ddr_bytes)``, one HBM and one DDR tier for the four.
+- ``shared``: ``TierConfig(hbm_bytes, ddr_bytes)``, one HBM and one DDR tier for the four;
+- ``reserved``: the same, with ``--reserve`` of each budget set apart for the coldest
+  table (``TierConfig(reserved=...)``: tiers of its own), the other three sharing the rest.
 
-Per configuration: the HBM and DDR hit rates over the timed steps (all tables together),
-the rows read from LMDB a step, and the median step; the headline is the shared step
-over the per-table one (below 1: faster), with both stores' rows byte for byte equal at
-the end.
+Per configuration: the HBM and DDR hit rates over the timed steps (all tables together,
+and HBM's per table), the rows read from LMDB a step, and the median step; the headline
+is the shared step over the per-table one (below 1: faster), with every store's rows
+byte for byte equal at the end.
 
 Command (figures in docs/benchmarks.md)::
 
@@ -65,10 +67,10 @@ def _step(store: TieredStore, batch: dict[str, np.ndarray]) -> None:
 
 
 def _counts(store: TieredStore) -> np.ndarray:
+    """Lookups and hits of each tier, all tables together, then HBM's of each table."""
     s = store.stats()
-    return np.array(
-        [sum(s[t][tier][k] for t in s) for tier in ("hbm", "ddr", "ssd") for k in ("lookups", "hits")], dtype=np.float64
-    )
+    every = [sum(s[t][tier][k] for t in s) for tier in ("hbm", "ddr", "ssd") for k in ("lookups", "hits")]
+    return np.array(every + [s[t]["hbm"][k] for t in sorted(s) for k in ("lookups", "hits")], dtype=np.float64)
 
 
 def main() -> None:
@@ -79,6 +81,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--hbm", type=float, default=0.05, help="HBM bytes, as a share of one table's records")
     p.add_argument("--ddr", type=float, default=0.20, help="DDR bytes, as a share of one table's records")
+    p.add_argument("--reserve", type=float, default=0.125, help="share of each budget reserved for the coldest table")
     p.add_argument("--warm-steps", type=int, default=20)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--json", default="bench/results/shared.json")
@@ -93,6 +96,12 @@ def main() -> None:
             hbm_rows=hbm_bytes // hbm_slot // len(tables), ddr_rows=ddr_bytes // ddr_slot // len(tables), device="cpu"
         ),
         "shared": TierConfig(hbm_bytes=hbm_bytes, ddr_bytes=ddr_bytes, device="cpu"),
+        "reserved": TierConfig(
+            hbm_bytes=hbm_bytes,
+            ddr_bytes=ddr_bytes,
+            device="cpu",
+            reserved={tables[-1].name: (int(hbm_bytes * args.reserve), int(ddr_bytes * args.reserve))},
+        ),
     }
     root = Path(tempfile.mkdtemp(prefix="bench_shared_"))
     try:
@@ -116,13 +125,13 @@ def main() -> None:
                 "hbm_hit_rate": c[1] / c[0],
                 "ddr_hit_rate": c[3] / max(c[2], 1),
                 "ssd_reads_per_step": c[4] / args.steps,
+                "hbm_hit_rate_per_table": {t.name: c[7 + 2 * k] / max(c[6 + 2 * k], 1) for k, t in enumerate(tables)},
                 "tiers": configs[name].to_dict(),
             }
         ids = np.arange(args.rows)
+        want = {t.name: stores["per_table"].peek(t.name, ids, with_state=True).tobytes() for t in tables}
         same = all(
-            stores["shared"].peek(t.name, ids, with_state=True).tobytes()
-            == stores["per_table"].peek(t.name, ids, with_state=True).tobytes()
-            for t in tables
+            s.peek(t.name, ids, with_state=True).tobytes() == want[t.name] for s in stores.values() for t in tables
         )
         for s in stores.values():
             s.close()
@@ -132,9 +141,11 @@ def main() -> None:
     for name, r in out.items():
         print(
             f"{name:10s} step {1e3 * r['step_median_s']:7.1f} ms  HBM hit {r['hbm_hit_rate']:.3f}  "
-            f"DDR hit {r['ddr_hit_rate']:.3f}  LMDB reads {r['ssd_reads_per_step']:,.0f}/step"
+            f"DDR hit {r['ddr_hit_rate']:.3f}  LMDB reads {r['ssd_reads_per_step']:,.0f}/step  HBM hit per table "
+            + " ".join(f"{v:.3f}" for v in r["hbm_hit_rate_per_table"].values())
         )
     print(f"shared / per_table step: {ratio:.2f}x; rows and states byte for byte equal: {same}")
+    reserved_ratio = out["reserved"]["step_median_s"] / out["per_table"]["step_median_s"]
     write_json(
         args.json,
         {
@@ -143,7 +154,7 @@ def main() -> None:
             "machine": machine(),
             "config": {**vars(args), "shares": SHARES, "hbm_bytes": hbm_bytes, "ddr_bytes": ddr_bytes},
             "configs": out,
-            "ratios": {"shared_vs_per_table_step": ratio},
+            "ratios": {"shared_vs_per_table_step": ratio, "reserved_vs_per_table_step": reserved_ratio},
             "bitwise_equal": same,
         },
     )

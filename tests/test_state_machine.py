@@ -14,6 +14,7 @@ from tiered_emb import SGD, Adagrad, RowWiseAdagrad, TableConfig, TierConfig, Ti
 from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.testing import crash
 from tiered_emb.testing.reference import ReferenceStore
+from tiered_emb.tiers.hbm import stride_of
 from tiered_emb.tiers.pool import slot_floats
 
 TABLES = [
@@ -48,6 +49,25 @@ tiers_st = st.builds(
     device=st.just("cpu"),
     background_writes=st.booleans(),
 )
+OWN_ROW = {t.name: (4 * stride_of(t.record_width), 4 * t.record_width) for t in TABLES if t.name in ("s", "q")}
+
+
+@st.composite
+def reserved_tiers_st(draw):
+    """Shared tiers with bytes set apart for tables s (12 rows: whole from 12 HBM rows on) and q."""
+    reserved = {
+        name: (draw(st.integers(hbm, 13 * hbm)), draw(st.integers(0, 3 * ddr))) for name, (hbm, ddr) in OWN_ROW.items()
+    }
+    return TierConfig(
+        hbm_bytes=sum(h for h, _ in reserved.values()) + draw(st.integers(HBM_SLOT, 8 * HBM_SLOT)),
+        ddr_bytes=sum(d for _, d in reserved.values()) + draw(st.integers(0, 6 * DDR_SLOT)),
+        reserved=reserved,
+        policy=draw(st.sampled_from(BASE_POLICIES)),
+        device="cpu",
+    )
+
+
+tiers_st = tiers_st | reserved_tiers_st()
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -120,13 +140,17 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def shared_tiers_within_their_bytes(self):
-        """A shared tier's rows, every table's together, never take more than its bytes."""
+        """A shared tier's rows, every table's together, never take more than its bytes (a
+        reserved table's tiers of its own within theirs, the budget for all)."""
         tiers = self.store.engine.tiers if hasattr(self, "store") else None
         if tiers is None or not tiers.shared:
             return
         stats = self.store.stats()
         for tier, budget in (("hbm", tiers.hbm_bytes), ("ddr", tiers.ddr_bytes)):
             assert sum(stats[t][tier]["bytes"] for t in NAMES) <= budget
+        for name, hbm, ddr in tiers.reserved:  # (a row of its own HBM padded as the tier pads it)
+            held = (stats[name][k]["rows"] * OWN_ROW[name][i] for i, k in enumerate(("hbm", "ddr")))
+            assert next(held) <= hbm and next(held) <= ddr
 
     def teardown(self):
         if hasattr(self, "store"):

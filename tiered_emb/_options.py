@@ -64,6 +64,18 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def reservation(text: str) -> tuple[str, int, int]:
+    """An argparse ``type`` for a table's reserved bytes: ``NAME=HBM[:DDR]``, e.g. ``C3=16MiB:64MiB``."""
+    name, eq, sizes = text.partition("=")
+    hbm, _, ddr = sizes.partition(":")
+    try:
+        if not eq or not name or not hbm:
+            raise argparse.ArgumentTypeError(f"{text!r} is not NAME=HBM[:DDR] (e.g. C3=16MiB:64MiB)")
+        return name, parse_bytes(hbm), parse_bytes(ddr) if ddr else 0
+    except TieredEmbError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_command(sub, name: str, help: str, description: str | None = None, json_file: bool = True):
     """The parser of subcommand ``name`` (``sub``: argparse's subparsers), with ``--json``,
     ``--quiet`` and ``--version``, the options every command takes.

@@ -392,6 +392,13 @@ class TierConfig:
         policy, flags: 65-105 bytes a slot) comes on top; docs/tuning.md.
     ddr_bytes : int or None
         Bytes of records in one DDR tier shared by all tables, with ``hbm_bytes`` (None: 0).
+    reserved : dict or tuple
+        With ``hbm_bytes``: bytes of the two budgets set apart for some tables, as
+        ``{name: (hbm_bytes, ddr_bytes)}``.  Such a table gets HBM and DDR tiers of its own
+        of those bytes (rows of its record width), which no other table's rows enter and
+        which it does not outgrow: its floor and its cap at once.  The other tables share
+        what is left of ``hbm_bytes`` and ``ddr_bytes``.  Kept as a tuple of
+        ``(name, hbm_bytes, ddr_bytes)`` in name order.
     policy : str
         Eviction policy name from :data:`tiered_emb.cache.policies.POLICIES`: ``"lru"``, ``"lfu"``,
         ``"fifo"``, ``"clock"``, ``"sieve"``, ``"s3fifo"``, ``"arc"``, or one of them after ``"lookahead+"``.
@@ -438,11 +445,13 @@ class TierConfig:
     tune_malloc: bool = True
     hbm_bytes: int | None = None
     ddr_bytes: int | None = None
+    reserved: Any = ()
 
     def __post_init__(self) -> None:
         from tiered_emb.cache.policies import POLICIES
 
         self._check_sizes()
+        self._check_reserved()
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ConfigError(f"TierConfig.policy={self.policy!r} is unknown", f"use one of {sorted(POLICIES)}")
         if not isinstance(self.device, str) or self.device not in ("auto", "cpu", "cuda"):
@@ -504,9 +513,40 @@ class TierConfig:
                 "size the tiers either in bytes shared by all tables (hbm_bytes, ddr_bytes) or in rows per table",
             )
 
+    def _check_reserved(self) -> None:
+        """``reserved``: table names with bytes of each budget, within the budgets."""
+        given = self.reserved
+        try:
+            rows = [(n, *v) for n, v in given.items()] if isinstance(given, dict) else [tuple(e) for e in given]
+            entries = sorted(rows)
+        except (TypeError, ValueError):
+            entries = [()]
+        hint = "give reserved={'table': (hbm_bytes, ddr_bytes)}, within hbm_bytes and ddr_bytes"
+        for e in entries:
+            if len(e) != 3 or not isinstance(e[0], str) or not all(_is_int(v) and 0 <= v <= 2**50 for v in e[1:]):
+                raise ConfigError(f"TierConfig.reserved={given!r} is invalid", hint)
+        if not entries:
+            object.__setattr__(self, "reserved", ())
+            return
+        if self.hbm_bytes is None:
+            raise ConfigError(
+                f"TierConfig.reserved={given!r} is given without hbm_bytes",
+                "reserve bytes of tiers shared by the tables: give hbm_bytes (and ddr_bytes) too",
+            )
+        if len({e[0] for e in entries}) < len(entries):
+            raise ConfigError(f"TierConfig.reserved={given!r} names a table twice", hint)
+        for tier, total, k in (("hbm", self.hbm_bytes, 1), ("ddr", self.ddr_bytes or 0, 2)):
+            if sum(e[k] for e in entries) > total:
+                raise ConfigError(
+                    f"TierConfig.reserved={given!r} sets apart more {tier.upper()} bytes than {tier}_bytes={total}",
+                    hint,
+                )
+        object.__setattr__(self, "reserved", tuple(tuple(e) for e in entries))
+
     @property
     def shared(self) -> bool:
-        """Whether one HBM and one DDR tier hold every table (sized in bytes)."""
+        """Whether one HBM and one DDR tier hold every table (sized in bytes) but those
+        with bytes ``reserved``."""
         return self.hbm_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:

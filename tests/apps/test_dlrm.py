@@ -242,6 +242,9 @@ def test_bad_flags_are_refused_before_the_run_dir_is_touched(tmp_path):
         (["--dtype", "fp8"], "--dtype"),
         (["--hbm", "10B"], "holds no row"),
         (["--ddr", "1MiB"], "--ddr-bytes is given without --hbm-bytes"),
+        (["--reserve", "C1=1KiB"], "--reserve is given without --hbm-bytes"),
+        (["--hbm", "1MiB", "--reserve", "C99=1KiB"], "does not hold"),
+        (["--hbm", "1MiB", "--reserve", "C1=2MiB"], "more HBM bytes"),
     ]
     for flags, match in cases:
         with pytest.raises(ConfigError, match=match):
@@ -477,3 +480,26 @@ def test_narrow_rows_sized_in_bytes_train_and_resume_keeps_the_dtype(tmp_path):
     assert main(["train", "--run-dir", str(run), *TINY, "--steps", "3", "--resume", "--dtype", "bfloat16"]) == 0
     with pytest.raises(ConfigError, match="--dtype"):
         main(["train", "--run-dir", str(run), *TINY, "--steps", "4", "--resume", "--dtype", "float32"])
+
+
+def test_a_table_given_bytes_of_its_own_holds_them_and_no_more(tmp_path):
+    """--reserve C1=12KiB:6KiB: table C1 in tiers of its own (bfloat16 rows of 12 bytes),
+    the other 25 tables sharing what is left of --hbm / --ddr."""
+    run = tmp_path / "r"
+    flags = ["--steps", "2", "--dtype", "bf16", "--hbm", "312KiB", "--ddr", "156KiB", "--reserve", "C1=12KiB:6KiB"]
+    report = _train(run, *flags)
+    assert report["capacity_rows"] == (312 + 156) * 1024 // 12
+    with TieredStore.open(run / "store") as store:
+        assert store.engine.tiers.reserved == (("C1", 12 * 1024, 6 * 1024),)
+        for name in store.tables:
+            store.lookup(name, np.arange(2000))
+        held = store.stats()
+    assert (held["C1"]["hbm"]["rows"], held["C1"]["ddr"]["rows"]) == (1024, 512)
+    assert sum(held[n]["hbm"]["rows"] for n in held if n != "C1") == 300 * 1024 // 12
+
+
+@pytest.mark.parametrize("bad", ["C1", "C1=", "=1MiB", "C1=1MiB:lots"])
+def test_a_reservation_flag_that_does_not_parse_names_its_form(tmp_path, capsys, bad):
+    with pytest.raises(SystemExit):
+        main(["train", "--run-dir", str(tmp_path / "r"), *TINY, "--hbm", "1MiB", "--reserve", bad])
+    assert "--reserve" in capsys.readouterr().err and not (tmp_path / "r").exists()

@@ -9,6 +9,7 @@ import pytest
 from tiered_emb import SGD, Adam, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.apps.inspect import inspect_store
 from tiered_emb.errors import ConfigError
+from tiered_emb.tiers.hbm import stride_of
 from tiered_emb.tiers.pool import slot_floats
 
 TABLES = [
@@ -111,6 +112,7 @@ def test_reopening_moves_between_rows_per_table_and_shared_bytes(tmp_path):
         "shared": True,
         "hbm": {"bytes": 30 * HBM_SLOT, "rows": 30, "slot_bytes": HBM_SLOT},
         "ddr": {"bytes": 10 * DDR_SLOT, "rows": 10, "slot_bytes": DDR_SLOT},
+        "reserved": {},
     }
 
 
@@ -168,3 +170,102 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
     slots = (48 << 20) // 68  # a record: 16 weights and the row-wise state
     bound = 48 + slots * 110 / 2**20 + 48  # records, bookkeeping (65-105 bytes a slot, and 4), buffers
     assert grown < bound, (grown, bound)
+
+
+# Reserved tables: bytes of the budgets set apart as tiers of a table's own.
+C_ROW = 4 * stride_of(TABLES[2].record_width)  # an HBM row of table c (dim 4, SGD)
+
+
+def test_a_reserved_table_keeps_its_rows_against_a_hot_one_and_never_outgrows_them(tmp_path):
+    """Table a streams 500 new rows through HBM: c's rows read before survive only when
+    c has bytes of its own, and then c holds no more rows than they give, while the others
+    share what is left; rows bitwise the same either way."""
+    budget = {"device": "cpu", "hbm_bytes": 100 * HBM_SLOT + 10 * C_ROW, "ddr_bytes": 40 * DDR_SLOT}
+    hits, rows = {}, {}
+    for name, reserved in (("shared", {}), ("reserved", {"c": (10 * C_ROW, 0)})):
+        with TieredStore.create(tmp_path / name, TABLES, TierConfig(**budget, reserved=reserved), seed=1) as s:
+            s.lookup("c", np.arange(10))
+            for step in range(5):
+                s.apply_gradients("a", np.arange(step * 100, step * 100 + 100), np.ones((100, 8), np.float32))
+            before = s.stats()["c"]["hbm"]["hits"]
+            s.lookup("c", np.arange(10))
+            hits[name] = s.stats()["c"]["hbm"]["hits"] - before
+            s.apply_gradients("c", np.arange(40), np.ones((40, 4), np.float32))  # more rows than its own tiers'
+            held = s.stats()
+            budget_kept(s, TierConfig(**budget))
+            rows[name] = {t.name: s.peek(t.name, np.arange(500), with_state=True) for t in TABLES}
+        if reserved:
+            assert (held["c"]["hbm"]["rows"], held["c"]["hbm"]["capacity_rows"], held["c"]["ddr"]["rows"]) == (
+                10,
+                10,
+                0,
+            )
+            assert held["a"]["hbm"]["capacity_rows"] == 100 and held["a"]["hbm"]["rows"] == 100
+    assert hits == {"shared": 0, "reserved": 10}
+    for t in TABLES:
+        assert rows["shared"][t.name].tobytes() == rows["reserved"][t.name].tobytes(), t.name
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "lookahead+lru"])
+def test_reserved_tables_train_bitwise_within_the_budget(tmp_path, policy):
+    """b (the widest record) and h reserved, the others sharing slots of a's width: rows
+    as tiers of each table's own give them; the bytes held within each budget after every step."""
+    want, _, _ = _train(tmp_path / "own", TierConfig(5, 7, policy, "cpu"))
+    b_row, h_row = (4 * stride_of(t.record_width) for t in (TABLES[1], TABLES[3]))
+    reserved = {"b": (30 * b_row, 20 * 4 * TABLES[1].record_width), "h": (8 * h_row, 0)}
+    tiers = TierConfig(policy=policy, device="cpu", hbm_bytes=60 * HBM_SLOT, ddr_bytes=60 * DDR_SLOT, reserved=reserved)
+    got, stats, _ = _train(tmp_path / "reserved", tiers)
+    for name, rows in want.items():
+        assert rows.tobytes() == got[name].tobytes(), name
+    assert [stats["b"][t]["capacity_rows"] for t in ("hbm", "ddr")] == [30, 20]
+    assert stats["a"]["hbm"]["capacity_rows"] == stats["c"]["hbm"]["capacity_rows"]  # (one tier for a and c)
+    listed = inspect_store(str(tmp_path / "reserved"))["tiers"]
+    assert listed["reserved"] == {
+        "b": {"hbm_bytes": 30 * b_row, "ddr_bytes": 80 * TABLES[1].record_width, "hbm_rows": 30, "ddr_rows": 20},
+        "h": {"hbm_bytes": 8 * h_row, "ddr_bytes": 0, "hbm_rows": 8, "ddr_rows": 0},
+    }
+    assert listed["hbm"]["bytes"] == 60 * HBM_SLOT - 30 * b_row - 8 * h_row
+    with TieredStore.open(tmp_path / "reserved") as s:  # the manifest keeps them
+        assert s.engine.tiers.reserved == (("b", *reserved["b"]), ("h", *reserved["h"]))
+
+
+def test_a_reservation_beyond_a_table_s_rows_holds_the_table_whole(tmp_path):
+    small = TableConfig("s", dim=4, num_rows=30)
+    tiers = TierConfig(device="cpu", hbm_bytes=1 << 16, reserved={"s": (1 << 12, 0)})
+    with TieredStore.create(tmp_path / "s", [small, TABLES[0]], tiers) as s:
+        s.lookup("s", np.arange(30))
+        s.lookup("s", np.arange(30))
+        held = s.stats()["s"]["hbm"]
+        assert (held["capacity_rows"], held["rows"], held["hits"]) == (30, 30, 30)
+    assert inspect_store(str(tmp_path / "s"))["tiers"]["reserved"]["s"]["hbm_rows"] == 30
+
+
+@pytest.mark.parametrize(
+    "reserved, hint",
+    [
+        ({"zz": (C_ROW, 0)}, "which the store does not hold"),
+        ({"c": (C_ROW - 1, 0)}, f"at least {C_ROW} HBM bytes"),
+        ({"c": (40 * HBM_SLOT - HBM_SLOT // 2, 0)}, "once the reserved bytes are set apart"),
+    ],
+)
+def test_a_reservation_the_store_cannot_hold_is_refused_before_anything_is_made(tmp_path, reserved, hint):
+    tiers = TierConfig(device="cpu", hbm_bytes=40 * HBM_SLOT, reserved=reserved)
+    with pytest.raises(ConfigError, match=hint):
+        TieredStore.create(tmp_path / "s", TABLES, tiers)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, hint",
+    [
+        ({"hbm_rows": 4, "reserved": {"a": (64, 0)}}, "without hbm_bytes"),
+        ({"hbm_bytes": 100, "reserved": {"a": (101, 0)}}, "more HBM bytes than hbm_bytes=100"),
+        ({"hbm_bytes": 100, "ddr_bytes": 10, "reserved": {"a": (10, 6), "b": (10, 6)}}, "more DDR bytes"),
+        ({"hbm_bytes": 100, "reserved": [("a", 1, 0), ("a", 2, 0)]}, "names a table twice"),
+        ({"hbm_bytes": 100, "reserved": {"a": 64}}, "is invalid"),
+        ({"hbm_bytes": 100, "reserved": {"a": (-1, 0)}}, "is invalid"),
+    ],
+)
+def test_bad_reservations_are_config_errors(kwargs, hint):
+    with pytest.raises(ConfigError, match=hint):
+        TierConfig(device="cpu", **kwargs)

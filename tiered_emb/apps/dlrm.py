@@ -23,7 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tiered_emb._options import STDOUT, add_command, byte_size, check_run_dir, count, make_run_dir, require
+from tiered_emb._options import (
+    STDOUT,
+    add_command,
+    byte_size,
+    check_run_dir,
+    count,
+    make_run_dir,
+    require,
+    reservation,
+)
 from tiered_emb._progress import progress_bar
 from tiered_emb.apps import warm
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
@@ -39,13 +48,14 @@ from tiered_emb.apps.dlrm_config import (
     lr_factor,
     mlp_sizes,
     read_run_config,
+    rows_held,
     run_config,
+    run_tiers,
     table_configs,
 )
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
 from tiered_emb.cache.policies import POLICIES
-from tiered_emb.config import TierConfig
 from tiered_emb.errors import (
     ConfigError,
     DeviceError,
@@ -54,7 +64,6 @@ from tiered_emb.errors import (
 )
 from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
-from tiered_emb.tiers.pool import pool_rows
 
 LOG = logging.getLogger(__name__)
 
@@ -95,6 +104,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--ddr-bytes", "--ddr", type=byte_size, help="one DDR tier shared by the 26 tables, with --hbm-bytes"
+    )
+    p.add_argument(
+        "--reserve",
+        type=reservation,
+        action="append",
+        metavar="NAME=HBM[:DDR]",
+        help="with --hbm-bytes: set bytes of the budgets apart for table NAME, as tiers of its own "
+        "(its floor and cap), e.g. C3=16MiB:64MiB; repeat for more tables",
     )
     p.add_argument(
         "--dtype",
@@ -333,7 +350,7 @@ def train(args) -> dict:
         # first: it compiles while this process imports torch and makes its data
         cfg = run_config(args)
         tables = table_configs(cfg)
-        hbm_rows = _rows_held(tables, _tiers(args, tables))[0] // len(tables)
+        hbm_rows = rows_held(tables, run_tiers(args, tables))[0] // len(tables)
         helper = warm.start(cfg, args, _lookahead(args, cfg, hbm_rows))
     try:
         return _train(args, run_dir, store_dir, config_path, cfg, helper)
@@ -372,13 +389,13 @@ def _train(args, run_dir: Path, store_dir: Path, config_path: Path, cfg: dict | 
                 "(without --resume, or in another --run-dir)",
             )
         data = load_data(cfg)
-        store = TieredStore.open(store_dir, tiers=_tiers(args, table_configs(cfg)))
+        store = TieredStore.open(store_dir, tiers=run_tiers(args, table_configs(cfg)))
     else:
         # Kept with the run: torch's results depend on its thread count (docs/determinism.md),
         # so a resume on another machine, whose default differs, goes on as the run began.
         cfg["step_threads"] = _step_threads(args)
         tables = table_configs(cfg)
-        tiers = _tiers(args, tables)
+        tiers = run_tiers(args, tables)
         data = load_data(cfg)
         make_run_dir(run_dir, "train")
         config_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -393,40 +410,6 @@ def _train(args, run_dir: Path, store_dir: Path, config_path: Path, cfg: dict | 
     warm.stop(helper)  # (done by now, or no longer of use: the last checkpoint has the cores)
     store.close()
     return report
-
-
-def _tiers(args, tables) -> TierConfig:
-    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table, or one HBM and one DDR
-    tier shared by the tables, ``--hbm-bytes`` / ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`);
-    the bytes replace the rows; ConfigError for DDR in bytes under HBM in rows, and the
-    tiers' own (a budget that holds no row)."""
-    hbm_bytes, ddr_bytes = getattr(args, "hbm_bytes", None), getattr(args, "ddr_bytes", None)
-    common = {
-        "policy": args.policy,
-        "device": getattr(args, "device", "cpu"),
-        "background_writes": not getattr(args, "sync_writes", False),
-    }
-    if hbm_bytes is None and ddr_bytes is None:
-        return TierConfig(
-            hbm_rows=ROWS_PER_TABLE if args.hbm_rows is None else args.hbm_rows,
-            ddr_rows=ROWS_PER_TABLE if args.ddr_rows is None else args.ddr_rows,
-            **common,
-        )
-    if hbm_bytes is None:
-        raise ConfigError(
-            "--ddr-bytes is given without --hbm-bytes",
-            "give --hbm-bytes too (tiers shared by the tables), or --hbm-rows / --ddr-rows per table",
-        )
-    tiers = TierConfig(hbm_bytes=hbm_bytes, ddr_bytes=ddr_bytes or 0, **common)
-    pool_rows(tables, tiers)  # (a budget that holds no row: an error before anything starts)
-    return tiers
-
-
-def _rows_held(tables, tiers: TierConfig) -> tuple[int, int]:
-    """Rows of HBM and of DDR the tables hold in all."""
-    if tiers.shared:
-        return pool_rows(tables, tiers)
-    return len(tables) * tiers.hbm_rows, len(tables) * tiers.ddr_rows
 
 
 def _train_loop(torch, args, cfg: dict, store, data) -> dict:
@@ -465,7 +448,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     tables = [store.engine.table_config(f) for f in feature_names()]
-    lookahead = _lookahead(args, cfg, _rows_held(tables, store.engine.tiers)[0] // len(tables))
+    lookahead = _lookahead(args, cfg, rows_held(tables, store.engine.tiers)[0] // len(tables))
     pipeline = TrainPipeline(
         store,
         model,
@@ -529,7 +512,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
             for name, s in stats.items()
         }
     )
-    capacity = sum(_rows_held([store.engine.table_config(f) for f in feature_names()], store.engine.tiers))
+    capacity = sum(rows_held([store.engine.table_config(f) for f in feature_names()], store.engine.tiers))
     table_rows = sum(data.num_rows)
     report.update(
         tiers=total,

@@ -8,10 +8,11 @@ import math
 from pathlib import Path
 
 from tiered_emb.apps.clicks import NUM_CATS
-from tiered_emb.config import TableConfig
+from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.precision import canonical
+from tiered_emb.tiers.pool import pool_rows, reserved_of
 
 EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
 # Every option that shapes the model or the data; fixed for the life of a run directory.
@@ -203,6 +204,44 @@ def rows_in(budget: int | None, rows: int | None, tables: list[TableConfig], fla
             f"give at least {per_row} bytes, or the --*-rows flag instead",
         )
     return budget // per_row
+
+
+def run_tiers(args, tables) -> TierConfig:
+    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table, or one HBM and one DDR
+    tier shared by the tables, ``--hbm-bytes`` / ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`);
+    the bytes replace the rows; ConfigError for DDR in bytes under HBM in rows, and the
+    tiers' own (a budget that holds no row)."""
+    hbm_bytes, ddr_bytes = getattr(args, "hbm_bytes", None), getattr(args, "ddr_bytes", None)
+    reserve = getattr(args, "reserve", None) or []
+    common = {
+        "policy": args.policy,
+        "device": getattr(args, "device", "cpu"),
+        "background_writes": not getattr(args, "sync_writes", False),
+    }
+    if hbm_bytes is None and ddr_bytes is None and not reserve:
+        return TierConfig(
+            hbm_rows=ROWS_PER_TABLE if args.hbm_rows is None else args.hbm_rows,
+            ddr_rows=ROWS_PER_TABLE if args.ddr_rows is None else args.ddr_rows,
+            **common,
+        )
+    if hbm_bytes is None:
+        raise ConfigError(
+            f"{'--reserve' if reserve else '--ddr-bytes'} is given without --hbm-bytes",
+            "give --hbm-bytes too (tiers shared by the tables), or --hbm-rows / --ddr-rows per table",
+        )
+    tiers = TierConfig(hbm_bytes=hbm_bytes, ddr_bytes=ddr_bytes or 0, reserved=reserve, **common)
+    reserved_of(tables, tiers)  # (a budget that holds no row: an error before anything starts)
+    pool_rows(tables, tiers)
+    return tiers
+
+
+def rows_held(tables, tiers: TierConfig) -> tuple[int, int]:
+    """Rows of HBM and of DDR the tables hold in all."""
+    if tiers.shared:
+        own = reserved_of(tables, tiers).values()
+        hbm, ddr = pool_rows(tables, tiers)
+        return hbm + sum(h for h, _ in own), ddr + sum(d for _, d in own)
+    return len(tables) * tiers.hbm_rows, len(tables) * tiers.ddr_rows
 
 
 def table_configs(cfg: dict) -> list[TableConfig]:

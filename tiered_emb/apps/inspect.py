@@ -15,7 +15,7 @@ import sys
 from tiered_emb._options import add_command
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.reader import StoreReader, verify_store
-from tiered_emb.tiers.pool import pool_rows, slot_floats
+from tiered_emb.tiers.pool import pool_rows, reserved_of, slot_floats
 
 
 def add_parser(sub) -> None:
@@ -71,15 +71,24 @@ def inspect_store(path: str) -> dict:
 
 def tier_sizes(tables: list[TableConfig], tiers: TierConfig) -> dict:
     """The HBM and DDR tiers the store was last opened with: shared by the tables (their
-    bytes, and the rows a slot of the widest record gives), or rows per table (and the
+    bytes, what the reservations leave of the budgets, and the rows a slot of the widest
+    record of the tables sharing them gives; the tiers of their own that reserved tables
+    hold), or rows per table (and the
     bytes those take of each table, with its state)."""
     if tiers.shared:
         hbm_rows, ddr_rows = pool_rows(tables, tiers)
-        hbm_slot, ddr_slot = (4 * f for f in slot_floats(tables))
+        own = reserved_of(tables, tiers)
+        rest = [t for t in tables if t.name not in own]
+        hbm_slot, ddr_slot = (4 * f for f in slot_floats(rest)) if rest else (0, 0)
+        kept = [sum(e[k] for e in tiers.reserved) for k in (1, 2)]  # (bytes set apart from each budget)
         return {
             "shared": True,
-            "hbm": {"bytes": tiers.hbm_bytes, "rows": hbm_rows, "slot_bytes": hbm_slot},
-            "ddr": {"bytes": tiers.ddr_bytes or 0, "rows": ddr_rows, "slot_bytes": ddr_slot},
+            "hbm": {"bytes": (tiers.hbm_bytes or 0) - kept[0], "rows": hbm_rows, "slot_bytes": hbm_slot},
+            "ddr": {"bytes": (tiers.ddr_bytes or 0) - kept[1], "rows": ddr_rows, "slot_bytes": ddr_slot},
+            "reserved": {
+                name: {"hbm_bytes": h, "ddr_bytes": d, "hbm_rows": own[name][0], "ddr_rows": own[name][1]}
+                for name, h, d in tiers.reserved
+            },
         }
     return {
         "shared": False,
@@ -108,6 +117,11 @@ def _run_inspect(args) -> int:
             + ", ".join(
                 f"{tier.upper()} {t['bytes']:,} bytes ({t['rows']:,} rows of {t['slot_bytes']} bytes)"
                 for tier, t in (("hbm", tiers["hbm"]), ("ddr", tiers["ddr"]))
+            )
+            + "".join(
+                f"; {name}'s own: HBM {r['hbm_bytes']:,} bytes ({r['hbm_rows']:,} rows), "
+                f"DDR {r['ddr_bytes']:,} bytes ({r['ddr_rows']:,} rows)"
+                for name, r in tiers["reserved"].items()
             )
         )
     else:

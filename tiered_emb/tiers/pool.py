@@ -14,6 +14,13 @@ arrays, its table number and its record width; every caller of a table's tiers w
 it does with tiers of its own.  Two differences show: a table's miss may evict another
 table's row (the victims come out with their tables, and their write-backs go to their
 own tables), and capacities, pins and free slots are the tiers', not the table's.
+
+``TierConfig(reserved={name: (hbm_bytes, ddr_bytes)})`` sets bytes of both budgets apart
+for a table: it gets tiers of its own of those bytes, as tiers per table are, which no
+other table's rows enter and which it does not outgrow (its floor and its cap at once);
+the other tables share what is left.  A floor alone (rows no other table may take, the
+table free to grow past them in the shared tiers) or a cap alone would need each
+policy's victim choice to skip rows by table: not built.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import numpy as np
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError
 from tiered_emb.tiers.ddr import AdmitPlan, DdrTier
-from tiered_emb.tiers.hbm import HbmTier, stride_of
+from tiered_emb.tiers.hbm import DirectHbmTier, HbmTier, stride_of
 
 
 class HbmShare(HbmTier):
@@ -73,33 +80,80 @@ def slot_floats(tables: list[TableConfig]) -> tuple[int, int]:
     return stride_of(width), width
 
 
+def reserved_of(tables: list[TableConfig], tiers: TierConfig) -> dict[str, tuple[int, int]]:
+    """The HBM and DDR rows of the tiers of their own that ``tiers.reserved`` gives tables
+    (each at its record's width, at most its ``num_rows``); ConfigError for a name the store does not hold or bytes
+    that hold no HBM row."""
+    by_name = {t.name: t for t in tables}
+    out = {}
+    for name, hbm_b, ddr_b in tiers.reserved:
+        t = by_name.get(name)
+        if t is None:
+            raise ConfigError(
+                f"TierConfig.reserved names table {name!r}, which the store does not hold",
+                f"reserve bytes for some of {sorted(by_name)}",
+            )
+        hbm_rows, ddr_rows = hbm_b // (4 * stride_of(t.record_width)), ddr_b // (4 * t.record_width)
+        if hbm_rows < 1:
+            raise ConfigError(
+                f"TierConfig.reserved gives table {name!r} {hbm_b} HBM bytes, which hold no row "
+                f"(a row of it takes {4 * stride_of(t.record_width)} bytes)",
+                f"reserve at least {4 * stride_of(t.record_width)} HBM bytes for it",
+            )
+        most = min(t.num_rows or 2**31 - 1, 2**31 - 1)  # (rows beyond the table's are of no use)
+        out[name] = (min(hbm_rows, most), min(ddr_rows, most))
+    return out
+
+
 def pool_rows(tables: list[TableConfig], tiers: TierConfig) -> tuple[int, int]:
-    """The rows the shared HBM and DDR tiers of ``tiers`` hold for ``tables``; ConfigError
-    when HBM's bytes hold no row."""
-    hbm_floats, ddr_floats = slot_floats(tables)
-    hbm_rows = min(int(tiers.hbm_bytes or 0) // (4 * hbm_floats), 2**31 - 1)
-    ddr_rows = min(int(tiers.ddr_bytes or 0) // (4 * ddr_floats), 2**31 - 1)
+    """The rows the shared HBM and DDR tiers of ``tiers`` hold for ``tables`` but those
+    reserved (what the reservations leave of the bytes, in slots of the widest record of
+    the others); (0, 0) when every table is reserved; ConfigError when HBM's bytes hold no row."""
+    reserved = {name: (h, d) for name, h, d in tiers.reserved}
+    rest = [t for t in tables if t.name not in reserved]
+    if not rest:
+        return 0, 0
+    hbm_bytes = int(tiers.hbm_bytes or 0) - sum(h for h, _ in reserved.values())
+    ddr_bytes = int(tiers.ddr_bytes or 0) - sum(d for _, d in reserved.values())
+    hbm_floats, ddr_floats = slot_floats(rest)
+    hbm_rows = min(hbm_bytes // (4 * hbm_floats), 2**31 - 1)
+    ddr_rows = min(ddr_bytes // (4 * ddr_floats), 2**31 - 1)
     if hbm_rows < 1:
+        left = f", {hbm_bytes} once the reserved bytes are set apart" if reserved else ""
         raise ConfigError(
-            f"TierConfig.hbm_bytes={tiers.hbm_bytes} holds no row (a slot takes {4 * hbm_floats} bytes: "
-            "the widest record of the store's tables)",
-            f"give hbm_bytes of at least {4 * hbm_floats}",
+            f"TierConfig.hbm_bytes={tiers.hbm_bytes}{left} holds no row (a slot takes {4 * hbm_floats} bytes: "
+            "the widest record of the tables that share it)",
+            f"give hbm_bytes of at least {4 * hbm_floats} beyond what is reserved",
         )
     return hbm_rows, ddr_rows
 
 
-def shared_tiers(tables: list[TableConfig], tiers: TierConfig, xp) -> dict[str, tuple[HbmShare, DdrShare]]:
-    """Each table's views of one HBM and one DDR tier of ``tiers.hbm_bytes`` and
-    ``tiers.ddr_bytes`` bytes, tables numbered in name order."""
+def shared_tiers(tables: list[TableConfig], tiers: TierConfig, xp) -> dict[str, tuple[HbmTier, DdrTier]]:
+    """Each table's HBM and DDR tiers: views of one HBM and one DDR tier of what
+    ``tiers.hbm_bytes`` and ``tiers.ddr_bytes`` leave after the reservations, tables
+    numbered in name order; a reserved table's tiers of its own (a direct HBM tier when
+    its bytes hold the whole table)."""
+    reserved = reserved_of(tables, tiers)
     hbm_rows, ddr_rows = pool_rows(tables, tiers)
-    width = slot_floats(tables)[1]
-    hbm = HbmTier(hbm_rows, width, tiers.policy, xp, shared=True)
-    ddr = DdrTier(ddr_rows, width, tiers.policy, shared=True)
-    by_name = sorted(tables, key=lambda t: t.name)
-    return {
-        t.name: (HbmShare(hbm, tab, t.record_width), DdrShare(ddr, tab, t.record_width))
-        for tab, t in enumerate(by_name)
-    }
+    out: dict[str, tuple[HbmTier, DdrTier]] = {}
+    rest = sorted((t for t in tables if t.name not in reserved), key=lambda t: t.name)
+    if rest:
+        width = slot_floats(rest)[1]
+        hbm = HbmTier(hbm_rows, width, tiers.policy, xp, shared=True)
+        ddr = DdrTier(ddr_rows, width, tiers.policy, shared=True)
+        tab = {name: k for k, name in enumerate(sorted(t.name for t in tables))}  # (the resolver's numbers)
+        for t in rest:
+            out[t.name] = (HbmShare(hbm, tab[t.name], t.record_width), DdrShare(ddr, tab[t.name], t.record_width))
+    for t in tables:
+        if t.name in reserved:
+            rows, below = reserved[t.name]
+            own: HbmTier = (
+                DirectHbmTier(t.num_rows, t.record_width, xp)
+                if t.num_rows is not None and rows >= t.num_rows
+                else HbmTier(rows, t.record_width, tiers.policy, xp)
+            )
+            out[t.name] = (own, DdrTier(below, t.record_width, tiers.policy))
+    return out
 
 
-__all__ = ["DdrShare", "HbmShare", "pool_rows", "shared_tiers", "slot_floats"]
+__all__ = ["DdrShare", "HbmShare", "pool_rows", "reserved_of", "shared_tiers", "slot_floats"]
