@@ -184,7 +184,14 @@ def test_the_job_refuses_bad_flags_before_it_makes_anything(tmp_path):
         )
     with pytest.raises(ConfigError, match="device cuda"):
         main(["train", "--run-dir", str(tmp_path / "d"), *TINY, "--world-size", "2", "--device", "cuda"])
-    assert not any((tmp_path / d).exists() for d in "abcd")
+    two = ["--world-size", "2"]
+    with pytest.raises(ConfigError, match="holds no row"):  # (each rank's half: 6 bytes)
+        main(["train", "--run-dir", str(tmp_path / "e"), *TINY, *two, "--dtype", "bf16", "--hbm", "12B"])
+    with pytest.raises(ConfigError, match="--reserve with --world-size"):
+        main(["train", "--run-dir", str(tmp_path / "f"), *TINY, *two, "--hbm", "1MiB", "--reserve", "C1=1KiB"])
+    with pytest.raises(ConfigError, match="without --hbm-bytes"):
+        main(["train", "--run-dir", str(tmp_path / "g"), *TINY, *two, "--ddr", "1MiB"])
+    assert not any((tmp_path / d).exists() for d in "abcdefg")
 
 
 def test_torchrun_runs_the_job_on_its_ranks(tmp_path):
@@ -212,14 +219,19 @@ def test_a_sharded_report_names_the_plan_it_ran(tmp_path):
 
 
 def test_a_sharded_run_of_narrow_rows_sizes_its_tiers_in_bytes(tmp_path):
-    """--dtype bf16 --hbm / --ddr at world size 2: each rank's tables hold the rows their
-    share of the bytes takes in bfloat16 (dim 4 + row-wise Adagrad's word: 12 bytes a row),
-    as in one process; the shards' tables are bfloat16."""
+    """--dtype bf16 --hbm / --ddr at world size 2: each rank's shards share one HBM and one
+    DDR tier of half the job's bytes, slots of bfloat16's record (dim 4 + row-wise
+    Adagrad's word: 12 bytes); the shards' tables are bfloat16."""
     run = tmp_path / "r"
     _train(run, "--world-size", "2", "--steps", "2", "--dtype", "bf16", "--hbm", "312KiB", "--ddr", "156KiB")
     cfg = json.loads((run / "config.json").read_text())
-    assert (cfg["hbm_rows"], cfg["ddr_rows"]) == (312 * 1024 // (26 * 12), 156 * 1024 // (26 * 12))
+    assert (cfg["hbm_bytes"], cfg["ddr_bytes"], cfg["hbm_rows"], cfg["ddr_rows"]) == (312 * 1024, 156 * 1024, 0, 0)
     m = read_manifest(run)
     path = shard_path(generation_root(run, m["generation"]), 0)
     with TieredStore.open(path, snapshot=m["epochs"][0]) as store:
+        assert (store.engine.tiers.hbm_bytes, store.engine.tiers.ddr_bytes) == (156 * 1024, 78 * 1024)
+        for name in store.tables:
+            store.lookup(name, np.arange(2000))
+        held = store.stats()
+        assert sum(held[n]["hbm"]["rows"] for n in held) == 156 * 1024 // 12
         assert {store.engine.table_config(n).dtype for n in store.tables} == {"bfloat16"}

@@ -191,21 +191,6 @@ def lr_factor(cfg: dict, step: int) -> float:
 ROWS_PER_TABLE = 4096
 
 
-def rows_in(budget: int | None, rows: int | None, tables: list[TableConfig], flag: str) -> int:
-    """Rows per table that a tier of ``budget`` bytes holds, each table the same rows (None:
-    ``rows``, the ``--*-rows`` flag's, or :data:`ROWS_PER_TABLE`); ConfigError when not one
-    row of each fits.  (The sharded job's split of ``--hbm-bytes``: each rank's tables alike.)"""
-    if budget is None:
-        return ROWS_PER_TABLE if rows is None else rows
-    per_row = sum(4 * t.record_width for t in tables)
-    if budget < per_row:
-        raise ConfigError(
-            f"{flag} {budget} holds no row of each table (one row of every table takes {per_row} bytes)",
-            f"give at least {per_row} bytes, or the --*-rows flag instead",
-        )
-    return budget // per_row
-
-
 def run_tiers(args, tables) -> TierConfig:
     """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table, or one HBM and one DDR
     tier shared by the tables, ``--hbm-bytes`` / ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`);

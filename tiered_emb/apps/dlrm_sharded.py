@@ -29,33 +29,37 @@ import numpy as np
 
 from tiered_emb._options import check_run_dir, make_run_dir, require
 from tiered_emb.apps.dlrm_config import (
+    ROWS_PER_TABLE,
     check_run_flags,
     feature_names,
     lr_factor,
     mlp_sizes,
-    rows_in,
     run_config,
     table_configs,
 )
 from tiered_emb.apps.metrics import auc, log_loss
 from tiered_emb.config import TierConfig
 from tiered_emb.errors import ConfigError, DistributedError, StoreNotFoundError
+from tiered_emb.tiers.pool import pool_rows
 
 #: how many of the first batches the planner reads for its access statistics
 PLAN_BATCHES = 4
 JOB_FORMAT = "tiered_emb-job/1"
 
 
-def _tiers(cfg: dict) -> TierConfig:
+def _tiers(cfg: dict, world: int) -> TierConfig:
+    """A rank's tiers at ``world`` ranks: rows per table, or an equal share of the job's
+    ``--hbm-bytes`` / ``--ddr-bytes`` as one HBM and one DDR tier for the rank's shards."""
     # two checkpoints kept: a rank that completed checkpoint k+1 when another did not can go back to k
-    return TierConfig(
-        hbm_rows=cfg["hbm_rows"],
-        ddr_rows=cfg["ddr_rows"],
-        policy=cfg["policy"],
-        device=cfg["device"],
-        background_writes=not cfg["sync_writes"],
-        keep_checkpoints=2,
-    )
+    common = {
+        "policy": cfg["policy"],
+        "device": cfg["device"],
+        "background_writes": not cfg["sync_writes"],
+        "keep_checkpoints": 2,
+    }
+    if cfg.get("hbm_bytes"):  # (a run begun before the job's bytes were shared has rows only)
+        return TierConfig(hbm_bytes=cfg["hbm_bytes"] // world, ddr_bytes=cfg["ddr_bytes"] // world, **common)
+    return TierConfig(hbm_rows=cfg["hbm_rows"], ddr_rows=cfg["ddr_rows"], **common)
 
 
 def manifest_path(run_dir: Path) -> Path:
@@ -120,8 +124,8 @@ def _plan_for(cfg: dict, tables, world: int, plan_file, data) -> tuple:
             raise ConfigError(f"--plan is for {plan.world_size} ranks, the run has {world}", "plan for --world-size")
     else:
         limits = RankLimits(disk_bytes=cfg.get("disk_limit"))
-        plan = plan_tables(tables, world, cfg["batch"], loads=loads, limits=limits, tiers=_tiers(cfg))
-    costs = estimate(plan, tables, cfg["batch"], loads, _tiers(cfg))
+        plan = plan_tables(tables, world, cfg["batch"], loads=loads, limits=limits, tiers=_tiers(cfg, world))
+    costs = estimate(plan, tables, cfg["batch"], loads, _tiers(cfg, world))
     return plan, describe(costs), imbalance(costs)
 
 
@@ -146,15 +150,30 @@ def prepare(args) -> dict:
     if cfg["batch"] % world:
         raise ConfigError(f"--batch {cfg['batch']} for {world} ranks", "give a batch that the world size divides")
     tables = table_configs(cfg)
+    hbm_bytes, ddr_bytes = getattr(args, "hbm_bytes", None), getattr(args, "ddr_bytes", None)
+    if getattr(args, "reserve", None):
+        raise ConfigError(
+            "--reserve with --world-size is not available (a rank holds shards, not whole tables)",
+            "drop --reserve: each rank's shards share its part of --hbm-bytes / --ddr-bytes",
+        )
+    if ddr_bytes is not None and hbm_bytes is None:
+        raise ConfigError(
+            "--ddr-bytes is given without --hbm-bytes",
+            "give --hbm-bytes too (tiers shared by each rank's shards), or --hbm-rows / --ddr-rows per table",
+        )
     cfg.update(
         comm_dtype=args.comm_dtype,
-        hbm_rows=rows_in(getattr(args, "hbm_bytes", None), args.hbm_rows, tables, "--hbm-bytes"),
-        ddr_rows=rows_in(getattr(args, "ddr_bytes", None), args.ddr_rows, tables, "--ddr-bytes"),
+        hbm_rows=0 if hbm_bytes else ROWS_PER_TABLE if args.hbm_rows is None else args.hbm_rows,
+        ddr_rows=0 if hbm_bytes else ROWS_PER_TABLE if args.ddr_rows is None else args.ddr_rows,
+        hbm_bytes=hbm_bytes,
+        ddr_bytes=ddr_bytes or 0,
         policy=args.policy,
         device=args.device,
         sync_writes=bool(getattr(args, "sync_writes", False)),
         disk_limit=getattr(args, "disk_limit", None),
     )
+    if hbm_bytes:  # (a rank's share that holds no row: an error before anything starts)
+        pool_rows(tables, _tiers(cfg, world))
     plan, estimate, est = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
     make_run_dir(run_dir, "train")
     (run_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -175,8 +194,15 @@ def _job(args, cfg, plan, run_dir: Path, manifest: dict | None, estimate: str | 
         "estimated_imbalance": est,
         "lookahead": args.lookahead
         if args.lookahead is not None
-        else (4 if cfg["hbm_rows"] >= 2 * cfg["batch"] else 0),
+        else (4 if _rows_a_table(cfg) >= 2 * cfg["batch"] else 0),
     }
+
+
+def _rows_a_table(cfg: dict) -> int:
+    """HBM rows per table: the run's, or those an even split of its bytes would give."""
+    if cfg.get("hbm_bytes"):
+        return int(cfg["hbm_bytes"] // sum(4 * t.record_width for t in table_configs(cfg)))
+    return int(cfg["hbm_rows"])
 
 
 def _prepare_resume(args, run_dir: Path) -> dict:
@@ -200,6 +226,8 @@ def _prepare_resume(args, run_dir: Path) -> dict:
         raise ConfigError(f"--batch {cfg['batch']} for {world} ranks", "give a world size that divides the batch")
     old_plan = ShardingPlan.from_json(m["plan"])
     tables = table_configs(cfg)
+    if cfg.get("hbm_bytes"):  # (each rank's share at the new world size)
+        pool_rows(tables, _tiers(cfg, world))
     if world == m["world_size"] and not args.plan:
         return _job(args, cfg, old_plan, run_dir, m, None, None)
     plan, estimate, est = _plan_for(cfg, tables, world, args.plan, load_data(cfg))
@@ -216,7 +244,7 @@ def _prepare_resume(args, run_dir: Path) -> dict:
         new_root,
         plan,
         tables,
-        _tiers(cfg),
+        _tiers(cfg, world),
         cfg["seed"],
     )
     dense = f"g{gen}/{Path(m['dense']).name}"
@@ -252,7 +280,7 @@ def rank_main(rank: int, world: int, job: dict):
     m = job["manifest"]
     gen = m["generation"] if m else 0
     snapshot = m["epochs"][rank] if m else None
-    store = open_shards(generation_root(run_dir, gen), plan, tables, _tiers(cfg), rank, cfg["seed"], snapshot)
+    store = open_shards(generation_root(run_dir, gen), plan, tables, _tiers(cfg, world), rank, cfg["seed"], snapshot)
     shards = Shards(store, plan, tables, comm_dtype=cfg["comm_dtype"], grad_scale=1.0 / world)
     torch.manual_seed(cfg["seed"])
     build = build_model
