@@ -140,13 +140,12 @@ def index_put_of(
 
 @numba.njit(cache=True, nogil=True)
 def index_del_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> None:
-    """Remove ``(tab, key)`` (present; ``owner`` of its slot still ``tab``) as :func:`index_del` does."""
-    if not is_shared(owner):
-        index_del(keys, vals, key)
-        return
+    """Remove ``(tab, key)`` (present; ``owner`` of its slot still ``tab``; ``owner`` empty:
+    ``key`` of the one table) and shift later entries of its run back into the gap."""
+    shared = is_shared(owner)
     mask = keys.shape[0] - 1
-    i = home_of(key, tab, mask)
-    while keys[i] != key or owner[vals[i]] != tab:
+    i = home_of(key, tab, mask) if shared else hash_home(key, mask)
+    while keys[i] != key or (shared and owner[vals[i]] != tab):
         i = (i + 1) & mask
     j = i
     while True:
@@ -154,7 +153,8 @@ def index_del_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: 
         kj = keys[j]
         if kj == EMPTY:
             break
-        home = home_of(kj, owner[vals[j]], mask)
+        home = home_of(kj, owner[vals[j]], mask) if shared else hash_home(kj, mask)
+        # kj may move into the gap at i only if its home is not cyclically in (i, j].
         if i <= j:
             stays = i < home <= j
         else:
@@ -212,27 +212,7 @@ def index_put(keys: Keys, vals: Vals, key: int | np.int64, slot: int | np.int32)
 @numba.njit(cache=True, nogil=True)
 def index_del(keys: Keys, vals: Vals, key: int | np.int64) -> None:
     """Remove ``key`` (present) and shift later entries of its run back into the gap."""
-    mask = keys.shape[0] - 1
-    i = hash_home(key, mask)
-    while keys[i] != key:
-        i = (i + 1) & mask
-    j = i
-    while True:
-        j = (j + 1) & mask
-        kj = keys[j]
-        if kj == EMPTY:
-            break
-        home = hash_home(kj, mask)
-        # kj may move into the gap at i only if its home is not cyclically in (i, j].
-        if i <= j:
-            stays = i < home <= j
-        else:
-            stays = home > i or home <= j
-        if not stays:
-            keys[i] = kj
-            vals[i] = vals[j]
-            i = j
-    keys[i] = EMPTY
+    index_del_of(keys, vals, NO_OWNER, key, 0)
 
 
 @numba.njit(cache=True, nogil=True)
