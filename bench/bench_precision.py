@@ -5,7 +5,10 @@ Part 1 runs ``tiered-emb train`` per dtype with the same ``--hbm-bytes`` and
 ``--ddr-bytes`` (the tables ``--factor`` times the budget in float32), ``--job-repeats``
 times, the dtypes interleaved: rows resident, hit rates per tier, samples/s (the median of
 the runs), LMDB bytes, checkpoint seconds, held-out log loss and AUC after the same steps
-(the runs of a dtype give the same bytes; the first run's figures).  Part 2 times the
+(the runs of a dtype give the same bytes; the first run's figures).  Part 3 runs the job
+on Criteo's table sizes (``--cardinalities criteo``: 3 ids to ``--rows``), float32, at one
+byte budget given as rows per table (the bytes split evenly) and as tiers shared by the
+tables: hit rates, rows held and samples/s.  Part 2 times the
 train step (forward + fused backward, row-wise Adagrad, every row resident) of one table,
 ours in each dtype and FBGEMM's TBE in FP32 and FP16 weights, alternating batch by batch
 over the same ids; lookups/s, medians.
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu, fbgemm_tbe, machine, write_json
 
 from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.apps.clicks import table_rows
 from tiered_emb.apps.dlrm_config import feature_names
 from tiered_emb.cli import main as cli
 from tiered_emb.sim.traces import zipf_ids
@@ -39,10 +43,15 @@ LR, EPS = 0.05, 1e-8
 
 
 def _job(args, root: Path, dtype: str, hbm_bytes: int, ddr_bytes: int) -> dict:
-    name = f"job_{dtype}"
+    return _run(
+        args, root, f"job_{dtype}", ["--hbm-bytes", str(hbm_bytes), "--ddr-bytes", str(ddr_bytes), "--dtype", dtype]
+    )
+
+
+def _run(args, root: Path, name: str, tier_flags: list[str]) -> dict:
+    """One ``tiered-emb train`` run of the job with ``tier_flags``: its figures."""
     flags = ["--steps", str(args.steps), "--batch", str(args.batch), "--rows", str(args.rows), "--dim", str(args.dim)]
-    flags += ["--hbm-bytes", str(hbm_bytes), "--ddr-bytes", str(ddr_bytes), "--dtype", dtype]
-    flags += ["--eval-batches", str(args.eval_batches), "--checkpoint-every", "0", "--quiet"]
+    flags += [*tier_flags, "--eval-batches", str(args.eval_batches), "--checkpoint-every", "0", "--quiet"]
     flags += ["--json", str(root / f"{name}.json")]
     assert cli(["train", "--run-dir", str(root / name), *flags]) == 0
     report = json.loads((root / f"{name}.json").read_text())
@@ -57,6 +66,33 @@ def _job(args, root: Path, dtype: str, hbm_bytes: int, ddr_bytes: int) -> dict:
         look = tiers[t]["lookups"] + ahead[t]["lookups"]
         out["hit_rate"][t] = (tiers[t]["hits"] + ahead[t]["hits"]) / look if look else 0.0
     shutil.rmtree(root / name)
+    return out
+
+
+def _shared_vs_rows(args, root: Path) -> dict:
+    """The job on Criteo's table sizes (3 ids to ``--rows``), float32, at one byte budget
+    (``--factor`` below its tables' bytes): rows per table (the bytes split evenly, as
+    ``--hbm-rows`` / ``--ddr-rows``) against the tiers shared by the tables; runs interleaved."""
+    cfg = TableConfig("t", dim=args.dim, optimizer=RowWiseAdagrad())
+    table_bytes = sum(table_rows(args.rows, "criteo")) * 4 * cfg.record_width
+    hbm, ddr = table_bytes // args.factor // 2, table_bytes // args.factor - table_bytes // args.factor // 2
+    per_table = 4 * cfg.record_width * len(feature_names())
+    ways = {
+        "rows_per_table": ["--hbm-rows", str(hbm // per_table), "--ddr-rows", str(ddr // per_table)],
+        "shared": ["--hbm-bytes", str(hbm), "--ddr-bytes", str(ddr)],
+    }
+    small = argparse.Namespace(**{**vars(args), "rows": 2000, "steps": 4, "eval_batches": 1})
+    for w, flags in ways.items():  # (every kernel either way compiled before anything is timed)
+        _run(small, root, f"skew_{w}", ["--cardinalities", "criteo", *flags])
+    runs: dict[str, list[dict]] = {w: [] for w in ways}
+    for _ in range(args.job_repeats):
+        for w, flags in ways.items():
+            runs[w].append(_run(args, root, f"skew_{w}", ["--cardinalities", "criteo", *flags]))
+    out = {"table_bytes": table_bytes, "budget_bytes": {"hbm": hbm, "ddr": ddr}}
+    for w, rs in runs.items():
+        speeds = [r["samples_per_s"] for r in rs]
+        out[w] = dict(rs[0], samples_per_s=float(np.median(speeds)), samples_per_s_runs=speeds)
+    out["shared_vs_rows_per_table"] = out["shared"]["samples_per_s"] / out["rows_per_table"]["samples_per_s"]
     return out
 
 
@@ -152,6 +188,7 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=4)
     p.add_argument("--skip-job", action="store_true")
     p.add_argument("--skip-steps", action="store_true")
+    p.add_argument("--skip-skewed", action="store_true", help="skip part 3 (shared against rows per table)")
     p.add_argument("--json", default="bench/results/precision.json")
     p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
@@ -182,6 +219,8 @@ def main(argv=None) -> dict:
                 }
                 for d, r in result["job"].items()
             }
+        if not args.skip_skewed:
+            result["skewed_tables"] = _shared_vs_rows(args, root)
         if not args.skip_steps:
             steps = _steps(args, root)
             result["train_step"] = steps
@@ -199,7 +238,16 @@ def main(argv=None) -> dict:
     write_json(args.json, result)
     if args.plot and "job" in result:
         _plot(result, args.plot)
-    print(json.dumps({k: result[k] for k in ("job_vs_float32", "train_step_ratios") if k in result}, indent=1))
+    shown = ("job_vs_float32", "train_step_ratios")
+    print(json.dumps({k: result[k] for k in shown if k in result}, indent=1))
+    if "skewed_tables" in result:
+        sk = result["skewed_tables"]
+        for w in ("rows_per_table", "shared"):
+            r = sk[w]
+            hits = " ".join(f"{t} {r['hit_rate'][t]:.3f}" for t in ("hbm", "ddr", "ssd"))
+            held = sum(r["rows_resident"].values())
+            print(f"criteo sizes, {w:14s} {r['samples_per_s']:9.0f} samples/s  rows held {held:,}  hit {hits}")
+        print(f"shared / rows per table: {sk['shared_vs_rows_per_table']:.2f}x samples/s")
     return result
 
 

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiered_emb import TieredStore  # noqa: E402
+from tiered_emb.apps.clicks import CRITEO_KAGGLE_ROWS, SyntheticClicks, table_rows  # noqa: E402
 from tiered_emb.apps.dlrm import auc, log_loss  # noqa: E402
 from tiered_emb.cli import main  # noqa: E402
 
@@ -503,3 +504,27 @@ def test_a_reservation_flag_that_does_not_parse_names_its_form(tmp_path, capsys,
     with pytest.raises(SystemExit):
         main(["train", "--run-dir", str(tmp_path / "r"), *TINY, "--hbm", "1MiB", "--reserve", bad])
     assert "--reserve" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_criteo_cardinalities_give_each_table_its_size_and_the_shared_tiers_follow(tmp_path):
+    """--cardinalities criteo: the 26 tables take Criteo's Kaggle sizes at most --rows (C9:
+    3 ids, C3: 3000), the data's ids stay in them, and shared tiers hold a small table's
+    few rows where rows per table would give it a tier of 128; a resume keeps the sizes."""
+    run = tmp_path / "r"
+    _train(run, "--steps", "3", "--cardinalities", "criteo", "--hbm", "64KiB", "--ddr", "32KiB")
+    with TieredStore.open(run / "store") as store:
+        sizes = {n: store.engine.table_config(n).num_rows for n in store.tables}
+        for name in sorted(store.tables):  # every row of every table, once
+            store.lookup(name, np.arange(sizes[name]))
+        held = store.stats()
+    assert sizes == {f"C{i + 1}": min(3000, n) for i, n in enumerate(CRITEO_KAGGLE_ROWS)}
+    assert held["C9"]["hbm"]["rows"] + held["C9"]["ddr"]["rows"] <= 3
+    # the shared tiers are full: the large tables take what the small ones leave
+    assert sum(held[n][t]["rows"] for n in held for t in ("hbm", "ddr")) == sum(
+        held["C1"][t]["capacity_rows"] for t in ("hbm", "ddr")
+    )
+    cats = SyntheticClicks(table_rows(3000, "criteo"), 64).batch(0)[1]
+    assert (cats < np.array([min(3000, n) for n in CRITEO_KAGGLE_ROWS])).all()
+    with pytest.raises(ConfigError, match="--cardinalities"):
+        main(["train", "--run-dir", str(run), *TINY, "--steps", "4", "--resume", "--cardinalities", "uniform"])
+    assert main(["train", "--run-dir", str(run), *TINY, "--steps", "4", "--resume"]) == 0

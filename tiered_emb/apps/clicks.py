@@ -30,6 +30,32 @@ NUM_CATS = 26
 _SPLITS = {"train": 0, "test": 1}
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _CRITEO_HINT = "give a Criteo-format TSV: a label, 13 numbers, 26 hex hashes, tab separated"
+#: Distinct values of each categorical feature of Criteo's Kaggle set (the table sizes of
+#: DLRM's reference runs on it): from 3 to 10,131,227.
+CRITEO_KAGGLE_ROWS = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+#: ``--cardinalities``: every table ``--rows`` ids, or Criteo's sizes at most ``--rows``.
+CARDINALITIES = ("uniform", "criteo")
+
+
+def table_rows(rows: int, cardinalities: str = "uniform") -> list[int]:
+    """Rows of each of the 26 tables: ``rows`` each (``"uniform"``), or Criteo's Kaggle
+    sizes capped at ``rows`` (``"criteo"``: from 3 ids up, the largest tables ``rows``)."""
+    if cardinalities not in CARDINALITIES:
+        raise ConfigError(f"--cardinalities {cardinalities!r} is unknown", f"use one of {list(CARDINALITIES)}")
+    if cardinalities == "criteo":
+        return [min(rows, n) for n in CRITEO_KAGGLE_ROWS]
+    return [rows] * NUM_CATS
+
+
+def _rows_of(num_rows) -> list[int]:
+    """Rows of each table from an int (every table) or 26 ints; ConfigError otherwise."""
+    each = [num_rows] * NUM_CATS if not isinstance(num_rows, (list, tuple)) else list(num_rows)
+    if len(each) != NUM_CATS:
+        raise ConfigError(f"num_rows has {len(each)} entries", f"give one int, or {NUM_CATS} (one a table)")
+    return [int_arg("num_rows", n, 1, hint="use ints >= 1") for n in each]
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -52,7 +78,7 @@ class SyntheticClicks:
 
     Parameters
     ----------
-    num_rows : int, distinct ids per categorical feature
+    num_rows : int or list of 26 ints, distinct ids per categorical feature
     batch_size : int
     alpha : float, Zipf skew of the ids
     seed : int
@@ -75,11 +101,9 @@ class SyntheticClicks:
         informative: int = 8,
         effect: float = 1.2,
     ):
-        if not isinstance(num_rows, int) or num_rows < 1:
-            raise ConfigError(f"num_rows={num_rows!r} is invalid", "use an int >= 1")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r} is invalid", "use an int >= 1")
-        self.num_rows = [num_rows] * NUM_CATS
+        self.num_rows = _rows_of(num_rows)
         self.batch_size = batch_size
         self.alpha = float(alpha)
         self.seed = int(seed)
@@ -120,7 +144,7 @@ class CriteoTSV:
     Parameters
     ----------
     path : str or Path
-    num_rows : int, hash buckets per categorical feature (``int(hex, 16) % num_rows``)
+    num_rows : int or list of 26 ints, hash buckets per categorical feature (``int(hex, 16) % num_rows``)
     batch_size : int
     test_fraction : float, the last lines held out
 
@@ -133,7 +157,7 @@ class CriteoTSV:
             raise ConfigError(
                 f"data path {str(path)!r} is not a file", "give a Criteo-format TSV (label, 13 ints, 26 hex)"
             )
-        num_rows = int_arg("num_rows", num_rows, 1, hint="use an int >= 1")
+        rows = _rows_of(num_rows)
         batch_size = int_arg("batch_size", batch_size, 1, hint="use an int >= 1")
         test_fraction = finite_arg("test_fraction", test_fraction, 0.0, hint="use a fraction in [0, 1)")
         if test_fraction >= 1:
@@ -151,7 +175,7 @@ class CriteoTSV:
                         )
                     labels.append(float(cols[0]))
                     dense.append([float(x) if x else 0.0 for x in cols[1 : 1 + NUM_DENSE]])
-                    cats.append([int(x, 16) % num_rows if x else 0 for x in cols[1 + NUM_DENSE :]])
+                    cats.append([int(x, 16) % n if x else 0 for x, n in zip(cols[1 + NUM_DENSE :], rows, strict=True)])
             except ConfigError:
                 raise
             except UnicodeDecodeError:
@@ -167,7 +191,7 @@ class CriteoTSV:
         y = np.asarray(labels, dtype=np.float32)
         cut = n - n_test
         self._parts = {"train": (d[:cut], c[:cut], y[:cut]), "test": (d[cut:], c[cut:], y[cut:])}
-        self.num_rows = [num_rows] * NUM_CATS
+        self.num_rows = rows
         self.batch_size = batch_size
 
     def __len__(self) -> int:
@@ -184,4 +208,4 @@ class CriteoTSV:
         return d[idx], c[idx], y[idx]
 
 
-__all__ = ["NUM_CATS", "NUM_DENSE", "CriteoTSV", "SyntheticClicks"]
+__all__ = ["CARDINALITIES", "CRITEO_KAGGLE_ROWS", "NUM_CATS", "NUM_DENSE", "CriteoTSV", "SyntheticClicks", "table_rows"]

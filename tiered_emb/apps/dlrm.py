@@ -36,7 +36,7 @@ from tiered_emb._options import (
 from tiered_emb._progress import progress_bar
 from tiered_emb.apps import warm
 from tiered_emb.apps.checkpoints import checkpoint_due, format_checkpoints, timed_checkpoint
-from tiered_emb.apps.clicks import NUM_DENSE, CriteoTSV, SyntheticClicks
+from tiered_emb.apps.clicks import CARDINALITIES, NUM_DENSE, CriteoTSV, SyntheticClicks, table_rows
 from tiered_emb.apps.dlrm_config import (
     EMB_OPTIMIZERS,
     ROWS_PER_TABLE,
@@ -92,6 +92,12 @@ def add_parser(sub) -> None:
     p.add_argument("--rows", type=count, help="rows per table (its num_rows; 26 tables; default: 100000)")
     p.add_argument("--dim", type=count, help="embedding dimension (default: 16)")
     p.add_argument("--alpha", type=float, help="Zipf skew of the synthetic ids (0: uniform; default: 1.05)")
+    p.add_argument(
+        "--cardinalities",
+        choices=CARDINALITIES,
+        help="ids of each table: uniform (--rows each, the default) or criteo (the sizes of Criteo's "
+        "Kaggle set, 3 to 10M, at most --rows)",
+    )
     p.add_argument("--hbm-rows", type=count, help=f"HBM rows per table (default: {ROWS_PER_TABLE})")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="HBM tier and MLPs on a GPU (docs/gpu.md)")
     p.add_argument("--ddr-rows", type=count, help=f"DDR rows per table (default: {ROWS_PER_TABLE})")
@@ -266,9 +272,10 @@ def build_model(store, features: list[str], dim: int, bottom: list[int], top: li
 
 # --------------------------------------------------------------------------- the job
 def _data(cfg: dict):
+    rows = table_rows(cfg["rows"], cfg["cardinalities"])
     if cfg["data"]:
-        return CriteoTSV(cfg["data"], cfg["rows"], cfg["batch"])
-    return SyntheticClicks(cfg["rows"], cfg["batch"], alpha=cfg["alpha"], seed=cfg["seed"])
+        return CriteoTSV(cfg["data"], rows, cfg["batch"])
+    return SyntheticClicks(rows, cfg["batch"], alpha=cfg["alpha"], seed=cfg["seed"])
 
 
 def to_torch(torch, dense, cats, device="cpu"):

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from tiered_emb.apps.clicks import NUM_CATS
+from tiered_emb.apps.clicks import NUM_CATS, table_rows
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
@@ -35,6 +35,7 @@ RUN_KEYS = (
     "weight_decay",
     "min_count",
     "dtype",
+    "cardinalities",
 )
 #: The learning-rate schedules of ``--lr-schedule`` (see :func:`lr_factor`).
 SCHEDULES = ("constant", "cosine", "poly")
@@ -59,6 +60,7 @@ RUN_DEFAULTS = {
     "weight_decay": 0.0,
     "min_count": 1,
     "dtype": "float32",
+    "cardinalities": "uniform",
 }
 # Kept by runs made before these keys were: their value then.
 _BEFORE = {
@@ -69,6 +71,7 @@ _BEFORE = {
     "weight_decay": 0.0,
     "min_count": 1,
     "dtype": "float32",
+    "cardinalities": "uniform",
 }
 
 
@@ -226,18 +229,20 @@ def rows_held(tables, tiers: TierConfig) -> tuple[int, int]:
         own = reserved_of(tables, tiers).values()
         hbm, ddr = pool_rows(tables, tiers)
         return hbm + sum(h for h, _ in own), ddr + sum(d for _, d in own)
-    return len(tables) * tiers.hbm_rows, len(tables) * tiers.ddr_rows
+    hbm = [min(tiers.hbm_rows, t.num_rows or tiers.hbm_rows) for t in tables]  # (a small table: its rows)
+    ddr = [min(tiers.ddr_rows, (t.num_rows or tiers.ddr_rows + h) - h) for t, h in zip(tables, hbm, strict=True)]
+    return sum(hbm), sum(ddr)
 
 
 def table_configs(cfg: dict) -> list[TableConfig]:
-    """The run's 26 tables: their optimizer at the run's ``lr`` and weight decay (L2, as
-    FBGEMM's), their admission after ``min_count`` sightings."""
+    """The run's 26 tables: ``--rows`` ids each or Criteo's sizes (``--cardinalities``),
+    their optimizer at the run's ``lr`` and weight decay (L2, as FBGEMM's), their
+    admission after ``min_count`` sightings."""
     opt = EMB_OPTIMIZERS[cfg["optimizer"]](lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    rows = table_rows(cfg["rows"], cfg["cardinalities"])
     return [
-        TableConfig(
-            f, dim=cfg["dim"], num_rows=cfg["rows"], dtype=cfg["dtype"], optimizer=opt, min_count=cfg["min_count"]
-        )
-        for f in feature_names()
+        TableConfig(f, dim=cfg["dim"], num_rows=n, dtype=cfg["dtype"], optimizer=opt, min_count=cfg["min_count"])
+        for f, n in zip(feature_names(), rows, strict=True)
     ]
 
 
