@@ -225,6 +225,44 @@ def _rows(path):
         return {t.name: s.peek(t.name, np.arange(300), with_state=True) for t in TABLES}
 
 
+_MANY_TABLES = r"""
+import sys
+import numpy as np
+from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb.testing import AnonPeak
+
+root = sys.argv[1]
+tables = [TableConfig(f"t{i:02d}", dim=4, optimizer=RowWiseAdagrad(lr=0.1)) for i in range(26)]
+rng = np.random.default_rng(0)
+tiers = TierConfig(hbm_rows=256, ddr_rows=0, device="cpu", budget_bytes=64 << 20)
+with TieredStore.create(root + "/warm", tables[:2], tiers) as s:  # (compiles what the steps and merges run)
+    for _ in range(3):
+        for t in tables[:2]:
+            s.apply_gradients(t.name, rng.integers(0, 10**9, 10_000), np.ones((10_000, 4), np.float32))
+memory = AnonPeak()
+before = memory.restart()
+with TieredStore.create(root + "/s", tables, tiers) as s:
+    for _ in range(8):
+        for t in tables:
+            s.apply_gradients(t.name, rng.integers(0, 10**9, 10_000), np.ones((10_000, 4), np.float32))
+    rows = sum(v["ssd"]["rows"] for v in s.stats().values())
+print(memory.peak() - before, rows)
+"""
+
+
+def test_the_hashes_of_new_ids_share_the_budget_across_tables(tmp_path):
+    """26 tables, each taking 10,000 new ids a step (updated, so written back): the SSD
+    index's hashes of new ids take a quarter of ``budget_bytes`` for all the tables
+    together, not each (which would be 26 quarters: 465 MiB here), so a child process's
+    anonymous memory grows by the budget and the index's bytes a row."""
+    out = subprocess.run([sys.executable, "-c", _MANY_TABLES, str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown, rows = (int(x) for x in out.stdout.split())
+    assert rows > 1_500_000
+    bound = 64 * MiB + 20 * rows + 24 * MiB  # the budget, the index (12-16 bytes a row) and its hash, slack
+    assert grown < bound, (grown / MiB, bound / MiB)
+
+
 @pytest.mark.parametrize(
     ("point", "nth"),
     [("segments", 3), ("segments", 8), ("meta", 4), ("compaction", 1), ("compaction", 3), ("indexing", 9)],

@@ -59,6 +59,10 @@ GATHER_SPLIT_FROM = 1024
 #: Seconds a merge of the index in slices pauses between two, the tier's lock let go.
 HANDOVER_S = 2e-4
 
+#: The fewest entries a table's hash of new ids holds before it is merged
+#: (:class:`.SegmentIndex`'s ``delta_rows``), whatever the budget and the tables' count.
+DELTA_FLOOR = 1 << 12
+
 
 class SegmentGone(Exception):
     """A segment the index names is no longer in ``p:`` (a compaction replaced it meanwhile)."""
@@ -87,8 +91,9 @@ class SegmentLog:
         self._lock = ctx.lock
         self._zc, self._zd = ctx.compressor, ctx.decompressor
         budget_bytes = self._budget = ctx.budget_bytes
-        # the index's hash of recent ids: a quarter of the budget (32-64 bytes an entry)
-        delta = max(1 << 16, budget_bytes // 256)
+        # the index's hashes of recent ids: a quarter of the budget for all tables together
+        # (32-64 bytes an entry), a table's at least DELTA_FLOOR entries
+        delta = max(DELTA_FLOOR, budget_bytes // 256 // max(len(self._widths), 1))
         self.index: dict[str, SegmentIndex] = {
             n: SegmentIndex(delta, self._table_rows[n]) for n in sorted(self._widths)
         }
