@@ -219,7 +219,7 @@ extern "C" __global__ void rowwise_adagrad_update(ARR2(float, records), ARR1(con
     }
 }
 
-// base ** n (n >= 0) by squaring, IEEE multiplies only: tiered_emb.step.update.pow_by_squaring.
+// base ** n (n >= 0) by squaring, IEEE multiplies only: tiered_emb._jit.pow_by_squaring.
 static __device__ double pow_by_squaring(double base, i64 n) {
     double result = 1.0;
     double b = base;

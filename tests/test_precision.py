@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from tiered_emb import Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
+from tiered_emb import Adagrad, Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
 from tiered_emb.precision import decode, encode, rounding_key, values_of
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.testing.reference import ReferenceStore, pool_bags
@@ -209,7 +209,7 @@ def test_nearest_loses_small_updates_that_stochastic_rounding_keeps_on_average(t
 
 
 @pytest.mark.parametrize("dtype", NARROW)
-@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd"])
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd", "adagrad", "adam"])
 @pytest.mark.parametrize("decay", ["none", "l2", "decoupled"])
 def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
     """The fused kernels (decode, step, round in one pass; int8 quantized again) against rows
@@ -220,7 +220,7 @@ def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
     from tiered_emb.step.update import apply_update
 
     kw = {} if decay == "none" else {"weight_decay": 0.01, "weight_decay_mode": decay}
-    optimizer = RowWiseAdagrad(lr=0.1, **kw) if opt == "rowwise_adagrad" else SGD(lr=0.1, **kw)
+    optimizer = {"rowwise_adagrad": RowWiseAdagrad, "sgd": SGD, "adagrad": Adagrad, "adam": Adam}[opt](lr=0.1, **kw)
     rng = np.random.default_rng(3)
     for col0, dim, given in ((0, 33, False), (5, 33, False), (0, 33, True)):
         cfg = TableConfig("t", dim=dim, dtype=dtype, optimizer=optimizer, init_column=col0)
@@ -230,6 +230,8 @@ def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
             -9, 3, (k, 1)
         )
         values[:, dim:] = rng.uniform(0, 1, (k, cfg.value_width - dim)).astype(np.float32)
+        if opt == "adam":  # (its step count: whole numbers)
+            values[:, 3 * dim] = rng.integers(0, 50, k)
         records = np.zeros((k + 5, cfg.record_width), np.float32)
         slots = rng.permutation(k + 5)[:k].astype(np.int64)
         ids = rng.integers(0, 1 << 40, k)

@@ -282,3 +282,21 @@ def move_rows(
         _move_rows_here(src, src_at, dst, dst_at, width)
     else:
         _move_rows(src, src_at, dst, dst_at, width)
+
+
+@numba.njit(cache=True, nogil=True)
+def pow_by_squaring(base, n):
+    """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring, IEEE multiplies only.
+
+    Adam's bias corrections use it rather than ``pow``: a libm's ``pow`` and CUDA's differ
+    in their last bits, products do not, so the GPU twin
+    (:func:`tiered_emb.step.device.cuda_kernels.pow_by_squaring`) gets the same bytes.
+    """
+    result = 1.0
+    b = base
+    while n > 0:
+        if n & 1:
+            result = result * b
+        b = b * b
+        n >>= 1
+    return result

@@ -31,6 +31,7 @@ from tiered_emb._jit import prefetch_hint
 # Kernel arguments: annotations for the reader and for mypy; Numba compiles from the runtime types.
 Keys = npt.NDArray[np.int64]
 Vals = npt.NDArray[np.int32]
+Owners = npt.NDArray[np.uint8]  # (NO_OWNER's type: a tier of one table)
 
 EMPTY = -1
 #: Ids this far ahead have their bucket fetched by :func:`index_find_many`.
@@ -139,7 +140,7 @@ def index_put_of(
 
 
 @numba.njit(cache=True, nogil=True)
-def index_del_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> None:
+def index_del_of(keys: Keys, vals: Vals, owner: Vals | Owners, key: int | np.int64, tab: int | np.int32) -> None:
     """Remove ``(tab, key)`` (present; ``owner`` of its slot still ``tab``; ``owner`` empty:
     ``key`` of the one table) and shift later entries of its run back into the gap."""
     shared = is_shared(owner)

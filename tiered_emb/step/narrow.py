@@ -1,12 +1,12 @@
 """The step's kernels over rows of a narrow dtype (:mod:`tiered_emb.precision`), each fused:
-the pooling reads the 16-bit or int8 words where they lie, and row-wise Adagrad and SGD
-update a row in one pass (decode, step, stochastic rounding; an int8 row quantized
-again), with no float32 copy of the rows.
+the pooling reads the 16-bit or int8 words where they lie, and every optimizer updates a
+row in one pass (decode, step, stochastic rounding; an int8 row quantized again), with no
+float32 copy of the rows.
 
 Each gives the bytes of the unfused path (rows decoded to float32, the float32 kernel of
 :mod:`tiered_emb.step.update`, then :func:`tiered_emb.precision.encode`): the same float32
 operations in the same order, the same random bits (the tests compare them).  Adagrad
-and Adam take that path.
+and Adam with their state arrays in a narrow ``state_dtype`` take that path.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tiered_emb._jit import (
     f32_of_bits,
     f32_of_half,
     local_f32,
+    pow_by_squaring,
     prefetch_hint,
     square_sums4,
 )
@@ -160,8 +161,45 @@ def pool(dtype: str, records: np.ndarray, slots, inverse, plan, weights: np.ndar
     )
 
 
+@numba.njit(inline="always")
+def _adagrad_row(vals, w32, s, sw, g_row, params):
+    """Adagrad's step of one row: ``vals`` (its float32 weights) in place, its float32
+    state array at words ``sw:sw + dim`` of ``w32[s]``; the float32 kernel's arithmetic."""
+    lr, eps, wd, mode = params[0], params[1], params[2], params[3]
+    c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+    for j in range(vals.shape[0]):
+        w = vals[j]
+        g = g_row[j] + wd * w if mode == 1.0 else g_row[j]
+        st = w32[s, sw + j] + g * g
+        w32[s, sw + j] = st
+        vals[j] = c * w - lr * (g / (np.sqrt(st) + eps))
+
+
+@numba.njit(inline="always")
+def _adam_row(vals, w32, s, sw, g_row, params):
+    """Adam's step of one row: ``vals`` in place, its float32 ``m`` and ``v`` at words
+    ``sw:sw + dim`` and ``sw + dim:sw + 2 * dim`` of ``w32[s]``, its step count after them;
+    the float32 kernel's arithmetic."""
+    lr, b1, b2, eps, wd, mode = params[0], params[1], params[2], params[3], params[4], params[5]
+    c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+    one = np.float32(1.0)
+    dim = vals.shape[0]
+    t = w32[s, sw + 2 * dim] + one
+    w32[s, sw + 2 * dim] = t
+    c1 = one - np.float32(pow_by_squaring(np.float64(b1), np.int64(t)))
+    c2 = one - np.float32(pow_by_squaring(np.float64(b2), np.int64(t)))
+    for j in range(dim):
+        w = vals[j]
+        g = g_row[j] + wd * w if mode == 1.0 else g_row[j]
+        m = b1 * w32[s, sw + j] + (one - b1) * g
+        v = b2 * w32[s, sw + dim + j] + (one - b2) * g * g
+        w32[s, sw + j] = m
+        w32[s, sw + dim + j] = v
+        vals[j] = c * w - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
+
+
 def update_kernels(dim: int, kind: int):
-    """The fused 16-bit updates ``(rowwise_adagrad, sgd)`` for rows of ``dim`` read the
+    """The fused 16-bit updates ``{optimizer: kernel}`` for rows of ``dim`` read the
     ``kind`` way, compiled once per (dim, kind) (a row's new values sit in a stack array of
     that size, as the pooling's sum)."""
     kernels = _UPDATE.get((dim, kind))
@@ -208,8 +246,23 @@ def update_kernels(dim: int, kind: int):
                 new[j] = c * w - lr * g
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
-    _UPDATE[(dim, kind)] = (_rowwise16, _sgd16)
-    return _rowwise16, _sgd16
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _state16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, adam):
+        """Adagrad (``adam`` False) or Adam on 16-bit rows whose state is float32 at word ``sw``."""
+        for k in numba.prange(slots.shape[0]):
+            s = slots[k]
+            new = local_f32(dim)
+            for j in range(dim):
+                new[j] = _dec(w16[s, j], lut, kind)
+            if adam:
+                _adam_row(new, w32, s, sw, grads[k], params)
+            else:
+                _adagrad_row(new, w32, s, sw, grads[k], params)
+            _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
+
+    kernels = {"rowwise_adagrad": _rowwise16, "sgd": _sgd16, "state": _state16}
+    _UPDATE[(dim, kind)] = kernels
+    return kernels
 
 
 _UPDATE: dict = {}
@@ -250,7 +303,7 @@ def _store8(w8, w32, s, vals, row, col0):
 
 
 def update_kernels8(dim: int):
-    """The fused int8 updates ``(rowwise_adagrad, sgd)`` for rows of ``dim``: a row decoded
+    """The fused int8 updates ``{optimizer: kernel}`` for rows of ``dim``: a row decoded
     into a stack array, stepped, and quantized again in one pass, compiled once per dim."""
     kernels = _UPDATE8.get(dim)
     if kernels is not None:
@@ -293,8 +346,22 @@ def update_kernels8(dim: int):
                 vals[j] = c * vals[j] - lr * g
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
-    _UPDATE8[dim] = (_rowwise8, _sgd8)
-    return _rowwise8, _sgd8
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def _state8(w8, w32, slots, ids, grads, params, key, col0, sw, adam):
+        """Adagrad (``adam`` False) or Adam on int8 rows whose state is float32 at word ``sw``."""
+        for k in numba.prange(slots.shape[0]):
+            s = slots[k]
+            vals = local_f32(dim)
+            _load8(w8, w32, s, vals)
+            if adam:
+                _adam_row(vals, w32, s, sw, grads[k], params)
+            else:
+                _adagrad_row(vals, w32, s, sw, grads[k], params)
+            _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
+
+    kernels = {"rowwise_adagrad": _rowwise8, "sgd": _sgd8, "state": _state8}
+    _UPDATE8[dim] = kernels
+    return kernels
 
 
 _UPDATE8: dict = {}
@@ -327,9 +394,10 @@ def _square_means(grads):
 def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None) -> bool:
     """The fused update of a narrow table's rows at ``slots`` (of ``ids``) with ``grads``,
     rounded stochastically from ``key``'s bits; False (nothing done) where none is fused
-    (Adagrad, Adam): the caller takes the unfused path."""
+    (Adagrad's and Adam's state arrays in a narrow ``state_dtype``): the caller takes the
+    unfused path."""
     name = cfg.optimizer.name
-    if cfg.dtype == "float32" or name not in ("rowwise_adagrad", "sgd"):
+    if cfg.dtype == "float32" or (name in ("adagrad", "adam") and cfg.state_dtype != "float32"):
         return False
     params, k = cfg.optimizer.params(), np.uint64(key)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -339,21 +407,26 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
             means = row_means
         elif params[3] != 1.0:  # (without L2 decay the means need the gradients alone)
             means = _square_means(grads)
+    sw, col0, adam = cfg.weight_words, cfg.init_column, name == "adam"
     if cfg.dtype == "int8":
-        rowwise8, sgd8 = update_kernels8(cfg.dim)
+        kernels8 = update_kernels8(cfg.dim)
         w8 = records.view(np.uint8)
         if name == "sgd":
-            sgd8(w8, records, slots, ids, grads, params, k, cfg.init_column)
+            kernels8["sgd"](w8, records, slots, ids, grads, params, k, col0)
+        elif name == "rowwise_adagrad":
+            kernels8["rowwise_adagrad"](w8, records, slots, ids, grads, params, k, col0, sw, means)
         else:
-            rowwise8(w8, records, slots, ids, grads, params, k, cfg.init_column, cfg.weight_words, means)
+            kernels8["state"](w8, records, slots, ids, grads, params, k, col0, sw, adam)
         return True
     kind = _kind(cfg.dtype)
     lut, bf16, w16 = LUT[cfg.dtype], cfg.dtype == "bfloat16", records.view(np.uint16)
-    rowwise16, sgd16 = update_kernels(cfg.dim, kind)
+    kernels = update_kernels(cfg.dim, kind)
     if name == "sgd":
-        sgd16(w16, lut, slots, ids, grads, params, k, cfg.init_column, bf16)
+        kernels["sgd"](w16, lut, slots, ids, grads, params, k, col0, bf16)
+    elif name == "rowwise_adagrad":
+        kernels["rowwise_adagrad"](w16, records, lut, slots, ids, grads, params, k, col0, sw, bf16, means)
     else:
-        rowwise16(w16, records, lut, slots, ids, grads, params, k, cfg.init_column, cfg.weight_words, bf16, means)
+        kernels["state"](w16, records, lut, slots, ids, grads, params, k, col0, sw, bf16, adam)
     return True
 
 

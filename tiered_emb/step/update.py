@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_row_hint, square_sums4, threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, pow_by_squaring, prefetch_row_hint, square_sums4, threads_for
 from tiered_emb.cache.index import is_shared
 from tiered_emb.errors import ConfigError
 from tiered_emb.precision import records_of, rounding_key, values_of
@@ -143,24 +143,6 @@ def _rowwise_adagrad_given(records, slots, grads, params, means):
     dim = grads.shape[1]
     for k in numba.prange(slots.shape[0]):
         _rowwise_row(records[slots[k]], grads[k], lr, eps, wd, mode, c, dim, means[k])
-
-
-@numba.njit(cache=True, nogil=True)
-def pow_by_squaring(base, n):
-    """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring, IEEE multiplies only.
-
-    Adam's bias corrections use it rather than ``pow``: a libm's ``pow`` and CUDA's differ
-    in their last bits, products do not, so the GPU twin
-    (:func:`tiered_emb.step.device.cuda_kernels.pow_by_squaring`) gets the same bytes.
-    """
-    result = 1.0
-    b = base
-    while n > 0:
-        if n & 1:
-            result = result * b
-        b = b * b
-        n >>= 1
-    return result
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tiered_emb._backend import to_host
+from tiered_emb._jit import pow_by_squaring
 from tiered_emb.errors import ConfigError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.step.device.launch import KERNELS_ENV, DeviceKernels, kernels_for
@@ -26,7 +27,7 @@ from tiered_emb.step.device.native import KERNEL_NAMES, expand
 from tiered_emb.step.gather import pool_kernel
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.step.reduce import REDUCE_CHUNK, group_bag_positions, reduce_bag_grads
-from tiered_emb.step.update import CPU_KERNELS, pow_by_squaring
+from tiered_emb.step.update import CPU_KERNELS
 from tiered_emb.testing.native_host import HostModule, host_compiler, nvrtc_ptx
 
 SEEDS = range(3)

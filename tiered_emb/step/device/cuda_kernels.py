@@ -78,7 +78,7 @@ else:  # pragma: no cover - needs a GPU
 @cuda.jit(device=True)
 def pow_by_squaring(base, n):
     """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring: IEEE multiplies only, so the
-    host (:func:`tiered_emb.step.update.pow_by_squaring`) gets the same bits."""
+    host (:func:`tiered_emb._jit.pow_by_squaring`) gets the same bits."""
     result = np.float64(1.0)
     b = np.float64(base)
     while n > 0:
