@@ -11,7 +11,8 @@ Every source is seeded or read as is: the same arguments give the same ids.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +31,29 @@ MAX_IDS = 1 << 53
 _REJECTION_CHUNK = 1 << 16
 
 
-@lru_cache(maxsize=4)
+#: Bytes of distribution tables kept between draws (the least recently used dropped past
+#: it): the tables of a job's 26 features of up to 300,000 ids each stay.
+CDF_CACHE_BYTES = 64 << 20
+_CDFS: OrderedDict[tuple[int, float], np.ndarray] = OrderedDict()
+_CDFS_LOCK = threading.Lock()
+
+
 def _zipf_cdf(n_ids: int, alpha: float) -> np.ndarray:
+    """The distribution's table of ``n_ids`` ids, kept while the tables kept fit in
+    :data:`CDF_CACHE_BYTES`."""
+    key = (n_ids, alpha)
+    with _CDFS_LOCK:
+        cdf = _CDFS.get(key)
+        if cdf is not None:
+            _CDFS.move_to_end(key)
+            return cdf
     w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
+    with _CDFS_LOCK:
+        _CDFS[key] = cdf
+        while sum(c.nbytes for c in _CDFS.values()) > CDF_CACHE_BYTES and len(_CDFS) > 1:
+            _CDFS.popitem(last=False)
     return cdf
 
 
