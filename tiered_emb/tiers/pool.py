@@ -82,8 +82,8 @@ def slot_floats(tables: list[TableConfig]) -> tuple[int, int]:
 
 def reserved_of(tables: list[TableConfig], tiers: TierConfig) -> dict[str, tuple[int, int]]:
     """The HBM and DDR rows of the tiers of their own that ``tiers.reserved`` gives tables
-    (each at its record's width, at most its ``num_rows``); ConfigError for a name the store does not hold or bytes
-    that hold no HBM row."""
+    (each at its record's width, at most its ``num_rows``); ConfigError for a name the
+    store does not hold or bytes that hold no HBM row."""
     by_name = {t.name: t for t in tables}
     out = {}
     for name, hbm_b, ddr_b in tiers.reserved:
