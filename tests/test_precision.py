@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tiered_emb import Adagrad, Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
-from tiered_emb.precision import decode, encode, rounding_key, values_of
+from tiered_emb.precision import decode, encode, records_of, rounding_key, values_of
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.testing.reference import ReferenceStore, pool_bags
 from tiered_emb.tiers.ssd.codec import TOMBSTONE_WORD
@@ -209,12 +209,23 @@ def test_nearest_loses_small_updates_that_stochastic_rounding_keeps_on_average(t
 
 
 @pytest.mark.parametrize("dtype", NARROW)
-@pytest.mark.parametrize("opt", ["rowwise_adagrad", "sgd", "adagrad", "adam"])
+@pytest.mark.parametrize(
+    "opt, state",
+    [
+        ("rowwise_adagrad", "float32"),
+        ("sgd", "float32"),
+        ("adagrad", "float32"),
+        ("adam", "float32"),
+        ("adagrad", "bfloat16"),
+        ("adam", "bfloat16"),
+    ],
+)
 @pytest.mark.parametrize("decay", ["none", "l2", "decoupled"])
-def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
-    """The fused kernels (decode, step, round in one pass; int8 quantized again) against rows
-    decoded to float32, the float32 kernel, and :func:`encode`: values across float16's
-    subnormal and normal ranges, an odd first column (a column-wise shard's), given row means."""
+def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, state, decay):
+    """The fused kernels (decode, step, round in one pass; int8 quantized again; a bfloat16
+    state's arrays too, each from its own bits) against rows decoded to float32, the float32
+    kernel, and :func:`records_of`: values across float16's subnormal and normal ranges, an
+    odd first column (a column-wise shard's), given row means."""
     from tiered_emb import SGD
     from tiered_emb.step import narrow
     from tiered_emb.step.update import apply_update
@@ -223,7 +234,7 @@ def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
     optimizer = {"rowwise_adagrad": RowWiseAdagrad, "sgd": SGD, "adagrad": Adagrad, "adam": Adam}[opt](lr=0.1, **kw)
     rng = np.random.default_rng(3)
     for col0, dim, given in ((0, 33, False), (5, 33, False), (0, 33, True)):
-        cfg = TableConfig("t", dim=dim, dtype=dtype, optimizer=optimizer, init_column=col0)
+        cfg = TableConfig("t", dim=dim, dtype=dtype, optimizer=optimizer, init_column=col0, state_dtype=state)
         k = 300
         values = np.zeros((k, cfg.value_width), np.float32)
         values[:, :dim] = rng.standard_normal((k, dim)).astype(np.float32) * np.float32(10.0) ** rng.integers(
@@ -235,16 +246,14 @@ def test_fused_updates_are_the_unfused_path_bit_for_bit(dtype, opt, decay):
         records = np.zeros((k + 5, cfg.record_width), np.float32)
         slots = rng.permutation(k + 5)[:k].astype(np.int64)
         ids = rng.integers(0, 1 << 40, k)
-        encode(dtype, values[:, :dim], records, slots)
-        records[slots, cfg.weight_words :] = values[:, dim:]
+        records[slots] = records_of(cfg, values)
         grads = rng.standard_normal((k, dim)).astype(np.float32) * np.float32(1e-3)
         means = (grads.astype(np.float64) ** 2).mean(axis=1).astype(np.float32) * 3 if given else None
         means = means if opt == "rowwise_adagrad" else None
         want = records.copy()
         vals = values_of(cfg, want, slots)
         apply_update(optimizer, vals, np.arange(k, dtype=np.int64), grads, None, means)
-        encode(dtype, vals[:, :dim], want, slots, ids, 777, col0=col0)
-        want[slots, cfg.weight_words :] = vals[:, dim:]
+        want[slots] = records_of(cfg, vals, ids, 777, col0)
         assert narrow.update(cfg, records, slots, ids, grads, 777, means)
         assert records.tobytes() == want.tobytes(), (col0, dim)
 

@@ -340,6 +340,13 @@ def _mix(x: int) -> int:
     return z ^ (z >> 31)
 
 
+def state_key(key: int, array: int) -> int:
+    """The key of the rounding bits of a narrow state's ``array``-th array (0: Adagrad's sum
+    or Adam's ``m``, 1: Adam's ``v``) in the update of rounding ``key``: its own bits, apart
+    from the weights'."""
+    return _mix(key ^ (array + 1))
+
+
 def values_of(cfg: TableConfig, records: np.ndarray, slots: np.ndarray | None = None) -> np.ndarray:
     """Records (float32 words (n, record_width)) at ``slots`` (None: all) read as float32
     values (k, value_width): the weights and the state arrays decoded, a row's single
@@ -372,8 +379,8 @@ def records_of(
     at = cfg.weight_words
     for a in range(cfg.state_arrays):
         words = np.zeros((values.shape[0], per), dtype=np.float32)
-        state_key = None if key is None else _mix(key ^ (a + 1))
-        encode(cfg.state_dtype, values[:, dim * (1 + a) : dim * (2 + a)], words, None, ids, state_key, col0=col0)
+        skey = None if key is None else state_key(key, a)
+        encode(cfg.state_dtype, values[:, dim * (1 + a) : dim * (2 + a)], words, None, ids, skey, col0=col0)
         out[:, at : at + per] = words
         at += per
     tail = np.ascontiguousarray(values[:, dim * (1 + cfg.state_arrays) :])
@@ -390,5 +397,6 @@ __all__ = [
     "is_lossless",
     "records_of",
     "rounding_key",
+    "state_key",
     "values_of",
 ]

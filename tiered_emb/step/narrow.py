@@ -5,8 +5,8 @@ float32 copy of the rows.
 
 Each gives the bytes of the unfused path (rows decoded to float32, the float32 kernel of
 :mod:`tiered_emb.step.update`, then :func:`tiered_emb.precision.encode`): the same float32
-operations in the same order, the same random bits (the tests compare them).  Adagrad
-and Adam with their state arrays in a narrow ``state_dtype`` take that path.
+operations in the same order, the same random bits (the tests compare them).  A float32
+table whose optimizer state alone is narrow takes that path.
 """
 
 from __future__ import annotations
@@ -27,7 +27,19 @@ from tiered_emb._jit import (
     prefetch_hint,
     square_sums4,
 )
-from tiered_emb.precision import BF16, F16, LUT, column_bits, fast16, pair_bits, round16, rounds_up, row_key
+from tiered_emb.config import weight_words
+from tiered_emb.precision import (
+    BF16,
+    F16,
+    LUT,
+    column_bits,
+    fast16,
+    pair_bits,
+    round16,
+    rounds_up,
+    row_key,
+    state_key,
+)
 
 # How a kernel reads a 16-bit value (``kind``): the CPU's conversion, a shift, or the table.
 _HALF, _BRAIN, _TABLE = 0, 1, 2
@@ -50,28 +62,29 @@ def _dec(h, lut, kind):
 
 
 @numba.njit(inline="always")
-def _store16(out16, s, new, row, col0, bf16):
+def _store16(out16, s, new, row, col0, bf16, off=0):
     """``out16[s, :]`` = the float32 values ``new`` (n,) rounded stochastically to 16-bit
     floats (``precision.encode``'s rule, bits of ``row``'s key): the bit-level rounding of
     every value (a loop the compiler vectorizes, one hash a pair of columns), then the few
-    it leaves (float16 outside its normal range) again by the arithmetic path."""
+    it leaves (float16 outside its normal range) again by the arithmetic path.  ``off``: the
+    16-bit word the values start at (a state array's, after the weights)."""
     n = new.shape[0]
     slow = np.uint32(0)
     if col0 & 1 == 0:  # (columns in pairs: one hash for two values)
         for p in range(n >> 1):
             x = pair_bits(row, (col0 >> 1) + p)
             h = fast16(f32_bits(new[2 * p]), np.uint32(x >> np.uint64(32)), True, bf16)
-            out16[s, 2 * p] = np.uint16(h & np.uint32(0xFFFF))
+            out16[s, off + 2 * p] = np.uint16(h & np.uint32(0xFFFF))
             slow |= h
             h = fast16(f32_bits(new[2 * p + 1]), np.uint32(x & np.uint64(0xFFFFFFFF)), True, bf16)
-            out16[s, 2 * p + 1] = np.uint16(h & np.uint32(0xFFFF))
+            out16[s, off + 2 * p + 1] = np.uint16(h & np.uint32(0xFFFF))
             slow |= h
         first = n & ~1
     else:
         first = 0
     for j in range(first, n):
         h = fast16(f32_bits(new[j]), column_bits(row, col0 + j), True, bf16)
-        out16[s, j] = np.uint16(h & np.uint32(0xFFFF))
+        out16[s, off + j] = np.uint16(h & np.uint32(0xFFFF))
         slow |= h
     if slow & np.uint32(0x10000):
         for j in range(n):
@@ -79,9 +92,9 @@ def _store16(out16, s, new, row, col0, bf16):
             if fast16(f32_bits(new[j]), r, True, bf16) != 0x10000:
                 continue
             if bf16:
-                out16[s, j] = round16(new[j], r, True, BF16[0], BF16[1], BF16[2], BF16[3])
+                out16[s, off + j] = round16(new[j], r, True, BF16[0], BF16[1], BF16[2], BF16[3])
             else:
-                out16[s, j] = round16(new[j], r, True, F16[0], F16[1], F16[2], F16[3])
+                out16[s, off + j] = round16(new[j], r, True, F16[0], F16[1], F16[2], F16[3])
 
 
 def pool_kernel(dim: int, weighted: bool, int8: bool, kind: int = _TABLE):
@@ -162,40 +175,66 @@ def pool(dtype: str, records: np.ndarray, slots, inverse, plan, weights: np.ndar
 
 
 @numba.njit(inline="always")
-def _adagrad_row(vals, w32, s, sw, g_row, params):
-    """Adagrad's step of one row: ``vals`` (its float32 weights) in place, its float32
-    state array at words ``sw:sw + dim`` of ``w32[s]``; the float32 kernel's arithmetic."""
+def _adagrad_row(vals, st, g_row, params):
+    """Adagrad's step of one row: ``vals`` (its float32 weights) and ``st`` (its float32
+    state array) in place; the float32 kernel's arithmetic."""
     lr, eps, wd, mode = params[0], params[1], params[2], params[3]
     c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
     for j in range(vals.shape[0]):
         w = vals[j]
         g = g_row[j] + wd * w if mode == 1.0 else g_row[j]
-        st = w32[s, sw + j] + g * g
-        w32[s, sw + j] = st
-        vals[j] = c * w - lr * (g / (np.sqrt(st) + eps))
+        acc = st[j] + g * g
+        st[j] = acc
+        vals[j] = c * w - lr * (g / (np.sqrt(acc) + eps))
 
 
 @numba.njit(inline="always")
-def _adam_row(vals, w32, s, sw, g_row, params):
-    """Adam's step of one row: ``vals`` in place, its float32 ``m`` and ``v`` at words
-    ``sw:sw + dim`` and ``sw + dim:sw + 2 * dim`` of ``w32[s]``, its step count after them;
-    the float32 kernel's arithmetic."""
+def _adam_row(vals, st, g_row, params):
+    """Adam's step of one row: ``vals`` and ``st`` (``m``, ``v``, then the step count, float32)
+    in place; the float32 kernel's arithmetic."""
     lr, b1, b2, eps, wd, mode = params[0], params[1], params[2], params[3], params[4], params[5]
     c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
     one = np.float32(1.0)
     dim = vals.shape[0]
-    t = w32[s, sw + 2 * dim] + one
-    w32[s, sw + 2 * dim] = t
+    t = st[2 * dim] + one
+    st[2 * dim] = t
     c1 = one - np.float32(pow_by_squaring(np.float64(b1), np.int64(t)))
     c2 = one - np.float32(pow_by_squaring(np.float64(b2), np.int64(t)))
     for j in range(dim):
         w = vals[j]
         g = g_row[j] + wd * w if mode == 1.0 else g_row[j]
-        m = b1 * w32[s, sw + j] + (one - b1) * g
-        v = b2 * w32[s, sw + dim + j] + (one - b2) * g * g
-        w32[s, sw + j] = m
-        w32[s, sw + dim + j] = v
+        m = b1 * st[j] + (one - b1) * g
+        v = b2 * st[dim + j] + (one - b2) * g * g
+        st[j] = m
+        st[dim + j] = v
         vals[j] = c * w - lr * ((m / c1) / (np.sqrt(v / c2) + eps))
+
+
+@numba.njit(inline="always")
+def _state_step(vals, w16, w32, s, sw, per, narrow_state, skeys, id_, col0, g_row, params, adam, st):
+    """Adagrad's (``adam`` False) or Adam's step of record ``s``, its state at word ``sw``:
+    float32 words stepped where they lie, or (``narrow_state``) bfloat16 arrays of ``per``
+    words each read into ``st``, stepped, and rounded back, each array from the bits of its
+    key in ``skeys`` (:func:`tiered_emb.precision.state_key`), Adam's step count as it is."""
+    dim = vals.shape[0]
+    if not narrow_state:
+        if adam:
+            _adam_row(vals, w32[s, sw:], g_row, params)
+        else:
+            _adagrad_row(vals, w32[s, sw:], g_row, params)
+        return
+    arrays = 2 if adam else 1
+    for a in range(arrays):
+        for j in range(dim):
+            st[a * dim + j] = f32_of_bits(np.uint32(w16[s, 2 * (sw + a * per) + j]) << np.uint32(16))
+    if adam:
+        st[2 * dim] = w32[s, sw + 2 * per]
+        _adam_row(vals, st, g_row, params)
+        w32[s, sw + 2 * per] = st[2 * dim]
+    else:
+        _adagrad_row(vals, st, g_row, params)
+    for a in range(arrays):
+        _store16(w16, s, st[a * dim : (a + 1) * dim], row_key(skeys[a], id_), col0, True, 2 * (sw + a * per))
 
 
 def update_kernels(dim: int, kind: int):
@@ -205,6 +244,7 @@ def update_kernels(dim: int, kind: int):
     kernels = _UPDATE.get((dim, kind))
     if kernels is not None:
         return kernels
+    state_len = 2 * dim + 1  # (Adam's m, v and step count read out of narrow state arrays)
 
     @numba.njit(parallel=True, cache=True, nogil=True)
     def _rowwise16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, means):
@@ -247,17 +287,16 @@ def update_kernels(dim: int, kind: int):
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
     @numba.njit(parallel=True, cache=True, nogil=True)
-    def _state16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, adam):
-        """Adagrad (``adam`` False) or Adam on 16-bit rows whose state is float32 at word ``sw``."""
+    def _state16(w16, w32, lut, slots, ids, grads, params, key, skeys, col0, sw, per, bf16, adam, narrow_state):
+        """Adagrad (``adam`` False) or Adam on 16-bit rows, their state at word ``sw``
+        (:func:`_state_step`)."""
         for k in numba.prange(slots.shape[0]):
             s = slots[k]
             new = local_f32(dim)
+            st = local_f32(state_len)
             for j in range(dim):
                 new[j] = _dec(w16[s, j], lut, kind)
-            if adam:
-                _adam_row(new, w32, s, sw, grads[k], params)
-            else:
-                _adagrad_row(new, w32, s, sw, grads[k], params)
+            _state_step(new, w16, w32, s, sw, per, narrow_state, skeys, ids[k], col0, grads[k], params, adam, st)
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
     kernels = {"rowwise_adagrad": _rowwise16, "sgd": _sgd16, "state": _state16}
@@ -308,6 +347,7 @@ def update_kernels8(dim: int):
     kernels = _UPDATE8.get(dim)
     if kernels is not None:
         return kernels
+    state_len = 2 * dim + 1
 
     @numba.njit(parallel=True, cache=True, nogil=True)
     def _rowwise8(w8, w32, slots, ids, grads, params, key, col0, sw, means):
@@ -347,16 +387,16 @@ def update_kernels8(dim: int):
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
     @numba.njit(parallel=True, cache=True, nogil=True)
-    def _state8(w8, w32, slots, ids, grads, params, key, col0, sw, adam):
-        """Adagrad (``adam`` False) or Adam on int8 rows whose state is float32 at word ``sw``."""
+    def _state8(w8, w32, slots, ids, grads, params, key, skeys, col0, sw, per, adam, narrow_state):
+        """Adagrad (``adam`` False) or Adam on int8 rows, their state at word ``sw``
+        (:func:`_state_step`)."""
+        w16 = w32.view(np.uint16)
         for k in numba.prange(slots.shape[0]):
             s = slots[k]
             vals = local_f32(dim)
+            st = local_f32(state_len)
             _load8(w8, w32, s, vals)
-            if adam:
-                _adam_row(vals, w32, s, sw, grads[k], params)
-            else:
-                _adagrad_row(vals, w32, s, sw, grads[k], params)
+            _state_step(vals, w16, w32, s, sw, per, narrow_state, skeys, ids[k], col0, grads[k], params, adam, st)
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
     kernels = {"rowwise_adagrad": _rowwise8, "sgd": _sgd8, "state": _state8}
@@ -393,11 +433,11 @@ def _square_means(grads):
 
 def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None) -> bool:
     """The fused update of a narrow table's rows at ``slots`` (of ``ids``) with ``grads``,
-    rounded stochastically from ``key``'s bits; False (nothing done) where none is fused
-    (Adagrad's and Adam's state arrays in a narrow ``state_dtype``): the caller takes the
-    unfused path."""
+    rounded stochastically from ``key``'s bits (a narrow state's arrays from their own keys,
+    :func:`tiered_emb.precision.state_key`); False (nothing done) for a float32 table whose
+    state alone is narrow: the caller takes the unfused path."""
     name = cfg.optimizer.name
-    if cfg.dtype == "float32" or (name in ("adagrad", "adam") and cfg.state_dtype != "float32"):
+    if cfg.dtype == "float32":
         return False
     params, k = cfg.optimizer.params(), np.uint64(key)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
@@ -408,6 +448,9 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
         elif params[3] != 1.0:  # (without L2 decay the means need the gradients alone)
             means = _square_means(grads)
     sw, col0, adam = cfg.weight_words, cfg.init_column, name == "adam"
+    narrow_state = cfg.state_dtype != "float32"
+    per = weight_words(cfg.state_dtype, cfg.dim)
+    skeys = np.array([state_key(key, a) for a in range(2)], dtype=np.uint64)
     if cfg.dtype == "int8":
         kernels8 = update_kernels8(cfg.dim)
         w8 = records.view(np.uint8)
@@ -416,7 +459,7 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
         elif name == "rowwise_adagrad":
             kernels8["rowwise_adagrad"](w8, records, slots, ids, grads, params, k, col0, sw, means)
         else:
-            kernels8["state"](w8, records, slots, ids, grads, params, k, col0, sw, adam)
+            kernels8["state"](w8, records, slots, ids, grads, params, k, skeys, col0, sw, per, adam, narrow_state)
         return True
     kind = _kind(cfg.dtype)
     lut, bf16, w16 = LUT[cfg.dtype], cfg.dtype == "bfloat16", records.view(np.uint16)
@@ -426,7 +469,9 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
     elif name == "rowwise_adagrad":
         kernels["rowwise_adagrad"](w16, records, lut, slots, ids, grads, params, k, col0, sw, bf16, means)
     else:
-        kernels["state"](w16, records, lut, slots, ids, grads, params, k, col0, sw, bf16, adam)
+        kernels["state"](
+            w16, records, lut, slots, ids, grads, params, k, skeys, col0, sw, per, bf16, adam, narrow_state
+        )
     return True
 
 
