@@ -406,6 +406,7 @@ def update_kernels8(dim: int):
 
 _UPDATE8: dict = {}
 _NO_MEANS = np.empty(0, dtype=np.float32)
+_NO_KEYS = np.zeros(2, dtype=np.uint64)
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -450,7 +451,9 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
     sw, col0, adam = cfg.weight_words, cfg.init_column, name == "adam"
     narrow_state = cfg.state_dtype != "float32"
     per = weight_words(cfg.state_dtype, cfg.dim)
-    skeys = np.array([state_key(key, a) for a in range(2)], dtype=np.uint64)
+    skeys = _NO_KEYS  # (the state arrays' own keys: a narrow state's alone needs them)
+    if narrow_state and name in ("adagrad", "adam"):
+        skeys = np.array([state_key(key, a) for a in range(2)], dtype=np.uint64)
     if cfg.dtype == "int8":
         kernels8 = update_kernels8(cfg.dim)
         w8 = records.view(np.uint8)
