@@ -213,56 +213,38 @@ def take_rows(rows: np.ndarray, at: np.ndarray, out: np.ndarray | None = None) -
     return out
 
 
-@numba.njit(inline="always")
-def _prefetch_move(src, src_at, dst, dst_at, width, i, n):
-    """Hints for the row :func:`_move_row` moves ``ROW_PREFETCH_DISTANCE`` moves on: its
-    source's and its destination's lines (each most often a cache miss of its own)."""
-    j = i + ROW_PREFETCH_DISTANCE
-    if j >= n:
-        return
-    if src_at.shape[0]:
-        s = src_at[j]
-        if s >= 0:
-            for c in range(0, width, 16):
-                prefetch_hint(src, (s, c))
-    if dst_at.shape[0]:
-        d = dst_at[j]
-        if d >= 0:
-            for c in range(0, width, 16):
-                prefetch_hint(dst, (d, c))
+@numba.njit(cache=True, nogil=True)
+def _move_span(src, src_at, dst, dst_at, width, lo, hi):
+    """The moves ``lo:hi`` of :func:`move_rows`, each row's lines fetched
+    ``ROW_PREFETCH_DISTANCE`` moves ahead (its source's and its destination's: each most
+    often a cache miss of its own).
 
-
-@numba.njit(inline="always")
-def _move_row(src, src_at, dst, dst_at, width, i):
-    d = np.int64(i)
-    if dst_at.shape[0]:
-        d = dst_at[i]
-    if d < 0:
-        return
-    s = np.int64(i)
-    if src_at.shape[0]:
-        s = src_at[i]
-    a = src[s]
-    b = dst[d]
-    for k in range(width):
-        b[k] = a[k]
+    One flat loop, the positions' presence tested once: the same moves through an inlined
+    per-row helper compiled to code many times slower (docs/benchmarks.md, "Kernel choices")."""
+    by_src = src_at.shape[0] > 0
+    by_dst = dst_at.shape[0] > 0
+    for i in range(lo, hi):
+        j = i + ROW_PREFETCH_DISTANCE
+        if j < hi:
+            if by_src and src_at[j] >= 0:
+                for c in range(0, width, 16):
+                    prefetch_hint(src, (src_at[j], c))
+            if by_dst and dst_at[j] >= 0:
+                for c in range(0, width, 16):
+                    prefetch_hint(dst, (dst_at[j], c))
+        d = dst_at[i] if by_dst else i
+        if d < 0:
+            continue
+        s = src_at[i] if by_src else i
+        for k in range(width):
+            dst[d, k] = src[s, k]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _move_rows(src, src_at, dst, dst_at, width):
+def _move_rows(src, src_at, dst, dst_at, width, parts):
     n = max(src_at.shape[0], dst_at.shape[0])
-    for i in numba.prange(n):
-        _prefetch_move(src, src_at, dst, dst_at, width, i, n)
-        _move_row(src, src_at, dst, dst_at, width, i)
-
-
-@numba.njit(cache=True, nogil=True)
-def _move_rows_here(src, src_at, dst, dst_at, width):
-    """:func:`_move_rows` on the calling thread: a small move, without waking (or setting) the pool."""
-    n = max(src_at.shape[0], dst_at.shape[0])
-    for i in range(n):
-        _prefetch_move(src, src_at, dst, dst_at, width, i, n)
-        _move_row(src, src_at, dst, dst_at, width, i)
+    for p in numba.prange(parts):
+        _move_span(src, src_at, dst, dst_at, width, n * p // parts, n * (p + 1) // parts)
 
 
 _ALL = np.empty(0, dtype=np.int64)
@@ -278,10 +260,11 @@ def move_rows(
     calling thread): the row movement of the tier path, whatever the arrays' padding."""
     src_at = _ALL if src_at is None else src_at
     dst_at = _ALL if dst_at is None else dst_at
-    if max(src_at.shape[0], dst_at.shape[0]) * width < _SERIAL_BELOW:
-        _move_rows_here(src, src_at, dst, dst_at, width)
+    n = max(src_at.shape[0], dst_at.shape[0])
+    if n * width < _SERIAL_BELOW:
+        _move_span(src, src_at, dst, dst_at, width, 0, n)
     else:
-        _move_rows(src, src_at, dst, dst_at, width)
+        _move_rows(src, src_at, dst, dst_at, width, split_parts(n, 256))
 
 
 @numba.njit(cache=True, nogil=True)
