@@ -7,7 +7,9 @@ fixed order whatever the thread count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any, TypeVar, overload
 
 import numba
 import numpy as np
@@ -15,6 +17,35 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@overload
+def kernel(fn: _F, /) -> _F: ...
+
+
+@overload
+def kernel(fn: None = None, /, **options: Any) -> Callable[[_F], _F]: ...
+
+
+def kernel(fn: Any = None, /, **options: Any) -> Any:
+    """``numba.njit(cache=True, nogil=True, **options)`` for a kernel that makes no array
+    (it writes into the arrays it is given and returns scalars, or nothing): compiled
+    without Numba's reference counting.
+
+    Numba counts a reference to each array an inlined helper or a called kernel is given,
+    and its pass that removes the pairs gives up on loops of any shape: the counts then
+    run at every use, each an atomic operation, and a loop that calls such helpers runs
+    several times slower (docs/benchmarks.md, "Kernel choices").  The arrays a kernel is
+    given outlive its call, so it needs no counts; Numba refuses to compile a kernel so
+    built that makes an array, or returns one it was not given.  Use with or without
+    arguments: ``@kernel``, ``@kernel(parallel=True)``."""
+    options = {"cache": True, "nogil": True, "_nrt": False, **options}
+    if fn is None:
+        return numba.njit(**options)
+    return numba.njit(**options)(fn)
+
 
 # Rows this many positions ahead are prefetched by the pooling loops: a row read at
 # random from a large table misses the caches, and the loop's own loads cannot run far
@@ -186,7 +217,7 @@ def threads_for(work: int):
     return one_thread(work < _SERIAL_BELOW)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _take_rows(rows, at, out):
     n = at.shape[0]
     for i in numba.prange(n):
@@ -213,7 +244,7 @@ def take_rows(rows: np.ndarray, at: np.ndarray, out: np.ndarray | None = None) -
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _move_span(src, src_at, dst, dst_at, width, lo, hi):
     """The moves ``lo:hi`` of :func:`move_rows`, each row's lines fetched
     ``ROW_PREFETCH_DISTANCE`` moves ahead (its source's and its destination's: each most
@@ -240,7 +271,7 @@ def _move_span(src, src_at, dst, dst_at, width, lo, hi):
             dst[d, k] = src[s, k]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _move_rows(src, src_at, dst, dst_at, width, parts):
     n = max(src_at.shape[0], dst_at.shape[0])
     for p in numba.prange(parts):
@@ -267,7 +298,7 @@ def move_rows(
         _move_rows(src, src_at, dst, dst_at, width, split_parts(n, 256))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def pow_by_squaring(base, n):
     """``base ** n`` (float64, ``n`` an int64 >= 0) by squaring, IEEE multiplies only.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import CorruptStoreError
 
@@ -35,7 +36,7 @@ SKETCH_ROWS = 4
 _SEEDS = np.array([0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93], dtype=np.uint64)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _mix(x):
     """splitmix64's finaliser: a bijection of 64 bits whose every output bit depends on every input bit."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -43,7 +44,7 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _sight_exact(counts, uids, need, out):
     for k in range(uids.shape[0]):
         c = counts[uids[k]]

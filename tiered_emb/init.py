@@ -18,6 +18,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tiered_emb._jit import kernel
 from tiered_emb.config import Normal, TableConfig
 from tiered_emb.precision import encode
 
@@ -42,7 +43,7 @@ def _splitmix64(x: np.uint64) -> np.uint64:
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _init_rows(
     out: npt.NDArray[np.float32],
     ids: npt.NDArray[np.int64],

@@ -37,6 +37,7 @@ import math
 import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.config import DTYPES, TableConfig, weight_words
 from tiered_emb.errors import ConfigError
 
@@ -196,7 +197,7 @@ def fast16(b, r, stochastic, bf16):
     return sign | h
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generic):
     """``out16[slots[i], :]`` = the 16-bit patterns of ``vals[i]`` (float32 (k, dim), ``bits``
     its uint32 view); ``slots`` of length 0: row i itself.  ``generic`` takes
@@ -218,7 +219,7 @@ def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generi
             out16[s, j] = 0
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _decode16(in16, slots, lut, out):
     """``out[i] = lut[in16[slots[i], :dim]]`` (``slots`` length 0: row i itself)."""
     dim = out.shape[1]
@@ -228,7 +229,7 @@ def _decode16(in16, slots, lut, out):
             out[i, j] = lut[in16[s, j]]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
     """Quantize each row of ``vals`` (float32 (k, dim)) into ``slots``' records: scale and
     bias (words 0 and 1), then a uint8 code a column from byte 8."""
@@ -260,7 +261,7 @@ def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
             out8[s, j] = 0
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _decode8(in32, in8, slots, out):
     dim = out.shape[1]
     for i in numba.prange(out.shape[0]):

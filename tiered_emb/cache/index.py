@@ -26,7 +26,7 @@ from numba import types
 from numba.extending import overload
 
 from tiered_emb._backend import host_full
-from tiered_emb._jit import prefetch_hint
+from tiered_emb._jit import kernel, prefetch_hint
 
 # Kernel arguments: annotations for the reader and for mypy; Numba compiles from the runtime types.
 Keys = npt.NDArray[np.int64]
@@ -107,39 +107,42 @@ def index_prefetch_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, 
     prefetch_hint(vals, home)
 
 
-@numba.njit(cache=True, nogil=True)
-def index_find_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> np.int64:
-    """Slot of ``key`` of table ``tab``, or -1 (``owner`` empty: of the one table)."""
-    if not is_shared(owner):
-        return index_find(keys, vals, key)
+@kernel
+def index_find_of(keys: Keys, vals: Vals, owner: Vals | Owners, key: int | np.int64, tab: int | np.int32) -> np.int64:
+    """Slot of ``key`` of table ``tab``, or -1 (``owner`` empty: of the one table).
+
+    One exit and no call (as every ``*_of`` function): a return inside the loop, or a call
+    to the plain function, makes Numba count references to the arrays at every call, which
+    took ~19x the probe itself (docs/benchmarks.md, "Kernel choices")."""
+    shared = is_shared(owner)
     mask = keys.shape[0] - 1
-    i = home_of(key, tab, mask)
+    i = home_of(key, tab, mask) if shared else hash_home(key, mask)
+    found = np.int64(-1)
     while True:
         k = keys[i]
-        if k == key and owner[vals[i]] == tab:
-            return np.int64(vals[i])
         if k == EMPTY:
-            return np.int64(-1)
+            break
+        if k == key and (not shared or owner[vals[i]] == tab):
+            found = np.int64(vals[i])
+            break
         i = (i + 1) & mask
+    return found
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_put_of(
-    keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32, slot: int | np.int32
+    keys: Keys, vals: Vals, owner: Vals | Owners, key: int | np.int64, tab: int | np.int32, slot: int | np.int32
 ) -> None:
     """Insert ``(tab, key) -> slot`` (absent; the caller sets ``owner[slot] = tab``)."""
-    if not is_shared(owner):
-        index_put(keys, vals, key, slot)
-        return
     mask = keys.shape[0] - 1
-    i = home_of(key, tab, mask)
+    i = home_of(key, tab, mask) if is_shared(owner) else hash_home(key, mask)
     while keys[i] != EMPTY:
         i = (i + 1) & mask
     keys[i] = key
     vals[i] = slot
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_del_of(keys: Keys, vals: Vals, owner: Vals | Owners, key: int | np.int64, tab: int | np.int32) -> None:
     """Remove ``(tab, key)`` (present; ``owner`` of its slot still ``tab``; ``owner`` empty:
     ``key`` of the one table) and shift later entries of its run back into the gap."""
@@ -167,7 +170,7 @@ def index_del_of(keys: Keys, vals: Vals, owner: Vals | Owners, key: int | np.int
     keys[i] = EMPTY
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_find_many_of(keys: Keys, vals: Vals, owner: Vals, ids: Keys, tab: int, out: Keys, lo: int, hi: int) -> None:
     """:func:`index_find_many` for the ids of table ``tab``."""
     n = ids.shape[0] if hi < 0 else hi
@@ -177,7 +180,7 @@ def index_find_many_of(keys: Keys, vals: Vals, owner: Vals, ids: Keys, tab: int,
         out[i] = index_find_of(keys, vals, owner, ids[i], tab)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def index_find_split_of(keys: Keys, vals: Vals, owner: Vals, ids: Keys, tab: int, out: Keys, parts: int) -> None:
     """:func:`index_find_many_of` cut into ``parts`` slices on Numba's threads."""
     n = ids.shape[0]
@@ -185,38 +188,25 @@ def index_find_split_of(keys: Keys, vals: Vals, owner: Vals, ids: Keys, tab: int
         index_find_many_of(keys, vals, owner, ids, tab, out, n * p // parts, n * (p + 1) // parts)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_find(keys: Keys, vals: Vals, key: int | np.int64) -> np.int64:
     """Slot of ``key``, or -1."""
-    mask = keys.shape[0] - 1
-    i = hash_home(key, mask)
-    while True:
-        k = keys[i]
-        if k == key:
-            return np.int64(vals[i])
-        if k == EMPTY:
-            return np.int64(-1)
-        i = (i + 1) & mask
+    return index_find_of(keys, vals, NO_OWNER, key, 0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_put(keys: Keys, vals: Vals, key: int | np.int64, slot: int | np.int32) -> None:
     """Insert ``key -> slot`` (``key`` must be absent; the table is never full)."""
-    mask = keys.shape[0] - 1
-    i = hash_home(key, mask)
-    while keys[i] != EMPTY:
-        i = (i + 1) & mask
-    keys[i] = key
-    vals[i] = slot
+    index_put_of(keys, vals, NO_OWNER, key, 0, slot)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_del(keys: Keys, vals: Vals, key: int | np.int64) -> None:
     """Remove ``key`` (present) and shift later entries of its run back into the gap."""
     index_del_of(keys, vals, NO_OWNER, key, 0)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys, lo: int = 0, hi: int = -1) -> None:
     """``out[i] = slot of ids[i]`` or -1, for int64 ``ids`` (n,) into int64 ``out`` (n,)
     (``ids[lo:hi]`` only where given).
@@ -230,7 +220,7 @@ def index_find_many(keys: Keys, vals: Vals, ids: Keys, out: Keys, lo: int = 0, h
         out[i] = index_find(keys, vals, ids[i])
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def index_find_split(keys: Keys, vals: Vals, ids: Keys, out: Keys, parts: int) -> None:
     """:func:`index_find_many` cut into ``parts`` slices on Numba's threads (the index is only read)."""
     n = ids.shape[0]

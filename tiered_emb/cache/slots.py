@@ -32,7 +32,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import host_full
-from tiered_emb._jit import PREFETCH_DISTANCE, prefetch_hint, split_parts
+from tiered_emb._jit import PREFETCH_DISTANCE, kernel, prefetch_hint, split_parts
 from tiered_emb.cache.index import (
     NO_OWNER,
     index_del_of,
@@ -182,7 +182,7 @@ def _prefetch_victims(tag, P, keys, vals, slot_ids, dirty, owner):
     return far
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def cache_resolve(tag, st, uids, force_pin, out, probed, tab):
     """Give every id of ``uids`` (int64 (k,), distinct, k <= free + unpinned; of table
     ``tab``) a slot.
@@ -305,7 +305,7 @@ def cache_resolve_new(tag, st, uids, force_pin, probe, tab):
     return out, n_miss, n_v, pinned
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def cache_release(tag, st, slots):
     """Unpin ``slots`` (int64 (k,), distinct); a slot with no pin left becomes evictable, in order."""
     P, pins, meta = st.P, st.pins, st.meta
@@ -322,7 +322,7 @@ def cache_release(tag, st, slots):
             policy_attach(tag, P, s)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def cache_pin(tag, st, slots):
     """Pin resident ``slots`` (int64 (k,), distinct): a slot going from 0 pins leaves the policy."""
     P, pins, meta = st.P, st.pins, st.meta
@@ -334,7 +334,7 @@ def cache_pin(tag, st, slots):
         pins[s] += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def cache_pin_found(tag, st, uids, budget, out_at, out_slots, tab):
     """Pin the first ``budget`` ids of ``uids`` (int64 (k,), distinct, none pinned for the
     caller yet) that are resident, in order: writes their positions in ``uids`` to
@@ -372,7 +372,7 @@ def _prefetch_slot(tag, P, slot_ids, dirty, pins, s):
     policy_prefetch(tag, P, s)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def cache_take_slots(tag, st, ids, slots, out_dirty, tab):
     """Remove from the tier the ids of ``ids`` (int64 (k,)) whose ``slots[i] >= 0``: their
     slots as :meth:`CacheTier.find` gave them, nothing changed since (exclusive caching).
@@ -428,7 +428,7 @@ def cache_take(tag, st, records, ids, out_rows, out_dirty, found, tab):
     return cache_take_slots(tag, st, ids, slots, out_dirty, tab)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def cache_admit_slots(tag, st, filled, ids, tabs, rows_dirty, dest, ev_ids, ev_tabs, ev_src):
     """Admit ``ids`` (int64 (k,), absent here; of the tables ``tabs``, int32 (k,), or all of
     table 0 when ``tabs`` is empty), evicting by policy: the decisions, no row moved.
@@ -510,7 +510,7 @@ def cache_admit_slots(tag, st, filled, ids, tabs, rows_dirty, dest, ev_ids, ev_t
     return n_out, n_ev
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _simulate_requests(tag, st, trace):
     """Run a request trace (int64 (n,)) one request at a time; returns the hit count.
 

@@ -16,14 +16,14 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import ROW_PREFETCH_DISTANCE, local_f32, prefetch_hint, take_rows, threads_for
+from tiered_emb._jit import ROW_PREFETCH_DISTANCE, kernel, local_f32, prefetch_hint, take_rows, threads_for
 from tiered_emb.precision import decode
 from tiered_emb.step import narrow
 from tiered_emb.step.device import plan as device_plan
 from tiered_emb.step.plan import BagPlan, Forward, checked
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _gather_rows(records, slots, inverse, out):
     """``out[i] = records[slots[inverse[i]], :out.shape[1]]``; float32, (n, dim)."""
     dim = out.shape[1]
@@ -34,7 +34,7 @@ def _gather_rows(records, slots, inverse, out):
             dst[j] = src[j]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _gather_positions(records, slots, inverse, positions, first, out):
     """``out[p] = records[slots[inverse[p] - first], :dim]`` for each p in ``positions``."""
     dim = out.shape[1]
@@ -55,11 +55,11 @@ def pool_kernel(dim: int, direct: bool, weighted: bool):
     row (it may alias ``records``).  ``weighted`` fixed at compile time too keeps a branch
     out of the row loop (docs/benchmarks.md, "Kernel choices").
     """
-    kernel = _POOL_KERNELS.get((dim, direct, weighted))
-    if kernel is not None:
-        return kernel
+    found = _POOL_KERNELS.get((dim, direct, weighted))
+    if found is not None:
+        return found
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @numba.njit(parallel=True, cache=True, nogil=True)  # (Numba's lowering of its flag's reduction allocates)
     def _pool_rows(records, slots, index, guard, num_rows, offsets, weights, mean, out):
         """``out[b] = sum_i w_i * records[row(i), :dim]`` over bag b, in position order.
 
@@ -233,8 +233,8 @@ def _pool_slots(t, slots, inverse, plan, weights: np.ndarray, out: np.ndarray) -
     position's unique id) into ``out``; a table of a narrow dtype by the kernel that decodes
     as it reads (:func:`tiered_emb.step.narrow.pool`)."""
     if t.cfg.dtype == "float32":
-        kernel = pool_kernel(t.cfg.dim, False, plan.weights is not None)
-        kernel(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out)
+        pool = pool_kernel(t.cfg.dim, False, plan.weights is not None)
+        pool(t.hbm.records, slots, inverse, False, 0, plan.offsets, weights, plan.mean, out)
         return
     narrow.pool(t.cfg.dtype, t.hbm.records, slots, inverse, plan, weights, out)
 
@@ -258,10 +258,8 @@ def _pool_on_device(res, t, bags: BagPlan) -> tuple[object, Forward]:
 def _pooled_by_id(t, plan, weights: np.ndarray, out: np.ndarray) -> bool:
     """Pool ``plan`` from a direct tier by id, unchecked; False when a bag met an id out of
     range or a row not brought up yet (``out`` is then to be recomputed the checked way)."""
-    kernel = pool_kernel(t.cfg.dim, True, plan.weights is not None)
-    flagged = kernel(
-        t.hbm.records, _NO_SLOTS, plan.ids, True, t.hbm.capacity_rows, plan.offsets, weights, plan.mean, out
-    )
+    pool = pool_kernel(t.cfg.dim, True, plan.weights is not None)
+    flagged = pool(t.hbm.records, _NO_SLOTS, plan.ids, True, t.hbm.capacity_rows, plan.offsets, weights, plan.mean, out)
     return flagged == 0
 
 

@@ -22,6 +22,7 @@ from tiered_emb._jit import (
     f32_bits,
     f32_of_bits,
     f32_of_half,
+    kernel,
     local_f32,
     pow_by_squaring,
     prefetch_hint,
@@ -99,11 +100,11 @@ def _store16(out16, s, new, row, col0, bf16, off=0):
 
 def pool_kernel(dim: int, weighted: bool, int8: bool, kind: int = _TABLE):
     """The pooling kernel over narrow records, compiled once per (dim, weighted, int8, kind)."""
-    kernel = _POOL.get((dim, weighted, int8, kind))
-    if kernel is not None:
-        return kernel
+    found = _POOL.get((dim, weighted, int8, kind))
+    if found is not None:
+        return found
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _pool(w16, w8, w32, lut, slots, inverse, offsets, weights, mean, out):
         """``out[b] = sum_i w_i * row(slots[inverse[i]])`` over bag b in position order, each
         value decoded as it is read: 16-bit through ``lut``, int8 as code * scale + bias."""
@@ -158,9 +159,9 @@ def pool(dtype: str, records: np.ndarray, slots, inverse, plan, weights: np.ndar
     """Pool ``plan``'s bags from narrow ``records`` at ``slots`` (one a unique id; ``inverse``
     a position's) into ``out`` (float32 (B, dim)): bitwise pooling the decoded rows."""
     int8 = dtype == "int8"
-    kernel = pool_kernel(out.shape[1], plan.weights is not None, int8, _TABLE if int8 else _kind(dtype))
+    pool_k = pool_kernel(out.shape[1], plan.weights is not None, int8, _TABLE if int8 else _kind(dtype))
     lut = _NO_LUT if int8 else LUT[dtype]
-    kernel(
+    pool_k(
         records.view(np.uint16),
         records.view(np.uint8),
         records,
@@ -246,7 +247,7 @@ def update_kernels(dim: int, kind: int):
         return kernels
     state_len = 2 * dim + 1  # (Adam's m, v and step count read out of narrow state arrays)
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _rowwise16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, means):
         """Row-wise Adagrad on 16-bit rows, rounded stochastically with ``key``'s bits; the
         state at word ``sw``; ``means`` (length 0: formed here) as the float32 kernel's."""
@@ -273,7 +274,7 @@ def update_kernels(dim: int, kind: int):
                 new[j] = c * w - step * g
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _sgd16(w16, lut, slots, ids, grads, params, key, col0, bf16):
         lr, wd, mode = params[0], params[1], params[2]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
@@ -286,7 +287,7 @@ def update_kernels(dim: int, kind: int):
                 new[j] = c * w - lr * g
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _state16(w16, w32, lut, slots, ids, grads, params, key, skeys, col0, sw, per, bf16, adam, narrow_state):
         """Adagrad (``adam`` False) or Adam on 16-bit rows, their state at word ``sw``
         (:func:`_state_step`)."""
@@ -349,7 +350,7 @@ def update_kernels8(dim: int):
         return kernels
     state_len = 2 * dim + 1
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _rowwise8(w8, w32, slots, ids, grads, params, key, col0, sw, means):
         lr, eps, wd, mode = params[0], params[1], params[2], params[3]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
@@ -373,7 +374,7 @@ def update_kernels8(dim: int):
                 vals[j] = c * vals[j] - step * g
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _sgd8(w8, w32, slots, ids, grads, params, key, col0):
         lr, wd, mode = params[0], params[1], params[2]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
@@ -386,7 +387,7 @@ def update_kernels8(dim: int):
                 vals[j] = c * vals[j] - lr * g
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @kernel(parallel=True)
     def _state8(w8, w32, slots, ids, grads, params, key, skeys, col0, sw, per, adam, narrow_state):
         """Adagrad (``adam`` False) or Adam on int8 rows, their state at word ``sw``
         (:func:`_state_step`)."""

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from tiered_emb._args import int64_of, table_ids
-from tiered_emb._jit import PREFETCH_DISTANCE
+from tiered_emb._jit import PREFETCH_DISTANCE, kernel
 from tiered_emb.cache.index import hash_home, index_prefetch
 from tiered_emb.errors import ConfigError, IdTypeError
 
@@ -72,7 +72,7 @@ def dedupe(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq[:k], inverse
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _last_occurrence(inverse, last):
     """``last[u]`` = the last batch position of unique ``u`` (a write's winner)."""
     for i in range(inverse.shape[0]):

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_host
-from tiered_emb._jit import PREFETCH_DISTANCE, local_f32, prefetch_hint, threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, kernel, local_f32, prefetch_hint, threads_for
 from tiered_emb.errors import NonFiniteGradientError
 from tiered_emb.step.plan import BagPlan
 
@@ -36,7 +36,7 @@ def _group_starts(inverse, k, starts):
     return starts[:k].copy()
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True)  # (its counting sort copies the starts)
 def group_positions(inverse, k, starts, order):
     """Counting sort of positions by unique index, stable: ``order[starts[u]:starts[u+1]]``
     are the positions of unique ``u`` in batch order.  ``starts`` int64 (k+1,)."""
@@ -56,7 +56,7 @@ REDUCE_CHUNK = 256
 _REDUCE_BLOCKS = 64
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def blocks_by_work(starts, blocks, bounds):
     """Cut unique ids ``0..k`` into ``blocks`` runs of about equal work (positions + ids).
 
@@ -119,8 +119,8 @@ def reduce_grads(grads: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def all_finite(a):
+@kernel
+def all_finite(a: np.ndarray) -> bool:
     flat = a.reshape(-1)
     for i in range(flat.shape[0]):
         if not np.isfinite(flat[i]):
@@ -128,7 +128,7 @@ def all_finite(a):
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True)  # (its counting sort copies the starts)
 def _group_bag_positions(inverse, offsets, weights, use_weights, mean, k, starts, bag, scale):
     """Counting sort of the batch's positions by unique id, stable (batch order within an id).
 
@@ -173,11 +173,11 @@ def _reduce_kernel(dim: int):
     written to ``out`` once, and the work is cut by positions (:func:`blocks_by_work`)
     (docs/benchmarks.md, "Kernel choices").
     """
-    kernel = _REDUCE_KERNELS.get(dim)
-    if kernel is not None:
-        return kernel
+    found = _REDUCE_KERNELS.get(dim)
+    if found is not None:
+        return found
 
-    @numba.njit(parallel=True, cache=True, nogil=True)
+    @numba.njit(parallel=True, cache=True, nogil=True)  # (Numba's lowering of this loop allocates)
     def _reduce_bag_grads(grad_out, starts, bag, scale, bounds, out, bad):
         """Per unique id u: ``sum scale[q] * grad_out[bag[q]]`` over q in ``starts[u]:starts[u+1]``,
         a :data:`REDUCE_CHUNK` of positions at a time past that many.

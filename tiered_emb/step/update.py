@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_xp
-from tiered_emb._jit import PREFETCH_DISTANCE, pow_by_squaring, prefetch_row_hint, square_sums4, threads_for
+from tiered_emb._jit import PREFETCH_DISTANCE, kernel, pow_by_squaring, prefetch_row_hint, square_sums4, threads_for
 from tiered_emb.cache.index import is_shared
 from tiered_emb.errors import ConfigError
 from tiered_emb.precision import records_of, rounding_key, values_of
@@ -44,7 +44,7 @@ def _kept(lr, wd, mode):
     return np.float32(1.0)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _sgd_update(records, slots, grads, params):
     lr = params[0]
     wd = params[1]
@@ -58,7 +58,7 @@ def _sgd_update(records, slots, grads, params):
             r[j] = c * r[j] - lr * g
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _adagrad_update(records, slots, grads, params):
     lr = params[0]
     eps = params[1]
@@ -97,7 +97,7 @@ def _square_sum(r, g_row, wd, mode, dim):
     return acc
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _rowwise_adagrad_update(records, slots, grads, params):
     """Row-wise Adagrad: one float32 state per row, the mean of the squared gradient
     accumulated in float64 in column order.
@@ -130,7 +130,7 @@ def _rowwise_adagrad_update(records, slots, grads, params):
                 _rowwise_row(r, grads[u], lr, eps, wd, mode, c, dim, np.float32(acc / dim))
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _rowwise_adagrad_given(records, slots, grads, params, means):
     """Row-wise Adagrad of rows that hold some of their table's columns (a column piece):
     each row's mean of the squared gradient over *every* column is given (``means`` float32
@@ -145,7 +145,7 @@ def _rowwise_adagrad_given(records, slots, grads, params, means):
         _rowwise_row(records[slots[k]], grads[k], lr, eps, wd, mode, c, dim, means[k])
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _adam_update(records, slots, grads, params):
     lr, b1, b2, eps = params[0], params[1], params[2], params[3]
     wd, mode = params[4], params[5]
@@ -206,7 +206,7 @@ def apply_update(opt, records, slots, grads, kernels=None, row_means=None) -> No
     CPU_KERNELS[opt.name](records, slots, grads, opt.params())
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _still_resident(slot_ids, owner, tab, slots, uids):
     """True when every ``slots[u]`` still holds ``uids[u]`` of table ``tab`` (``owner``: a
     shared tier's, or empty); its record is then the row's newest."""

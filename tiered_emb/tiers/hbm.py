@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import host_full, host_zeros, to_host, to_xp
-from tiered_emb._jit import move_rows, take_rows
+from tiered_emb._jit import kernel, move_rows, take_rows
 from tiered_emb.cache.slots import (
     FREE,
     PINNED,
@@ -221,7 +221,7 @@ def _direct_resolve(slot_ids, dirty, pins, meta, uids, force_pin):
     return miss_idx[:m]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _direct_pin(pins, meta, slots, delta):
     """Add ``delta`` (+1 or -1) pins to ``slots`` (int64 (k,), distinct), counting pinned slots in ``meta[PINNED]``."""
     for i in range(slots.shape[0]):

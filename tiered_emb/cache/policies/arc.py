@@ -23,6 +23,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.cache.policies._lists import list_push, list_unlink
 from tiered_emb.cache.policies._state import (
     ARC_P,
@@ -53,7 +54,7 @@ def _p(P):
     return P[ARC_P : ARC_P + 1].view(np.float64)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def arc_use(P, slot):
     """One more use of a resident slot: the newest of T2."""
     newer, older, i = P[NEWER], P[OLDER], P[BITS] + slot
@@ -68,7 +69,7 @@ def arc_use(P, slot):
     list_push(P, newer, older, MNEWEST, slot)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def arc_admit(P, key):
     """``key`` misses and is about to take a slot: a ghost of B1 or B2 adapts ``p`` and is
     forgotten, noting where it was."""
@@ -86,7 +87,7 @@ def arc_admit(P, key):
     ghost_forget(P, node)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def arc_fresh(P, slot):
     """``slot`` took the id of the last admit: the newest of T2 for a ghost, of T1 otherwise; pinned."""
     if P[GHOST_HIT] != 0:
@@ -99,7 +100,7 @@ def arc_fresh(P, slot):
     P[IN_B2] = 0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def arc_remove(P, slot):
     """``slot``'s row left the tier (taken up): off its list, no ghost."""
     i = P[BITS] + slot
@@ -107,7 +108,7 @@ def arc_remove(P, slot):
     P[i] = 0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _evict_oldest(P, h, slot_ids, ghosts):
     """The oldest unpinned slot of list ``h``, off it; its id the newest ghost of list
     ``ghosts`` (none when -1).  -1 when every slot of ``h`` is pinned."""
@@ -125,7 +126,7 @@ def _evict_oldest(P, h, slot_ids, ghosts):
     return NIL
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def arc_victim(P, slot_ids):
     """Take the victim off its list and return its slot, or -1 when every slot is pinned."""
     c = P[CAPACITY]

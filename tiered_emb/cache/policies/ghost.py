@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numba
 
+from tiered_emb._jit import kernel
 from tiered_emb.cache.index import index_del, index_find, index_put
 from tiered_emb.cache.policies._lists import list_push, list_unlink
 from tiered_emb.cache.policies._state import (
@@ -39,7 +40,7 @@ def _table(P):
     return P[k : k + n], P[v : v + n]
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def ghost_find(P, key):
     """The ghost node of ``key``, or -1."""
     keys, vals = _table(P)
@@ -52,7 +53,7 @@ def ghost_list(P, node):
     return G0 if P[P[GWHERE] + node] == 0 else G1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def ghost_forget(P, node):
     """Take ghost ``node`` off its list and out of the hash; the node is free again."""
     list_unlink(P, P[GNEWER], P[GOLDER], ghost_list(P, node), node)
@@ -68,7 +69,7 @@ def ghost_forget_oldest(P, h):
     ghost_forget(P, P[h + 1])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def ghost_add(P, h, key):
     """``key`` becomes the newest ghost of the list of triple ``h`` (``key`` is no ghost).
 

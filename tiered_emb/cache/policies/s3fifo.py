@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numba
 
+from tiered_emb._jit import kernel
 from tiered_emb.cache.policies._lists import list_push, list_unlink
 from tiered_emb.cache.policies._state import (
     BITS,
@@ -58,7 +59,7 @@ def _queue(b):
     return MNEWEST if b & IN_MAIN else NEWEST
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def s3fifo_use(P, slot):
     """One more use of a resident slot: its count up by one, at most 3."""
     i = P[BITS] + slot
@@ -67,7 +68,7 @@ def s3fifo_use(P, slot):
         P[i] = b + FREQ_ONE
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def s3fifo_admit(P, key):
     """``key`` misses and is about to take a slot: forget its ghost, noting that it was one."""
     node = ghost_find(P, key)
@@ -76,7 +77,7 @@ def s3fifo_admit(P, key):
         P[GHOST_HIT] = 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def s3fifo_fresh(P, slot):
     """``slot`` took the id of the last admit: the newest of small (of main for a ghost, or
     while small is full before the first eviction), no use counted, pinned."""
@@ -89,7 +90,7 @@ def s3fifo_fresh(P, slot):
     P[GHOST_HIT] = 0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def s3fifo_remove(P, slot):
     """``slot``'s row left the tier (taken up): out of its queue, no ghost."""
     i = P[BITS] + slot
@@ -97,7 +98,7 @@ def s3fifo_remove(P, slot):
     P[i] = 0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _main_victim(P):
     """Main's clock: the first unpinned slot with no use left, from the oldest; -1: all pinned."""
     newer, older, bits = P[NEWER], P[OLDER], P[BITS]
@@ -116,7 +117,7 @@ def _main_victim(P):
     return NIL
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _small_victim(P, slot_ids):
     """From small's oldest: promote the used, evict (and ghost) the first other; -1 when
     every slot left in small is pinned and main gives none either."""
@@ -145,7 +146,7 @@ def _small_victim(P, slot_ids):
     return NIL
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def s3fifo_victim(P, slot_ids):
     """Take the victim out of its queue and return its slot, or -1 when every slot is pinned."""
     P[EVICTED] = 1

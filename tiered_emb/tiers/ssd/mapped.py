@@ -30,7 +30,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from tiered_emb._jit import ROW_PREFETCH_DISTANCE, prefetch_hint
+from tiered_emb._jit import ROW_PREFETCH_DISTANCE, kernel, prefetch_hint
 from tiered_emb.tiers.ssd.codec import SUM_MUL_HI, SUM_MUL_ID, SUM_SEED, sum_weights
 from tiered_emb.tiers.ssd.index import POS_BITS, POS_MASK
 
@@ -130,7 +130,7 @@ def row_sum(words, start, width, row_id, weights):
     return (h + np.uint64(acc)) & mask
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights, check=True):
     """``out_rows[at[j]] = `` the row of ``ids[j]`` at ``locs[j]`` (segment << POS_BITS |
     position), for segments whose ``base[seq]`` (float offset of their first row) is known,
@@ -186,7 +186,7 @@ def gather_split(floats, base, nrows, summed, locs, ids, width, out_rows, at, we
     return -1
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _pack_rows(ids, words, records, weights):
     n, width = words.shape
     for i in numba.prange(n):

@@ -14,10 +14,9 @@ next growth compacts the arrays.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-from tiered_emb._jit import take_rows
+from tiered_emb._jit import kernel, take_rows
 from tiered_emb._order import stable_argsort
 from tiered_emb.cache.index import EMPTY, index_del, index_find, index_prefetch, index_put, new_index
 
@@ -27,7 +26,7 @@ ABSENT = 2
 _AHEAD = 8
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _buf_put(keys, vals, ids, rows, states, n, new_ids, new_rows, new_states):
     """Insert or overwrite each ``new_ids[i]`` (later duplicates win); returns the new row count."""
     m = new_ids.shape[0]
@@ -47,7 +46,7 @@ def _buf_put(keys, vals, ids, rows, states, n, new_ids, new_rows, new_states):
     return n
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _buf_get(keys, vals, rows, states, ids, out_rows, out_state):
     """For each ``ids[i]`` with ``out_state[i] == 0`` held here: its row into ``out_rows[i]``, its state."""
     hits = 0
@@ -66,7 +65,7 @@ def _buf_get(keys, vals, rows, states, ids, out_rows, out_state):
     return hits
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _buf_remove(keys, vals, ids):
     """Unlink every held ``ids[i]``; returns how many were held."""
     gone = 0
@@ -77,7 +76,7 @@ def _buf_remove(keys, vals, ids):
     return gone
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _buf_live(keys, vals, out):
     """Positions of the held entries (any order) into ``out``; returns their count."""
     m = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._jit import prefetch_hint
+from tiered_emb._jit import kernel, prefetch_hint
 from tiered_emb.cache.index import EMPTY, hash_home, index_find, index_prefetch
 
 #: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
@@ -18,7 +18,7 @@ from tiered_emb.cache.index import EMPTY, hash_home, index_find, index_prefetch
 AHEAD = 8
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def loc_set(keys, vals, ids, locs, old):
     """``ids[i] -> locs[i]`` for each i in order, replacing a held entry (its location into
     ``old[i]``, else -1); returns the entries added."""
@@ -45,7 +45,7 @@ def loc_set(keys, vals, ids, locs, old):
     return added
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def loc_items(keys, vals, out_ids, out_locs):
     """The entries into ``out_ids``/``out_locs``, as many as they hold; returns how many."""
     m = 0
@@ -95,7 +95,7 @@ def _search(arr_ids, lo, hi, q):
     return lo
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def positions_of(arr_ids, n, dir_, shift, covered, ids, at):
     """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; returns
     how many are absent.  Queries ``AHEAD`` on have their directory entry and bucket
@@ -127,7 +127,7 @@ def positions_of(arr_ids, n, dir_, shift, covered, ids, at):
     return absent
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out):
     """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash.  The
     location or hash bucket ``AHEAD`` on is fetched early (a hint, as in :func:`positions_of`)."""
@@ -145,7 +145,7 @@ def find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta,
             out[i] = index_find(keys, vals, ids[i])
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def find_split(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out, parts):
     """:func:`find_rows` over ``parts`` consecutive slices of ``ids`` at once, on Numba's threads
     (the index is only read; each slice writes its own part of ``out``)."""
@@ -156,7 +156,7 @@ def find_split(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta
         find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids[lo:hi], out[lo:hi])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def set_at(arr_locs, at, locs, missing, old):
     """``arr_locs[at[i]] = locs[i]`` where ``at[i]`` is a position (the location it had into
     ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
@@ -187,7 +187,7 @@ def merge_back(arr_ids: np.ndarray, arr_locs: np.ndarray, n: int, new_ids: np.nd
     merge_back_part(arr_ids, arr_locs, new_ids, new_locs, np.array([n - 1, m - 1, n + m - 1], dtype=np.int64), n + m)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def merge_back_part(arr_ids, arr_locs, new_ids, new_locs, cur, rows):
     """:func:`merge_back` for at most ``rows`` moves, from ``cur`` = ``[i, j, w]`` (the last
     old row not moved, the last new one not placed, the position written next), kept up:
@@ -208,7 +208,7 @@ def merge_back_part(arr_ids, arr_locs, new_ids, new_locs, cur, rows):
     cur[0], cur[1], cur[2] = i, j, w
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def build_dir_part(arr_ids, a, b, shift, dir_, cur):
     """:func:`build_dir` over positions ``a:b`` (called in order, from 0), ``cur[0]`` the next
     bucket; the caller fills the buckets past the last row."""
@@ -222,7 +222,7 @@ def build_dir_part(arr_ids, a, b, shift, dir_, cur):
     cur[0] = bucket
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def find_merging(
     arr_ids,
     arr_locs,

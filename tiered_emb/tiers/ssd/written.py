@@ -14,11 +14,12 @@ import itertools
 import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel
 def _set_bits(bits, ids):
     """Set the bit of each of ``ids`` (int64, each < 8 * len(bits)) in ``bits`` (uint8)."""
     for i in range(ids.shape[0]):
