@@ -35,8 +35,8 @@ def kernel(fn: Any = None, /, **options: Any) -> Any:
     without Numba's reference counting.
 
     Numba counts a reference to each array an inlined helper or a called kernel is given,
-    and its pass that removes the pairs gives up on loops of any shape: the counts then
-    run at every use, each an atomic operation, and a loop that calls such helpers runs
+    and its pass that removes the pairs gives up on loops of many shapes: the counts then
+    run at every call, each an atomic operation, and a loop that calls such helpers runs
     several times slower (docs/benchmarks.md, "Kernel choices").  The arrays a kernel is
     given outlive its call, so it needs no counts; Numba refuses to compile a kernel so
     built that makes an array, or returns one it was not given.  Use with or without

@@ -111,9 +111,9 @@ def index_prefetch_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, 
 def index_find_of(keys: Keys, vals: Vals, owner: Vals | Owners, key: int | np.int64, tab: int | np.int32) -> np.int64:
     """Slot of ``key`` of table ``tab``, or -1 (``owner`` empty: of the one table).
 
-    One exit and no call (as every ``*_of`` function): a return inside the loop, or a call
-    to the plain function, makes Numba count references to the arrays at every call, which
-    took ~19x the probe itself (docs/benchmarks.md, "Kernel choices")."""
+    One exit and no call to the plain function, as every ``*_of`` function: each such
+    call or return in a probe loop is a block Numba's reference counts could not be
+    pruned from (docs/benchmarks.md, "Kernel choices")."""
     shared = is_shared(owner)
     mask = keys.shape[0] - 1
     i = home_of(key, tab, mask) if shared else hash_home(key, mask)
