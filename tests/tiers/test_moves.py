@@ -1,13 +1,14 @@
 """Rows moving between tiers: the row copies, DDR's admit as decisions then copies, the
 resolve's helper thread, and the parts ``stats()`` times."""
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered_emb import RowWiseAdagrad, TableConfig, TierConfig, TieredStore
-from tiered_emb._jit import move_rows
+from tiered_emb._jit import kernel, move_rows, one_thread
 from tiered_emb.cache.policies import BASE_POLICIES
 from tiered_emb.sim.traces import zipf_ids
 from tiered_emb.step.resolve import MOVE_PARTS
@@ -34,6 +35,51 @@ def test_move_rows_matches_numpy_indexing():
     at = rng.permutation(60)[:50]
     move_rows(src, None, into, at, 7)
     assert np.array_equal(into[at], src)
+
+
+@pytest.mark.parametrize("one", [False, True])
+def test_a_threaded_move_is_the_serial_one(one):
+    """A move large enough to be cut over the threads copies what NumPy's indexing does,
+    on one thread or on all, every skipped destination left as it was."""
+    rng = np.random.default_rng(1)
+    src = rng.normal(size=(30_000, 21)).astype(np.float32)
+    dst = rng.normal(size=(25_000, 24)).astype(np.float32)
+    src_at = rng.permutation(30_000)[:20_000]
+    dst_at = rng.permutation(25_000)[:20_000]
+    dst_at[::7] = -1
+    assert src_at.shape[0] * 21 >= 1 << 16  # (the threaded path, not the serial one)
+    want = dst.copy()
+    keep = dst_at >= 0
+    want[dst_at[keep], :21] = src[src_at[keep]]
+    with one_thread(one):
+        move_rows(src, src_at, dst, dst_at, 21)
+    assert np.array_equal(dst, want)
+
+
+def test_a_kernel_that_makes_an_array_does_not_compile():
+    """``kernel`` compiles without reference counts; Numba must refuse what would need
+    them (an array made, or a view of one returned), not run it unsafely."""
+
+    @kernel
+    def makes(n):
+        return np.zeros(n)
+
+    @kernel
+    def returns_a_view(a):
+        return a[1:]
+
+    @kernel
+    def writes(a, n):
+        for i in range(n):
+            a[i] = i
+        return n
+
+    with pytest.raises(numba.core.errors.TypingError):
+        makes(3)
+    with pytest.raises(numba.core.errors.TypingError):
+        returns_a_view(np.zeros(3))
+    a = np.zeros(4)
+    assert writes(a, 4) == 4 and a.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def _row(i: int, width: int) -> np.ndarray:
