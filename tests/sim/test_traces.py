@@ -34,6 +34,21 @@ def test_zipf_unchanged_and_seeded():
     assert np.bincount(a).argmax() == 12345 % 1000
 
 
+@given(
+    st.integers(1, 5000),
+    st.sampled_from([0.0, 0.3, 1.05, 2.5]),
+    st.integers(0, 2**32),
+)
+def test_zipf_table_draw_is_the_inverse_cdf(n_ids, alpha, seed):
+    """Under the table's size a draw is the inverse CDF of the seed's uniform draws,
+    ``searchsorted(cdf, u, side="right")`` exactly (the guided search finds the same rank)."""
+    cdf = np.cumsum(np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha)
+    cdf /= cdf[-1]
+    u = np.random.default_rng(seed).random(3000)
+    expect = np.minimum(np.searchsorted(cdf, u, side="right"), n_ids - 1)
+    assert np.array_equal(zipf_ids(n_ids, alpha, 3000, seed=seed, scatter=False), expect)
+
+
 def test_drift_moves_the_hot_set():
     tr = drift_ids(1000, 1.2, 20_000, seed=0, period=10_000, shift=100)
     first, second = np.bincount(tr[:10_000], minlength=1000), np.bincount(tr[10_000:], minlength=1000)

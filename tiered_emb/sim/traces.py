@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from tiered_emb._args import as_ids, finite_arg, int_arg
+from tiered_emb._jit import kernel
 from tiered_emb.errors import ConfigError, IdRangeError, TraceFileError
 
-#: Up to this many ids a Zipf draw searches the distribution's table (8 bytes an id, 32 MiB
-#: here); above, it draws by rejection-inversion (:func:`zipf_ranks_rejection`) in memory
+#: Up to this many ids a Zipf draw searches the distribution's table (12 bytes an id with
+#: its guide, 48 MiB here); above, it draws by rejection-inversion (:func:`zipf_ranks_rejection`) in memory
 #: that does not grow with the id space.
 CDF_MAX_IDS = 1 << 22
 #: The most ids a Zipf draw takes: rejection-inversion's ranks are float64, exact up to 2**53.
@@ -33,28 +34,62 @@ _REJECTION_CHUNK = 1 << 16
 
 #: Bytes of distribution tables kept between draws (the least recently used dropped past
 #: it): the tables of a job's 26 features of up to 300,000 ids each stay.
-CDF_CACHE_BYTES = 64 << 20
-_CDFS: OrderedDict[tuple[int, float], np.ndarray] = OrderedDict()
+CDF_CACHE_BYTES = 96 << 20
+_CDFS: OrderedDict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _CDFS_LOCK = threading.Lock()
 
 
-def _zipf_cdf(n_ids: int, alpha: float) -> np.ndarray:
-    """The distribution's table of ``n_ids`` ids, kept while the tables kept fit in
-    :data:`CDF_CACHE_BYTES`."""
+def _zipf_cdf(n_ids: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution's table of ``n_ids`` ids and its guide (:func:`_search_cdf`), kept
+    while the tables kept fit in :data:`CDF_CACHE_BYTES`."""
     key = (n_ids, alpha)
     with _CDFS_LOCK:
-        cdf = _CDFS.get(key)
-        if cdf is not None:
+        kept = _CDFS.get(key)
+        if kept is not None:
             _CDFS.move_to_end(key)
-            return cdf
+            return kept
     w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
+    guide = np.empty(n_ids, dtype=np.int32 if n_ids < 2**31 else np.int64)
+    _guide_cdf(cdf, guide)
     with _CDFS_LOCK:
-        _CDFS[key] = cdf
-        while sum(c.nbytes for c in _CDFS.values()) > CDF_CACHE_BYTES and len(_CDFS) > 1:
+        _CDFS[key] = (cdf, guide)
+        while sum(c.nbytes + g.nbytes for c, g in _CDFS.values()) > CDF_CACHE_BYTES and len(_CDFS) > 1:
             _CDFS.popitem(last=False)
-    return cdf
+    return cdf, guide
+
+
+@kernel
+def _guide_cdf(cdf, guide):
+    """``guide[k]`` (m entries) = the rank of ``(k - 1) / m``: at or below that of any draw
+    ``u`` with ``int(u * m) == k`` (the product rounds, so ``u`` may lie a little under
+    ``k / m``).  One walk of ``cdf``."""
+    m = guide.shape[0]
+    n = cdf.shape[0]
+    j = 0
+    guide[0] = 0
+    for k in range(1, m):
+        y = (k - 1) / m
+        while j < n and cdf[j] <= y:
+            j += 1
+        guide[k] = j
+
+
+@kernel
+def _search_cdf(cdf, guide, u, out):
+    """``out[i]`` = the first rank whose ``cdf`` exceeds ``u[i]`` (``np.searchsorted(cdf, u,
+    side="right")``, the same answer), from the guide's lower bound up: a few entries read
+    in order instead of a binary search's cache misses."""
+    m = guide.shape[0]
+    n = cdf.shape[0]
+    for i in range(u.shape[0]):
+        x = u[i]
+        k = int(x * m)
+        j = guide[min(k, m - 1)]
+        while j < n and cdf[j] <= x:
+            j += 1
+        out[i] = j
 
 
 def _h_integral(x: np.ndarray | float, q: float) -> np.ndarray:
@@ -115,7 +150,7 @@ def _scatter_multiplier(n_ids: int) -> int:
 def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = True) -> np.ndarray:
     """``size`` ids in ``[0, n_ids)`` with P(rank r) proportional to r**-alpha (exact, finite support).
 
-    Up to :data:`CDF_MAX_IDS` ids a draw searches the distribution's table (8 bytes an id);
+    Up to :data:`CDF_MAX_IDS` ids a draw searches the distribution's table (12 bytes an id);
     above, it draws by rejection-inversion (:func:`zipf_ranks_rejection`, uniform draws at
     ``alpha`` 0), so a trace over 1e9 ids costs the trace alone.
 
@@ -149,8 +184,9 @@ def zipf_ids(n_ids: int, alpha: float, size: int, seed: int, scatter: bool = Tru
     else:
         ranks = zipf_ranks_rejection(n_ids, alpha, size, rng) if n_ids > CDF_MAX_IDS else None
     if ranks is None:
-        cdf = _zipf_cdf(n_ids, alpha)
-        ranks = np.searchsorted(cdf, rng.random(size), side="right").astype(np.int64)
+        cdf, guide = _zipf_cdf(n_ids, alpha)
+        ranks = np.empty(size, dtype=np.int64)
+        _search_cdf(cdf, guide, rng.random(size), ranks)
         np.minimum(ranks, n_ids - 1, out=ranks)
     if scatter:
         a = _scatter_multiplier(n_ids)
