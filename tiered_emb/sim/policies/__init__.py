@@ -1,4 +1,4 @@
-"""The simulator's eviction policies: one ``@njit`` kernel per policy over preallocated arrays.
+"""The simulator's eviction policies: one kernel per policy over preallocated arrays.
 
 Every kernel has the same shape: it runs a request trace (int64 ``(n,)``) through a cache
 of ``capacity`` objects of unit size, admitting every missed id (demand paging, as

@@ -9,10 +9,9 @@ Twin of the store's ARC (:mod:`tiered_emb.cache.policies.arc`).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-from tiered_emb._jit import prefetch_hint
+from tiered_emb._jit import kernel, prefetch_hint
 from tiered_emb.sim.policies.base import (
     NIL,
     PREFETCH_STATE_MIN,
@@ -36,7 +35,7 @@ B1 = 2
 B2 = 3
 
 
-@numba.njit(cache=True)
+@kernel
 def _arc_simulate(trace, capacity, ix, node_ids, where, newer, older, free, hit_flags):
     """ARC over ``2 * capacity + 1`` nodes, each in one of T1, T2, B1, B2 (``where`` int8).
 

@@ -128,11 +128,10 @@ def _ix_del_impl(ix, key):
 # --------------------------------------------------------------------------- the request loop
 # Every kernel walks the trace one request at a time and starts each the same way.  The
 # helpers below are inlined (``inline="always"``) so the compiled loop is the one written
-# out by hand (``hit_flags.shape[0]``, a kernel argument, is a loop invariant).  Why
-# :func:`lookup` neither calls :func:`prefetch_ahead` nor counts the hit: an array passed
-# on from one inlined helper to another, or to one that returns a value from a branch,
-# kept an atomic reference count update in the loop, which made the ring kernels several
-# times slower.  Check a new helper by counting ``NRT_incref`` in the kernel's LLVM IR.
+# out by hand (``hit_flags.shape[0]``, a kernel argument, is a loop invariant).  The
+# kernels are :func:`tiered_emb._jit.kernel`s: compiled without reference counts, so an
+# array handed from one helper to another costs nothing in the loop (a kernel that
+# counted them paid an atomic update per request for some such handings).
 @numba.njit(inline="always")
 def prefetch_ahead(ix, trace, i, deep):
     """Prefetch the index entry of request ``i + PREFETCH_AHEAD``; when ``deep``, also

@@ -17,7 +17,7 @@ import numba
 import numpy as np
 
 from tiered_emb._args import as_ids
-from tiered_emb._jit import prefetch_hint
+from tiered_emb._jit import kernel, prefetch_hint
 from tiered_emb.errors import ConfigError
 from tiered_emb.sim.policies.base import PREFETCH_AHEAD, dense_ok, id_range, ix_del, ix_find, ix_prefetch, ix_put
 from tiered_emb.sim.policies.buffers import kernel_state, scratch
@@ -137,7 +137,7 @@ def _opt_sift_down(heap, hpos, i, n):
     hpos[x & 0xFFFFFFFF] = i
 
 
-@numba.njit(cache=True)
+@kernel
 def _belady_simulate(trace, next_use, capacity, ix, slot_ids, heap, hpos, dead, hit_flags):
     """Belady's MIN: a 4-ary max-heap (int64 (capacity,)) of ``next use << 32 | slot``
     over the residents that will be requested again, and a stack ``dead`` int32

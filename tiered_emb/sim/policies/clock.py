@@ -10,15 +10,15 @@ the store's CLOCK (:mod:`tiered_emb.cache.policies.queue`).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.sim.policies.base import flag_hit, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 from tiered_emb.sim.policies.fifo import ring_admit
 
 
-@numba.njit(cache=True)
+@kernel
 def _clock_simulate(trace, capacity, ix, ring, ref, hit_flags):
     """CLOCK: ring of ids and reference bits (uint8 (capacity,)).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.sim.policies.base import ix_del, ix_put, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 
@@ -39,7 +40,7 @@ def ring_admit(ix, ring, key, used, hand, capacity):
     return pos, used, hand
 
 
-@numba.njit(cache=True)
+@kernel
 def _fifo_simulate(trace, capacity, ix, ring, hit_flags):
     """FIFO over a ring of ids ((capacity,), the index's id dtype); ``hand`` is the oldest position."""
     hits = 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from tiered_emb._jit import prefetch_hint
+from tiered_emb._jit import kernel, prefetch_hint
 from tiered_emb.sim.policies.base import (
     NIL,
     PREFETCH_STATE_MIN,
@@ -55,7 +55,7 @@ def _bucket_append_item(bk, item, b, s):
     item[s, 0] = b
 
 
-@numba.njit(cache=True)
+@kernel
 def _lfu_twin_simulate(trace, capacity, ix, slot_ids, item, bk, bfree, hit_flags):
     """LFU in O(1) per request: buckets of equal use count, in increasing count order.
 

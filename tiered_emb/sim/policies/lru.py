@@ -13,14 +13,14 @@ registers, makes the same choices faster.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_pop, list_push, list_unlink, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 
 
-@numba.njit(cache=True)
+@kernel
 def _lru_twin_simulate(trace, capacity, ix, slot_ids, newer, older, hit_flags):
     """LRU over a list of slots (``newer`` / ``older`` int32 (capacity,)).
 

@@ -14,6 +14,7 @@ import numba
 import numpy as np
 
 from tiered_emb._args import finite_arg
+from tiered_emb._jit import kernel
 from tiered_emb.cache.policies import s3fifo_sizes as store_sizes
 from tiered_emb.errors import ConfigError
 from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_unlink, lookup
@@ -43,7 +44,7 @@ def _ring_pop(ring, meta, q):
     return slot
 
 
-@numba.njit(cache=True)
+@kernel
 def _s3fifo_simulate(
     trace,
     small_cap,

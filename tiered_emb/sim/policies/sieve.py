@@ -11,14 +11,14 @@ unvisited object and stays where it was.  The twin of the store's SIEVE
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from tiered_emb._jit import kernel
 from tiered_emb.sim.policies.base import NIL, flag_hit, ix_del, ix_put, list_push, list_unlink, lookup
 from tiered_emb.sim.policies.buffers import kernel_state
 
 
-@numba.njit(cache=True)
+@kernel
 def _sieve_simulate(trace, capacity, ix, slot_ids, newer, older, visited, hit_flags):
     """SIEVE over a list of slots: ``newer`` / ``older`` (int32 (capacity,)) links.
 
