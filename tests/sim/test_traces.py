@@ -307,7 +307,7 @@ def test_zipf_above_the_table_size_is_seeded_and_a_prefix():
 
 
 def test_zipf_over_1e9_ids_costs_the_trace_alone():
-    """The table of a 1e9-id space would be 8 GB: a child process draws 65,536 ids from it
+    """The table of a 1e9-id space would be 12 GB: a child process draws 65,536 ids from it
     in a few MiB beyond what importing takes."""
     code = (
         "import resource\n"

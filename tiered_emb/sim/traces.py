@@ -51,7 +51,7 @@ def _zipf_cdf(n_ids: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     w = np.arange(1, n_ids + 1, dtype=np.float64) ** -alpha
     cdf = np.cumsum(w)
     cdf /= cdf[-1]
-    guide = np.empty(n_ids, dtype=np.int32 if n_ids < 2**31 else np.int64)
+    guide = np.empty(n_ids, dtype=np.int32)  # (n_ids <= CDF_MAX_IDS)
     _guide_cdf(cdf, guide)
     with _CDFS_LOCK:
         _CDFS[key] = (cdf, guide)
