@@ -2,7 +2,7 @@
 
 A call of a jitted function that leaves an argument to its default (or passes a type not
 seen yet) goes through ``Dispatcher._compile_for_args``, a hundred times the fast path
-(the CHANGELOG has what ``CacheTier.find`` cost the DLRM job).  This test runs
+(docs/lab.md has what ``CacheTier.find`` cost the DLRM job).  This test runs
 the store's paths (lookup, the fused and held pooled updates, prefetch and the pipeline,
 admission, expiry, delete, peek, checkpoint) twice to warm them, then counts the slow
 dispatches of a third round: at most two a kernel (the first call of a signature not met

@@ -3,7 +3,7 @@
 ``P`` is a single preallocated int64 array: a 48-entry header, then the regions of its
 policy.  One array (not a tuple of arrays) on purpose: Numba increments and decrements
 the reference count of every array of a tuple each time an inlined helper takes the
-tuple apart, on every policy operation; one array costs nothing (measured: CHANGELOG.md).
+tuple apart, on every policy operation; one array costs nothing (measured: docs/lab.md).
 
 Header (indices): scalars ``USE_CLOCK``, ``HEAD``, ``TAIL``, ``HEAP_SIZE``, ``HAND``; lists
 as triples (newest, oldest, length) at ``NEWEST`` (the one list of FIFO, CLOCK and SIEVE;
