@@ -2,6 +2,7 @@
 
 from tiered_emb.tiers.ddr import DdrTier
 from tiered_emb.tiers.hbm import DirectHbmTier, HbmTier
-from tiered_emb.tiers.ssd import SsdTier
+from tiered_emb.tiers.protocol import Tier
+from tiered_emb.tiers.ssd import SsdTable, SsdTier
 
-__all__ = ["DdrTier", "DirectHbmTier", "HbmTier", "SsdTier"]
+__all__ = ["DdrTier", "DirectHbmTier", "HbmTier", "SsdTable", "SsdTier", "Tier"]

@@ -61,6 +61,26 @@ class DdrTier(CacheTier):
         plan = self.admit_decide(ids, dirty)
         return self.admit_rows(rows, plan)
 
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:class:`~tiered_emb.tiers.protocol.Tier`'s read: copies of the records of ``ids``
+        held here (zeros elsewhere) and the found mask; no use is counted."""
+        slots = self.find(np.ascontiguousarray(ids, dtype=np.int64))
+        found = slots >= 0
+        rows = np.zeros((slots.shape[0], self.width), dtype=np.float32)
+        if found.any():
+            rows[found] = self.records[slots[found], : self.width]
+        return rows, found
+
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:class:`~tiered_emb.tiers.protocol.Tier`'s put: ``ids`` held here are taken out
+        first (a row is in one tier at a time), then all are admitted dirty, as HBM's
+        victims are; returns copies of the dirty rows pushed out."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        k = ids.shape[0]
+        self.take(ids, np.empty((k, self.width), dtype=np.float32), np.empty(k, dtype=np.uint8))
+        ev_ids, ev_rows, _ = self.admit(ids, np.ascontiguousarray(rows, dtype=np.float32), np.ones(k, dtype=np.uint8))
+        return ev_ids.copy(), ev_rows.copy()
+
     def admit_decide(self, ids: np.ndarray, dirty: np.ndarray, tabs: np.ndarray = _NO_TABS) -> AdmitPlan:
         """:meth:`admit`'s decisions alone (no row copied; records are not read): the plan
         for :meth:`admit_rows`, which must follow before anything else changes the tier.

@@ -134,6 +134,38 @@ class HbmTier(CacheTier):
         """Host copy of the records in ``slots``."""
         return to_host(self.records[to_xp(self.xp, slots), : self.width])
 
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:class:`~tiered_emb.tiers.protocol.Tier`'s read: host copies of the records of
+        ``ids`` held here (zeros elsewhere) and the found mask; no use is counted."""
+        slots = self.find(np.ascontiguousarray(ids, dtype=np.int64))
+        found = slots >= 0
+        rows = np.zeros((slots.shape[0], self.width), dtype=np.float32)
+        if found.any():
+            rows[found] = self.rows_at(slots[found])
+        return rows, found
+
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:class:`~tiered_emb.tiers.protocol.Tier`'s put, as the step places rows: chunks of
+        the unpinned capacity resolved in order, their rows written dirty, the dirty
+        victims returned (copies)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        step = self.unpinned_capacity
+        if step < 1 and ids.shape[0]:
+            raise RuntimeError("every slot of the tier is pinned: release some before a put")
+        out_ids, out_rows = [_NO_SLOTS], [np.empty((0, self.width), dtype=np.float32)]
+        for start in range(0, ids.shape[0], max(step, 1)):
+            chunk = ids[start : start + step]
+            slots, _, vids, vrows, vdirty, pinned = self.resolve(chunk)
+            if vrows is not None:
+                keep = vdirty.astype(bool)
+                out_ids.append(vids[keep])
+                out_rows.append(vrows[keep])  # (a copy: boolean indexing)
+            self.fill(slots, rows[start : start + step], np.ones(chunk.shape[0], dtype=np.uint8))
+            if pinned:
+                self.release(slots)
+        return np.concatenate(out_ids), np.concatenate(out_rows)
+
 
 class DirectHbmTier(HbmTier):
     """An HBM tier that holds its whole table: row ``id`` lives in slot ``id``.

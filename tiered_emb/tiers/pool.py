@@ -49,6 +49,11 @@ class HbmShare(HbmTier):
         """The victims' records at the tier's width (victims are any table's), in the pool's buffer."""
         return self.pool.victim_rows(vslots)
 
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Not for a share: a put into a shared tier pushes out any table's rows, which one
+        table's answer cannot name (the step hands each victim to its own table)."""
+        raise TypeError("a put into one table's share of a shared tier could push out other tables' rows")
+
 
 class DdrShare(DdrTier):
     """One table's view of a shared DDR tier (the module's docstring)."""
@@ -71,6 +76,11 @@ class DdrShare(DdrTier):
     def admit_rows(self, rows: np.ndarray, plan: AdmitPlan):
         """:meth:`DdrTier.admit_rows` in the pool: ``rows`` at the tier's width."""
         return self.pool.admit_rows(rows, plan)
+
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Not for a share: a put into a shared tier pushes out any table's rows, which one
+        table's answer cannot name (the step hands each victim to its own table)."""
+        raise TypeError("a put into one table's share of a shared tier could push out other tables' rows")
 
 
 def slot_floats(tables: list[TableConfig]) -> tuple[int, int]:

@@ -9,7 +9,7 @@ written), :mod:`.held` and :mod:`.rowbuf` (rows held in memory), :mod:`.segments
 the pipe.
 """
 
-from tiered_emb.tiers.ssd.tier import SsdTier
+from tiered_emb.tiers.ssd.tier import SsdTable, SsdTier
 from tiered_emb.tiers.ssd.writer_client import WRITER_PROCESS
 
-__all__ = ["WRITER_PROCESS", "SsdTier"]
+__all__ = ["WRITER_PROCESS", "SsdTable", "SsdTier"]

@@ -335,6 +335,10 @@ class SsdTier:
             )
         return ids[found], rows[found]
 
+    def table(self, name: str) -> SsdTable:
+        """Table ``name`` of this tier as a :class:`~tiered_emb.tiers.protocol.Tier`."""
+        return SsdTable(self, name)
+
     def verify(self) -> dict:
         """Check every stored byte (:func:`.verify.verify`): what was checked and each damaged record."""
         return verify(self.lmdb, self.widths, self.table_rows, self._zd, self.dtypes)
@@ -364,3 +368,26 @@ class SsdTier:
         self.writer.close()
         self.segments.close()
         self.lmdb.env.close()
+
+
+class SsdTable:
+    """One table of an :class:`SsdTier` as a :class:`~tiered_emb.tiers.protocol.Tier`: no
+    capacity (every row ever written), a put a write-back (:meth:`SsdTier.write_pending`,
+    not durable until the next checkpoint) that pushes nothing out, a read
+    :meth:`SsdTier.read` (a deleted row is not found)."""
+
+    capacity_rows: int | None = None
+
+    def __init__(self, tier: SsdTier, name: str):
+        if name not in tier.widths:
+            raise KeyError(f"the SSD tier holds no table {name!r}")
+        self.tier, self.name, self.width = tier, name, tier.widths[name]
+
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.zeros((np.shape(ids)[0], self.width), dtype=np.float32)
+        return rows, self.tier.read(self.name, np.ascontiguousarray(ids, dtype=np.int64), rows)
+
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        self.tier.write_pending({self.name: (ids, np.ascontiguousarray(rows, dtype=np.float32))}, durable=False)
+        return ids[:0], np.empty((0, self.width), dtype=np.float32)
