@@ -130,6 +130,15 @@ def test_a_row_put_is_read_back_bitwise(make):
         assert found.all() and bitwise(got, rows)
 
 
+def test_rows_of_another_shape_are_refused(make):
+    from tiered_emb.errors import RowShapeError
+
+    with make() as tier:
+        with pytest.raises(RowShapeError, match="shape"):
+            tier.put(np.array([1, 2], dtype=np.int64), np.zeros((2, WIDTH + 1), dtype=np.float32))
+        assert not tier.read(ALL_IDS)[1].any()
+
+
 def test_the_newest_put_wins(make):
     with make() as tier:
         tier.put(np.array([5, 7], dtype=np.int64), records([5, 7], 0))
@@ -202,6 +211,17 @@ def test_a_checkpoint_survives_a_reopen(kind, tmp_path_factory, batches):
         got, found = tier.read(ids)
         assert found.all() and bitwise(got, np.reshape([newest[i] for i in ids.tolist()], (-1, WIDTH)))
         assert held_ids(tier).tolist() == ids.tolist()
+    finally:
+        ssd.close()
+
+
+def test_an_ssd_table_not_in_the_tier_is_a_typed_error(tmp_path):
+    from tiered_emb.errors import UnknownTableError
+
+    ssd = open_ssd(tmp_path / "s", None, False)
+    try:
+        with pytest.raises(UnknownTableError, match="tables: \\['t'\\]"):
+            ssd.table("nope")
     finally:
         ssd.close()
 

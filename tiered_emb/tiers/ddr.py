@@ -19,6 +19,7 @@ import numpy as np
 from tiered_emb._backend import host_full, host_zeros
 from tiered_emb._jit import move_rows
 from tiered_emb.cache.slots import CacheTier, cache_admit_slots, cache_take, cache_take_slots
+from tiered_emb.tiers.protocol import put_arrays
 
 _NO_TABS = np.empty(0, dtype=np.int32)
 
@@ -75,10 +76,10 @@ class DdrTier(CacheTier):
         """:class:`~tiered_emb.tiers.protocol.Tier`'s put: ``ids`` held here are taken out
         first (a row is in one tier at a time), then all are admitted dirty, as HBM's
         victims are; returns copies of the dirty rows pushed out."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ids, rows = put_arrays(ids, rows, self.width)
         k = ids.shape[0]
         self.take(ids, np.empty((k, self.width), dtype=np.float32), np.empty(k, dtype=np.uint8))
-        ev_ids, ev_rows, _ = self.admit(ids, np.ascontiguousarray(rows, dtype=np.float32), np.ones(k, dtype=np.uint8))
+        ev_ids, ev_rows, _ = self.admit(ids, rows, np.ones(k, dtype=np.uint8))
         return ev_ids.copy(), ev_rows.copy()
 
     def admit_decide(self, ids: np.ndarray, dirty: np.ndarray, tabs: np.ndarray = _NO_TABS) -> AdmitPlan:

@@ -20,6 +20,7 @@ from tiered_emb.cache.slots import (
     cache_release,
     cache_resolve_new,
 )
+from tiered_emb.tiers.protocol import put_arrays
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _NO_TABS = np.empty(0, dtype=np.int32)
@@ -148,8 +149,7 @@ class HbmTier(CacheTier):
         """:class:`~tiered_emb.tiers.protocol.Tier`'s put, as the step places rows: chunks of
         the unpinned capacity resolved in order, their rows written dirty, the dirty
         victims returned (copies)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        ids, rows = put_arrays(ids, rows, self.width)
         step = self.unpinned_capacity
         if step < 1 and ids.shape[0]:
             raise RuntimeError("every slot of the tier is pinned: release some before a put")

@@ -28,6 +28,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from tiered_emb.errors import RowShapeError
+
 
 @runtime_checkable
 class Tier(Protocol):
@@ -55,3 +57,16 @@ class Tier(Protocol):
         dirty rows pushed out to make room (copies, in the order pushed; a clean row pushed
         out is dropped, the tier below has it), empty for a tier without a capacity."""
         ...
+
+
+def put_arrays(ids: np.ndarray, rows: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` as int64 and ``rows`` as float32, both C order, for a :meth:`Tier.put` of
+    records ``width`` floats wide; rows of another shape are a :class:`RowShapeError`."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    if rows.shape != (ids.shape[0], width):
+        raise RowShapeError(
+            f"a put of {ids.shape[0]} ids got rows of shape {rows.shape}",
+            f"give float32 records of shape ({ids.shape[0]}, {width}): weights, then optimizer state",
+        )
+    return ids, rows

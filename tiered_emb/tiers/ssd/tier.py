@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from tiered_emb.errors import CorruptStoreError
+from tiered_emb.errors import CorruptStoreError, UnknownTableError
+from tiered_emb.tiers.protocol import put_arrays
 from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.checkpoint import Checkpointer
 from tiered_emb.tiers.ssd.codec import is_tombstone
@@ -380,7 +381,9 @@ class SsdTable:
 
     def __init__(self, tier: SsdTier, name: str):
         if name not in tier.widths:
-            raise KeyError(f"the SSD tier holds no table {name!r}")
+            raise UnknownTableError(
+                f"no table {name!r} in the SSD tier at {tier.path}", f"tables: {sorted(tier.widths)}"
+            )
         self.tier, self.name, self.width = tier, name, tier.widths[name]
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -388,6 +391,6 @@ class SsdTable:
         return rows, self.tier.read(self.name, np.ascontiguousarray(ids, dtype=np.int64), rows)
 
     def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        self.tier.write_pending({self.name: (ids, np.ascontiguousarray(rows, dtype=np.float32))}, durable=False)
+        ids, rows = put_arrays(ids, rows, self.width)
+        self.tier.write_pending({self.name: (ids, rows)}, durable=False)
         return ids[:0], np.empty((0, self.width), dtype=np.float32)
