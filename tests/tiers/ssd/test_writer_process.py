@@ -490,3 +490,31 @@ def test_the_writer_process_tunes_its_allocator_as_told(tmp_path, monkeypatch):
     head = {"path": str(path), "map_size": 1 << 24, "max_dbs": 4, "max_readers": 64, "compression": None}
     _serve(monkeypatch, codec.frame_bytes(dict(head, dbs=["p:a"], malloc_trim=1 << 28)), parent=777, ppids=[777] * 10)
     assert told == [1 << 28]
+
+
+@pytest.mark.parametrize("shared_max", [1 << 22, 64, 0])
+def test_segments_reach_the_writer_through_shared_memory_or_the_pipe(tmp_path, shared_max):
+    """Segments encoded here go through the region both processes map when they fit it
+    (4 MiB), down the pipe when they do not (64 bytes) or where there is no region (0):
+    the same keys and bytes in ``p:`` either way, over writes that grow the region."""
+    from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
+
+    lmdb_env = LmdbEnv(tmp_path / "env", ["a"], 1 << 24)
+    proc = WriterProcess(lmdb_env, None, ["a"], shared_max=shared_max)
+    try:
+        want, seq = [], 0
+        for n in (3, 2000, 40_000, 5):  # segments of 100 B to 2 MiB: the region grows twice
+            ids = np.arange(n, dtype=np.int64) * 3
+            rows = np.random.default_rng(n).standard_normal((n, 13)).astype(np.float32)
+            values = [codec.encode_segment(ids[k::2], rows[k::2], None, seq + k) for k in range(2)]
+            assert proc.write([("a", seq + k, ids[k::2], v) for k, v in enumerate(values)], 1 << 24) == {"ok": True}
+            want += [(codec.segment_key(seq + k), v.tobytes()) for k, v in enumerate(values)]
+            seq += 2
+        used = proc.shared is not None
+    finally:
+        proc.close()
+    assert used == (shared_max > 64 and hasattr(os, "memfd_create"))  # (Linux: the region; elsewhere the pipe)
+    with lmdb_env.env.begin() as txn:
+        got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=lmdb_env.pending["a"])]
+    lmdb_env.env.close()
+    assert got == want

@@ -376,7 +376,12 @@ class Writer:
             if self.process is None:
                 try:
                     self.process = WriterProcess(
-                        self._lmdb, self._compression, self._tables, self._malloc_trim, self._segments.dtypes
+                        self._lmdb,
+                        self._compression,
+                        self._tables,
+                        self._malloc_trim,
+                        self._segments.dtypes,
+                        shared_max=self.budget_bytes // 4,
                     )
                 except WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
                     self.writer_process = False

@@ -5,11 +5,21 @@ its own GIL (why: :mod:`.writer_main`).  This module starts it, sends it writes 
 it, and makes sure it never outlives its trainer's interest: ended by
 :meth:`WriterProcess.close`, when the object is collected, at exit, and a process forked
 from the trainer does not keep its pipe.
+
+The segments a write puts (encoded by the trainer) reach the process through memory both
+map (a ``memfd`` on Linux, handed to the process at its start): copied in once here,
+put by the process straight from the map.  Through the pipe they were copied into the
+kernel, out again in pieces, then joined: three copies of every byte on a 2-core host
+where the process shares a core with the step.  The region grows with the writes it
+carries up to ``shared_max`` bytes (the writer's transactions are an eighth of
+``budget_bytes``; a background write-back of ``writeback_rows`` may be larger); a write
+larger than that, and every write where no ``memfd`` can be made, goes down the pipe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import select
 import signal
@@ -55,8 +65,13 @@ class WriterProcess:
         tables: list[str],
         malloc_trim: int = 0,
         dtypes: dict[str, int] | None = None,
+        shared_max: int = 0,
     ):
         self.path = lmdb_env.path
+        #: the region shared with the process (its fd, the map, the most it may grow to)
+        self.shared_fd = _memfd() if shared_max > 0 else None
+        self.shared: mmap.mmap | None = None
+        self.shared_max = int(shared_max) if self.shared_fd is not None else 0
         if getattr(sys, "frozen", False) or not sys.executable:  # sys.executable is the app, or none
             raise WriterStartError(
                 f"the LMDB writer process for {self.path} cannot start (no Python interpreter "
@@ -70,10 +85,12 @@ class WriterProcess:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 close_fds=True,
+                pass_fds=() if self.shared_fd is None else (self.shared_fd,),
                 start_new_session=True,
                 env=env,
             )
         except (OSError, TypeError, ValueError) as err:
+            self._close_shared()
             raise WriterStartError(f"the LMDB writer process for {self.path} cannot start ({err})") from err
         _widen_pipe(self.proc.stdin)
         self._end = weakref.finalize(self, _end_process, self.proc)
@@ -87,6 +104,7 @@ class WriterProcess:
             "dbs": ["p:" + t for t in sorted(tables)],
             "dtypes": {"p:" + t: int(c) for t, c in sorted((dtypes or {}).items())},
             "malloc_trim": int(malloc_trim),
+            "shared_fd": self.shared_fd,
         }
         try:
             reply = self._call(hello, [], timeout=self.START_TIMEOUT_S, max_reply=1 << 12)
@@ -105,15 +123,53 @@ class WriterProcess:
         each value a segment's LMDB value (:meth:`.SegmentLog.encoded`), put as it is, or its
         rows (float32 (k, W)), which the process encodes."""
         parts, arrays = [], []
+        encoded = [memoryview(rows).cast("B") for _, _, _, rows in segments if not _is_rows(rows)]
+        shared = self._share(sum(_aligned(v.nbytes) for v in encoded))
+        at = 0
         for t, seq, ids, rows in segments:
-            if isinstance(rows, np.ndarray) and rows.ndim == 2:
+            if _is_rows(rows):
                 parts.append(["p:" + t, int(seq), int(ids.shape[0]), int(rows.shape[1])])
                 arrays += [ids, rows]
-            else:
-                value = memoryview(rows).cast("B")
+                continue
+            value = memoryview(rows).cast("B")
+            if shared is None:
                 parts.append(["p:" + t, int(seq), value.nbytes])
                 arrays.append(value)
-        return self._call({"map_size": map_size, "parts": parts}, arrays)
+            else:  # into the shared region; the part names where
+                shared[at : at + value.nbytes] = value
+                parts.append(["p:" + t, int(seq), value.nbytes, "shared", at])
+                at += _aligned(value.nbytes)
+        head = {"map_size": map_size, "parts": parts}
+        if shared is not None:
+            head["shared_bytes"] = len(shared)
+        return self._call(head, arrays)
+
+    def _share(self, nbytes: int) -> mmap.mmap | None:
+        """The shared region, grown to at least ``nbytes`` (in steps of doubling, at most
+        ``shared_max``), or None: the write goes down the pipe."""
+        if self.shared_fd is None or not 0 < nbytes <= self.shared_max:
+            return None
+        size = len(self.shared) if self.shared is not None else 0
+        if size < nbytes:
+            size = min(max(nbytes, 2 * size, 1 << 20), self.shared_max)
+            try:
+                os.ftruncate(self.shared_fd, size)
+                region = mmap.mmap(self.shared_fd, size)
+            except OSError:
+                return None  # (no memory for it now: the pipe)
+            if self.shared is not None:
+                self.shared.close()
+            self.shared = region
+        return self.shared
+
+    def _close_shared(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+        if self.shared_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.shared_fd)
+            self.shared_fd = None
 
     def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
         """Send a frame (and ``arrays``' bytes) and return the reply; ``timeout`` seconds for
@@ -147,6 +203,28 @@ class WriterProcess:
         """End the process and reap it (between writes: it holds no transaction)."""
         _RUNNING.discard(self)
         self._end()
+        self._close_shared()
+
+
+def _is_rows(rows) -> bool:
+    """Whether a part carries rows for the process to encode (else a segment encoded here)."""
+    return isinstance(rows, np.ndarray) and rows.ndim == 2
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to 64: each part in the shared region starts on a cache line."""
+    return (nbytes + 63) & ~63
+
+
+def _memfd() -> int | None:
+    """A new anonymous shared-memory file (Linux's ``memfd_create``), or None where there is none."""
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return None
+    try:
+        return int(create("tiered_emb-writes"))
+    except OSError:
+        return None
 
 
 #: The pipe buffer asked for the writes (Linux; capped by ``/proc/sys/fs/pipe-max-size``).

@@ -23,7 +23,10 @@ Protocol, frames of a 4-byte little-endian length and a JSON object, on stdin / 
   ``[db name, segment number, bytes]`` is followed by the segment's value, encoded by the
   trainer (its Numba kernels on its threads), and put as it is; reply ``{"ok": true}``,
   or ``{"error": "map_full"}`` (nothing written: the trainer's side grows the map and sends the write again), or
-  ``{"error": "full" | "failed", "message": ...}`` (rolled back).
+  ``{"error": "full" | "failed", "message": ...}`` (rolled back).  Where the hello named a
+  ``shared_fd`` (memory both processes map), a write may carry ``shared_bytes`` (the
+  region's size now) and parts ``[db name, segment number, bytes, "shared", offset]``: a
+  segment's value at that offset of the region, nothing of it on the pipe.
 
 The process ends when stdin closes (its parent closed it, or ended: the kernel closes a
 dead process's pipes; a frame cut short is never committed) and, while it waits for a write, within a second of
@@ -156,6 +159,7 @@ def _wait_for_input(stream, parent: int) -> bool:
 
 
 def main() -> None:
+    import mmap
     import signal
 
     import lmdb
@@ -187,6 +191,7 @@ def main() -> None:
     compressor = zstandard.ZstdCompressor(level=level) if level else None
     dbs = {name: env.open_db(name.encode()) for name in hello["dbs"]}
     dtypes = hello.get("dtypes", {})
+    shared_fd, shared = hello.get("shared_fd"), None
     codec.write_frame(out, {"ok": True})
     while True:
         if not _wait_for_input(inp, parent):
@@ -195,7 +200,14 @@ def main() -> None:
         if req is None:
             return
         parts = []
+        if req.get("shared_bytes") and (shared is None or len(shared) != req["shared_bytes"]):
+            # the trainer grew the region (a map of the old size, with views of it, dies with them)
+            shared = mmap.mmap(shared_fd, req["shared_bytes"], prot=mmap.PROT_READ)
         for part in req["parts"]:
+            if len(part) == 5:  # a segment's value in the shared region
+                name, seq, nbytes, _, at = part
+                parts.append((name, seq, None, memoryview(shared)[at : at + nbytes]))
+                continue
             if len(part) == 3:  # a segment's value, encoded by the trainer
                 name, seq, nbytes = part
                 parts.append((name, seq, None, _read_exact(inp, nbytes)))
