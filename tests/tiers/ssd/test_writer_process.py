@@ -510,9 +510,12 @@ def test_segments_reach_the_writer_through_shared_memory_or_the_pipe(tmp_path, s
             assert proc.write([("a", seq + k, ids[k::2], v) for k, v in enumerate(values)], 1 << 24) == {"ok": True}
             want += [(codec.segment_key(seq + k), v.tobytes()) for k, v in enumerate(values)]
             seq += 2
-        used = proc.shared is not None
+        used, fd = proc.shared is not None, proc.shared_fd
     finally:
         proc.close()
+    if fd is not None:  # close() let the region go
+        with pytest.raises(OSError):
+            os.fstat(fd)
     assert used == (shared_max > 64 and hasattr(os, "memfd_create"))  # (Linux: the region; elsewhere the pipe)
     with lmdb_env.env.begin() as txn:
         got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=lmdb_env.pending["a"])]

@@ -68,15 +68,17 @@ class WriterProcess:
         shared_max: int = 0,
     ):
         self.path = lmdb_env.path
-        #: the region shared with the process (its fd, the map, the most it may grow to)
-        self.shared_fd = _memfd() if shared_max > 0 else None
-        self.shared: mmap.mmap | None = None
-        self.shared_max = int(shared_max) if self.shared_fd is not None else 0
         if getattr(sys, "frozen", False) or not sys.executable:  # sys.executable is the app, or none
             raise WriterStartError(
                 f"the LMDB writer process for {self.path} cannot start (no Python interpreter "
                 "to run it: a frozen or embedded app)"
             )
+        #: the region shared with the process (its fd, the map, the most it may grow to); its fd
+        #: is closed by close() or when this object is collected
+        self.shared_fd = _memfd() if shared_max > 0 else None
+        self.shared: mmap.mmap | None = None
+        self.shared_max = int(shared_max) if self.shared_fd is not None else 0
+        self._fd_end = weakref.finalize(self, _close_fd, self.shared_fd)
         paths = [p for p in sys.path if isinstance(p, str) and p and os.pathsep not in p]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         try:
@@ -166,10 +168,8 @@ class WriterProcess:
         if self.shared is not None:
             self.shared.close()
             self.shared = None
-        if self.shared_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.shared_fd)
-            self.shared_fd = None
+        self._fd_end()
+        self.shared_fd = None
 
     def _call(self, head: dict, arrays, timeout: float | None = None, max_reply: int | None = None) -> dict:
         """Send a frame (and ``arrays``' bytes) and return the reply; ``timeout`` seconds for
@@ -214,6 +214,12 @@ def _is_rows(rows) -> bool:
 def _aligned(nbytes: int) -> int:
     """``nbytes`` rounded up to 64: each part in the shared region starts on a cache line."""
     return (nbytes + 63) & ~63
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _memfd() -> int | None:
