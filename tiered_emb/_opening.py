@@ -8,7 +8,6 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from tiered_emb import _directory
 from tiered_emb._args import snapshot_arg
@@ -16,7 +15,7 @@ from tiered_emb._backend import resolve_xp
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.engine import Engine
 from tiered_emb.errors import ConfigError
-from tiered_emb.tiers import SsdTier
+from tiered_emb.tiers import SsdSettings, SsdTier
 
 
 def create(path_arg: str | os.PathLike[str], tables_arg: Iterable[TableConfig], tiers: TierConfig, seed: int) -> Engine:
@@ -92,22 +91,11 @@ def open_writer(
     return engine
 
 
-def _ssd_tier(path: Path, tables: list[TableConfig], tiers: TierConfig, map_size: int, **kwargs: Any) -> SsdTier:
+def _ssd_tier(
+    path: Path, tables: list[TableConfig], tiers: TierConfig, map_size: int, existing: bool = False
+) -> SsdTier:
     """The SSD tier of the store at ``path`` (its ``tables``, under ``tiers``)."""
-    widths, rows = {t.name: t.record_width for t in tables}, {t.name: t.num_rows for t in tables}
-    return SsdTier(
-        path / "lmdb",
-        widths,
-        tiers.ssd_compression,
-        map_size,
-        background_writes=tiers.background_writes,
-        table_rows=rows,
-        budget_bytes=tiers.budget_bytes,
-        keep_checkpoints=tiers.keep_checkpoints or 1,  # (both callers set it)
-        tune_malloc=tiers.tune_malloc,
-        table_dtypes={t.name: t.dtype for t in tables},
-        **kwargs,
-    )
+    return SsdTier(path / "lmdb", SsdSettings.of(tables, tiers, map_size), existing=existing)
 
 
 __all__ = ["create", "open_writer"]

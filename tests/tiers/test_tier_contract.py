@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier, SsdTier, Tier
+from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier, SsdSettings, SsdTier, Tier
 
 WIDTH = 5  # 3 weights + 2 optimizer-state columns
 NUM_IDS = 24  # ids 0 .. NUM_IDS - 1 (a DirectHbmTier holds exactly these)
@@ -32,16 +32,15 @@ ALL_IDS = np.arange(NUM_IDS, dtype=np.int64)
 
 def open_ssd(path, compression, background, existing=False) -> SsdTier:
     """An SSD tier of one table at ``path``, as ``TieredStore.create`` / ``open`` make it."""
-    tier = SsdTier(
-        path,
-        {TABLE: WIDTH},
-        compression,
-        1 << 22,
+    settings = SsdSettings(
+        widths={TABLE: WIDTH},
+        rows={TABLE: NUM_IDS},
+        compression=compression,
+        map_size_bytes=1 << 22,
         writeback_rows=3,  # a few puts reach p: in LMDB, the rest wait in memory
         background_writes=background,
-        table_rows={TABLE: NUM_IDS},
-        existing=existing,
     )
+    tier = SsdTier(path, settings, existing=existing)
     if not existing:  # as TieredStore.create: an empty checkpoint to reopen at
         tier.checkpoint({}, {"epoch": 0}, None)
     return tier

@@ -3,6 +3,6 @@
 from tiered_emb.tiers.ddr import DdrTier
 from tiered_emb.tiers.hbm import DirectHbmTier, HbmTier
 from tiered_emb.tiers.protocol import Tier
-from tiered_emb.tiers.ssd import SsdTable, SsdTier
+from tiered_emb.tiers.ssd import SsdSettings, SsdTable, SsdTier
 
-__all__ = ["DdrTier", "DirectHbmTier", "HbmTier", "SsdTable", "SsdTier", "Tier"]
+__all__ = ["DdrTier", "DirectHbmTier", "HbmTier", "SsdSettings", "SsdTable", "SsdTier", "Tier"]

@@ -109,17 +109,17 @@ class SnapshotTier:
                 if plans is None:
                     written = WrittenIds(self.lmdb)
                     ctx = SsdContext(
-                        self.lmdb,
-                        self.widths,
-                        self.table_rows,
-                        self._lock,
-                        HeldRows(self.widths, self._lock),  # (a reader holds no write-backs)
-                        written,
-                        None,
-                        None,
-                        self._zd,
-                        self._budget,
-                        self.dtypes,
+                        lmdb=self.lmdb,
+                        widths=self.widths,
+                        table_rows=self.table_rows,
+                        lock=self._lock,
+                        held=HeldRows(self.widths, self._lock),  # (a reader holds no write-backs)
+                        written=written,
+                        compression=None,
+                        compressor=None,
+                        decompressor=self._zd,
+                        budget_bytes=self._budget,
+                        dtypes=self.dtypes,
                     )
                     segments = SegmentLog(ctx)
                     for n in sorted(self.widths):

@@ -28,7 +28,7 @@ from tiered_emb.tiers.ssd import codec
 from tiered_emb.tiers.ssd.checkpoint import Checkpointer
 from tiered_emb.tiers.ssd.codec import is_tombstone
 from tiered_emb.tiers.ssd.compaction import Compactor
-from tiered_emb.tiers.ssd.context import SsdContext
+from tiered_emb.tiers.ssd.context import SsdContext, SsdSettings
 from tiered_emb.tiers.ssd.held import HeldRows
 from tiered_emb.tiers.ssd.lmdb_env import LmdbEnv
 from tiered_emb.tiers.ssd.reads import Reader
@@ -39,14 +39,14 @@ from tiered_emb.tiers.ssd.written import WrittenIds
 
 
 class SsdTier:
-    """Every row ever written to a store, in LMDB at ``path``, for tables of
-    ``table_widths`` (name -> record width: weights, then optimizer state, float32).
+    """Every row ever written to a store, in LMDB at ``path``, for the tables of its
+    :class:`.SsdSettings` (name -> record width: weights, then optimizer state).
 
     What it holds, each part a module of this package:
 
     - :attr:`lmdb` (:class:`.LmdbEnv`): the environment, its databases, map growth;
     - :attr:`written` (:class:`.WrittenIds`): a bitmap of the ids ever written, per table
-      with ``num_rows`` (``table_rows``): the others are never looked up;
+      with ``num_rows`` (``SsdSettings.rows``): the others are never looked up;
     - :attr:`held` (:class:`.HeldRows`): write-backs waiting in memory (the buffer, then
       snapshots being written) and rows staged ahead of the step;
     - :attr:`segments` (:class:`.SegmentLog`): the segments of ``p:`` and their index;
@@ -65,26 +65,16 @@ class SsdTier:
     durable write and a checkpoint do the same in this thread, with every waiting row.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        table_widths: dict[str, int],
-        compression: int | None,
-        map_size_bytes: int,
-        writeback_rows: int = 1 << 16,
-        background_writes: bool = True,
-        table_rows: dict[str, int | None] | None = None,
-        existing: bool = False,
-        budget_bytes: int = 256 << 20,
-        keep_checkpoints: int = 1,
-        tune_malloc: bool = False,
-        table_dtypes: dict[str, str] | None = None,
-    ):
+    def __init__(self, path: Path, settings: SsdSettings, existing: bool = False):
+        """The tier in LMDB at ``path`` (a new environment there, or with ``existing`` the
+        store's own), made as ``settings`` say (:class:`.SsdSettings`)."""
         self.path = Path(path)
-        self.widths = dict(table_widths)
+        self.settings = settings
+        self.widths = dict(settings.widths)
         #: table name -> the code of its rows' dtype in segment headers (``codec.DTYPE_CODES``)
-        self.dtypes = {n: codec.DTYPE_CODES[d] for n, d in sorted((table_dtypes or {}).items())}
-        self.compression = compression
+        self.dtypes = {n: codec.DTYPE_CODES[d] for n, d in sorted(settings.dtypes.items())}
+        compression = self.compression = settings.compression
+        budget_bytes = settings.budget_bytes
         tables = sorted(self.widths)
         # Guards the held rows, the segment index and the written bits (short sections only):
         # moving rows from a snapshot to p: must look atomic to a reader.
@@ -93,30 +83,32 @@ class SsdTier:
         self.staging = self.held.staging  # staged reads: counts of reads, rows, rows used, reads discarded
         zc = codec.PerThread(lambda: zstandard.ZstdCompressor(level=compression)) if compression else None
         zd = codec.PerThread(zstandard.ZstdDecompressor)
-        self.lmdb = LmdbEnv(self.path, tables, map_size_bytes, existing)
-        table_rows = {n: (table_rows or {}).get(n) for n in tables}
+        self.lmdb = LmdbEnv(self.path, tables, settings.map_size_bytes, existing)
+        table_rows = {n: settings.rows.get(n) for n in tables}
         self.table_rows, self._zd = table_rows, zd
         self.written = WrittenIds(self.lmdb)
         ctx = SsdContext(
-            self.lmdb,
-            self.widths,
-            table_rows,
-            self._lock,
-            self.held,
-            self.written,
-            compression,
-            zc,
-            zd,
-            budget_bytes,
-            self.dtypes,
+            lmdb=self.lmdb,
+            widths=self.widths,
+            table_rows=table_rows,
+            lock=self._lock,
+            held=self.held,
+            written=self.written,
+            compression=compression,
+            compressor=zc,
+            decompressor=zd,
+            budget_bytes=budget_bytes,
+            dtypes=self.dtypes,
         )
         self.segments = SegmentLog(ctx)
         self.reader = Reader(ctx, self.segments)
         self.compactor = Compactor(ctx, self.segments)
-        malloc_trim = budget_bytes // 4 if tune_malloc else 0
-        self.writer = Writer(ctx, self.segments, self.compactor, writeback_rows, background_writes, malloc_trim)
+        malloc_trim = budget_bytes // 4 if settings.tune_malloc else 0
+        self.writer = Writer(
+            ctx, self.segments, self.compactor, settings.writeback_rows, settings.background_writes, malloc_trim
+        )
         self.checkpoints = Checkpointer(ctx, self.segments, self.writer)
-        self.checkpoints.keep = keep_checkpoints
+        self.checkpoints.keep = settings.keep_checkpoints
         # ``p:`` is read (SegmentLog.load) by discard_pending or promote_pending, one of which
         # every store runs as it opens.
         try:
