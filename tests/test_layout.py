@@ -404,6 +404,34 @@ def test_modules_are_30_to_600_lines() -> None:
     assert not found, "modules outside 30-600 lines:\n" + _grouped(found)
 
 
+#: The most parameters a function or kernel takes (``self`` / ``cls`` not counted): state that
+#: travels together goes in one named structure (a ``NamedTuple`` or a tuple a kernel unpacks,
+#: a settings dataclass), not in a long positional list.
+MAX_PARAMETERS = 12
+
+
+def long_signatures(path: Path) -> list[tuple[str, str]]:
+    """``(module, "name (n parameters)")`` for each function of ``path`` over :data:`MAX_PARAMETERS`."""
+    found = []
+    where = _rel(path) if path.is_relative_to(ROOT) else path.name
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            n = len(names) - (1 if names and names[0] in ("self", "cls") else 0)
+            if n > MAX_PARAMETERS:
+                found.append((where, f"{node.name} ({n} parameters, line {node.lineno})"))
+    return found
+
+
+def test_no_function_takes_a_long_positional_list(tmp_path) -> None:
+    found = [f for path in package_files() for f in long_signatures(path)]
+    assert not found, f"functions over {MAX_PARAMETERS} parameters:\n" + _grouped(found)
+    probe = tmp_path / "probe.py"  # the check sees one when there is one
+    probe.write_text("def f(self, " + ", ".join(f"a{i}" for i in range(MAX_PARAMETERS + 1)) + "):\n    pass\n")
+    assert [name for _, name in long_signatures(probe)] == [f"f ({MAX_PARAMETERS + 1} parameters, line 1)"]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # (f): tests use the public interface
 

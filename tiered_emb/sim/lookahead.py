@@ -32,6 +32,7 @@ remove it.  Hit rate = 1 - misses / unique ids per batch, summed over batches.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -366,8 +367,22 @@ def _reheap(heap, hpos, due, s, n):
     hpos[s] = i
 
 
+class _BeladySlots(NamedTuple):
+    """Windowed Belady's slots (int64, one entry a slot) and the heap over them."""
+
+    slot_ids: np.ndarray  # the id held (-1: none)
+    due: np.ndarray  # the key the heap orders by: the next use in the window, else the ties' order
+    nu: np.ndarray  # the next use of the id (a position of ``uids``)
+    last: np.ndarray  # its last use
+    count: np.ndarray  # its uses since admission
+    heap: np.ndarray  # slots, the largest ``due`` first
+    hpos: np.ndarray  # each slot's place in ``heap``
+
+
 @numba.njit(cache=True)
-def _window_belady(uids, boff, next_use, k, capacity, by_count, keys, vals, slot_ids, due, nu, last, count, heap, hpos):
+def _window_belady(uids, boff, next_use, k, capacity, by_count, index, slots):
+    keys, vals = index
+    slot_ids, due, nu, last, count, heap, hpos = slots
     nb = boff.shape[0] - 1
     n = uids.shape[0]
     hits = 0
@@ -447,10 +462,8 @@ def window_belady_hits(uids: np.ndarray, boff: np.ndarray, capacity: int, window
     # a cache of len(uids) rows never evicts: larger ones run as that one (same hits, its memory)
     cap = min(capacity, max(uids.shape[0], 1))
     keys, vals = new_index(cap)
-    z = [np.zeros(cap, dtype=np.int64) for _ in range(6)]
-    hits = _window_belady(
-        uids, boff, next_use_of(uids), window, cap, ties == "lfu", keys, vals, np.full(cap, -1, dtype=np.int64), *z
-    )
+    slots = _BeladySlots(np.full(cap, -1, dtype=np.int64), *(np.zeros(cap, dtype=np.int64) for _ in range(6)))
+    hits = _window_belady(uids, boff, next_use_of(uids), window, cap, ties == "lfu", (keys, vals), slots)
     if hits < 0:
         raise ConfigError(
             f"a batch has more unique ids than capacity={capacity}", "use a larger cache or smaller batches"

@@ -212,11 +212,13 @@ def _adam_row(vals, st, g_row, params):
 
 
 @numba.njit(inline="always")
-def _state_step(vals, w16, w32, s, sw, per, narrow_state, skeys, id_, col0, g_row, params, adam, st):
-    """Adagrad's (``adam`` False) or Adam's step of record ``s``, its state at word ``sw``:
-    float32 words stepped where they lie, or (``narrow_state``) bfloat16 arrays of ``per``
-    words each read into ``st``, stepped, and rounded back, each array from the bits of its
-    key in ``skeys`` (:func:`tiered_emb.precision.state_key`), Adam's step count as it is."""
+def _state_step(vals, w16, w32, s, state, skeys, id_, col0, g_row, params, st):
+    """Adagrad's or Adam's step of record ``s``, its state laid out as ``state`` =
+    ``(sw, per, narrow_state, adam)`` says (:func:`update`): at word ``sw``, float32 words
+    stepped where they lie, or (``narrow_state``) bfloat16 arrays of ``per`` words each
+    read into ``st``, stepped, and rounded back, each array from the bits of its key in
+    ``skeys`` (:func:`tiered_emb.precision.state_key`), Adam's step count as it is."""
+    sw, per, narrow_state, adam = state
     dim = vals.shape[0]
     if not narrow_state:
         if adam:
@@ -288,8 +290,8 @@ def update_kernels(dim: int, kind: int):
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
     @kernel(parallel=True)
-    def _state16(w16, w32, lut, slots, ids, grads, params, key, skeys, col0, sw, per, bf16, adam, narrow_state):
-        """Adagrad (``adam`` False) or Adam on 16-bit rows, their state at word ``sw``
+    def _state16(w16, w32, lut, slots, ids, grads, params, key, skeys, col0, state, bf16):
+        """Adagrad or Adam on 16-bit rows, their state laid out as ``state`` says
         (:func:`_state_step`)."""
         for k in numba.prange(slots.shape[0]):
             s = slots[k]
@@ -297,7 +299,7 @@ def update_kernels(dim: int, kind: int):
             st = local_f32(state_len)
             for j in range(dim):
                 new[j] = _dec(w16[s, j], lut, kind)
-            _state_step(new, w16, w32, s, sw, per, narrow_state, skeys, ids[k], col0, grads[k], params, adam, st)
+            _state_step(new, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st)
             _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
 
     kernels = {"rowwise_adagrad": _rowwise16, "sgd": _sgd16, "state": _state16}
@@ -388,8 +390,8 @@ def update_kernels8(dim: int):
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
     @kernel(parallel=True)
-    def _state8(w8, w32, slots, ids, grads, params, key, skeys, col0, sw, per, adam, narrow_state):
-        """Adagrad (``adam`` False) or Adam on int8 rows, their state at word ``sw``
+    def _state8(w8, w32, slots, ids, grads, params, key, skeys, col0, state):
+        """Adagrad or Adam on int8 rows, their state laid out as ``state`` says
         (:func:`_state_step`)."""
         w16 = w32.view(np.uint16)
         for k in numba.prange(slots.shape[0]):
@@ -397,7 +399,7 @@ def update_kernels8(dim: int):
             vals = local_f32(dim)
             st = local_f32(state_len)
             _load8(w8, w32, s, vals)
-            _state_step(vals, w16, w32, s, sw, per, narrow_state, skeys, ids[k], col0, grads[k], params, adam, st)
+            _state_step(vals, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st)
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
     kernels = {"rowwise_adagrad": _rowwise8, "sgd": _sgd8, "state": _state8}
@@ -455,6 +457,7 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
     skeys = _NO_KEYS  # (the state arrays' own keys: a narrow state's alone needs them)
     if narrow_state and name in ("adagrad", "adam"):
         skeys = np.array([state_key(key, a) for a in range(2)], dtype=np.uint64)
+    state = (int(sw), int(per), bool(narrow_state), bool(adam))  # (the state's layout: _state_step)
     if cfg.dtype == "int8":
         kernels8 = update_kernels8(cfg.dim)
         w8 = records.view(np.uint8)
@@ -463,7 +466,7 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
         elif name == "rowwise_adagrad":
             kernels8["rowwise_adagrad"](w8, records, slots, ids, grads, params, k, col0, sw, means)
         else:
-            kernels8["state"](w8, records, slots, ids, grads, params, k, skeys, col0, sw, per, adam, narrow_state)
+            kernels8["state"](w8, records, slots, ids, grads, params, k, skeys, col0, state)
         return True
     kind = _kind(cfg.dtype)
     lut, bf16, w16 = LUT[cfg.dtype], cfg.dtype == "bfloat16", records.view(np.uint16)
@@ -473,9 +476,7 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
     elif name == "rowwise_adagrad":
         kernels["rowwise_adagrad"](w16, records, lut, slots, ids, grads, params, k, col0, sw, bf16, means)
     else:
-        kernels["state"](
-            w16, records, lut, slots, ids, grads, params, k, skeys, col0, sw, per, bf16, adam, narrow_state
-        )
+        kernels["state"](w16, records, lut, slots, ids, grads, params, k, skeys, col0, state, bf16)
     return True
 
 

@@ -10,6 +10,8 @@ S3-FIFO (:mod:`tiered_emb.cache.policies.s3fifo`), whose queue sizes it shares.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
@@ -44,38 +46,42 @@ def _ring_pop(ring, meta, q):
     return slot
 
 
+class _Resident(NamedTuple):
+    """The resident slots and their two FIFO queues (small 0, main 1)."""
+
+    slot_ids: np.ndarray  # the id in each slot
+    queue_of: np.ndarray  # uint8: the queue of each slot
+    freq: np.ndarray  # int64: uses since admitted (main: the clock's 2 bits)
+    ring: np.ndarray  # int32 (2, capacity): each queue's slots, oldest first from its head
+    qmeta: np.ndarray  # int64 (2, 2): each queue's [head, size]
+
+
+class _Ghost(NamedTuple):
+    """The ghost FIFO: a list of ids over ``ghost_cap`` nodes (a ghost hit removes an id from
+    its middle) and the stack of free nodes."""
+
+    gids: np.ndarray
+    gnewer: np.ndarray  # int32: the next newer node (NIL: none)
+    golder: np.ndarray  # int32: the next older node
+    gfree: np.ndarray  # int32: free nodes (a stack)
+
+
 @kernel
-def _s3fifo_simulate(
-    trace,
-    small_cap,
-    main_cap,
-    ghost_cap,
-    threshold,
-    ix,
-    slot_ids,
-    queue_of,
-    freq,
-    ring,
-    qmeta,
-    gids,
-    gnewer,
-    golder,
-    gfree,
-    hit_flags,
-):
+def _s3fifo_simulate(trace, sizes, ix, resident, ghost, hit_flags):
     """S3-FIFO.
 
-    Resident slots (``small_cap + main_cap`` of them) hold ``slot_ids``, ``queue_of``
-    (0 small, 1 main) and ``freq``; ``ring`` int32 (2, capacity) with ``qmeta`` int64
-    (2, 2) are the two FIFO queues.  The ghost is a FIFO list of ids over ``ghost_cap``
-    nodes (``gids``, ``gnewer``, ``golder``, free stack ``gfree``), since a ghost hit
-    removes an id from its middle.
+    ``sizes`` = ``(small_cap, main_cap, ghost_cap, threshold)``; ``small_cap + main_cap``
+    resident slots (:class:`_Resident`) and a ghost list of ``ghost_cap`` nodes
+    (:class:`_Ghost`).
 
     One index holds both: a resident id maps to its slot (>= 0), a ghost id to
     ``-2 - node`` (an id is never both: a ghost hit leaves the ghost before it is
     admitted).  Why: a miss must ask whether the id is a ghost, and a second index would
     be a second random access per miss, one the request prefetch does not cover.
     """
+    small_cap, main_cap, ghost_cap, threshold = sizes
+    slot_ids, queue_of, freq, ring, qmeta = resident
+    gids, gnewer, golder, gfree = ghost
     capacity = small_cap + main_cap
     hits = 0
     used = 0
@@ -198,21 +204,18 @@ def s3fifo_hits(trace, capacity, hit_flags, index="auto", max_id=None, small_rat
     small, main, ghost = s3fifo_sizes(capacity, small_ratio, ghost_ratio)
     gcap = max(ghost, 1)
     with kernel_state(trace, capacity, index, max_id, capacity + ghost) as (ix, idt):
-        return _s3fifo_simulate(
-            trace,
-            small,
-            main,
-            ghost,
-            threshold,
-            ix,
+        resident = _Resident(
             np.empty(capacity, idt),
             np.zeros(capacity, np.uint8),
             np.zeros(capacity, np.int64),
             np.empty((2, capacity), np.int32),
             np.zeros((2, 2), np.int64),
+        )
+        ghosts = _Ghost(
             np.empty(gcap, idt),
             np.full(gcap, NIL, np.int32),
             np.full(gcap, NIL, np.int32),
             np.arange(gcap - 1, -1, -1, dtype=np.int32),
-            hit_flags,
         )
+        sizes = (int(small), int(main), int(ghost), threshold)
+        return _s3fifo_simulate(trace, sizes, ix, resident, ghosts, hit_flags)

@@ -35,6 +35,8 @@ from tiered_emb._order import stable_argsort
 from tiered_emb.cache.index import EMPTY, table_size_for
 from tiered_emb.tiers.ssd.sorted_index import (
     FIND_SPLIT_FROM,
+    Hash,
+    Sorted,
     build_dir,
     build_dir_part,
     find_merging,
@@ -180,7 +182,11 @@ class SegmentIndex:
         """What :meth:`positions` searches: taken under the tier's lock (the directory may be
         built again here), searched after it is let go."""
         self._finish()
-        return (self.stamp, self.ids.shape[0]), (self.ids, self.ids.shape[0], *self._fresh_dir())
+        return (self.stamp, self.ids.shape[0]), self._view()
+
+    def _view(self) -> Sorted:
+        """The arrays as a search sees them, the directory built again where due."""
+        return Sorted(self.ids, self.ids.shape[0], *self._fresh_dir())
 
     @staticmethod
     def positions(view: tuple, ids: np.ndarray) -> tuple:
@@ -188,9 +194,9 @@ class SegmentIndex:
         absent: the search of :meth:`add`, done by the one writer without the tier's lock
         (readers only read the arrays; a merge or an append between makes it stale, and
         :meth:`add` then searches again)."""
-        stamp, args = view
+        stamp, arrays = view
         at = np.empty(ids.shape[0], dtype=np.int64)
-        positions_of(*args, np.ascontiguousarray(ids, dtype=np.int64), at)
+        positions_of(arrays, np.ascontiguousarray(ids, dtype=np.int64), at)
         return stamp, at
 
     def add(self, seq: int, ids: np.ndarray, found: tuple | None = None) -> np.ndarray:
@@ -220,7 +226,7 @@ class SegmentIndex:
             if found is not None and found[0] == (self.stamp, n):
                 absent = set_at(self.locs, found[1], locs, missing, old)
             else:
-                absent = set_sorted(self.ids, self.locs, n, *self._fresh_dir(), ids, locs, missing, old)
+                absent = set_sorted(self._view(), self.locs, ids, locs, missing, old)
             if absent == 0:
                 return old
             new_at = np.flatnonzero(missing)
@@ -445,7 +451,7 @@ class SegmentIndex:
         ids, locs = self._later_items()
         missing = np.empty(ids.shape[0], dtype=np.bool_)
         old = np.empty(ids.shape[0], dtype=np.int64)
-        if set_sorted(self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), ids, locs, missing, old):
+        if set_sorted(self._view(), self.locs, ids, locs, missing, old):
             ids, locs = ids[missing], locs[missing]
             self.keys, self.vals = new_hash(ids.shape[0], ids, locs)
             self.n_delta = ids.shape[0]
@@ -487,15 +493,16 @@ class SegmentIndex:
         if self._merging is not None:
             _, _, cur, n_old = self._merging
             front, back = int(cur[0]), int(cur[2]) + 1
-            args = (self.ids, self.locs, self.ids.shape[0], self._dir, self._shift, self._covered, n_old, front, back)
-            find_merging(*args, self.keys, self.vals, self.later_keys, self.later_vals, self.n_later > 0, ids, out)
+            view = Sorted(self.ids, self.ids.shape[0], self._dir, self._shift, self._covered)
+            delta, later = Hash(self.keys, self.vals), Hash(self.later_keys, self.later_vals)
+            find_merging(view, self.locs, n_old, front, back, delta, later, self.n_later > 0, ids, out)
             return out
-        args = (self.ids, self.locs, self.ids.shape[0], *self._fresh_dir(), self.keys, self.vals, self.n_delta > 0)
+        view, delta = self._view(), Hash(self.keys, self.vals)
         parts = split_parts(ids.shape[0], FIND_SPLIT_FROM)
         if parts > 1:
-            find_split(*args, ids, out, parts)
+            find_split(view, self.locs, delta, self.n_delta > 0, ids, out, parts)
         else:
-            find_rows(*args, ids, out)
+            find_rows(view, self.locs, delta, self.n_delta > 0, ids, out)
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:

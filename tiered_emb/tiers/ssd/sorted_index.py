@@ -7,11 +7,31 @@ layout; these are Numba functions over its arrays, with no state of their own.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
 from tiered_emb._jit import kernel, prefetch_hint
 from tiered_emb.cache.index import EMPTY, hash_home, index_find, index_prefetch
+
+
+class Sorted(NamedTuple):
+    """The sorted arrays as a search sees them (:meth:`.index.SegmentIndex.view`)."""
+
+    ids: np.ndarray  # the ids, increasing
+    n: int  # the rows searched (``ids[:n]``)
+    dir_: np.ndarray  # int64: the first position of each bucket of ids (``id >> shift``)
+    shift: int
+    covered: int  # the rows the buckets cover (the rows after them: searched as one run)
+
+
+class Hash(NamedTuple):
+    """A hash of ids to locations (:mod:`tiered_emb.cache.index`'s layout)."""
+
+    keys: np.ndarray
+    vals: np.ndarray
+
 
 #: A query this many ids ahead has its directory entry, and its bucket of ids, fetched
 #: while the current one is searched: each is a cache miss on a large index.
@@ -96,10 +116,11 @@ def _search(arr_ids, lo, hi, q):
 
 
 @kernel
-def positions_of(arr_ids, n, dir_, shift, covered, ids, at):
+def positions_of(view, ids, at):
     """``at[i]`` = the position of ``ids[i]`` in ``arr_ids[:n]``, -1 where absent; returns
     how many are absent.  Queries ``AHEAD`` on have their directory entry and bucket
     fetched early (hints: nothing depends on them)."""
+    arr_ids, n, dir_, shift, covered = view
     absent = 0
     m = ids.shape[0]
     nb = dir_.shape[0] - 1
@@ -128,10 +149,13 @@ def positions_of(arr_ids, n, dir_, shift, covered, ids, at):
 
 
 @kernel
-def find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out):
-    """Location of each of ``ids`` (-1 where none): the sorted arrays, then the hash.  The
-    location or hash bucket ``AHEAD`` on is fetched early (a hint, as in :func:`positions_of`)."""
-    positions_of(arr_ids, n, dir_, shift, covered, ids, out)
+def find_rows(view, arr_locs, delta, has_delta, ids, out):
+    """Location of each of ``ids`` (-1 where none): the sorted arrays (``view``, their
+    locations ``arr_locs``), then the hash of ids added since (``delta``, when
+    ``has_delta``).  The location or hash bucket ``AHEAD`` on is fetched early (a hint, as
+    in :func:`positions_of`)."""
+    keys, vals = delta
+    positions_of(view, ids, out)
     m = ids.shape[0]
     for i in range(m):
         if i + AHEAD < m:
@@ -146,14 +170,14 @@ def find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta,
 
 
 @kernel(parallel=True)
-def find_split(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids, out, parts):
+def find_split(view, arr_locs, delta, has_delta, ids, out, parts):
     """:func:`find_rows` over ``parts`` consecutive slices of ``ids`` at once, on Numba's threads
     (the index is only read; each slice writes its own part of ``out``)."""
     m = ids.shape[0]
     for c in numba.prange(parts):
         lo = m * c // parts
         hi = m * (c + 1) // parts
-        find_rows(arr_ids, arr_locs, n, dir_, shift, covered, keys, vals, has_delta, ids[lo:hi], out[lo:hi])
+        find_rows(view, arr_locs, delta, has_delta, ids[lo:hi], out[lo:hi])
 
 
 @kernel
@@ -172,11 +196,11 @@ def set_at(arr_locs, at, locs, missing, old):
 
 
 @numba.njit(cache=True, nogil=True)
-def set_sorted(arr_ids, arr_locs, n, dir_, shift, covered, ids, locs, missing, old):
+def set_sorted(view, arr_locs, ids, locs, missing, old):
     """Change the location of each of ``ids`` held in the arrays (the one it had into
     ``old[i]``); ``missing[i]`` = the others.  Returns how many are missing."""
     at = np.empty(ids.shape[0], dtype=np.int64)
-    positions_of(arr_ids, n, dir_, shift, covered, ids, at)
+    positions_of(view, ids, at)
     return set_at(arr_locs, at, locs, missing, old)
 
 
@@ -223,28 +247,14 @@ def build_dir_part(arr_ids, a, b, shift, dir_, cur):
 
 
 @kernel
-def find_merging(
-    arr_ids,
-    arr_locs,
-    size,
-    dir_,
-    shift,
-    covered,
-    n_old,
-    front,
-    back,
-    keys,
-    vals,
-    later_keys,
-    later_vals,
-    has_later,
-    ids,
-    out,
-):
-    """:func:`find_rows` while a merge is under way: the later hash first (changes since it
-    began); new ids are all in the hash still; an old id at most ``arr_ids[front]`` lies in
-    the unmoved rows ``[0, front]`` (the old directory's), a larger one in the merged rows
-    ``[back, size)`` (searched whole)."""
+def find_merging(view, arr_locs, n_old, front, back, delta, later, has_later, ids, out):
+    """:func:`find_rows` while a merge is under way: the ``later`` hash first (changes since
+    it began); new ids are all in the ``delta`` hash still; an old id at most
+    ``arr_ids[front]`` lies in the unmoved rows ``[0, front]`` (the old directory's, over
+    ``n_old`` rows), a larger one in the merged rows ``[back, view.n)`` (searched whole)."""
+    arr_ids, size, dir_, shift, covered = view
+    keys, vals = delta
+    later_keys, later_vals = later
     for i in range(ids.shape[0]):
         q = ids[i]
         out[i] = -1
