@@ -64,17 +64,20 @@ class Reader:
         at = self._written.maybe_stored(table, ids, np.arange(ids.shape[0]))
         if at.shape[0] == ids.shape[0]:
             return self._read_held(table, ids, out_rows)
-        found = np.zeros(ids.shape[0], dtype=bool)
-        if at.shape[0]:
-            sub = np.empty((at.shape[0], out_rows.shape[1]), dtype=np.float32)
-            hit = self._read_held(table, ids[at], sub)
-            out_rows[at[hit]] = sub[hit]
-            found[at] = hit
-        return found
+        if at.shape[0] == 0:
+            return np.zeros(ids.shape[0], dtype=bool)
+        # the ids never written are nowhere here: marked absent at once, the others read
+        # straight into their rows of ``out_rows``
+        state = np.full(ids.shape[0], ABSENT, dtype=np.uint8)
+        state[at] = 0
+        return self._read_held(table, ids, out_rows, state)
 
-    def _read_held(self, table: str, ids: np.ndarray, out_rows: np.ndarray) -> np.ndarray:
-        """:meth:`read` of ids that may be held (each one looked for in memory, then LMDB)."""
-        state = np.zeros(ids.shape[0], dtype=np.uint8)
+    def _read_held(
+        self, table: str, ids: np.ndarray, out_rows: np.ndarray, state: np.ndarray | None = None
+    ) -> np.ndarray:
+        """:meth:`read` of ids that may be held (each one looked for in memory, then LMDB);
+        ``state``: ids already answered are not 0 there (None: none)."""
+        state = np.zeros(ids.shape[0], dtype=np.uint8) if state is None else state
         if ids.shape[0] == 0:
             return state.astype(bool)
         with self._lock:
