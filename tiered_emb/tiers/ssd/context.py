@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SsdSettings:
-    """What an SSD tier is made of and how it runs, one value (:class:`~.tier.SsdTier`).
+    """What an SSD tier is made of and how it runs, one value (:class:`~.tier.SsdTier`);
+    the defaults are ``TierConfig``'s.
 
     Attributes
     ----------
@@ -46,12 +47,12 @@ class SsdSettings:
     rows: dict[str, int | None] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
     compression: int | None = None
-    map_size_bytes: int = 1 << 30
+    map_size_bytes: int = 1 << 28
     writeback_rows: int = 1 << 16
     background_writes: bool = True
     budget_bytes: int = 256 << 20
     keep_checkpoints: int = 1
-    tune_malloc: bool = False
+    tune_malloc: bool = True
 
     @classmethod
     def of(cls, tables: list[TableConfig], tiers: TierConfig, map_size_bytes: int) -> SsdSettings:

@@ -17,7 +17,8 @@ from tiered_emb.cache.index import EMPTY, hash_home, index_find, index_prefetch
 
 
 class Sorted(NamedTuple):
-    """The sorted arrays as a search sees them (:meth:`.index.SegmentIndex.view`)."""
+    """The sorted arrays as a search sees them (``SegmentIndex._view``; :meth:`.index.SegmentIndex.view`
+    hands one out with its stamp)."""
 
     ids: np.ndarray  # the ids, increasing
     n: int  # the rows searched (``ids[:n]``)

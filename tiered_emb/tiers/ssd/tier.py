@@ -69,7 +69,6 @@ class SsdTier:
         """The tier in LMDB at ``path`` (a new environment there, or with ``existing`` the
         store's own), made as ``settings`` say (:class:`.SsdSettings`)."""
         self.path = Path(path)
-        self.settings = settings
         self.widths = dict(settings.widths)
         #: table name -> the code of its rows' dtype in segment headers (``codec.DTYPE_CODES``)
         self.dtypes = {n: codec.DTYPE_CODES[d] for n, d in sorted(settings.dtypes.items())}
@@ -380,7 +379,9 @@ class SsdTable:
 
     def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = np.zeros((np.shape(ids)[0], self.width), dtype=np.float32)
-        return rows, self.tier.read(self.name, np.ascontiguousarray(ids, dtype=np.int64), rows)
+        found = self.tier.read(self.name, np.ascontiguousarray(ids, dtype=np.int64), rows)
+        rows[~found] = 0.0  # (a tombstone's words, or a staged entry's, are read into its row)
+        return rows, found
 
     def put(self, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids, rows = put_arrays(ids, rows, self.width)
