@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SsdSettings:
-    """What an SSD tier is made of and how it runs, one value (:class:`~.tier.SsdTier`);
-    the defaults are ``TierConfig``'s.
+    """What an SSD tier is made of and how it runs, one value (:class:`~.tier.SsdTier`); a
+    setting ``TierConfig`` also has defaults to its default there.
 
     Attributes
     ----------
