@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numba
 
+from tiered_emb import _compiles
+
 PACKAGE = Path(__file__).resolve().parent
 KEEP_OLDER = 2  # directories of older sources kept beside the current one
 RECENT_S = 3600  # nor is one removed that was touched this recently
@@ -67,7 +69,9 @@ def prune_older(current: Path) -> None:
 
 
 def use() -> None:
-    """Point Numba's cache at :func:`cache_dir`; before any kernel module is imported."""
+    """Point Numba's cache at :func:`cache_dir`, and compile each kernel once across the
+    processes that share it (:mod:`tiered_emb._compiles`); before any kernel module is imported."""
+    _compiles.install()
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     where = cache_dir()

@@ -1,24 +1,32 @@
-"""A job's first run, its kernels compiled beside it: a small job of the same shape in a
-process of its own, sharing the kernel cache.
+"""A job's first run, its kernels compiled beside it in a process of its own that shares the
+kernel cache.
 
 Numba compiles a kernel the first time a process calls it and saves the machine code in
 the kernel cache (:mod:`tiered_emb._kernel_cache`), where every later process loads it.
 The first ``tiered-emb train`` after an install (or after any change to the source)
-therefore compiles every kernel it uses, one after another on the step's thread, and
-takes about twice as long as the next.  When the cache holds no kernel yet, the job
-starts this module beside it: the job's table shape (dim, dtype, optimizer, weight decay,
-admission, policy, model, lookahead), 4,096 rows a table, tiers a sixteenth of that,
-a few steps of 64 samples, in a temporary directory it removes at its end.  A kernel it
-compiles first is loaded by the job when the job gets there, so the two processes share
-the compiling.  The job's rows and results do not depend on it: a kernel is the same
-machine code whichever process compiled it.  It ends by itself within seconds of the
-job's first steps, is ended when the job ends, and is silent: a failure in it only
-leaves the kernels to the job.  ``TIERED_EMB_WARM=0`` turns it off.
+therefore compiles every kernel it uses, one after another on the step's thread.  When
+the cache holds no kernel yet, the job starts this module beside it.  It compiles the
+kernels of :data:`KERNELS` (the default job's, with their signatures, in the order that
+job first calls them; ``python -m tiered_emb.apps.warm --record
+tiered_emb/apps/kernels.json`` writes the list) from the last to the first, while the job
+compiles from the first: each compile takes a lock of its kernel and signature
+(:mod:`tiered_emb._compiles`), so a kernel one process is compiling is loaded by the
+other from the cache, and the two compile different kernels at once.  Then, where the
+job's table shape (dim, dtype, optimizer, weight decay, admission, policy, model) is not
+the list's, it runs a small job of that shape for the kernels the list does not have:
+4,096 rows a table, tiers a sixteenth of that, a few steps of 64 samples, in a temporary
+directory it removes at its end.
+
+The job's rows and results do not depend on it: a kernel is the same machine code
+whichever process compiled it.  It ends by itself, is ended when the job ends, and is
+silent: a failure in it only leaves the kernels to the job.  ``TIERED_EMB_WARM=0`` turns
+it off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,6 +34,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from tiered_emb import _compiles
+
+#: The default job's kernels and signatures, in the order it first calls them (see the module doc).
+KERNELS = Path(__file__).resolve().parent / "kernels.json"
 
 #: The flags of the job the small one copies (they choose which kernels are compiled).
 SHAPE_FLAGS = ("dim", "dtype", "optimizer", "weight_decay", "min_count", "model", "policy", "lr_schedule")
@@ -89,17 +102,66 @@ def _ended(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the small job (``argv``: its flags) in a directory of its own, removed at the end."""
-    signal.signal(signal.SIGTERM, _ended)
+def shape_of(flags: list[str]) -> dict[str, str]:
+    """The :data:`SHAPE_FLAGS` among a small job's ``flags`` (pairs of flag and value)."""
+    wanted = {"--" + key.replace("_", "-") for key in SHAPE_FLAGS}
+    return {flag: value for flag, value in zip(flags[::2], flags[1::2], strict=False) if flag in wanted}
+
+
+def compile_kernels(path: Path = KERNELS) -> dict[str, str] | None:
+    """Compile the kernels listed in ``path`` (see the module doc), the last first; returns
+    the shape of the run they were recorded from (:func:`shape_of`), None where the file
+    is missing or unreadable, or of another Numba."""
+    try:
+        listed = json.loads(path.read_text())
+        entries, version, shape = listed["kernels"], listed["numba"], listed["shape"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return shape if _compiles.compile_listed(entries[::-1], version) else None
+
+
+def record(path: Path, flags: list[str]) -> int:
+    """Run ``tiered-emb train`` with ``flags`` and write the kernels it calls, and its shape,
+    to ``path`` (:data:`KERNELS`'s format); returns how many kernels."""
+    import numba
+
+    from tiered_emb.apps.dlrm_config import run_config
+    from tiered_emb.cli import build_parser
+
+    args = build_parser().parse_args(["train", *flags, "--run-dir", "-"])
+    shape = shape_of(small_job(run_config(args), args, 0))
+    with _compiles.recording() as entries:
+        _small(flags)
+    listed = {"numba": numba.__version__, "shape": shape, "kernels": entries}
+    path.write_text(json.dumps(listed, indent=0) + "\n")
+    return len(entries)
+
+
+def _small(flags: list[str]) -> None:
+    """Run ``tiered-emb train`` with ``flags`` in a directory of its own, removed at the end."""
     where = tempfile.mkdtemp(prefix="tiered_emb_warm_")
     try:
         from tiered_emb.cli import main as cli
 
-        with contextlib.suppress(Exception):
-            cli(["train", *(sys.argv[1:] if argv is None else argv), "--quiet", "--run-dir", where + "/run"])
+        cli(["train", *flags, "--quiet", "--run-dir", where + "/run"])
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile the listed kernels, then run the small job (``argv``: its flags) unless the
+    list is of a run of the same shape.  With
+    ``--record PATH`` first in ``argv``: ``tiered-emb train`` with the flags after PATH
+    (none: the default job, whose kernels :data:`KERNELS` lists) with its kernels written
+    to PATH instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--record"]:
+        print(f"{record(Path(argv[1]), argv[2:])} kernels written to {argv[1]}")
+        return 0
+    signal.signal(signal.SIGTERM, _ended)
+    with contextlib.suppress(Exception):
+        if compile_kernels() != shape_of(argv):  # (the same shape: the job calls no other kernel)
+            _small(argv)
     return 0
 
 

@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_xp
+from tiered_emb._compiles import made_by
 from tiered_emb._jit import ROW_PREFETCH_DISTANCE, kernel, local_f32, prefetch_hint, take_rows, threads_for
 from tiered_emb.precision import decode
 from tiered_emb.step import narrow
@@ -110,7 +111,7 @@ def pool_kernel(dim: int, direct: bool, weighted: bool):
                 out[b, j] = acc[j]
         return flagged
 
-    _POOL_KERNELS[(dim, direct, weighted)] = _pool_rows
+    _POOL_KERNELS[(dim, direct, weighted)] = made_by(_pool_rows, pool_kernel, dim, direct, weighted)
     return _pool_rows
 
 

@@ -16,6 +16,7 @@ import math
 import numba
 import numpy as np
 
+from tiered_emb._compiles import made_by
 from tiered_emb._jit import (
     HAS_F16C,
     ROW_PREFETCH_DISTANCE,
@@ -147,7 +148,7 @@ def pool_kernel(dim: int, weighted: bool, int8: bool, kind: int = _TABLE):
             for j in range(dim):
                 out[b, j] = acc[j]
 
-    _POOL[(dim, weighted, int8, kind)] = _pool
+    _POOL[(dim, weighted, int8, kind)] = made_by(_pool, pool_kernel, dim, weighted, int8, kind)
     return _pool
 
 

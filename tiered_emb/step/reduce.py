@@ -19,6 +19,7 @@ import numba
 import numpy as np
 
 from tiered_emb._backend import to_host
+from tiered_emb._compiles import made_by
 from tiered_emb._jit import PREFETCH_DISTANCE, kernel, local_f32, prefetch_hint, threads_for
 from tiered_emb.errors import NonFiniteGradientError
 from tiered_emb.step.plan import BagPlan
@@ -211,7 +212,7 @@ def _reduce_kernel(dim: int):
                     out[u, j] = acc[j]
                 bad[u] = 0 if finite else 1
 
-    _REDUCE_KERNELS[dim] = _reduce_bag_grads
+    _REDUCE_KERNELS[dim] = made_by(_reduce_bag_grads, _reduce_kernel, dim)
     return _reduce_bag_grads
 
 
