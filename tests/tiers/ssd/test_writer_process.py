@@ -326,6 +326,52 @@ def test_every_writer_that_cannot_start_leaves_the_writes_to_the_thread(tmp_path
     _equals_reference(tmp_path / "s", ref)
 
 
+def _writers_of_this_process() -> list[int]:
+    """Pids of the running writer processes started by this process."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"writer_main.py") for a in args) and str(os.getpid()).encode() in args and _alive(int(pid)):
+            found.append(int(pid))
+    return found
+
+
+def test_the_writer_starts_before_the_first_write_back_that_needs_it(tmp_path):
+    """A quarter of ``writeback_rows`` waiting starts the process (beside the steps that fill
+    the buffer); the first write-back then goes to it; a store closed before any write-back
+    ends a process started early."""
+    before = set(_writers_of_this_process())
+    s = _store(tmp_path / "s", True)
+    ssd = s.engine.ssd
+    rows = np.ones((3, 5), np.float32)
+    ssd.write_pending({"a": (np.arange(3), rows)}, durable=False)  # (3 < 16 // 4)
+    time.sleep(0.5)
+    assert set(_writers_of_this_process()) == before
+    ssd.write_pending({"a": (np.arange(3, 6), rows)}, durable=False)  # 6 waiting
+    deadline = time.monotonic() + 60
+    while set(_writers_of_this_process()) == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (early,) = set(_writers_of_this_process()) - before
+    assert ssd.writer_handle() is None  # (not taken: no write-back has needed it yet)
+    ssd.write_pending({"a": (np.arange(6, 16), np.ones((10, 5), np.float32))}, durable=False)
+    ssd.wait_writes()
+    assert ssd.writer_handle().pid == early and ssd.failed_write is None
+    s.close()
+
+    s = _store(tmp_path / "t", True)
+    s.engine.ssd.write_pending({"a": (np.arange(6), np.ones((6, 5), np.float32))}, durable=False)
+    deadline = time.monotonic() + 60
+    while set(_writers_of_this_process()) == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (early,) = set(_writers_of_this_process()) - before
+    s.close()
+    assert not _alive(early)
+
+
 def test_a_store_dropped_without_close_ends_its_writer(tmp_path):
     import gc
 

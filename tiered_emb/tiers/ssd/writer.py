@@ -11,6 +11,7 @@ again by the next write; its error is raised once, before the next change of row
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import threading
@@ -30,6 +31,9 @@ from tiered_emb.tiers.ssd.writer_client import (
     WriterStartError,
 )
 from tiered_emb.tiers.ssd.writer_main import tune_allocator
+
+#: The writer process starts once ``writeback_rows // EARLY_START_FRACTION`` rows wait (:meth:`Writer._start_early`).
+EARLY_START_FRACTION = 4
 
 
 class _Commits:
@@ -139,6 +143,10 @@ class Writer:
         # :mod:`.writer_main`); False from the first time one cannot start.
         self.writer_process = self.background_writes and WRITER_PROCESS
         self.process: WriterProcess | None = None
+        # the process being started ahead of the first write-back (:meth:`_start_early`)
+        self._starting: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._started: WriterProcess | BaseException | None = None
         self._thread: threading.Thread | None = None
         self._indexed = threading.Event()  # set once the writer thread's write-back is indexed
         # the snapshots the writer thread is writing, numbered already (None: it numbers them)
@@ -174,6 +182,8 @@ class Writer:
                 waiting = self._held.buffered_rows()
             if waiting >= self.writeback_rows:
                 self._write_behind(defer_errors)
+            elif waiting >= self.writeback_rows // EARLY_START_FRACTION:
+                self._start_early()
             return sum(b[0].shape[0] for b in batches.values())
         self.wait_writes()
         with self._lock:
@@ -360,6 +370,49 @@ class Writer:
             self._held.committed(snaps)
             self._held.written([(t, ids) for t, _, ids, _ in segments])  # (the snapshots' ids, each once)
 
+    def _start_early(self) -> None:
+        """Start the writer process on a thread of its own, ahead of the first write-back that
+        needs it: its start (an interpreter, its imports, the environment opened: a third
+        of a second) then overlaps the steps that fill the buffer, instead of holding up
+        the writer thread's first write, and with it the next write-back."""
+        with self._start_lock:
+            if not self.writer_process or self.process is not None or self._starting is not None:
+                return
+
+            def start() -> None:
+                try:
+                    self._started = self._new_process()
+                except BaseException as err:  # (raised on the thread that takes it)
+                    self._started = err
+
+            self._starting = threading.Thread(target=start, name="tiered_emb-writer-start", daemon=True)
+            self._starting.start()
+
+    def _new_process(self) -> WriterProcess:
+        return WriterProcess(
+            self._lmdb,
+            self._compression,
+            self._tables,
+            self._malloc_trim,
+            self._segments.dtypes,
+            shared_max=self.budget_bytes // 4,
+        )
+
+    def _take_started(self) -> None:
+        """The process :meth:`_start_early` started, once it is up, as :attr:`process` (its
+        failure raised).  On the writer thread, or with it ended."""
+        starting = self._starting
+        if starting is None:
+            return
+        starting.join()
+        with self._start_lock:  # (the process set before the thread is cleared: no second start)
+            started, self._started = self._started, None
+            if isinstance(started, WriterProcess):
+                self.process = started
+            self._starting = None
+        if isinstance(started, BaseException):
+            raise started
+
     def write_by_process(self, segments: list) -> bool:
         """Append ``segments`` (:meth:`.SegmentLog.cut`) to ``p:`` in one transaction of the writer
         process; False (nothing written) when the process cannot start: this store's writes
@@ -375,14 +428,8 @@ class Writer:
         while True:
             if self.process is None:
                 try:
-                    self.process = WriterProcess(
-                        self._lmdb,
-                        self._compression,
-                        self._tables,
-                        self._malloc_trim,
-                        self._segments.dtypes,
-                        shared_max=self.budget_bytes // 4,
-                    )
+                    self._start_early()  # (unless started already)
+                    self._take_started()
                 except WriterStartError as err:  # (no python with lmdb here: a frozen or embedded app)
                     self.writer_process = False
                     try:  # told once; under -W error it must not fail the write
@@ -419,6 +466,8 @@ class Writer:
     def close(self) -> None:
         """Wait for the writer thread and end the writer process (waiting write-backs are not written)."""
         self.wait_writes()
+        with contextlib.suppress(WriterStartError):
+            self._take_started()
         if self.process is not None:
             self.process.close()
             self.process = None
