@@ -72,6 +72,7 @@ def use() -> None:
     """Point Numba's cache at :func:`cache_dir`, and compile each kernel once across the
     processes that share it (:mod:`tiered_emb._compiles`); before any kernel module is imported."""
     _compiles.install()
+    prefer_wide_vectors()
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     where = cache_dir()
@@ -85,3 +86,30 @@ def use() -> None:
     setattr(numba.config, "CACHE_DIR", str(where))  # noqa: B010
     if fresh and where.parent.parent == PACKAGE:
         prune_older(where)
+
+
+def prefer_wide_vectors() -> None:
+    """On a CPU with AVX-512, have LLVM prefer 512-bit vectors (through ``NUMBA_CPU_FEATURES``:
+    the host's features and ``-prefer-256-bit``), unless ``NUMBA_CPU_FEATURES`` or
+    ``NUMBA_CPU_NAME`` is set already.
+
+    LLVM's tuning for recent Intel server cores prefers 256-bit vectors, so Numba's loops
+    over a row (pooling, the updates, row copies) ran on half-width registers.  With
+    512-bit ones the resident step and the forward ran faster (docs/benchmarks.md,
+    "Kernel choices"); every lane computes what it did, so the results are bitwise the
+    same (no kernel lets the compiler reorder a sum).  It applies to every Numba function
+    compiled in the process afterwards, as the cache directory does.
+    """
+    if os.environ.get("NUMBA_CPU_FEATURES") or os.environ.get("NUMBA_CPU_NAME"):
+        return
+    try:
+        import llvmlite.binding as llvm
+
+        features = llvm.get_host_cpu_features().flatten()
+    except Exception:  # (a host whose features LLVM cannot read: Numba's default)
+        return
+    if "+avx512f" not in features.split(","):
+        return
+    wide = features + ",-prefer-256-bit"
+    os.environ["NUMBA_CPU_FEATURES"] = wide
+    setattr(numba.config, "CPU_FEATURES", wide)  # noqa: B010
