@@ -65,9 +65,10 @@ def made_by(kernel, factory, *args):
     return kernel
 
 
-def lock_key(func, args) -> str:
-    """The lock file's name for a compile of ``func`` (the Python function) for ``args``."""
-    text = f"{func.__module__}:{func.__qualname__}:{tuple(args)!r}"
+def lock_key(func, args, made=None) -> str:
+    """The lock file's name for a compile of ``func`` (the Python function) for ``args``
+    (``made``: the factory and arguments that made it, :func:`made_by`)."""
+    text = f"{func.__module__}:{func.__qualname__}:{made!r}:{tuple(args)!r}"
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
@@ -108,12 +109,12 @@ def _compile(self, sig):
         args = tuple(args)
         if args in self.overloads:
             return _original(self, sig)
-        func = self.py_func
+        func, made = self.py_func, getattr(self, _MADE_BY, None)
         if _recorded is not None and not _held:
-            name = getattr(self, _MADE_BY, None) or (f"{func.__module__}:{func.__qualname__}", None)
+            name = made or (f"{func.__module__}:{func.__qualname__}", None)
             if "<locals>" not in name[0]:
                 _recorded.append((*name, args))
-        key = lock_key(func, args)
+        key = lock_key(func, args, made)
         cache = os.environ.get("NUMBA_CACHE_DIR")
         if key in _held or not cache:
             return _original(self, sig)
