@@ -150,10 +150,9 @@ def _small(flags: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Compile the listed kernels, then run the small job (``argv``: its flags) unless the
-    list is of a run of the same shape.  With
-    ``--record PATH`` first in ``argv``: ``tiered-emb train`` with the flags after PATH
-    (none: the default job, whose kernels :data:`KERNELS` lists) with its kernels written
-    to PATH instead."""
+    list is of a run of the same shape.  With ``--record PATH`` first in ``argv``: run
+    ``tiered-emb train`` with the flags after PATH (none: the default job, whose kernels
+    :data:`KERNELS` lists) and write its kernels to PATH instead."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--record"]:
         print(f"{record(Path(argv[1]), argv[2:])} kernels written to {argv[1]}")
