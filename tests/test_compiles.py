@@ -122,3 +122,23 @@ def test_the_shipped_list_names_kernels_that_exist():
         assert len(sig) == len(inspect.signature(kernel.py_func).parameters), entry["kernel"]
     assert listed["shape"]["--dim"] == "16" and listed["shape"]["--optimizer"] == "rowwise_adagrad"
     assert warm.shape_of(["--dim", "16", "--rows", "9", "--policy", "lru"]) == {"--dim": "16", "--policy": "lru"}
+
+
+def test_the_list_serves_a_run_of_its_shape_at_any_dim(tmp_path):
+    """A run whose table shape is the list's but for its dim gets the list, the kernels made
+    for a dim made for its dim; a run of another shape (other types) gets nothing from it."""
+    import numba
+
+    from tiered_emb.step.gather import pool_kernel
+
+    shipped = json.loads(warm.KERNELS.read_text())
+    (pool,) = [e for e in shipped["kernels"] if e["kernel"] == "tiered_emb.step.gather:pool_kernel"]
+    listed = tmp_path / "kernels.json"
+    listed.write_text(
+        json.dumps({"numba": numba.__version__, "shape": {"--dim": "16", "--policy": "lru"}, "kernels": [pool]})
+    )
+    assert not warm.compile_kernels({"--dim": "8", "--policy": "sieve"}, listed)
+    made = pool_kernel(8, *pool["made_by"][1:])
+    assert warm.compile_kernels({"--dim": "8", "--policy": "lru"}, listed)
+    assert tuple(pickle.loads(base64.b64decode(pool["sig"]))) in made.signatures
+    assert not warm.compile_kernels({"--dim": "8"}, tmp_path / "missing.json")

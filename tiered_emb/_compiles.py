@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib
+import inspect
 import os
 import pickle
 import threading
@@ -168,12 +169,13 @@ def recording() -> Iterator[list[dict]]:
                 out.append(entry if made is None else entry | {"made_by": made})
 
 
-def compile_listed(entries: list[dict], numba_version: str) -> int:
+def compile_listed(entries: list[dict], numba_version: str, dim: int | None = None) -> int:
     """Compile (or load from the cache) each kernel of ``entries`` (from :func:`recording`)
-    with its signature, in order; returns how many.  Nothing where ``numba_version`` is not
-    the running Numba's (its types may not unpickle the same); an entry whose kernel or
-    signature no longer exists, or does not compile, is passed by (the run compiles what it
-    needs itself)."""
+    with its signature, in order; returns how many.  A kernel made by a factory with a
+    parameter ``dim`` is made for ``dim`` where given (else for the recorded one).  Nothing
+    where ``numba_version`` is not the running Numba's (its types may not unpickle the
+    same); an entry whose kernel or signature no longer exists, or does not compile, is
+    passed by (the run compiles what it needs itself)."""
     if numba_version != numba.__version__:
         return 0
     done = 0
@@ -184,7 +186,10 @@ def compile_listed(entries: list[dict], numba_version: str) -> int:
             for part in qualname.split("."):
                 kernel = getattr(kernel, part)
             if "made_by" in entry:  # (a factory: the kernel it makes for these arguments)
-                kernel = kernel(*entry["made_by"])
+                made = inspect.signature(kernel).bind(*entry["made_by"])
+                if dim is not None and "dim" in made.arguments:
+                    made.arguments["dim"] = dim
+                kernel = kernel(*made.args, **made.kwargs)
             args = pickle.loads(base64.b64decode(entry["sig"]))
             kernel.compile(args)
         except Exception:  # (a list older than the code: this entry is of no use)

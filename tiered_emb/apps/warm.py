@@ -5,17 +5,18 @@ Numba compiles a kernel the first time a process calls it and saves the machine 
 the kernel cache (:mod:`tiered_emb._kernel_cache`), where every later process loads it.
 The first ``tiered-emb train`` after an install (or after any change to the source)
 therefore compiles every kernel it uses, one after another on the step's thread.  When
-the cache holds no kernel yet, the job starts this module beside it.  It compiles the
-kernels of :data:`KERNELS` (the default job's, with their signatures, in the order that
-job first calls them; ``python -m tiered_emb.apps.warm --record
-tiered_emb/apps/kernels.json`` writes the list) from the last to the first, while the job
-compiles from the first: each compile takes a lock of its kernel and signature
-(:mod:`tiered_emb._compiles`), so a kernel one process is compiling is loaded by the
-other from the cache, and the two compile different kernels at once.  Then, where the
-job's table shape (dim, dtype, optimizer, weight decay, admission, policy, model) is not
-the list's, it runs a small job of that shape for the kernels the list does not have:
-4,096 rows a table, tiers a sixteenth of that, a few steps of 64 samples, in a temporary
-directory it removes at its end.
+the cache holds no kernel yet, the job starts this module beside it.  Where the job's
+table shape (dtype, optimizer, weight decay, admission, policy, model; any dim) is the
+default job's, it compiles the kernels of :data:`KERNELS` (the default job's, with their
+signatures, in the order that job first calls them, those made for a dim made for the
+job's; ``python -m tiered_emb.apps.warm --record tiered_emb/apps/kernels.json`` writes
+the list) from the last to the first, while the job compiles from the first: each
+compile takes a lock of its kernel and signature (:mod:`tiered_emb._compiles`), so a
+kernel one process is compiling is loaded by the other from the cache, and the two
+compile different kernels at once.  For a job of another shape (whose kernels take
+other types) it runs a small job of that shape instead, which calls the kernels in the
+job's order: 4,096 rows a table, tiers a sixteenth of that, a few steps of 64 samples,
+in a temporary directory it removes at its end.
 
 The job's rows and results do not depend on it: a kernel is the same machine code
 whichever process compiled it.  It ends by itself, is ended when the job ends, and is
@@ -108,16 +109,20 @@ def shape_of(flags: list[str]) -> dict[str, str]:
     return {flag: value for flag, value in zip(flags[::2], flags[1::2], strict=False) if flag in wanted}
 
 
-def compile_kernels(path: Path = KERNELS) -> dict[str, str] | None:
-    """Compile the kernels listed in ``path`` (see the module doc), the last first; returns
-    the shape of the run they were recorded from (:func:`shape_of`), None where the file
-    is missing or unreadable, or of another Numba."""
+def compile_kernels(shape: dict[str, str], path: Path = KERNELS) -> bool:
+    """Compile the kernels listed in ``path`` (see the module doc), the last first, for a
+    run of ``shape`` (:func:`shape_of`); returns whether they are that run's.  Nothing
+    (False) where the list's run had another shape but for its dim (the kernels made for
+    a dim are made for the run's), or the file is missing, unreadable, or of another Numba."""
     try:
         listed = json.loads(path.read_text())
-        entries, version, shape = listed["kernels"], listed["numba"], listed["shape"]
+        entries, version, recorded = listed["kernels"], listed["numba"], listed["shape"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return shape if _compiles.compile_listed(entries[::-1], version) else None
+        return False
+    if {**recorded, "--dim": None} != {**shape, "--dim": None}:  # (other types: of no use to this run)
+        return False
+    dim = int(shape["--dim"]) if "--dim" in shape else None
+    return _compiles.compile_listed(entries[::-1], version, dim) > 0
 
 
 def record(path: Path, flags: list[str]) -> int:
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _ended)
     with contextlib.suppress(Exception):
-        if compile_kernels() != shape_of(argv):  # (the same shape: the job calls no other kernel)
+        if not compile_kernels(shape_of(argv)):  # (the run's kernels listed: it calls no other)
             _small(argv)
     return 0
 
