@@ -124,21 +124,28 @@ def test_the_shipped_list_names_kernels_that_exist():
     assert warm.shape_of(["--dim", "16", "--rows", "9", "--policy", "lru"]) == {"--dim": "16", "--policy": "lru"}
 
 
-def test_the_list_serves_a_run_of_its_shape_at_any_dim(tmp_path):
-    """A run whose table shape is the list's but for its dim gets the list, the kernels made
-    for a dim made for its dim; a run of another shape (other types) gets nothing from it."""
+def test_the_list_serves_a_run_of_its_shape_at_any_dim_and_policy(tmp_path):
+    """A run whose table shape is the list's but for its dim and policy gets the list: the
+    kernels made for a dim made for its dim, those that take a policy tag typed for its
+    policy; a run of another shape (other types) gets nothing from it."""
     import numba
 
+    from tiered_emb.cache.policies import POLICIES, PolicyType
+    from tiered_emb.cache.slots import cache_release
     from tiered_emb.step.gather import pool_kernel
 
     shipped = json.loads(warm.KERNELS.read_text())
     (pool,) = [e for e in shipped["kernels"] if e["kernel"] == "tiered_emb.step.gather:pool_kernel"]
+    (release,) = [e for e in shipped["kernels"] if e["kernel"] == "tiered_emb.cache.slots:cache_release"]
     listed = tmp_path / "kernels.json"
-    listed.write_text(
-        json.dumps({"numba": numba.__version__, "shape": {"--dim": "16", "--policy": "lru"}, "kernels": [pool]})
-    )
-    assert not warm.compile_kernels({"--dim": "8", "--policy": "sieve"}, listed)
+    shape = {"--dim": "16", "--policy": "lookahead+lru", "--dtype": "float32"}
+    listed.write_text(json.dumps({"numba": numba.__version__, "shape": shape, "kernels": [pool, release]}))
+    assert not warm.compile_kernels(shape | {"--dim": "8", "--dtype": "float16"}, listed)
+    assert not warm.compile_kernels(shape | {"--policy": "no-such-policy"}, listed)
+    assert not warm.compile_kernels(shape, tmp_path / "missing.json")
+    assert warm.compile_kernels(shape | {"--dim": "8", "--policy": "sieve"}, listed)
     made = pool_kernel(8, *pool["made_by"][1:])
-    assert warm.compile_kernels({"--dim": "8", "--policy": "lru"}, listed)
     assert tuple(pickle.loads(base64.b64decode(pool["sig"]))) in made.signatures
-    assert not warm.compile_kernels({"--dim": "8"}, tmp_path / "missing.json")
+    sig = pickle.loads(base64.b64decode(release["sig"]))
+    assert isinstance(sig[0], PolicyType) and sig[0].code != POLICIES["sieve"].code
+    assert (PolicyType(POLICIES["sieve"].code), *sig[1:]) in cache_release.signatures

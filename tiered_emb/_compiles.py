@@ -169,10 +169,11 @@ def recording() -> Iterator[list[dict]]:
                 out.append(entry if made is None else entry | {"made_by": made})
 
 
-def compile_listed(entries: list[dict], numba_version: str, dim: int | None = None) -> int:
+def compile_listed(entries: list[dict], numba_version: str, dim: int | None = None, retype=None) -> int:
     """Compile (or load from the cache) each kernel of ``entries`` (from :func:`recording`)
     with its signature, in order; returns how many.  A kernel made by a factory with a
-    parameter ``dim`` is made for ``dim`` where given (else for the recorded one).  Nothing
+    parameter ``dim`` is made for ``dim`` where given (else for the recorded one); each
+    argument's type goes through ``retype`` (a type -> type function) where given.  Nothing
     where ``numba_version`` is not the running Numba's (its types may not unpickle the
     same); an entry whose kernel or signature no longer exists, or does not compile, is
     passed by (the run compiles what it needs itself)."""
@@ -191,7 +192,7 @@ def compile_listed(entries: list[dict], numba_version: str, dim: int | None = No
                     made.arguments["dim"] = dim
                 kernel = kernel(*made.args, **made.kwargs)
             args = pickle.loads(base64.b64decode(entry["sig"]))
-            kernel.compile(args)
+            kernel.compile(args if retype is None else tuple(retype(a) for a in args))
         except Exception:  # (a list older than the code: this entry is of no use)
             continue
         done += 1

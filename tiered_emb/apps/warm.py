@@ -6,17 +6,18 @@ the kernel cache (:mod:`tiered_emb._kernel_cache`), where every later process lo
 The first ``tiered-emb train`` after an install (or after any change to the source)
 therefore compiles every kernel it uses, one after another on the step's thread.  When
 the cache holds no kernel yet, the job starts this module beside it.  Where the job's
-table shape (dtype, optimizer, weight decay, admission, policy, model; any dim) is the
+table shape (dtype, optimizer, weight decay, admission, model; any dim and policy) is the
 default job's, it compiles the kernels of :data:`KERNELS` (the default job's, with their
-signatures, in the order that job first calls them, those made for a dim made for the
-job's; ``python -m tiered_emb.apps.warm --record tiered_emb/apps/kernels.json`` writes
-the list) from the last to the first, while the job compiles from the first: each
-compile takes a lock of its kernel and signature (:mod:`tiered_emb._compiles`), so a
-kernel one process is compiling is loaded by the other from the cache, and the two
-compile different kernels at once.  For a job of another shape (whose kernels take
-other types) it runs a small job of that shape instead, which calls the kernels in the
-job's order: 4,096 rows a table, tiers a sixteenth of that, a few steps of 64 samples,
-in a temporary directory it removes at its end.
+signatures, in the order that job first calls them; those made for a dim are made for
+the job's, those that take a policy take the job's; ``python -m tiered_emb.apps.warm
+--record tiered_emb/apps/kernels.json`` writes the list) from the last to the first,
+while the job compiles from the first: each compile takes a lock of its kernel and
+signature (:mod:`tiered_emb._compiles`), so a kernel one process is compiling is loaded
+by the other from the cache, and the two compile different kernels at once.  For a job
+of another shape (whose kernels take other types) it runs a small job of that shape
+instead, which calls the kernels in the job's order: 4,096 rows a table, tiers a
+sixteenth of that, a few steps of 64 samples, in a temporary directory it removes at its
+end.
 
 The job's rows and results do not depend on it: a kernel is the same machine code
 whichever process compiled it.  It ends by itself, is ended when the job ends, and is
@@ -111,18 +112,31 @@ def shape_of(flags: list[str]) -> dict[str, str]:
 
 def compile_kernels(shape: dict[str, str], path: Path = KERNELS) -> bool:
     """Compile the kernels listed in ``path`` (see the module doc), the last first, for a
-    run of ``shape`` (:func:`shape_of`); returns whether they are that run's.  Nothing
-    (False) where the list's run had another shape but for its dim (the kernels made for
-    a dim are made for the run's), or the file is missing, unreadable, or of another Numba."""
+    run of ``shape`` (:func:`shape_of`); returns whether they are that run's.  The kernels
+    made for a dim are made for the run's, and those that take a policy take the run's
+    (its :class:`~tiered_emb.cache.policies.PolicyTag` type).  Nothing (False) where the
+    list's run had another shape but for its dim and policy, or the file is missing,
+    unreadable, or of another Numba."""
+    from tiered_emb.cache.policies import POLICIES, PolicyType
+
     try:
         listed = json.loads(path.read_text())
         entries, version, recorded = listed["kernels"], listed["numba"], listed["shape"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    if {**recorded, "--dim": None} != {**shape, "--dim": None}:  # (other types: of no use to this run)
+    free = {"--dim": None, "--policy": None}
+    if {**recorded, **free} != {**shape, **free}:  # (other types: of no use to this run)
         return False
     dim = int(shape["--dim"]) if "--dim" in shape else None
-    return _compiles.compile_listed(entries[::-1], version, dim) > 0
+    spec = POLICIES.get(shape.get("--policy", recorded.get("--policy", "")))
+    if spec is None:
+        return False
+    code = spec.code
+
+    def retype(t):
+        return PolicyType(code) if isinstance(t, PolicyType) else t
+
+    return _compiles.compile_listed(entries[::-1], version, dim, retype) > 0
 
 
 def record(path: Path, flags: list[str]) -> int:
