@@ -5,9 +5,10 @@ the kernel cache, and saves it there.  Two processes that reach the same kernel 
 first ``tiered-emb train`` and the small job that compiles beside it,
 :mod:`tiered_emb.apps.warm`; the ranks of a sharded job) would each compile it.  Here a
 compile of a cached kernel of this package first takes an exclusive lock (``fcntl.flock``)
-on a file named by the kernel and its signature, in ``locks/`` of the kernel cache
-directory; Numba then looks in the cache again under that lock, so the process that waited
-loads what the other one saved instead of compiling it again.
+on a file named by the kernel (and the factory arguments that made it) and its signature,
+in ``locks/`` of the kernel cache directory; Numba then looks in the cache again under
+that lock, so the process that waited loads what the other one saved instead of
+compiling it again.
 
 No deadlock: a process holds the locks of the kernels it is compiling, one inside the
 other (a kernel's callees compile inside its compile), a path down the call graph, which
@@ -20,8 +21,8 @@ locked.
 The lock spares a core the same work; it does not make two processes that call kernels
 in the same order compile different ones.  For that, :func:`recording` lists the kernels
 a run calls, in the order it first calls them, with their signatures, and
-:func:`compile_listed` compiles such a list (the small job beside a first run takes it from
-the end: :mod:`tiered_emb.apps.warm`).
+:func:`compile_listed` compiles such a list (the process beside a first run compiles the
+default job's from its end: :mod:`tiered_emb.apps.warm`).
 """
 
 from __future__ import annotations
