@@ -76,7 +76,11 @@ def lock_key(func, args, made=None) -> str:
 
 @contextmanager
 def _file_lock(path: Path):
-    """Hold an exclusive ``flock`` on ``path``, waiting at most :data:`WAIT_S` (then go on unlocked)."""
+    """Hold an exclusive ``flock`` on ``path``, waiting at most :data:`WAIT_S` (then go on
+    unlocked); nothing where ``fcntl`` is missing."""
+    if fcntl is None:
+        yield
+        return
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:  # (a cache directory that cannot be written: no lock, as without one)
@@ -134,11 +138,11 @@ def _compile(self, sig):
 
 
 def install() -> None:
-    """Take a lock around each compile of this package's cached kernels (see the module doc);
-    once per process, nothing where ``fcntl`` is missing."""
+    """Take a lock around each compile of this package's cached kernels (see the module doc;
+    where ``fcntl`` is missing, only :func:`recording` sees them); once per process."""
     global _original
     with _installed:
-        if fcntl is None or _original is not None:
+        if _original is not None:
             return
         _original = Dispatcher.compile
         Dispatcher.compile = _compile  # type: ignore[method-assign]

@@ -375,6 +375,8 @@ class Writer:
         needs it: its start (an interpreter, its imports, the environment opened: a third
         of a second) then overlaps the steps that fill the buffer, instead of holding up
         the writer thread's first write, and with it the next write-back."""
+        if not self.writer_process or self.process is not None:  # (the case of every put once it runs)
+            return
         with self._start_lock:
             if not self.writer_process or self.process is not None or self._starting is not None:
                 return
