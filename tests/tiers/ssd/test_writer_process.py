@@ -4,9 +4,11 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 
 import lmdb
+import numba
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import random_updates
 from tiered_emb.testing.reference import ReferenceStore
 from tiered_emb.tiers.ssd import WRITER_PROCESS, codec, writer_main
+from tiered_emb.tiers.ssd.segments import SegmentLog
 from tiered_emb.tiers.ssd.writer_client import WriterProcess
 
 pytestmark = pytest.mark.skipif(not WRITER_PROCESS, reason="background writes use a thread on this OS")
@@ -567,3 +570,24 @@ def test_segments_reach_the_writer_through_shared_memory_or_the_pipe(tmp_path, s
         got = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=lmdb_env.pending["a"])]
     lmdb_env.env.close()
     assert got == want
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one Numba thread is all there is here")
+def test_the_writer_thread_runs_its_kernels_on_one_thread(tmp_path, monkeypatch):
+    """The writer thread cuts and encodes each write-back with Numba's kernels on itself
+    alone: a parallel kernel there would start an OpenMP team of its own, whose idle
+    workers spin on the cores the step is using (as the prefetch thread's would)."""
+    seen = []
+    cut = SegmentLog.cut
+
+    def counted(self, *args, **kw):
+        if threading.current_thread() is not threading.main_thread():
+            seen.append(numba.get_num_threads())
+        return cut(self, *args, **kw)
+
+    monkeypatch.setattr(SegmentLog, "cut", counted)
+    s = _store(tmp_path / "s", True)
+    _steps(s, None, 12)
+    s.engine.ssd.wait_writes()
+    s.close()
+    assert seen and set(seen) == {1}

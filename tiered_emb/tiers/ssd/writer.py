@@ -17,6 +17,7 @@ import signal
 import threading
 import warnings
 
+import numba
 import numpy as np
 
 from tiered_emb.errors import CorruptStoreError, StoreFullError
@@ -64,6 +65,7 @@ class _Commits:
             self._index()  # (while the next ones commit)
 
     def _run(self) -> None:
+        numba.set_num_threads(1)  # (one: see tiered_emb.prefetch.worker, the same for its thread)
         while (values := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # (after a failure nothing is written)
@@ -337,6 +339,7 @@ class Writer:
         meanwhile); then, once ``after`` ended, the index's merges that are due, a slice at
         a time (:meth:`.SegmentLog.merge_due`), while the next write-back may already be cut,
         written and indexed.  Joining this thread joins every one before it."""
+        numba.set_num_threads(1)  # (one: see tiered_emb.prefetch.worker, the same for its thread)
         try:
             self._commit_waiting(snaps, True, by_process, segments, after)
         finally:
