@@ -24,6 +24,7 @@ A user calls :class:`~tiered_emb.TieredStore`; :mod:`tiered_emb.torch`,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -199,6 +200,15 @@ class Engine:
         (inference) lets a table held whole in HBM skip the dedupe.
         """
         return gather.lookup_pooled(self.resolver, self.window, self.table(table), bags, backward)
+
+    def descents_behind(self) -> contextlib.AbstractContextManager[None]:
+        """A block (a forward over several tables, one after the other) in which each
+        bring-up's descent runs on a helper thread while the next table is resolved
+        (:mod:`tiered_emb.step.descend`): where every table has tiers of its own and no
+        batch is in the prefetch window, else a block that changes nothing."""
+        res = self.resolver
+        own = all(not (t.hbm.owner.shape[0] or t.ddr.owner.shape[0]) for t in res.tables.values())
+        return res.descents.behind(own and not self.window.tickets)
 
     def apply_pooled_gradients(self, table: str, step: Any, grad_out: Any, nonfinite: str = "raise") -> None:
         """The fused backward of :meth:`lookup_pooled`: the table's optimizer once per unique id.

@@ -150,6 +150,7 @@ class Window:
             for name in sorted(ticket.uids):
                 t = self.res.tables[name]
                 u = ticket.uids[name]
+                self.res.descents.wait(t.ddr)
                 batch[name] = u[(t.hbm.find(u) < 0) & (t.ddr.find(u) < 0)]
         self.res.ssd.stage(ticket.seq, batch)
 

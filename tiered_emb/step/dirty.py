@@ -32,6 +32,7 @@ def dirty_chunks(res: Resolver, counts: dict[str, int]):
     buf = np.empty(max(quarter // 4, widest), dtype=np.float32)  # (untouched pages cost nothing)
     parts: dict[str, list] = {}  # table -> [ids pieces, first word in buf, end]
     held = 0  # words of buf in parts
+    res.descents.wait()
     for name, t in sorted(res.tables.items()):
         width = t.cfg.record_width
         for tier in (t.hbm, t.ddr):
@@ -78,6 +79,7 @@ def _chunk(res: Resolver, parts: dict[str, list], buf: np.ndarray, counts: dict[
 def written(res: Resolver, counts: dict[str, int]) -> None:
     """The rows of :func:`dirty_chunks` (``counts`` of each table) reached LMDB: every
     row is clean now."""
+    res.descents.wait()
     flags = {id(tier.dirty): tier.dirty for t in res.tables.values() for tier in (t.hbm, t.ddr)}
     for dirty in flags.values():  # (a shared tier's once)
         dirty[:] = 0

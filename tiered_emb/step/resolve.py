@@ -29,6 +29,7 @@ from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.expiry import expiry_of
 from tiered_emb.init import init_rows, table_hash
 from tiered_emb.precision import encode, values_of
+from tiered_emb.step.descend import Descents
 from tiered_emb.step.device.launch import kernels_for
 from tiered_emb.tiers import DdrTier, DirectHbmTier, HbmTier
 from tiered_emb.tiers.ssd.codec import tombstones
@@ -146,6 +147,8 @@ class Resolver:
         #: the store's step counter (:meth:`advance`; kept with each checkpoint)
         self.step = 0
         self._helper: ThreadPoolExecutor | None = None  # a second thread for bookkeeping, made at first use
+        #: the bring-ups' descents handed to a thread of their own (:mod:`tiered_emb.step.descend`)
+        self.descents = Descents()
 
     def _beside(self, fn, *args) -> Future:
         """Run ``fn(*args)`` (a kernel that lets the GIL go) on the helper thread."""
@@ -154,7 +157,8 @@ class Resolver:
         return self._helper.submit(fn, *args)
 
     def shutdown(self) -> None:
-        """Let the helper thread go (the store is closing)."""
+        """Let the helper threads go (the store is closing)."""
+        self.descents.shutdown()
         if self._helper is not None:
             self._helper.shutdown()
             self._helper = None
@@ -310,6 +314,7 @@ class Resolver:
             width = t.cfg.record_width
             t.hbm.records[to_xp(self.xp, hs[at_h]), :width] = to_xp(self.xp, init_rows(t.cfg, uids[at_h], self.seed))
             t.hbm.dirty[hs[at_h]] = 0
+        self.descents.wait(t.ddr)
         ds = t.ddr.find(uids)
         at_d = np.flatnonzero(ds >= 0)
         if at_d.shape[0]:
@@ -341,6 +346,7 @@ class Resolver:
 
         A bulk write larger than HBM would otherwise bring every row up only to evict it.
         """
+        self.descents.wait(t.ddr)
         resident = t.hbm.find(uids) >= 0
         resident[~resident] = t.ddr.find(uids[~resident]) >= 0
         below = np.flatnonzero(~resident)
@@ -393,6 +399,7 @@ class Resolver:
         by_step = c is None
         c = t.counters if c is None else c
         moves = t.moves
+        self.descents.wait(t.ddr)  # (its DDR tier changed by no other thread from here on)
         t0 = perf_counter()
         probe = t.hbm.find(chunk)
         missing = chunk[probe < 0]
@@ -419,7 +426,10 @@ class Resolver:
         c["hbm"]["evictions"] += n_v
         # and DDR's decisions on HBM's victims beside the copies up (those read no record of
         # DDR's that they change), the copies then on this thread alone
-        admitting = self._beside(t.ddr.admit_decide, vids, vdirty, vtabs) if n_v >= _BESIDE_ROWS else None
+        behind = n_v > 0 and self.descents.on
+        admitting = (
+            self._beside(t.ddr.admit_decide, vids, vdirty, vtabs) if n_v >= _BESIDE_ROWS and not behind else None
+        )
         try:
             with one_thread(admitting is not None):
                 t0, vrows = self._copy_up(t, c, moves, t0, slots, miss_idx, vslots, ddr_slots, n_ddr, dirty)
@@ -428,26 +438,38 @@ class Resolver:
         finally:
             plan = admitting.result() if admitting is not None else None
         t.step_placed |= by_step and m > 0
-        if n_v:
-            c["hbm"]["writebacks"] += int(vdirty.sum())
-            if plan is None:
-                plan = t.ddr.admit_decide(vids, vdirty, vtabs)
-            ev_ids, ev_rows, n_ev = t.ddr.admit_rows(vrows, plan)
-            row_bytes = 4 * t.cfg.record_width
-            t0 = _charge(moves, "ddr_down", t0, n_v, (n_v + ev_ids.shape[0]) * row_bytes)
-            c["ddr"]["evictions"] += n_ev
-            c["ddr"]["writebacks"] += ev_ids.shape[0]
-            if ev_ids.shape[0]:
-                c["ssd"]["writebacks"] += ev_ids.shape[0]
-                try:  # raises a failed background write (its rows, and these, wait in memory)
-                    rows = self._by_table(t, ev_ids, ev_rows, plan.ev_tabs)
-                    self.ssd.write_pending(rows, durable=False, defer_errors=defer_errors)
-                except BaseException:
-                    if pinned:
-                        t.hbm.release(slots)
-                    raise
-                _charge(moves, "write_back", t0, ev_ids.shape[0], ev_ids.shape[0] * row_bytes)
+        if not n_v:
+            return slots, pinned
+        c["hbm"]["writebacks"] += int(vdirty.sum())
+        if behind:  # (the rows of ``vrows`` stay as they are until this tier's next bring-up, which waits)
+            self.descents.hand(t.ddr, self.descend, t, c, vids, vdirty, vtabs, vrows, None, None, True)
+            return slots, pinned
+        try:  # raises a failed background write (its rows, and these, wait in memory)
+            self.descend(t, c, vids, vdirty, vtabs, vrows, plan, t0, defer_errors)
+        except BaseException:
+            if pinned:
+                t.hbm.release(slots)
+            raise
         return slots, pinned
+
+    def descend(self, t: Table, c: dict, vids, vdirty, vtabs, vrows, plan, t0, defer_errors: bool) -> None:
+        """The descent of a bring-up's victims (ids, dirty flags, tables, rows): into DDR, and
+        DDR's dirty victims to the write-back buffer (:mod:`tiered_emb.step.descend`).
+        ``plan``: DDR's decisions, when made already; ``t0``: when the part began (None: now)."""
+        moves, n_v = t.moves, vids.shape[0]
+        t0 = perf_counter() if t0 is None else t0
+        if plan is None:
+            plan = t.ddr.admit_decide(vids, vdirty, vtabs)
+        ev_ids, ev_rows, n_ev = t.ddr.admit_rows(vrows, plan)
+        row_bytes = 4 * t.cfg.record_width
+        t0 = _charge(moves, "ddr_down", t0, n_v, (n_v + ev_ids.shape[0]) * row_bytes)
+        c["ddr"]["evictions"] += n_ev
+        c["ddr"]["writebacks"] += ev_ids.shape[0]
+        if ev_ids.shape[0]:
+            c["ssd"]["writebacks"] += ev_ids.shape[0]
+            rows = self._by_table(t, ev_ids, ev_rows, plan.ev_tabs)
+            self.ssd.write_pending(rows, durable=False, defer_errors=defer_errors)
+            _charge(moves, "write_back", t0, ev_ids.shape[0], ev_ids.shape[0] * row_bytes)
 
     def _by_table(self, t: Table, ids: np.ndarray, rows: np.ndarray, tabs: np.ndarray) -> dict:
         """DDR's dirty rows pushed out, ``{table: (ids, rows)}``: all of ``t`` from tiers of its
@@ -512,6 +534,7 @@ class Resolver:
         rows are copied to the answer by ``inverse``, ``cols`` floats each.
         """
         k, width = uids.shape[0], t.cfg.record_width
+        self.descents.wait(t.ddr)
         hs = t.hbm.find(uids)
         rest = np.flatnonzero(hs < 0)
         ds = t.ddr.find(uids[rest]) if rest.shape[0] else _NO_IDS

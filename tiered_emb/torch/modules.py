@@ -3,6 +3,8 @@ and :class:`TieredEmbeddingBagCollection` (see :mod:`tiered_emb.torch`)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -277,9 +279,11 @@ class TieredEmbeddingBagCollection(torch.nn.Module):
             plan = store.engine.check_bags(table, plan)  # the ids' range, before anything is read
             planned.append((bag, plan, weights_t, feats, [bags[f][1].shape[0] - 1 for f in feats]))
         out = {}
-        for bag, plan, weights_t, feats, sizes in planned:
-            pooled = bag.pool(plan, weights_t, bag.mode)
-            out.update(zip(feats, torch.split(pooled, sizes) if len(feats) > 1 else [pooled], strict=False))
+        # (each table's victims go down on a helper thread while the next table's rows come up)
+        with planned[0][0].store.engine.descents_behind() if len(planned) > 1 else contextlib.nullcontext():
+            for bag, plan, weights_t, feats, sizes in planned:
+                pooled = bag.pool(plan, weights_t, bag.mode)
+                out.update(zip(feats, torch.split(pooled, sizes) if len(feats) > 1 else [pooled], strict=False))
         return {f: out[f] for f in self.bags}
 
 
