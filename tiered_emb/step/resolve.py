@@ -441,8 +441,8 @@ class Resolver:
         if not n_v:
             return slots, pinned
         c["hbm"]["writebacks"] += int(vdirty.sum())
-        if behind:  # (the rows of ``vrows`` stay as they are until this tier's next bring-up, which waits)
-            self.descents.hand(t.ddr, self.descend, t, c, vids, vdirty, vtabs, vrows, None, None, True)
+        if behind:  # (``vrows``, HBM's victim buffer, is reused by the table's next bring-up only, which waits)
+            self.descents.hand(t.ddr, self.descend, t, c, vids, vdirty, vtabs, vrows, None, None, defer_errors)
             return slots, pinned
         try:  # raises a failed background write (its rows, and these, wait in memory)
             self.descend(t, c, vids, vdirty, vtabs, vrows, plan, t0, defer_errors)
