@@ -65,7 +65,6 @@ class _Commits:
             self._index()  # (while the next ones commit)
 
     def _run(self) -> None:
-        numba.set_num_threads(1)  # (one: see tiered_emb.prefetch.worker, the same for its thread)
         while (values := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # (after a failure nothing is written)
