@@ -49,7 +49,7 @@ def new_index(capacity_rows: int) -> tuple[Keys, Vals]:
     return host_full(size, np.int64, EMPTY), host_full(size, np.int32, 0)
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def hash_home(key: int | np.int64, mask: int) -> np.int64:
     """Home bucket of ``key``: the splitmix64 finaliser, masked."""
     z = np.uint64(key)
@@ -59,7 +59,7 @@ def hash_home(key: int | np.int64, mask: int) -> np.int64:
     return np.int64(z & np.uint64(mask))
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def index_prefetch(keys: Keys, vals: Vals, key: int | np.int64) -> None:
     """Fetch the home bucket of ``key`` (keys and values) into the caches: a hint for a
     lookup or insert of ``key`` a few ids later; nothing changes."""
@@ -89,7 +89,7 @@ def _is_shared_typed(owner):  # type: ignore[no-untyped-def]  # (Numba compares 
 _TABLE_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def home_of(key: int | np.int64, tab: int | np.int32, mask: int) -> np.int64:
     """Home bucket of ``(tab, key)``; table 0's is :func:`hash_home`'s."""
     if tab == 0:
@@ -97,7 +97,7 @@ def home_of(key: int | np.int64, tab: int | np.int32, mask: int) -> np.int64:
     return hash_home(np.int64(np.uint64(key) ^ (np.uint64(tab) * _TABLE_MIX)), mask)
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def index_prefetch_of(keys: Keys, vals: Vals, owner: Vals, key: int | np.int64, tab: int | np.int32) -> None:
     """:func:`index_prefetch` for ``(tab, key)``."""
     mask = keys.shape[0] - 1

@@ -166,7 +166,7 @@ class CacheTier:
         return slots, self.slot_ids[slots]
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _prefetch_victims(tag, P, keys, vals, slot_ids, dirty, owner):
     """Hints for the victims to come: the slot state of the one ``2 * PREFETCH_DISTANCE``
     on, the index bucket of the id held by the one ``PREFETCH_DISTANCE`` on (its slot's
@@ -357,13 +357,13 @@ def cache_pin_found(tag, st, uids, budget, out_at, out_slots, tab):
     return n
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _ghost_key(key, tab):
     """The key a policy's ghosts remember ``key`` of table ``tab`` by (``key`` itself for table 0)."""
     return np.int64(np.uint64(key) ^ (np.uint64(tab) * np.uint64(0xD6E8FEB86659FD93)))
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _prefetch_slot(tag, P, slot_ids, dirty, pins, s):
     """Hints for the bookkeeping of slot ``s`` a few ids on: its id, flags and policy entry."""
     prefetch_hint(slot_ids, s)

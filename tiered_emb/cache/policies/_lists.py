@@ -14,7 +14,7 @@ import numba
 from tiered_emb.cache.policies._state import NIL
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def list_unlink(P, newer, older, h, node):
     """Take ``node`` out of the list of triple ``h``."""
     a = P[older + node]
@@ -30,7 +30,7 @@ def list_unlink(P, newer, older, h, node):
     P[h + 2] -= 1
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def list_push(P, newer, older, h, node):
     """Append ``node`` at the newest end of the list of triple ``h``."""
     n = P[h]

@@ -33,7 +33,7 @@ from tiered_emb.cache.policies._state import (
 )
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _table(P):
     """The ghost hash's keys and values: views of ``P``."""
     k, v, n = P[GKEYS], P[GVALS], P[GTABLE]
@@ -47,7 +47,7 @@ def ghost_find(P, key):
     return index_find(keys, vals, key)
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def ghost_list(P, node):
     """The header triple of the list ``node`` is on."""
     return G0 if P[P[GWHERE] + node] == 0 else G1
@@ -63,7 +63,7 @@ def ghost_forget(P, node):
     P[GFREE_N] += 1
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def ghost_forget_oldest(P, h):
     """Forget the oldest ghost of the list of triple ``h`` (it must have one)."""
     ghost_forget(P, P[h + 1])

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import numba
 
-from tiered_emb._jit import prefetch_hint
+from tiered_emb._jit import kernel, prefetch_hint
 from tiered_emb.cache.policies._state import GEN, HEAD, RGEN, RING, RING_LEN, TAIL
 
 
-@numba.njit(inline="always")
+@kernel
 def _lru_compact(P):
-    """Move the live entries to the front of the ring, keeping their order."""
+    """Move the live entries to the front of the ring, keeping their order (a kernel of
+    its own: the ring fills once in many attaches, and the hot loops stay small)."""
     ring, rgen, gen = P[RING], P[RGEN], P[GEN]
     w = 0
     for r in range(P[HEAD], P[TAIL]):
@@ -37,7 +38,7 @@ def _lru_compact(P):
     P[TAIL] = w
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def lru_attach(P, slot):
     """Make ``slot`` the most recently used candidate."""
     if P[TAIL] == P[RING_LEN]:
@@ -51,13 +52,13 @@ def lru_attach(P, slot):
     P[TAIL] = t + 1
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def lru_detach(P, slot):
     """Stop ``slot`` being a candidate (its ring entry goes stale)."""
     P[P[GEN] + slot] += 1
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def lru_victim(P):
     """Detach and return the least recently used attached slot, or -1 when none is attached."""
     ring, rgen, gen = P[RING], P[RGEN], P[GEN]
@@ -75,7 +76,7 @@ def lru_victim(P):
     return -1
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def lru_upcoming(P, ahead):
     """The slot of the ring entry ``ahead`` past the head (the victim that many victims on
     when no entry between is stale), its generation fetched; -1 past the tail.  A hint for

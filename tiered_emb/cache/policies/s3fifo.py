@@ -53,7 +53,7 @@ FREQ_MASK = 3 << FREQ_SHIFT
 PROMOTE_USES = 2
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _queue(b):
     """The header triple of the queue a slot of bits ``b`` is on."""
     return MNEWEST if b & IN_MAIN else NEWEST

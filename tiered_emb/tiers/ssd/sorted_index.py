@@ -91,7 +91,7 @@ def build_dir(arr_ids: np.ndarray, n: int, shift: int, dir_: np.ndarray) -> None
     dir_[cur[0] :] = n
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _range(dir_, shift, covered, n, q):
     """``(lo, hi)``: the positions where ``q`` may lie, by its bucket: the bucket's own
     positions, the last bucket's run on into the rows added since the directory was built
@@ -105,7 +105,7 @@ def _range(dir_, shift, covered, n, q):
     return dir_[b], dir_[b + 1]
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="never")
 def _search(arr_ids, lo, hi, q):
     while lo < hi:
         mid = (lo + hi) >> 1
