@@ -10,6 +10,12 @@ before timing:
 - ``ddr``: HBM 10 % + DDR 90 % (no LMDB read);
 - ``lmdb``: HBM 5 % + DDR 5 %, the rest read from LMDB (its pages in the page cache).
 
+``resident`` and ``ddr`` run side by side (``--interleave``): both stores open, their steps
+alternating batch by batch, so the machine's slow spells fall on both, and their ratio is
+also taken batch by batch (``ddr_vs_resident_paired``, the median of the paired ratios).
+The LMDB cases run one after another: their background writes would spill into the
+others' steps.
+
 Per configuration: the median step (the ratios' figure) and the mean step, and per part
 of the moves (``store.stats()[table]["moves"]``: both indexes probed, HBM's victims
 chosen and copied out, DDR's rows taken up, LMDB's read, the initialiser, rows copied up,
@@ -32,6 +38,7 @@ state in host memory, each step's unique rows gathered, sent up, updated and sen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -116,27 +123,64 @@ def _piped(store, bag, warm, timed, args) -> tuple[dict, list]:
     return before, times
 
 
-def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed, piped: bool = False) -> dict:
+def _open(stack: contextlib.ExitStack, path: Path, args, hbm_rows: int, ddr_rows: int):
+    """A store of one configuration, filled (held open by ``stack``), and its module."""
     cfg = TableConfig("t", dim=args.dim, num_rows=args.rows, optimizer=RowWiseAdagrad(lr=LR, eps=EPS))
     tiers = TierConfig(hbm_rows=hbm_rows, ddr_rows=ddr_rows, device=args.device, policy=args.policy)
-    with TieredStore.create(path, [cfg], tiers, seed=0) as store:
-        _fill(store, args.rows)
-        bag = TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
+    store = stack.enter_context(TieredStore.create(path, [cfg], tiers, seed=0))
+    _fill(store, args.rows)
+    return store, TieredEmbeddingBag(store, "t", mode="sum", include_last_offset=True)
+
+
+def _step(bag, batch, device: str) -> float:
+    """Seconds of one training step (forward, backward, fused update) on ``batch``."""
+    ids, offsets, g = batch
+    t0 = time.perf_counter()
+    bag(ids, offsets).backward(g)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_config(path: Path, args, hbm_rows: int, ddr_rows: int, warm, timed, piped: bool = False) -> dict:
+    with contextlib.ExitStack() as stack:
+        store, bag = _open(stack, path, args, hbm_rows, ddr_rows)
         if piped:
             before, times = _piped(store, bag, warm, timed, args)
         else:
-            for ids, offsets, g in warm:
-                bag(ids, offsets).backward(g)
+            for batch in warm:
+                _step(bag, batch, args.device)
             before = store.stats()["t"]
-            times = []
-            for ids, offsets, g in timed:
-                t0 = time.perf_counter()
-                bag(ids, offsets).backward(g)
-                if args.device != "cpu":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
+            times = [_step(bag, batch, args.device) for batch in timed]
         after = store.stats()["t"]
-    steps = len(timed)
+    return _summary(args, hbm_rows, ddr_rows, before, after, times)
+
+
+def run_interleaved(tmp: Path, names: list[str], args, warm, timed) -> dict:
+    """The configurations ``names`` open side by side, their steps alternating batch by batch
+    (the first of each round turning): each sees the batches it would alone, in the same
+    order, and the machine's slow spells fall on all of them.  Each step evicts the others'
+    rows from the CPU's caches, as a model's other layers would."""
+    with contextlib.ExitStack() as stack:
+        opened = {name: _open(stack, tmp / name, args, *_configs(args.rows)[name]) for name in names}
+        for batch in warm:
+            for _, bag in opened.values():
+                _step(bag, batch, args.device)
+        before = {name: store.stats()["t"] for name, (store, _) in opened.items()}
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for k, batch in enumerate(timed):
+            for name in names[k % len(names) :] + names[: k % len(names)]:
+                times[name].append(_step(opened[name][1], batch, args.device))
+        return {
+            name: _summary(args, *_configs(args.rows)[name], before[name], store.stats()["t"], times[name])
+            | {"interleaved": names}
+            for name, (store, _) in opened.items()
+        }
+
+
+def _summary(args, hbm_rows: int, ddr_rows: int, before: dict, after: dict, times: list[float]) -> dict:
+    """A configuration's figures from its table's stats before and after the timed steps."""
+    steps = len(times)
     moves = _moves_delta(after["moves"], before["moves"], steps)
     # the step's own traffic and the prefetch thread's (the pipelined configurations' moves)
     delta = {
@@ -326,6 +370,12 @@ def main(argv=None) -> dict:
         default="resident,ddr,lmdb,ddr+pipe,lmdb+pipe",
         help="comma-separated, of resident, ddr, lmdb, and ddr+pipe, lmdb+pipe (through TrainPipeline)",
     )
+    p.add_argument(
+        "--interleave",
+        default="resident,ddr",
+        help="of --configs, those run side by side, alternating step by step (the rest run one after"
+        " another; the LMDB cases' background writes would spill into the others' steps); '': none",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--policy", default="lru", help="the tiers' eviction policy (TierConfig.policy)")
     p.add_argument("--fresh-batch", type=int, default=65_536, help="ids of the fresh-lookup comparison (0: skip)")
@@ -340,7 +390,13 @@ def main(argv=None) -> dict:
     configs = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench_tiers_"))
     try:
-        for name in args.configs.split(","):
+        names = args.configs.split(",")
+        together = [n for n in names if n in args.interleave.split(",")]
+        done = run_interleaved(tmp, together, args, warm, timed) if len(together) > 1 else {}
+        for name in names:
+            if name in done:
+                configs[name] = done[name]
+                continue
             hbm_rows, ddr_rows = _configs(args.rows)[name.removesuffix("+pipe")]
             configs[name] = run_config(tmp / name, args, hbm_rows, ddr_rows, warm, timed, name.endswith("+pipe"))
             shutil.rmtree(tmp / name)
@@ -359,6 +415,9 @@ def main(argv=None) -> dict:
                 continue
             over = c["step_median_s"] - base
             ratios[f"{name}_vs_resident"] = base / c["step_median_s"]
+            if c.get("interleaved") and configs["resident"].get("interleaved"):  # (step k of each on batch k)
+                pairs = zip(configs["resident"]["step_s"], c["step_s"], strict=True)
+                ratios[f"{name}_vs_resident_paired"] = median([r / t for r, t in pairs])
             ratios[f"{name}_overhead_in_memcpys"] = over / max(c["copy_reference"]["memcpy_s"], 1e-9)
             ratios[f"{name}_overhead_in_gathers"] = over / max(c["copy_reference"]["gather_s"], 1e-9)
     out = {

@@ -210,6 +210,12 @@ def test_bench_tiers_smoke(tmp_path):
     assert data["fresh_lookup"]["read_through_ratio"] > 0
     assert data["machine"]["cpu"]["model"]
     assert (tmp_path / "tiers.png").stat().st_size > 0
+    # resident and ddr ran side by side, step by step; each did what it does alone
+    assert data["configs"]["ddr"]["interleaved"] == ["resident", "ddr"] and data["ratios"]["ddr_vs_resident_paired"] > 0
+    alone = mod.main([*args, "--configs", "resident,ddr", "--interleave", "", "--fresh-batch", "0", "--json", ""])
+    assert "interleaved" not in alone["configs"]["ddr"]
+    for key in ("moved_rows", "hbm_misses", "hbm_evictions"):
+        assert alone["configs"]["ddr"][key] == data["configs"]["ddr"][key] > 0
 
 
 def test_bench_memlimit_smoke(tmp_path):
