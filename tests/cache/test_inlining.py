@@ -1,8 +1,9 @@
 """The tier kernels' helpers (index probes, policy list operations) are Numba functions
-of their own (``inline="never"``), not ``inline="always"``: Numba then types each once instead of at every call
-site, and LLVM inlines them into the kernels all the same.  These tests hold LLVM to that:
-in the optimised code of each hot kernel, every call into the package is to another
-kernel (a unit compiled on its own on purpose), never to a helper.
+of their own (``inline="never"``), not ``inline="always"``: Numba then types each once
+instead of at every call site, and LLVM inlines them into the kernels all the same.
+These tests hold LLVM to that: in the optimised code of each hot kernel, every call into
+the package is to another kernel (a unit compiled on its own on purpose), never to a
+helper, and no reference count came back with an inlined helper.
 """
 
 from __future__ import annotations
