@@ -4,8 +4,10 @@ A training step needs all the rows of its batch at once, and a trainer knows the
 batches.  Here a trace is cut into batches (the unique ids of each, in first-occurrence
 order) and run three ways, over the same batches:
 
-- :func:`store_hits`: the store's own kernels (:mod:`tiered_emb.cache.slots`) driven as
-  :func:`tiered_emb.prefetch.lookahead` drives them with window ``k``: before step ``t``
+- :func:`store_hits`: the store's own decisions (a bring-up's three stages,
+  :mod:`tiered_emb.cache.bringup`; the window's pins, :func:`~tiered_emb.cache.slots.cache_pin_found`
+  within :func:`~tiered_emb.prefetch.window.pin_budget`) made as
+  :func:`tiered_emb.prefetch.lookahead` makes them with window ``k``: before step ``t``
   batch ``t + k`` is prefetched (pinned in HBM; a ``lookahead+`` policy pins its
   resident rows at once, and those that came up since for the window's later batches
   (under LRU only if a step placed rows since),
@@ -38,18 +40,10 @@ import numba
 import numpy as np
 
 from tiered_emb._args import as_ids, check_nonneg, int_arg
+from tiered_emb.cache.bringup import decide_down, decide_up
 from tiered_emb.cache.index import index_del, index_find, index_find_many, index_put, new_index
 from tiered_emb.cache.policies import POLICIES, policy_code
-from tiered_emb.cache.slots import (
-    CAPACITY,
-    PINNED,
-    CacheTier,
-    cache_admit_slots,
-    cache_pin_found,
-    cache_release,
-    cache_resolve_new,
-    cache_take_slots,
-)
+from tiered_emb.cache.slots import CAPACITY, PINNED, CacheTier, cache_pin_found, cache_release
 from tiered_emb.errors import ConfigError
 from tiered_emb.prefetch.window import pin_budget, repin_due
 from tiered_emb.sim.policies import id_range, next_use_of
@@ -146,32 +140,38 @@ def _no_eviction_rows(rows: int, lookups: int) -> int:
 
 # --------------------------------------------------------------------------- the store's kernels
 @numba.njit(cache=True)
-def _resolve_counted(tag, h, d, dfilled, ids, force_pin, cnt):
-    """The decisions ``Resolver.bring_up`` makes for ``ids``, through the same kernels: HBM's
-    resolve, DDR's take of the misses, DDR's admit of the victims (no rows).  ``h``, ``d``:
-    the tiers' :class:`~tiered_emb.cache.slots.Slots`, ``dfilled`` DDR's admit scratch.
-    ``cnt``: [hbm misses, ddr hits].  Returns ``(slots, pinned)``."""
-    out, n_miss, n_vic, pinned = cache_resolve_new(tag, h, ids, force_pin, ids[:0], 0)
-    if n_vic < 0:
+def _bring_up_counted(tag, h, d, dfilled, ids, force_pin, cnt):
+    """A bring-up of ``ids`` by the store's three stages (:mod:`tiered_emb.cache.bringup`),
+    no row moved: both tiers probed, HBM's decisions and DDR's take, DDR's admission of
+    HBM's victims.  ``h``, ``d``: the tiers' :class:`~tiered_emb.cache.slots.Slots`,
+    ``dfilled`` DDR's admit scratch.  ``cnt``: [hbm misses, ddr hits] (added to).
+    Returns ``(slots, pinned)``."""
+    k = ids.shape[0]
+    probe = np.empty(k, dtype=np.int64)
+    index_find_many(h.keys, h.vals, ids, probe, 0, -1)
+    missing = ids[probe < 0]
+    ddr_slots = np.empty(missing.shape[0], dtype=np.int64)
+    index_find_many(d.keys, d.vals, missing, ddr_slots, 0, -1)
+    dirty = np.empty(missing.shape[0], dtype=np.uint8)
+    out, n_miss, n_v, pinned, n_ddr = decide_up(tag, h, tag, d, ids, force_pin, probe, missing, ddr_slots, dirty, 0)
+    if n_v < 0:
         raise RuntimeError("HBM chunk larger than its unpinned capacity")  # the pin budget rules this out
     cnt[0] += n_miss
-    if n_miss > 0:
-        miss_ids = ids[out.miss_idx[:n_miss]]
-        ddr_slots = np.empty(n_miss, dtype=np.int64)
-        index_find_many(d.keys, d.vals, miss_ids, ddr_slots)
-        cnt[1] += cache_take_slots(tag, d, miss_ids, ddr_slots, np.empty(n_miss, dtype=np.uint8), 0)
-    if n_vic > 0:
-        vids, vdirty = out.victim_ids[:n_vic], out.victim_dirty[:n_vic]
-        dest, ev_ids, ev_src = np.empty(n_vic, np.int64), np.empty(n_vic, np.int64), np.empty(n_vic, np.int64)
-        ev_tabs = np.empty(n_vic, np.int32)
-        cache_admit_slots(tag, d, dfilled, vids, ev_tabs[:0], vdirty, dest, ev_ids, ev_tabs, ev_src)
+    cnt[1] += n_ddr
+    if n_v > 0:
+        dest, ev_ids, ev_src = np.empty(n_v, np.int64), np.empty(n_v, np.int64), np.empty(n_v, np.int64)
+        ev_tabs = np.empty(n_v, np.int32)
+        vids, vdirty = out.victim_ids[:n_v], out.victim_dirty[:n_v]
+        decide_down(tag, d, dfilled, vids, ev_tabs[:0], vdirty, dest, ev_ids, ev_tabs, ev_src)
     return out.slots, pinned
 
 
 @numba.njit
 def _pin_resident(tag, h, cap, uids, boff, j, ticket_slots, in_ticket, tlen):
-    """Pin for batch ``j`` its resident rows not yet pinned for it, as the window does
-    (``Window.pin_resident``: :func:`~tiered_emb.cache.slots.cache_pin_found` within the pin budget)."""
+    """Pin for batch ``j`` its resident rows not yet pinned for it: the window's kernel and
+    rule (``Window.pin_resident``: :func:`~tiered_emb.cache.slots.cache_pin_found` within
+    :func:`~tiered_emb.prefetch.window.pin_budget`), the batch's ticket kept in the arrays
+    of :func:`_store_lookahead`."""
     todo = np.flatnonzero(~in_ticket[boff[j] : boff[j + 1]]) + boff[j]
     at = np.empty(todo.shape[0], dtype=np.int64)
     slots = np.empty(todo.shape[0], dtype=np.int64)
@@ -220,7 +220,7 @@ def _store_lookahead(tag, h, d, dfilled, early_pin, k, load, uids, boff, counts)
             in_ticket[idx] = True
             if take.shape[0] > 0:
                 cnt[:] = 0
-                slots, _ = _resolve_counted(tag, h, d, dfilled, take, True, cnt)
+                slots, _ = _bring_up_counted(tag, h, d, dfilled, take, True, cnt)
                 n_t = tlen[j]
                 ticket_slots[boff[j] + n_t : boff[j] + n_t + slots.shape[0]] = slots
                 tlen[j] = n_t + slots.shape[0]
@@ -237,7 +237,7 @@ def _store_lookahead(tag, h, d, dfilled, early_pin, k, load, uids, boff, counts)
         cnt[:] = 0
         for start in range(0, u.shape[0], free_cap):
             chunk = u[start : start + free_cap]
-            slots, pinned = _resolve_counted(tag, h, d, dfilled, chunk, False, cnt)
+            slots, pinned = _bring_up_counted(tag, h, d, dfilled, chunk, False, cnt)
             if pinned:
                 cache_release(tag, h, slots)
         step_placed = step_placed or cnt[0] > 0

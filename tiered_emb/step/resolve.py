@@ -409,16 +409,18 @@ class Resolver:
         if below_at.shape[0]:  # first: a failed read changes nothing
             sub, on_ssd, fresh = self.read_below(t, missing[below_at], moves)
             t0 = perf_counter()
-        # DDR's take (its bookkeeping) runs beside HBM's decisions: they share no state
+        # HBM's decisions and DDR's take (cache/bringup.py); a large take runs beside the
+        # decisions, on the helper thread: they share no state
         dirty = np.zeros(missing.shape[0], dtype=np.uint8)
-        n_up = missing.shape[0] - below_at.shape[0]
-        taking = self._beside(t.ddr.take_slots, missing, ddr_slots, dirty) if n_up >= _BESIDE_ROWS else None
-        try:
-            slots, miss_idx, vslots, vids, vdirty, vtabs, pinned = t.hbm.decide(chunk, force_pin, probe)
-        finally:
-            n_ddr = taking.result() if taking is not None else 0
-        if taking is None:
-            n_ddr = t.ddr.take_slots(missing, ddr_slots, dirty)
+        if missing.shape[0] - below_at.shape[0] >= _BESIDE_ROWS:
+            taking = self._beside(t.ddr.take_slots, missing, ddr_slots, dirty)
+            try:
+                slots, miss_idx, vslots, vids, vdirty, vtabs, pinned = t.hbm.decide(chunk, force_pin, probe)
+            finally:
+                n_ddr = taking.result()
+        else:
+            up = t.hbm.decide_up(t.ddr, chunk, force_pin, probe, missing, ddr_slots, dirty)
+            slots, miss_idx, vslots, vids, vdirty, vtabs, pinned, n_ddr = up
         k, m, n_v = chunk.shape[0], miss_idx.shape[0], vids.shape[0]
         c["hbm"]["lookups"] += k
         c["hbm"]["hits"] += k - m

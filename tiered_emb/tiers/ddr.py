@@ -18,14 +18,15 @@ import numpy as np
 
 from tiered_emb._backend import host_full, host_zeros
 from tiered_emb._jit import move_rows
-from tiered_emb.cache.slots import CacheTier, cache_admit_slots, cache_take, cache_take_slots
+from tiered_emb.cache.bringup import decide_down
+from tiered_emb.cache.slots import CacheTier, cache_take, cache_take_slots
 from tiered_emb.tiers.protocol import put_arrays
 
 _NO_TABS = np.empty(0, dtype=np.int32)
 
 
 class AdmitPlan(NamedTuple):
-    """:meth:`DdrTier.admit_decide`'s decisions (:func:`cache_admit_slots`'s answer)."""
+    """:meth:`DdrTier.admit_decide`'s decisions (:func:`tiered_emb.cache.bringup.decide_down`'s answer)."""
 
     dest: np.ndarray  # int64 (k,): each incoming row's slot, or -1 (pushed out again)
     ev_src: np.ndarray  # int64 (n_out,): where each dirty row pushed out is (a slot, or -1 - i)
@@ -38,7 +39,7 @@ class DdrTier(CacheTier):
         super().__init__(capacity_rows, policy, shared)
         self.width = width
         self.records = host_zeros((max(capacity_rows, 1), width))
-        self._filled = host_full(self.slot_ids.shape[0], np.int32, -1)  # cache_admit_slots' scratch
+        self._filled = host_full(self.slot_ids.shape[0], np.int32, -1)  # decide_down's scratch
         # pushed-out rows of the last admit, reused (the caller hands them on before the next)
         self._ev_ids = np.empty(0, dtype=np.int64)
         self._ev_rows = np.empty((0, width), dtype=np.float32)
@@ -96,7 +97,7 @@ class DdrTier(CacheTier):
         dest = np.empty(k, dtype=np.int64)
         ev_src = np.empty(k, dtype=np.int64)
         ev_tabs = np.empty(k, dtype=np.int32)
-        n_out, n_ev = cache_admit_slots(
+        n_out, n_ev = decide_down(
             self.tag, self.state, self._filled, ids, tabs, dirty, dest, self._ev_ids, ev_tabs, ev_src
         )
         return AdmitPlan(dest, ev_src[:n_out], int(n_ev), ev_tabs[:n_out])

@@ -12,6 +12,7 @@ import numpy as np
 
 from tiered_emb._backend import host_full, host_zeros, to_host, to_xp
 from tiered_emb._jit import kernel, move_rows, take_rows
+from tiered_emb.cache.bringup import decide_up
 from tiered_emb.cache.slots import (
     FREE,
     PINNED,
@@ -86,6 +87,27 @@ class HbmTier(CacheTier):
             out.victim_dirty[:n_v],
             out.victim_tabs[:n_v],
             bool(pinned),
+        )
+
+    def decide_up(self, ddr, uids: np.ndarray, force_pin: bool, probe: np.ndarray, missing, ddr_slots, dirty):
+        """:meth:`decide` and ``ddr``'s :meth:`~tiered_emb.tiers.DdrTier.take_slots` of the ids
+        it lacks (``missing``, ``uids[probe < 0]``; their DDR slots ``ddr_slots``, flags into
+        ``dirty``) in one call (:func:`tiered_emb.cache.bringup.decide_up`): :meth:`decide`'s
+        answer and the rows DDR gave up."""
+        out, n_miss, n_v, pinned, n_ddr = decide_up(
+            self.tag, self.state, ddr.tag, ddr.state, uids, force_pin, probe, missing, ddr_slots, dirty, self.tab
+        )
+        if n_v < 0:
+            raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
+        return (
+            out.slots,
+            out.miss_idx[:n_miss],
+            out.victim_slots[:n_v],
+            out.victim_ids[:n_v],
+            out.victim_dirty[:n_v],
+            out.victim_tabs[:n_v],
+            bool(pinned),
+            int(n_ddr),
         )
 
     def victim_rows(self, vslots: np.ndarray) -> np.ndarray | None:
@@ -217,6 +239,11 @@ class DirectHbmTier(HbmTier):
         """As :meth:`HbmTier.decide`; the slots are the ids, there are never victims."""
         miss_idx = _direct_resolve(self.slot_ids, self.dirty, self.pins, self.meta, uids, force_pin)
         return uids, miss_idx, _NO_SLOTS, _NO_SLOTS, _NO_FLAGS, _NO_TABS, bool(force_pin)
+
+    def decide_up(self, ddr, uids: np.ndarray, force_pin: bool, probe: np.ndarray, missing, ddr_slots, dirty):
+        """As :meth:`HbmTier.decide_up`: the slots are the ids (no index, no policy to share)."""
+        n_ddr = ddr.take_slots(missing, ddr_slots, dirty)
+        return (*self.decide(uids, force_pin, probe), n_ddr)
 
     def pin_found(self, uids: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
         slots = self.find(uids)
