@@ -22,7 +22,7 @@ from tiered_emb import _directory
 from tiered_emb._args import snapshot_arg, table_ids
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import ConfigError, ReadOnlyError, StoreClosedError, UnknownTableError
-from tiered_emb.init import init_rows
+from tiered_emb.init import init_rows_into
 from tiered_emb.precision import values_of
 from tiered_emb.step.plan import dedupe
 from tiered_emb.tiers.ssd.snapshot import SnapshotTier
@@ -194,7 +194,8 @@ class StoreReader:
             counts["hits"] += int(found.sum())
             counts["misses"] += int((~found).sum())
         if not found.all():
-            rows[~found] = init_rows(cfg, uids[~found], self.seed)
+            fresh = np.flatnonzero(~found)
+            init_rows_into(cfg, uids[fresh], self.seed, rows, fresh)
         out = values_of(cfg, rows)[inverse]  # (weights decoded from the table's dtype)
         return out if with_state else np.ascontiguousarray(out[:, : cfg.dim])
 

@@ -27,7 +27,7 @@ from tiered_emb.admission import admission_of
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, UnknownTableError
 from tiered_emb.expiry import expiry_of
-from tiered_emb.init import init_rows, table_hash
+from tiered_emb.init import init_rows, init_rows_into, table_hash
 from tiered_emb.precision import encode, values_of
 from tiered_emb.step.descend import Descents
 from tiered_emb.step.device.launch import kernels_for
@@ -213,7 +213,7 @@ class Resolver:
         if moves is not None:
             t0 = _charge(moves, "ssd_read", t0, n_ssd, n_ssd * row_bytes)
         if fresh.shape[0]:
-            sub[fresh] = init_rows(t.cfg, ids[fresh], self.seed)
+            init_rows_into(t.cfg, ids[fresh], self.seed, sub, fresh)
             if moves is not None:
                 _charge(moves, "init", t0, fresh.shape[0], fresh.shape[0] * row_bytes)
         return sub, on_ssd, fresh
