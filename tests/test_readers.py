@@ -25,9 +25,11 @@ TABLES = [
 IDS = 3000
 REPO = Path(__file__).resolve().parents[1]
 
-# a reader process: refresh, read every row of both tables, note (epoch, digest), until told to stop
+# a reader process: refresh, read every row of both tables, note (epoch, digest), until told
+# to stop; a file ``out.ready`` once it has read (its kernels compiled: a cold cache takes seconds)
 READER = """
 import hashlib, json, os, sys, time
+from pathlib import Path
 import numpy as np
 from tiered_emb import TieredStore
 path, out, stop = sys.argv[1:4]
@@ -39,7 +41,9 @@ with TieredStore.open(path, mode="r") as r:
         for t in ("a", "b"):
             h.update(r.peek(t, np.arange(3000), with_state=True).tobytes())
         seen.append([epoch, h.hexdigest()])
-Path = __import__("pathlib").Path
+        if len(seen) == 1:
+            Path(out + ".ready").touch()
+        time.sleep(0.02)  # (four readers on this machine's cores: the writer keeps one)
 Path(out).write_text(json.dumps(seen))
 """
 
@@ -67,6 +71,10 @@ def _train(path, checkpoints: int, readers: int, tmp: Path) -> tuple[dict, list]
             subprocess.Popen([sys.executable, "-c", READER, str(path), str(tmp / f"r{k}.json"), str(stop)], env=env)
             for k in range(readers)
         ]
+        deadline = time.monotonic() + 300
+        while not all((tmp / f"r{k}.json.ready").exists() for k in range(readers)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a reader did not start"
+            time.sleep(0.05)
         for k in range(checkpoints):
             random_updates([s], TABLES, 6, seed=k, n=200, ids_below=IDS)
             s.checkpoint()
