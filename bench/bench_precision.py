@@ -5,7 +5,9 @@ Part 1 runs ``tiered-emb train`` per dtype with the same ``--hbm-bytes`` and
 ``--ddr-bytes`` (the tables ``--factor`` times the budget in float32), ``--job-repeats``
 times, the dtypes interleaved: rows resident, hit rates per tier, samples/s (the median of
 the runs), LMDB bytes, checkpoint seconds, held-out log loss and AUC after the same steps
-(the runs of a dtype give the same bytes; the first run's figures).  Part 3 runs the job
+(the runs of a dtype give the same bytes; the first run's figures), beside the same job
+resident (float32, every row in HBM: ``--hbm-rows`` = ``--rows``, no DDR), the ceiling
+no dtype's tiers can pass (``resident_vs_float32``).  Part 3 runs the job
 on Criteo's table sizes (``--cardinalities criteo``: 3 ids to ``--rows``), float32, at one
 byte budget given as rows per table (the bytes split evenly) and as tiers shared by the
 tables: hit rates, rows held and samples/s.  Part 2 times the
@@ -164,6 +166,9 @@ def _plot(result: dict, path: str) -> None:
     for ax, (title, vals) in zip(axes, panels, strict=True):
         ax.bar(names, vals, color=["#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(names)])
         ax.set_title(title, fontsize=10)
+        if title.startswith("samples/s") and "job_resident" in result:
+            ax.axhline(result["job_resident"]["samples_per_s"], color="k", ls="--", lw=1, label="resident float32")
+            ax.legend(fontsize=8, loc="lower right")
         if title == "held-out AUC":
             ax.set_ylim(min(vals) - 0.01, max(vals) + 0.005)
     fig.suptitle(f"DLRM job, tables {result['config']['factor']}x the budget; {result['cpu']['model']}", fontsize=10)
@@ -202,15 +207,20 @@ def main(argv=None) -> dict:
             for d in DTYPES:  # (every kernel of every dtype compiled before anything is timed)
                 small = argparse.Namespace(**{**vars(args), "rows": 2000, "steps": 4, "eval_batches": 1})
                 _job(small, root, d, budget // 200, budget // 200)
-            runs: dict[str, list[dict]] = {d: [] for d in DTYPES}
+            resident = ["--hbm-rows", str(args.rows), "--ddr-rows", "0"]
+            _run(argparse.Namespace(**{**vars(args), "steps": 4, "eval_batches": 1}), root, "job_resident", resident)
+            runs: dict[str, list[dict]] = {d: [] for d in (*DTYPES, "resident")}
             for _ in range(args.job_repeats):  # (interleaved: a burst of noise lands on every dtype alike)
                 for d in DTYPES:
                     runs[d].append(_job(args, root, d, budget // 2, budget - budget // 2))
+                runs["resident"].append(_run(args, root, "job_resident", resident))
             result["job"] = {}
             for d, rs in runs.items():
                 speeds = [r["samples_per_s"] for r in rs]
                 result["job"][d] = dict(rs[0], samples_per_s=float(np.median(speeds)), samples_per_s_runs=speeds)
+            result["job_resident"] = result["job"].pop("resident")
             base = result["job"]["float32"]
+            result["resident_vs_float32"] = result["job_resident"]["samples_per_s"] / base["samples_per_s"]
             result["job_vs_float32"] = {
                 d: {
                     "samples_per_s": r["samples_per_s"] / base["samples_per_s"],
@@ -238,7 +248,7 @@ def main(argv=None) -> dict:
     write_json(args.json, result)
     if args.plot and "job" in result:
         _plot(result, args.plot)
-    shown = ("job_vs_float32", "train_step_ratios")
+    shown = ("job_vs_float32", "resident_vs_float32", "train_step_ratios")
     print(json.dumps({k: result[k] for k in shown if k in result}, indent=1))
     if "skewed_tables" in result:
         sk = result["skewed_tables"]
