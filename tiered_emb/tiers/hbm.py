@@ -76,39 +76,17 @@ class HbmTier(CacheTier):
         slots until the caller writes the missed rows in, so it takes them first
         (:meth:`victim_rows`).  A victim's table is another's in a shared tier
         (:mod:`tiered_emb.tiers.pool`), 0 in a tier of one table."""
-        out, n_miss, n_v, pinned = cache_resolve_new(self.tag, self.state, uids, force_pin, probe, self.tab)
-        if n_v < 0:
-            raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        return (
-            out.slots,
-            out.miss_idx[:n_miss],
-            out.victim_slots[:n_v],
-            out.victim_ids[:n_v],
-            out.victim_dirty[:n_v],
-            out.victim_tabs[:n_v],
-            bool(pinned),
-        )
+        return _decided(*cache_resolve_new(self.tag, self.state, uids, force_pin, probe, self.tab))
 
     def decide_up(self, ddr, uids: np.ndarray, force_pin: bool, probe: np.ndarray, missing, ddr_slots, dirty):
         """:meth:`decide` and ``ddr``'s :meth:`~tiered_emb.tiers.DdrTier.take_slots` of the ids
         it lacks (``missing``, ``uids[probe < 0]``; their DDR slots ``ddr_slots``, flags into
         ``dirty``) in one call (:func:`tiered_emb.cache.bringup.decide_up`): :meth:`decide`'s
         answer and the rows DDR gave up."""
-        out, n_miss, n_v, pinned, n_ddr = decide_up(
+        *decided, n_ddr = decide_up(
             self.tag, self.state, ddr.tag, ddr.state, uids, force_pin, probe, missing, ddr_slots, dirty, self.tab
         )
-        if n_v < 0:
-            raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
-        return (
-            out.slots,
-            out.miss_idx[:n_miss],
-            out.victim_slots[:n_v],
-            out.victim_ids[:n_v],
-            out.victim_dirty[:n_v],
-            out.victim_tabs[:n_v],
-            bool(pinned),
-            int(n_ddr),
-        )
+        return (*_decided(*decided), int(n_ddr))
 
     def victim_rows(self, vslots: np.ndarray) -> np.ndarray | None:
         """Host copy of the records in ``vslots`` (int64 (v,)); None when there are none.  On the
@@ -187,6 +165,21 @@ class HbmTier(CacheTier):
             if pinned:
                 self.release(slots)
         return np.concatenate(out_ids), np.concatenate(out_rows)
+
+
+def _decided(out, n_miss: int, n_v: int, pinned: bool) -> tuple:
+    """:meth:`HbmTier.decide`'s answer from :func:`cache_resolve`'s: the arrays cut to the counts."""
+    if n_v < 0:
+        raise RuntimeError("HBM chunk larger than its unpinned capacity")  # caller bug, not user input
+    return (
+        out.slots,
+        out.miss_idx[:n_miss],
+        out.victim_slots[:n_v],
+        out.victim_ids[:n_v],
+        out.victim_dirty[:n_v],
+        out.victim_tabs[:n_v],
+        bool(pinned),
+    )
 
 
 class DirectHbmTier(HbmTier):
