@@ -12,10 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiered_emb import TieredStore  # noqa: E402
+from tiered_emb import TableConfig, TieredStore  # noqa: E402
 from tiered_emb.apps.clicks import CRITEO_KAGGLE_ROWS, SyntheticClicks, table_rows  # noqa: E402
-from tiered_emb.apps.dlrm import auc, log_loss  # noqa: E402
+from tiered_emb.apps.dlrm import auc, distinct_ids, log_loss  # noqa: E402
+from tiered_emb.apps.dlrm_config import default_rows, run_tiers  # noqa: E402
 from tiered_emb.cli import main  # noqa: E402
+from tiered_emb.prefetch.window import pin_budget  # noqa: E402
 
 TINY = [
     "--batch",
@@ -96,16 +98,39 @@ def test_smoke_run_reports(tmp_path, capsys):
         assert np.isfinite(r[key])
 
 
-def test_the_window_is_on_by_default_where_hbm_holds_two_batches(tmp_path):
-    """Default --lookahead: 4 where --hbm-rows >= 2 x --batch, else 0 (a window that cannot
-    pin a batch ahead only cuts the step's chunks smaller); the model is the same."""
-    on = _train(tmp_path / "on", "--steps", "3")
-    off = _train(tmp_path / "off", "--steps", "3", "--hbm-rows", "127")
-    given = _train(tmp_path / "given", "--steps", "3", "--hbm-rows", "127", "--lookahead", "2")
+def test_the_window_is_on_by_default_where_hbm_pins_two_batches(tmp_path):
+    """Default --lookahead: 4 where a table's HBM can pin the distinct ids of two batches
+    (the most of the run's first batches) within the window's budget, else 0 (a window
+    that cannot pin a batch ahead only cuts the step's chunks smaller); the model is the same."""
+    data = SyntheticClicks(table_rows(3000, "uniform"), 64, 1.05, 0)
+    d = distinct_ids(data, 0)
+    assert d == max(np.unique(data.batch(s)[1][:, f]).shape[0] for s in (0, 1) for f in range(26))
+    fits = next(h for h in range(1, 1000) if 2 * d <= pin_budget(h, 0))  # (fewer ids than the batch's 64)
+    assert fits < 2 * 64
+    on = _train(tmp_path / "on", "--steps", "3", "--hbm-rows", str(fits))
+    off = _train(tmp_path / "off", "--steps", "3", "--hbm-rows", str(fits - 1))
+    given = _train(tmp_path / "given", "--steps", "3", "--hbm-rows", str(fits - 1), "--lookahead", "2")
     assert (on["lookahead"], off["lookahead"], given["lookahead"]) == (4, 0, 2)
     if sys.platform.startswith("linux"):
         assert "tiered_emb-prefetch" not in off["thread_cpu_ms_per_step"]
     assert on["test_logloss"] == off["test_logloss"] == given["test_logloss"]
+
+
+def test_the_cpu_tiers_default_to_hbm_alone_and_a_gpu_to_both(tmp_path):
+    """Without --hbm-rows / --ddr-rows the CPU job holds its rows in HBM alone (the memory of
+    4,096 + 4,096 before), a GPU job 4,096 in each; a flag given is kept as given."""
+    assert default_rows("cpu") == (8192, 0) and default_rows("cuda") == (4096, 4096)
+    tables = [TableConfig(f"t{i}", 4, 100_000) for i in range(26)]
+    flags = {"hbm_rows": None, "ddr_rows": None, "policy": "lru"}
+    cpu = run_tiers(types.SimpleNamespace(**flags, device="cpu"), tables)
+    assert (cpu.hbm_rows, cpu.ddr_rows) == (8192, 0)
+    cuda = run_tiers(types.SimpleNamespace(**flags, device="cuda"), tables)
+    assert (cuda.hbm_rows, cuda.ddr_rows) == (4096, 4096)
+    given = run_tiers(types.SimpleNamespace(**{**flags, "ddr_rows": 512}, device="cpu"), tables)
+    assert (given.hbm_rows, given.ddr_rows) == (8192, 512)
+    r = _train(tmp_path / "run", "--steps", "2", "--hbm-rows", "256", "--ddr-rows", "0")
+    assert r["tiers"]["ddr"]["capacity_rows"] == 0 and r["tiers"]["ddr"]["lookups"] == 0
+    assert r["tiers"]["ssd"]["lookups"] + r["prefetch"]["ssd"]["lookups"] > 0  # (HBM's victims written back)
 
 
 def test_resume_from_checkpoint_is_bitwise_an_uninterrupted_run(tmp_path):

@@ -62,6 +62,7 @@ from tiered_emb.errors import (
     StoreNotFoundError,
     TieredEmbError,
 )
+from tiered_emb.prefetch.window import pin_budget
 from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
 
@@ -98,9 +99,18 @@ def add_parser(sub) -> None:
         help="ids of each table: uniform (--rows each, the default) or criteo (the sizes of Criteo's "
         "Kaggle set, 3 to 10M, at most --rows)",
     )
-    p.add_argument("--hbm-rows", type=count, help=f"HBM rows per table (default: {ROWS_PER_TABLE})")
+    p.add_argument(
+        "--hbm-rows",
+        type=count,
+        help=f"HBM rows per table (default: {2 * ROWS_PER_TABLE} on the CPU, where DDR is the same memory, "
+        f"{ROWS_PER_TABLE} with --device cuda)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="HBM tier and MLPs on a GPU (docs/gpu.md)")
-    p.add_argument("--ddr-rows", type=count, help=f"DDR rows per table (default: {ROWS_PER_TABLE})")
+    p.add_argument(
+        "--ddr-rows",
+        type=count,
+        help=f"DDR rows per table (default: 0 on the CPU, {ROWS_PER_TABLE} with --device cuda)",
+    )
     p.add_argument(
         "--hbm-bytes",
         "--hbm",
@@ -171,8 +181,9 @@ def add_parser(sub) -> None:
         type=int,
         default=None,
         help="batches handed to the store ahead of the step (the window; 0: no pipeline; default: 4 "
-        "where HBM holds two batches' ids, --hbm-rows >= 2 x --batch, else 0: a window that cannot "
-        "pin a whole batch ahead only cuts the step's chunks smaller; the model is the same either way)",
+        "where a table's HBM can pin the distinct ids of two batches (counted in the run's first "
+        "batches), else 0: a window that cannot pin a whole batch ahead only cuts the step's chunks "
+        "smaller; the model is the same either way)",
     )
     p.add_argument(
         "--load-ahead",
@@ -314,13 +325,29 @@ def _step_threads(args, cfg: dict | None = None) -> int:
     return max(1, cores - 1)
 
 
-def _lookahead(args, cfg: dict, hbm_rows: int) -> int:
-    """``--lookahead``, else 4 where a table's HBM holds the ids of two batches (the one
-    stepping and the one brought up ahead: each sample looks up one id a table), else 0."""
+def _lookahead(args, cfg: dict, hbm_rows: int, distinct: int | None = None) -> int:
+    """``--lookahead``, else 4 where a table's HBM can pin the ids of two batches (the one
+    stepping and the one brought up ahead) within the window's budget (:func:`pin_budget`),
+    else 0.  ``distinct``: the most distinct ids a table had in a batch of the run's first
+    (:func:`distinct_ids`); unknown, the batch size (each sample looks up one id a table),
+    the most there can be."""
     given = getattr(args, "lookahead", None)
     if given is not None:
         return given
-    return 4 if hbm_rows >= 2 * cfg["batch"] else 0
+    if distinct is None:
+        return 4 if hbm_rows >= 2 * cfg["batch"] else 0
+    return 4 if 2 * distinct <= pin_budget(hbm_rows, 0) else 0
+
+
+def distinct_ids(data, start: int, batches: int = 2) -> int:
+    """The most distinct ids of one table in one of the train batches ``start``,
+    ``start + 1``, ... (``batches`` of them): what a window pins of a table for a batch."""
+    most = 0
+    for step in range(start, start + batches):
+        cats = data.batch(step, "train")[1]
+        for f in range(cats.shape[1]):
+            most = max(most, int(np.unique(cats[:, f]).shape[0]))
+    return most
 
 
 def load_data(cfg: dict):
@@ -357,8 +384,8 @@ def train(args) -> dict:
         # first: it compiles while this process imports torch and makes its data
         cfg = run_config(args)
         tables = table_configs(cfg)
-        hbm_rows = rows_held(tables, run_tiers(args, tables))[0] // len(tables)
-        helper = warm.start(cfg, args, _lookahead(args, cfg, hbm_rows))
+        hbm_rows, ddr_rows = rows_held(tables, run_tiers(args, tables))
+        helper = warm.start(cfg, args, _lookahead(args, cfg, hbm_rows // len(tables)), ddr_rows > 0)
     try:
         return _train(args, run_dir, store_dir, config_path, cfg, helper)
     finally:
@@ -455,7 +482,8 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
 
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     tables = [store.engine.table_config(f) for f in feature_names()]
-    lookahead = _lookahead(args, cfg, rows_held(tables, store.engine.tiers)[0] // len(tables))
+    hbm_rows = rows_held(tables, store.engine.tiers)[0] // len(tables)
+    lookahead = _lookahead(args, cfg, hbm_rows, distinct_ids(data, start))
     pipeline = TrainPipeline(
         store,
         model,

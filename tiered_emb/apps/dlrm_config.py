@@ -190,12 +190,25 @@ def lr_factor(cfg: dict, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * t)) if kind == "cosine" else (1.0 - t) ** 2
 
 
-#: ``--hbm-rows`` and ``--ddr-rows`` when neither they nor the tiers' bytes are given
+#: Rows a table's tiers hold when neither ``--hbm-rows`` / ``--ddr-rows`` nor the tiers'
+#: bytes are given: on a GPU this many in HBM and as many in DDR (:func:`default_rows`)
 ROWS_PER_TABLE = 4096
 
 
+def default_rows(device: str) -> tuple[int, int]:
+    """``(--hbm-rows, --ddr-rows)`` when not given: on a GPU :data:`ROWS_PER_TABLE` each; on
+    the CPU the same memory all in HBM.  There both tiers are host memory, and HBM's rows
+    are the ones a step pools in place and a window pins: a row held in DDR instead costs a
+    copy up each time it is used, and a window over tiers that cannot pin two batches'
+    rows in HBM does not run (docs/tuning.md, "The CPU: one tier")."""
+    if device == "cuda":
+        return ROWS_PER_TABLE, ROWS_PER_TABLE
+    return 2 * ROWS_PER_TABLE, 0
+
+
 def run_tiers(args, tables) -> TierConfig:
-    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table, or one HBM and one DDR
+    """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table (:func:`default_rows` where
+    not given), or one HBM and one DDR
     tier shared by the tables, ``--hbm-bytes`` / ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`);
     the bytes replace the rows; ConfigError for DDR in bytes under HBM in rows, and the
     tiers' own (a budget that holds no row)."""
@@ -207,9 +220,10 @@ def run_tiers(args, tables) -> TierConfig:
         "background_writes": not getattr(args, "sync_writes", False),
     }
     if hbm_bytes is None and ddr_bytes is None and not reserve:
+        hbm_rows, ddr_rows = default_rows(common["device"])
         return TierConfig(
-            hbm_rows=ROWS_PER_TABLE if args.hbm_rows is None else args.hbm_rows,
-            ddr_rows=ROWS_PER_TABLE if args.ddr_rows is None else args.ddr_rows,
+            hbm_rows=hbm_rows if args.hbm_rows is None else args.hbm_rows,
+            ddr_rows=ddr_rows if args.ddr_rows is None else args.ddr_rows,
             **common,
         )
     if hbm_bytes is None:

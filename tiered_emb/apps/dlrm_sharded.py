@@ -29,8 +29,8 @@ import numpy as np
 
 from tiered_emb._options import check_run_dir, make_run_dir, require
 from tiered_emb.apps.dlrm_config import (
-    ROWS_PER_TABLE,
     check_run_flags,
+    default_rows,
     feature_names,
     lr_factor,
     mlp_sizes,
@@ -161,10 +161,11 @@ def prepare(args) -> dict:
             "--ddr-bytes is given without --hbm-bytes",
             "give --hbm-bytes too (tiers shared by each rank's shards), or --hbm-rows / --ddr-rows per table",
         )
+    rows = default_rows(args.device)
     cfg.update(
         comm_dtype=args.comm_dtype,
-        hbm_rows=0 if hbm_bytes else ROWS_PER_TABLE if args.hbm_rows is None else args.hbm_rows,
-        ddr_rows=0 if hbm_bytes else ROWS_PER_TABLE if args.ddr_rows is None else args.ddr_rows,
+        hbm_rows=0 if hbm_bytes else rows[0] if args.hbm_rows is None else args.hbm_rows,
+        ddr_rows=0 if hbm_bytes else rows[1] if args.ddr_rows is None else args.ddr_rows,
         hbm_bytes=hbm_bytes,
         ddr_bytes=ddr_bytes or 0,
         policy=args.policy,

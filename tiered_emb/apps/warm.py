@@ -54,10 +54,11 @@ def cache_is_cold() -> bool:
     return next(Path(where).rglob("*.nbi"), None) is None
 
 
-def small_job(cfg: dict, args, lookahead: int) -> list[str]:
+def small_job(cfg: dict, args, lookahead: int, ddr: bool = True) -> list[str]:
     """The ``tiered-emb train`` flags of the small job for a run of ``cfg`` (its config) and
-    ``args`` (its flags), ``lookahead`` batches ahead (0 or more, as the run's)."""
-    flags = ["--rows", "4096", "--hbm-rows", "256", "--ddr-rows", "256", "--batch", "64"]
+    ``args`` (its flags), ``lookahead`` batches ahead (0 or more, as the run's), with a DDR
+    tier where the run has one (its kernels, or those of HBM's victims written back)."""
+    flags = ["--rows", "4096", "--hbm-rows", "256", "--ddr-rows", "256" if ddr else "0", "--batch", "64"]
     flags += ["--steps", "4", "--eval-batches", "1", "--lookahead", str(lookahead)]
     for key in SHAPE_FLAGS:
         value = cfg.get(key, getattr(args, key, None))
@@ -68,7 +69,7 @@ def small_job(cfg: dict, args, lookahead: int) -> list[str]:
     return flags
 
 
-def start(cfg: dict, args, lookahead: int) -> subprocess.Popen | None:
+def start(cfg: dict, args, lookahead: int, ddr: bool = True) -> subprocess.Popen | None:
     """Start the small job beside a run of ``cfg`` where the kernel cache is cold (None: not
     started: a warm cache, ``TIERED_EMB_WARM=0``, a GPU run, or no process could start)."""
     if os.environ.get("TIERED_EMB_WARM", "1") == "0" or getattr(args, "device", "cpu") != "cpu":
@@ -77,7 +78,7 @@ def start(cfg: dict, args, lookahead: int) -> subprocess.Popen | None:
         return None
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tiered_emb.apps.warm", *small_job(cfg, args, lookahead)],
+            [sys.executable, "-m", "tiered_emb.apps.warm", *small_job(cfg, args, lookahead, ddr)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
