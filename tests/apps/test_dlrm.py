@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 
 from tiered_emb import TableConfig, TieredStore  # noqa: E402
 from tiered_emb.apps.clicks import CRITEO_KAGGLE_ROWS, SyntheticClicks, table_rows  # noqa: E402
-from tiered_emb.apps.dlrm import auc, distinct_ids, log_loss  # noqa: E402
-from tiered_emb.apps.dlrm_config import default_rows, run_tiers  # noqa: E402
+from tiered_emb.apps.dlrm import auc, log_loss  # noqa: E402
+from tiered_emb.apps.dlrm_config import default_rows, distinct_ids, run_tiers  # noqa: E402
 from tiered_emb.cli import main  # noqa: E402
 from tiered_emb.prefetch.window import pin_budget  # noqa: E402
 

@@ -43,6 +43,7 @@ from tiered_emb.apps.dlrm_config import (
     SCHEDULES,
     check_model,
     check_run_flags,
+    distinct_ids,
     feature_names,
     flag_conflicts,
     lr_factor,
@@ -52,6 +53,7 @@ from tiered_emb.apps.dlrm_config import (
     run_config,
     run_tiers,
     table_configs,
+    window_depth,
 )
 from tiered_emb.apps.metrics import aggregate_stats, auc, log_loss, thread_cpu_per_step, thread_cpu_s
 from tiered_emb.apps.stream import format_tier_table
@@ -62,7 +64,6 @@ from tiered_emb.errors import (
     StoreNotFoundError,
     TieredEmbError,
 )
-from tiered_emb.prefetch.window import pin_budget
 from tiered_emb.sim.bench import check_output, emit_json
 from tiered_emb.store import TieredStore
 
@@ -325,31 +326,6 @@ def _step_threads(args, cfg: dict | None = None) -> int:
     return max(1, cores - 1)
 
 
-def _lookahead(args, cfg: dict, hbm_rows: int, distinct: int | None = None) -> int:
-    """``--lookahead``, else 4 where a table's HBM can pin the ids of two batches (the one
-    stepping and the one brought up ahead) within the window's budget (:func:`pin_budget`),
-    else 0.  ``distinct``: the most distinct ids a table had in a batch of the run's first
-    (:func:`distinct_ids`); unknown, the batch size (each sample looks up one id a table),
-    the most there can be."""
-    given = getattr(args, "lookahead", None)
-    if given is not None:
-        return given
-    if distinct is None:
-        return 4 if hbm_rows >= 2 * cfg["batch"] else 0
-    return 4 if 2 * distinct <= pin_budget(hbm_rows, 0) else 0
-
-
-def distinct_ids(data, start: int, batches: int = 2) -> int:
-    """The most distinct ids of one table in one of the train batches ``start``,
-    ``start + 1``, ... (``batches`` of them): what a window pins of a table for a batch."""
-    most = 0
-    for step in range(start, start + batches):
-        cats = data.batch(step, "train")[1]
-        for f in range(cats.shape[1]):
-            most = max(most, int(np.unique(cats[:, f]).shape[0]))
-    return most
-
-
 def load_data(cfg: dict):
     """The run's batches; a --data file that cannot be read is a ConfigError."""
     try:
@@ -385,7 +361,7 @@ def train(args) -> dict:
         cfg = run_config(args)
         tables = table_configs(cfg)
         hbm_rows, ddr_rows = rows_held(tables, run_tiers(args, tables))
-        helper = warm.start(cfg, args, _lookahead(args, cfg, hbm_rows // len(tables)), ddr_rows > 0)
+        helper = warm.start(cfg, args, window_depth(args, cfg, hbm_rows // len(tables)), ddr_rows > 0)
     try:
         return _train(args, run_dir, store_dir, config_path, cfg, helper)
     finally:
@@ -483,7 +459,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     tables = [store.engine.table_config(f) for f in feature_names()]
     hbm_rows = rows_held(tables, store.engine.tiers)[0] // len(tables)
-    lookahead = _lookahead(args, cfg, hbm_rows, distinct_ids(data, start))
+    lookahead = window_depth(args, cfg, hbm_rows, distinct_ids(data, start))
     pipeline = TrainPipeline(
         store,
         model,

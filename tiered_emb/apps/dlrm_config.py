@@ -7,11 +7,14 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from tiered_emb.apps.clicks import NUM_CATS, table_rows
 from tiered_emb.config import TableConfig, TierConfig
 from tiered_emb.errors import ConfigError, CorruptStoreError, MissingExtraError
 from tiered_emb.optimizers import SGD, Adagrad, Adam, RowWiseAdagrad
 from tiered_emb.precision import canonical
+from tiered_emb.prefetch.window import pin_budget
 from tiered_emb.tiers.pool import pool_rows, reserved_of
 
 EMB_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad, "adagrad": Adagrad, "sgd": SGD, "adam": Adam}
@@ -304,3 +307,28 @@ def flag_conflicts(args, stored: dict) -> list[str]:
         if not same:
             out.append(f"--{k.replace('_', '-')} {given!r} (the run's: {had!r})")
     return out
+
+
+def window_depth(args, cfg: dict, hbm_rows: int, distinct: int | None = None) -> int:
+    """``--lookahead``, else 4 where a table's HBM can pin the ids of two batches (the one
+    stepping and the one brought up ahead) within the window's budget (:func:`pin_budget`),
+    else 0.  ``distinct``: the most distinct ids a table had in a batch of the run's first
+    (:func:`distinct_ids`); unknown, the batch size (each sample looks up one id a table),
+    the most there can be."""
+    given = getattr(args, "lookahead", None)
+    if given is not None:
+        return given
+    if distinct is None:
+        return 4 if hbm_rows >= 2 * cfg["batch"] else 0
+    return 4 if 2 * distinct <= pin_budget(hbm_rows, 0) else 0
+
+
+def distinct_ids(data, start: int, batches: int = 2) -> int:
+    """The most distinct ids of one table in one of the train batches ``start``,
+    ``start + 1``, ... (``batches`` of them): what a window pins of a table for a batch."""
+    most = 0
+    for step in range(start, start + batches):
+        cats = data.batch(step, "train")[1]
+        for f in range(cats.shape[1]):
+            most = max(most, int(np.unique(cats[:, f]).shape[0]))
+    return most
