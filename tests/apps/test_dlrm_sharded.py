@@ -16,11 +16,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tiered_emb import TieredStore  # noqa: E402
+from tiered_emb.apps.clicks import SyntheticClicks, table_rows  # noqa: E402
+from tiered_emb.apps.dlrm_config import distinct_ids  # noqa: E402
 from tiered_emb.apps.dlrm_sharded import generation_root, open_reader, read_manifest  # noqa: E402
 from tiered_emb.cli import main  # noqa: E402
 from tiered_emb.distributed import ShardingPlan, ShardingType, shard_path  # noqa: E402
 from tiered_emb.distributed.launch import free_port  # noqa: E402
 from tiered_emb.errors import ConfigError, PlanError  # noqa: E402
+from tiered_emb.prefetch.window import pin_budget  # noqa: E402
 
 TINY = [
     "--batch", "256", "--rows", "3000", "--dim", "4", "--hbm-rows", "128", "--ddr-rows", "128",
@@ -136,6 +139,19 @@ def _row_wise_plan(tmp_path: Path, world: int) -> str:
     path = tmp_path / "plan.json"
     plan.save(path)
     return str(path)
+
+
+def test_the_ranks_window_is_on_where_hbm_pins_two_batches_distinct_ids(tmp_path):
+    """Without --lookahead every rank takes the one process's rule: 4 where a table's HBM
+    can pin the distinct ids of two of the run's first batches (fewer than the batch's 256
+    here), else 0."""
+    d = distinct_ids(SyntheticClicks(table_rows(3000, "uniform"), 256, 1.05, 0), 0)
+    fits = next(h for h in range(1, 4096) if 2 * d <= pin_budget(h, 0))
+    assert fits < 2 * 256
+    extra = ["--world-size", "2", "--steps", "2", "--ddr-rows", "0", "--checkpoint-every", "0"]
+    on = _train(tmp_path / "on", *extra, "--hbm-rows", str(fits))
+    off = _train(tmp_path / "off", *extra, "--hbm-rows", str(fits - 1))
+    assert (on["lookahead"], off["lookahead"]) == (4, 0)
 
 
 @pytest.mark.parametrize("plan", ["planner", "row_wise"])

@@ -310,12 +310,13 @@ def flag_conflicts(args, stored: dict) -> list[str]:
 
 
 def window_depth(args, cfg: dict, hbm_rows: int, distinct: int | None = None) -> int:
-    """``--lookahead``, else 4 where a table's HBM can pin the ids of two batches (the one
-    stepping and the one brought up ahead) within the window's budget (:func:`pin_budget`),
-    else 0.  ``distinct``: the most distinct ids a table had in a batch of the run's first
+    """``--lookahead`` (``args.lookahead``, or ``args["lookahead"]`` of a sharded job), else 4
+    where a table's HBM can pin the ids of two batches (the one stepping and the one
+    brought up ahead) within the window's budget (:func:`pin_budget`), else 0.
+    ``distinct``: the most distinct ids a table had in a batch of the run's first
     (:func:`distinct_ids`); unknown, the batch size (each sample looks up one id a table),
     the most there can be."""
-    given = getattr(args, "lookahead", None)
+    given = args.get("lookahead") if isinstance(args, dict) else getattr(args, "lookahead", None)
     if given is not None:
         return given
     if distinct is None:

@@ -31,11 +31,13 @@ from tiered_emb._options import check_run_dir, make_run_dir, require
 from tiered_emb.apps.dlrm_config import (
     check_run_flags,
     default_rows,
+    distinct_ids,
     feature_names,
     lr_factor,
     mlp_sizes,
     run_config,
     table_configs,
+    window_depth,
 )
 from tiered_emb.apps.metrics import auc, log_loss
 from tiered_emb.config import TierConfig
@@ -193,9 +195,7 @@ def _job(args, cfg, plan, run_dir: Path, manifest: dict | None, estimate: str | 
         "manifest": manifest,
         "estimate": estimate,
         "estimated_imbalance": est,
-        "lookahead": args.lookahead
-        if args.lookahead is not None
-        else (4 if _rows_a_table(cfg) >= 2 * cfg["batch"] else 0),
+        "lookahead": args.lookahead,  # (None: each rank's from the run's first batches, the same on all)
     }
 
 
@@ -351,7 +351,7 @@ def rank_main(rank: int, world: int, job: dict):
         return step, x, feats, torch.from_numpy(labels[mine])
 
     batches = (local(step) for step in range(start, job["steps"]))
-    depth = job["lookahead"]
+    depth = window_depth(job, cfg, _rows_a_table(cfg), distinct_ids(data, start))
     ids_of = lambda b: used.owned_ids(b[2])  # noqa: E731 (each rank's own rows of the batch, brought up ahead)
     stream = (
         lookahead(store, batches, ids_of, depth, load_ahead=1)
@@ -411,7 +411,7 @@ def rank_main(rank: int, world: int, job: dict):
         "measured_imbalance": max(busy) / (sum(busy) / world) if sum(busy) > 0 else 1.0,
         "checkpoints": checkpoints,
         "loss_ema": ema,
-        "lookahead": job["lookahead"],
+        "lookahead": depth,
     }
     if job["estimate"]:
         report["plan_estimate"] = job["estimate"]
