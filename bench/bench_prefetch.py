@@ -136,7 +136,9 @@ def end_to_end(args) -> dict:
     dlrm.add_parser(parser.add_subparsers(dest="command"))
 
     base = ["train", "--steps", str(args.e2e_steps), "--quiet", "--eval-batches", "1", "--checkpoint-every", "0"]
-    hbm, ddr = 4096, 4096  # the job's defaults: tables (26 x 100k rows) = 12.2x HBM + DDR
+    # tables (26 x 100k rows) = 12.2x HBM + DDR, split as the job's GPU default (on the CPU
+    # the job's default holds both in HBM: docs/tuning.md, "The CPU: one tier")
+    hbm, ddr = 4096, 4096
     k, la = str(args.window), str(args.load_ahead)
     cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     every_core = ["--step-threads", cores]  # the job's default leaves one core to its background threads
