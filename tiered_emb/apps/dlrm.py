@@ -361,7 +361,8 @@ def train(args) -> dict:
         cfg = run_config(args)
         tables = table_configs(cfg)
         hbm_rows, ddr_rows = rows_held(tables, run_tiers(args, tables))
-        helper = warm.start(cfg, args, window_depth(args, cfg, hbm_rows // len(tables)), ddr_rows > 0)
+        depth = window_depth(getattr(args, "lookahead", None), cfg["batch"], hbm_rows // len(tables))
+        helper = warm.start(cfg, args, depth, ddr_rows > 0)
     try:
         return _train(args, run_dir, store_dir, config_path, cfg, helper)
     finally:
@@ -459,7 +460,7 @@ def _train_loop(torch, args, cfg: dict, store, data) -> dict:
     batches = (data.batch(step, "train") for step in range(start, args.steps))
     tables = [store.engine.table_config(f) for f in feature_names()]
     hbm_rows = rows_held(tables, store.engine.tiers)[0] // len(tables)
-    lookahead = window_depth(args, cfg, hbm_rows, distinct_ids(data, start))
+    lookahead = window_depth(getattr(args, "lookahead", None), cfg["batch"], hbm_rows, distinct_ids(data, start))
     pipeline = TrainPipeline(
         store,
         model,

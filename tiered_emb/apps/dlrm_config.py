@@ -211,10 +211,9 @@ def default_rows(device: str) -> tuple[int, int]:
 
 def run_tiers(args, tables) -> TierConfig:
     """The run's tiers: ``--hbm-rows`` / ``--ddr-rows`` per table (:func:`default_rows` where
-    not given), or one HBM and one DDR
-    tier shared by the tables, ``--hbm-bytes`` / ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`);
-    the bytes replace the rows; ConfigError for DDR in bytes under HBM in rows, and the
-    tiers' own (a budget that holds no row)."""
+    not given), or one HBM and one DDR tier shared by the tables, ``--hbm-bytes`` /
+    ``--ddr-bytes`` (:mod:`tiered_emb.tiers.pool`); the bytes replace the rows; ConfigError
+    for DDR in bytes under HBM in rows, and the tiers' own (a budget that holds no row)."""
     hbm_bytes, ddr_bytes = getattr(args, "hbm_bytes", None), getattr(args, "ddr_bytes", None)
     reserve = getattr(args, "reserve", None) or []
     common = {
@@ -309,18 +308,16 @@ def flag_conflicts(args, stored: dict) -> list[str]:
     return out
 
 
-def window_depth(args, cfg: dict, hbm_rows: int, distinct: int | None = None) -> int:
-    """``--lookahead`` (``args.lookahead``, or ``args["lookahead"]`` of a sharded job), else 4
-    where a table's HBM can pin the ids of two batches (the one stepping and the one
-    brought up ahead) within the window's budget (:func:`pin_budget`), else 0.
-    ``distinct``: the most distinct ids a table had in a batch of the run's first
-    (:func:`distinct_ids`); unknown, the batch size (each sample looks up one id a table),
-    the most there can be."""
-    given = args.get("lookahead") if isinstance(args, dict) else getattr(args, "lookahead", None)
+def window_depth(given: int | None, batch: int, hbm_rows: int, distinct: int | None = None) -> int:
+    """``--lookahead`` where ``given``, else 4 where a table's HBM (``hbm_rows``) can pin the
+    ids of two batches (the one stepping and the one brought up ahead) within the window's
+    budget (:func:`pin_budget`), else 0.  ``distinct``: the most distinct ids a table had in
+    a batch of the run's first (:func:`distinct_ids`); unknown, ``batch`` (each sample
+    looks up one id a table), the most there can be."""
     if given is not None:
         return given
     if distinct is None:
-        return 4 if hbm_rows >= 2 * cfg["batch"] else 0
+        return 4 if hbm_rows >= 2 * batch else 0
     return 4 if 2 * distinct <= pin_budget(hbm_rows, 0) else 0
 
 

@@ -351,7 +351,7 @@ def rank_main(rank: int, world: int, job: dict):
         return step, x, feats, torch.from_numpy(labels[mine])
 
     batches = (local(step) for step in range(start, job["steps"]))
-    depth = window_depth(job, cfg, _rows_a_table(cfg), distinct_ids(data, start))
+    depth = window_depth(job["lookahead"], cfg["batch"], _rows_a_table(cfg), distinct_ids(data, start))
     ids_of = lambda b: used.owned_ids(b[2])  # noqa: E731 (each rank's own rows of the batch, brought up ahead)
     stream = (
         lookahead(store, batches, ids_of, depth, load_ahead=1)
