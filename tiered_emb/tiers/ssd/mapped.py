@@ -131,6 +131,27 @@ def row_sum(words, start, width, row_id, weights):
 
 
 @kernel
+def span(base, nrows, summed, locs, width, slow):
+    """Which rows of ``locs`` (segment << POS_BITS | position) lie in segments whose place in
+    the file is known (``base[seq] >= 0``): ``slow[j]`` 1 where not.  Returns ``(how many
+    are not, the end in floats of the furthest segment of those that are)``: one pass over
+    the locations."""
+    n_slow = 0
+    end = 0
+    for j in range(locs.shape[0]):
+        seq = locs[j] >> POS_BITS
+        if seq >= base.shape[0] or base[seq] < 0:
+            slow[j] = 1
+            n_slow += 1
+            continue
+        slow[j] = 0
+        e = base[seq] + nrows[seq] * (width + summed[seq])
+        if e > end:
+            end = e
+    return n_slow, end
+
+
+@kernel
 def gather(floats, base, nrows, summed, locs, ids, width, out_rows, at, weights, check=True):
     """``out_rows[at[j]] = `` the row of ``ids[j]`` at ``locs[j]`` (segment << POS_BITS |
     position), for segments whose ``base[seq]`` (float offset of their first row) is known,

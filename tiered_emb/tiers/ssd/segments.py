@@ -50,6 +50,7 @@ from tiered_emb.tiers.ssd.mapped import (
     gather,
     gather_split,
     pack_rows,
+    span,
     value_offset,
 )
 
@@ -278,23 +279,27 @@ class SegmentLog:
         width = self._widths[table]
         with self.gate.reading():
             base, nrows, summed = self.base, self.nrows, self.summed
-            seqs = locs >> POS_BITS
-            fast = seqs < base.shape[0]
-            fast[fast] = base[seqs[fast]] >= 0
-            if fast.any():
-                end = base[seqs[fast]] + nrows[seqs[fast]] * (width + summed[seqs[fast]])
-                floats = self.mapped.cover(4 * int(end.max()))
-                args = (floats, base, nrows, summed, locs[fast], ids[fast], width, out_rows, at[fast])
-                parts = split_parts(args[4].shape[0], GATHER_SPLIT_FROM)
+            slow = np.empty(locs.shape[0], dtype=np.uint8)
+            n_slow, end = span(base, nrows, summed, locs, width, slow)
+            if n_slow < locs.shape[0]:
+                floats = self.mapped.cover(4 * int(end))
+                if n_slow:
+                    fast = slow == 0
+                    f_ids, f_locs, f_at = ids[fast], locs[fast], at[fast]
+                else:  # (the common case: no copies)
+                    f_ids, f_locs, f_at = ids, locs, at
+                args = (floats, base, nrows, summed, f_locs, f_ids, width, out_rows, f_at)
+                parts = split_parts(f_locs.shape[0], GATHER_SPLIT_FROM)
                 if parts > 1:
                     bad = gather_split(*args, self._weights[table], self.check_sums, parts)
                 else:
                     bad = gather(*args, self._weights[table], self.check_sums)
                 if bad >= 0:
-                    raise self._bad_gather(table, ids[fast], locs[fast], bad)
-                if fast.all():
+                    raise self._bad_gather(table, f_ids, f_locs, bad)
+                if not n_slow:
                     return
-                ids, locs, at = ids[~fast], locs[~fast], at[~fast]
+                rest = slow == 1
+                ids, locs, at = ids[rest], locs[rest], at[rest]
             with self._lmdb.reading(buffers=True) as txn:
                 self._read_gets(txn, table, ids, locs, out_rows, at)
 
