@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike
 
 from tiered_emb import _directory
 from tiered_emb._args import snapshot_arg, table_ids
+from tiered_emb._jit import move_rows
 from tiered_emb.config import TableConfig
 from tiered_emb.errors import ConfigError, ReadOnlyError, StoreClosedError, UnknownTableError
 from tiered_emb.init import init_rows_into
@@ -196,8 +197,11 @@ class StoreReader:
         if not found.all():
             fresh = np.flatnonzero(~found)
             init_rows_into(cfg, uids[fresh], self.seed, rows, fresh)
-        out = values_of(cfg, rows)[inverse]  # (weights decoded from the table's dtype)
-        return out if with_state else np.ascontiguousarray(out[:, : cfg.dim])
+        values = values_of(cfg, rows)  # (weights decoded from the table's dtype; float32: the records)
+        width = cfg.value_width if with_state else cfg.dim
+        out = np.empty((inverse.shape[0], width), dtype=np.float32)
+        move_rows(values, inverse, out, None, width)  # (one copy a row, on the threads)
+        return out
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per table: ``ssd`` with ``rows`` (ids with a row at the checkpoint), and the distinct
