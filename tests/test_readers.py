@@ -101,6 +101,23 @@ def test_four_readers_see_only_completed_checkpoints_and_change_nothing(tmp_path
     assert len({e for reads in seen for e, _ in reads}) > 1  # readers did move with the writer
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_a_readers_lookup_of_repeated_ids_in_any_order_is_the_writers(tmp_path, dtype):
+    """Ids repeated, out of order, some never written: the reader's ``lookup`` and ``peek``
+    (weights alone and whole records) answer row for row what the writer's ``peek`` did at
+    the checkpoint, for rows held in float32 and in narrower types."""
+    tables = [TableConfig("a", dim=6, num_rows=5000, dtype=dtype, optimizer=RowWiseAdagrad(lr=0.1))]
+    ids = np.random.default_rng(5).integers(0, 5000, 3000)  # (many repeats; ids above 2,000 never written)
+    with TieredStore.create(tmp_path / "s", tables, _tiers(), seed=1) as s:
+        random_updates([s], tables, 3, n=400, ids_below=2000)
+        weights, records = s.peek("a", ids), s.peek("a", ids, with_state=True)
+    with TieredStore.open(tmp_path / "s", mode="r") as r:
+        np.testing.assert_array_equal(r.lookup("a", ids), weights)
+        np.testing.assert_array_equal(r.peek("a", ids), weights)
+        np.testing.assert_array_equal(r.peek("a", ids, with_state=True), records)
+        assert r.lookup("a", ids).flags["C_CONTIGUOUS"]
+
+
 def test_a_reader_cannot_change_a_store(tmp_path):
     with TieredStore.create(tmp_path / "s", TABLES, _tiers(), seed=1) as s:
         random_updates([s], TABLES, 3, n=50, ids_below=IDS)
