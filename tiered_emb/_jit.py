@@ -8,7 +8,7 @@ fixed order whatever the thread count.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar, overload
 
 import numba
@@ -196,12 +196,19 @@ def split_parts(items: int, least: int) -> int:
     return max(1, min(numba.get_num_threads(), items // max(least, 1)))
 
 
-@contextmanager
 def one_thread(when: bool = True):
     """Numba's kernels on the calling thread alone while in the block, ``when`` true: where
     other work holds the cores (the SSD tier's writer), a kernel cut in halves waits for
     its slowest half.  Results do not depend on it."""
-    if not when or numba.get_num_threads() == 1:
+    return _one_thread() if when else _NOTHING
+
+
+_NOTHING = nullcontext()
+
+
+@contextmanager
+def _one_thread():
+    if numba.get_num_threads() == 1:
         yield
         return
     before = numba.get_num_threads()

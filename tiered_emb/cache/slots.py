@@ -135,6 +135,8 @@ class CacheTier:
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slots of ``ids`` (int64 (n,)) or -1; the policy is not touched."""
+        if not self.capacity_rows:  # (a tier of no rows: DDR, where HBM alone holds a table)
+            return np.full(ids.shape[0], -1, dtype=np.int64)
         out = np.empty(ids.shape[0], dtype=np.int64)
         parts = split_parts(ids.shape[0], _FIND_SPLIT_FROM)
         owner = self.owner

@@ -31,6 +31,25 @@ def pin_budget(capacity_rows: int, pinned_rows: int) -> int:
     return capacity_rows - pinned_rows - max(1, capacity_rows // 8)
 
 
+@numba.njit(cache=True, nogil=True)
+def pins_recorded(todo, uids, at, slots, aligned):
+    """:meth:`Window.record_pins` in one pass: ``aligned[todo[at]] = slots``; returns
+    ``todo`` and ``uids`` without the entries ``at`` (increasing), as new arrays."""
+    n, m = todo.shape[0], at.shape[0]
+    left_todo = np.empty(n - m, dtype=todo.dtype)
+    left_uids = np.empty(n - m, dtype=uids.dtype)
+    j = k = 0
+    for i in range(n):
+        if j < m and at[j] == i:
+            aligned[todo[i]] = slots[j]
+            j += 1
+        else:
+            left_todo[k] = todo[i]
+            left_uids[k] = uids[i]
+            k += 1
+    return left_todo, left_uids
+
+
 @numba.njit(cache=True)
 def repin_due(policy_code: int, step_placed: bool) -> bool:
     """Whether, as a batch enters the window, the later batches' rows that came up since
@@ -113,16 +132,13 @@ class Window:
 
     @staticmethod
     def record_pins(ticket, name: str, at: np.ndarray, slots: np.ndarray) -> None:
-        """``slots`` are pinned for ``ticket`` now, for the entries ``at`` of its ids of table
-        ``name`` still to place (``ticket.uids[name]``), which leave that list."""
+        """``slots`` are pinned for ``ticket`` now, for the entries ``at`` (increasing) of its ids
+        of table ``name`` still to place (``ticket.uids[name]``), which leave that list."""
         prev = ticket.slots.get(name)
         ticket.slots[name] = slots if prev is None else np.concatenate([prev, slots])
-        todo = ticket.todo_at[name]
-        ticket.aligned[name][todo[at]] = slots
-        rest = np.ones(todo.shape[0], dtype=bool)
-        rest[at] = False
-        ticket.todo_at[name] = todo[rest]
-        ticket.uids[name] = ticket.uids[name][rest]
+        ticket.todo_at[name], ticket.uids[name] = pins_recorded(
+            ticket.todo_at[name], ticket.uids[name], at, slots, ticket.aligned[name]
+        )
 
     def bring_up(self, ticket) -> None:
         """Bring a ticket's rows up and leave them pinned (nearest batches first), table by table."""

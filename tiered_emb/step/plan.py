@@ -23,9 +23,20 @@ def dedupe_into(ids, uniq, inverse):
     """Unique ids in first-occurrence order.
 
     ``ids`` int64 (n,); writes ``uniq`` int64 (>= k,) and ``inverse`` int64 (n,) with
-    ``uniq[inverse[i]] == ids[i]``; returns k.
+    ``uniq[inverse[i]] == ids[i]``; returns k.  Ids in increasing order (a bulk write's, an
+    import's) are copied as they are, with no table.
     """
     n = ids.shape[0]
+    rising = n > 1
+    for i in range(1, n):
+        if ids[i] <= ids[i - 1]:
+            rising = False
+            break
+    if rising:
+        for i in range(n):
+            uniq[i] = ids[i]
+            inverse[i] = i
+        return n
     size = 16
     while size < 2 * n:
         size *= 2
@@ -64,8 +75,6 @@ def dedupe(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ([5, 3, 9], [0, 1, 0, 2])
     """
     n = ids.shape[0]
-    if n > 1 and bool((ids[1:] > ids[:-1]).all()):  # (each id once, in order: a bulk write's, an import's)
-        return ids.astype(np.int64), np.arange(n, dtype=np.int64)
     uniq = np.empty(n, dtype=np.int64)
     inverse = np.empty(n, dtype=np.int64)
     k = dedupe_into(ids, uniq, inverse)

@@ -108,11 +108,15 @@ class DdrTier(CacheTier):
         dest, ev_src, n_ev, _ = plan
         n_out = ev_src.shape[0]
         ev_rows = self._ev_rows[:n_out]
-        if n_out:
+        n_old = int(np.count_nonzero(ev_src >= 0)) if n_out else 0
+        if n_old == n_out and n_out:  # (all of them DDR's rows)
+            move_rows(self.records, ev_src, ev_rows, None, self.width)
+        elif n_old == 0 and n_out:  # (all of them ``rows``: a tier that keeps none, or admitted none)
+            move_rows(rows, -1 - ev_src, ev_rows, None, self.width)
+        elif n_out:
             old = ev_src >= 0
             everyone = np.arange(n_out)
             move_rows(self.records, np.where(old, ev_src, 0), ev_rows, np.where(old, everyone, -1), self.width)
-            if not old.all():
-                move_rows(rows, -1 - ev_src, ev_rows, np.where(old, -1, everyone), self.width)
+            move_rows(rows, -1 - ev_src, ev_rows, np.where(old, -1, everyone), self.width)
         move_rows(rows, None, self.records, dest, self.width)
         return self._ev_ids[:n_out], ev_rows, n_ev

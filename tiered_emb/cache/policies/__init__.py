@@ -27,6 +27,7 @@ compiled functions the kernels call, where the others' are inlined.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,12 +72,17 @@ ARC = ARC_CODE
 
 class PolicyTag:
     """A policy as the tier kernels take it: its code, in the value's Numba type
-    (:class:`PolicyType`), so that a kernel is compiled for one policy at a time."""
+    (:class:`PolicyType`), so that a kernel is compiled for one policy at a time.
 
-    __slots__ = ("code",)
+    The type rides on the value (``_numba_type_``), so that a kernel's dispatcher finds it
+    without calling back into Python's ``typeof`` (~3 us a call on the prefetch thread's
+    many small kernels, with the GIL held)."""
+
+    __slots__ = ("_numba_type_", "code")
 
     def __init__(self, code: int):
         self.code = int(code)
+        self._numba_type_ = _policy_type(self.code)
 
     def __reduce__(self):
         return (PolicyTag, (self.code,))
@@ -93,9 +99,14 @@ class PolicyType(types.Type):
         super().__init__(name=f"PolicyTag[{code}]")
 
 
+@functools.cache
+def _policy_type(code: int) -> PolicyType:
+    return PolicyType(code)
+
+
 @typeof_impl.register(PolicyTag)
 def _typeof_tag(val, c):
-    return PolicyType(val.code)
+    return val._numba_type_
 
 
 @register_model(PolicyType)

@@ -34,6 +34,7 @@ class HeldRows:
         self._lock = lock
         self.writeback: dict[str, RowBuffer] = {n: RowBuffer(w) for n, w in sorted(self._widths.items())}
         self.flushing: list[dict[str, RowBuffer]] = []
+        self._buffered = 0  # rows in :attr:`writeback`, all tables
         # a committed snapshot's buffer per table, the next buffer of that table: its memory
         # is in use already (a put into fresh memory cost several times one into memory in
         # use: docs/architecture.md)
@@ -44,11 +45,14 @@ class HeldRows:
 
     def put(self, table: str, ids: np.ndarray, rows: np.ndarray) -> None:
         """Add write-backs (``rows`` (k, W) float32 under ``ids`` int64 (k,)) of ``table``."""
-        self.writeback[table].put(ids, rows)
+        buf = self.writeback[table]
+        before = len(buf)
+        buf.put(ids, rows)
+        self._buffered += len(buf) - before
 
     def buffered_rows(self) -> int:
         """Rows waiting in the buffer (not the snapshots), all tables."""
-        return sum(len(b) for b in self.writeback.values())
+        return self._buffered
 
     def get(self, table: str, ids: np.ndarray, out_rows: np.ndarray, state: np.ndarray) -> None:
         """Rows of ``ids`` held here into ``out_rows``, ``state`` set where found: the buffer,
@@ -67,6 +71,7 @@ class HeldRows:
         snaps = self.flushing + [self.writeback]
         self.flushing = snaps
         self.writeback = {n: self._next_buffer(n, w, snaps[-1][n]) for n, w in sorted(self._widths.items())}
+        self._buffered = 0
         return snaps
 
     def _next_buffer(self, table: str, width: int, last: RowBuffer) -> RowBuffer:

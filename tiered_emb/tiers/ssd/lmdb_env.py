@@ -45,17 +45,21 @@ class TxnGate:
         self._readers = 0
         self._resizing = False
 
-    @contextmanager
-    def reading(self):
+    def reading(self) -> TxnGate:
+        """A reader's hold, for a ``with`` block (the gate itself: a read takes no state of
+        its own, and every SSD read of a step passes here)."""
+        return self
+
+    def __enter__(self) -> None:
         with self._cond:
             while self._resizing:
                 self._cond.wait()
             self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:  # (the one waiting on readers: :meth:`exclusive`)
                 self._cond.notify_all()
 
     @contextmanager

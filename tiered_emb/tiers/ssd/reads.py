@@ -98,9 +98,14 @@ class Reader:
     ) -> None:
         """Records of ``ids`` (distinct) into ``out_rows[at]``, ``state[at]`` = FOUND where found:
         from the segments of ``p:`` at ``locs`` (their index locations, -1: none), the rest from ``t:``."""
-        in_p = locs >= 0
+        n_p = int(np.count_nonzero(locs >= 0))
         try:
-            if in_p.any():
+            if n_p == ids.shape[0]:  # (the common case: every row in a segment, no copies)
+                self._segments.read(table, ids, locs, out_rows, at)
+                state[at] = FOUND
+                return
+            in_p = locs >= 0
+            if n_p:
                 self._segments.read(table, ids[in_p], locs[in_p], out_rows, at[in_p])
                 state[at[in_p]] = FOUND
                 ids, at = ids[~in_p], at[~in_p]
