@@ -7,6 +7,7 @@ the value given, with a hint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import re
@@ -320,10 +321,11 @@ class TableConfig:
         """Whether a record's words differ from its float32 values (a narrow dtype or state)."""
         return self.dtype != "float32" or self.state_dtype != "float32"
 
-    @property
+    @functools.cached_property
     def record_width(self) -> int:
         """32-bit words per record as the tiers hold it: the weights in ``dtype``, then the
-        optimizer state (its arrays in ``state_dtype``)."""
+        optimizer state (its arrays in ``state_dtype``).  Kept once asked (the fields it
+        follows are frozen): the tier path asks for it several times a table a step."""
         return self.weight_words + self.state_words
 
     @property
