@@ -164,9 +164,31 @@ def round16(x, r, stochastic, emin, mbits, ebias, fmax):
 
 
 @numba.njit(inline="always")
+def _fast16_edges(a, e, sign, r):
+    """:func:`round16`'s stochastic float16 pattern of ``|x|``'s bits ``a`` (exponent field
+    ``e``) outside float16's normal range, from the bits alone where they decide: above it
+    (finite) the largest finite, saturated; below it down to 2**-54 a subnormal, the value
+    in units of 2**-24 as a 32.32 fixed-point number to which adding ``r`` carries into the
+    integer part exactly when :func:`rounds_up` rounds up (the float64 arithmetic is exact
+    there).  Zero is itself; infinities, NaNs and the rest below: 0x10000."""
+    if e == 255:
+        return np.uint32(0x10000)
+    if e > 142:
+        return sign | np.uint32(0x7BFF)
+    if a == 0:
+        return sign
+    if e < 73:
+        return np.uint32(0x10000)
+    m = np.uint64((a & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
+    fixed = (m << np.uint64(32)) >> (np.uint64(126) - np.uint64(e))
+    return sign | np.uint32((fixed + np.uint64(r)) >> np.uint64(32))
+
+
+@numba.njit(inline="always")
 def fast16(b, r, stochastic, bf16):
     """:func:`round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
-    finite value; float16: its normal range, 2**-14 <= |x| < 2**16); 0x10000 elsewhere.
+    finite value; float16: its normal range, 2**-14 <= |x| < 2**16, and stochastically
+    every finite value but the smallest, :func:`_fast16_edges`); 0x10000 elsewhere.
     Adding ``r``'s top bits below the kept ones and truncating rounds up exactly when
     :func:`rounds_up` does, so both paths give the same pattern."""
     sign = (b >> np.uint32(16)) & np.uint32(0x8000)
@@ -182,6 +204,8 @@ def fast16(b, r, stochastic, bf16):
         else:
             h = (a + np.uint32(0x7FFF) + ((a >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
         return sign | h
+    if stochastic and (e < 113 or e > 142):
+        return _fast16_edges(a, e, sign, r)
     if e < 113 or e > 142:
         return np.uint32(0x10000)
     if stochastic:

@@ -64,6 +64,18 @@ def _dec(h, lut, kind):
 
 
 @numba.njit(inline="always")
+def _prefetch_ahead(words, slots, k):
+    """Hint every 64-byte line of record ``slots[k + ROW_PREFETCH_DISTANCE]`` of ``words``
+    (the records as any 2-D view).  A narrow row's update (decode, step, a hash a pair of
+    columns, rounding) is long enough that the CPU's own look-ahead does not reach the next
+    rows' misses, which then cost more than the work (docs/benchmarks.md, "Kernel choices")."""
+    if k + ROW_PREFETCH_DISTANCE < slots.shape[0]:
+        row = slots[k + ROW_PREFETCH_DISTANCE]
+        for c in range(0, words.shape[1], 64 // words.itemsize):
+            prefetch_hint(words, (row, c))
+
+
+@numba.njit(inline="always")
 def _store16(out16, s, new, row, col0, bf16, off=0):
     """``out16[s, :]`` = the float32 values ``new`` (n,) rounded stochastically to 16-bit
     floats (``precision.encode``'s rule, bits of ``row``'s key): the bit-level rounding of
@@ -250,38 +262,59 @@ def update_kernels(dim: int, kind: int):
         return kernels
     state_len = 2 * dim + 1  # (Adam's m, v and step count read out of narrow state arrays)
 
+    @numba.njit(inline="always")
+    def _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u, mean):
+        """Row ``u``'s step, given its mean of the squared gradient."""
+        lr, eps, wd, mode = params[0], params[1], params[2], params[3]
+        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+        s = slots[u]
+        src = w16[s]
+        st = w32[s, sw] + mean
+        w32[s, sw] = st
+        step = lr / (np.sqrt(st) + eps)
+        new = local_f32(dim)
+        for j in range(dim):
+            w = _dec(src[j], lut, kind)
+            g = grads[u, j] + wd * w if mode == 1.0 else grads[u, j]
+            new[j] = c * w - step * g
+        _store16(w16, s, new, row_key(key, ids[u]), col0, bf16)
+
     @kernel(parallel=True)
     def _rowwise16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, means):
         """Row-wise Adagrad on 16-bit rows, rounded stochastically with ``key``'s bits; the
-        state at word ``sw``; ``means`` (length 0: formed here) as the float32 kernel's."""
-        lr, eps, wd, mode = params[0], params[1], params[2], params[3]
-        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
-        for k in numba.prange(slots.shape[0]):
-            s = slots[k]
-            src = w16[s]
-            if means.shape[0]:
-                mean = means[k]
-            else:
-                acc = 0.0
-                for j in range(dim):
-                    g = grads[k, j] + wd * _dec(src[j], lut, kind) if mode == 1.0 else grads[k, j]
-                    acc += np.float64(g) * np.float64(g)
-                mean = np.float32(acc / dim)
-            st = w32[s, sw] + mean
-            w32[s, sw] = st
-            step = lr / (np.sqrt(st) + eps)
-            new = local_f32(dim)
-            for j in range(dim):
-                w = _dec(src[j], lut, kind)
-                g = grads[k, j] + wd * w if mode == 1.0 else grads[k, j]
-                new[j] = c * w - step * g
-            _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
+        state at word ``sw``; ``means`` (length 0: formed here) as the float32 kernel's:
+        four rows' sums of squares side by side (:func:`square_sums4`), or, under L2 decay
+        (whose sum reads the row), row by row."""
+        wd, mode = params[2], params[3]
+        k = slots.shape[0]
+        for q in numba.prange((k + 3) // 4):
+            u0 = 4 * q
+            for u in range(u0, min(u0 + 4, k)):
+                _prefetch_ahead(w32, slots, u)
+            if not means.shape[0] and mode != 1.0 and u0 + 4 <= k:
+                accs = square_sums4(grads, u0)
+                for d in range(4):
+                    mean = np.float32(accs[d] / dim)
+                    _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u0 + d, mean)
+                continue
+            for u in range(u0, min(u0 + 4, k)):
+                if means.shape[0]:
+                    mean = means[u]
+                else:
+                    src = w16[slots[u]]
+                    acc = 0.0
+                    for j in range(dim):
+                        g = grads[u, j] + wd * _dec(src[j], lut, kind) if mode == 1.0 else grads[u, j]
+                        acc += np.float64(g) * np.float64(g)
+                    mean = np.float32(acc / dim)
+                _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u, mean)
 
     @kernel(parallel=True)
     def _sgd16(w16, lut, slots, ids, grads, params, key, col0, bf16):
         lr, wd, mode = params[0], params[1], params[2]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
         for k in numba.prange(slots.shape[0]):
+            _prefetch_ahead(w16, slots, k)
             s = slots[k]
             new = local_f32(dim)
             for j in range(dim):
@@ -295,6 +328,7 @@ def update_kernels(dim: int, kind: int):
         """Adagrad or Adam on 16-bit rows, their state laid out as ``state`` says
         (:func:`_state_step`)."""
         for k in numba.prange(slots.shape[0]):
+            _prefetch_ahead(w32, slots, k)
             s = slots[k]
             new = local_f32(dim)
             st = local_f32(state_len)
@@ -358,6 +392,7 @@ def update_kernels8(dim: int):
         lr, eps, wd, mode = params[0], params[1], params[2], params[3]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
         for k in numba.prange(slots.shape[0]):
+            _prefetch_ahead(w32, slots, k)
             s = slots[k]
             vals = local_f32(dim)
             _load8(w8, w32, s, vals)
@@ -382,6 +417,7 @@ def update_kernels8(dim: int):
         lr, wd, mode = params[0], params[1], params[2]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
         for k in numba.prange(slots.shape[0]):
+            _prefetch_ahead(w32, slots, k)
             s = slots[k]
             vals = local_f32(dim)
             _load8(w8, w32, s, vals)
@@ -396,6 +432,7 @@ def update_kernels8(dim: int):
         (:func:`_state_step`)."""
         w16 = w32.view(np.uint16)
         for k in numba.prange(slots.shape[0]):
+            _prefetch_ahead(w32, slots, k)
             s = slots[k]
             vals = local_f32(dim)
             st = local_f32(state_len)
@@ -450,7 +487,7 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
     if name == "rowwise_adagrad":
         if row_means is not None:
             means = row_means
-        elif params[3] != 1.0:  # (without L2 decay the means need the gradients alone)
+        elif params[3] != 1.0 and cfg.dtype == "int8":  # (without L2 decay the means need the gradients alone)
             means = _square_means(grads)
     sw, col0, adam = cfg.weight_words, cfg.init_column, name == "adam"
     narrow_state = cfg.state_dtype != "float32"
