@@ -78,6 +78,25 @@ def prefetch_hint(typingctx, arr, idx):
     return types.void(arr, idx), codegen
 
 
+def _local_array(n, dtype, llvm_type, itemsize: int):
+    """The typing and codegen of a ``dtype`` array of ``n`` on the stack (:func:`local_f32`)."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    size = n.literal_value
+    arrty = types.Array(dtype, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        ptr = cgutils.alloca_once(builder, llvm_type, size=size)
+        ary = context.make_array(arrty)(context, builder)
+        intp = context.get_value_type(types.intp)
+        context.populate_array(
+            ary, data=ptr, shape=[intp(size)], strides=[intp(itemsize)], itemsize=intp(itemsize), meminfo=None
+        )
+        return ary._getvalue()
+
+    return arrty(n), codegen
+
+
 @intrinsic
 def local_f32(typingctx, n):
     """A float32 array of ``n`` (a compile-time integer) on the calling function's stack.
@@ -88,19 +107,13 @@ def local_f32(typingctx, n):
     running sum of 128 floats in 16 vector registers instead of a memory round trip per
     row (docs/benchmarks.md, "Kernel choices").
     """
-    if not isinstance(n, types.IntegerLiteral):
-        return None
-    size = n.literal_value
-    arrty = types.Array(types.float32, 1, "C")
+    return _local_array(n, types.float32, ir.FloatType(), 4)
 
-    def codegen(context, builder, signature, args):
-        ptr = cgutils.alloca_once(builder, ir.FloatType(), size=size)
-        ary = context.make_array(arrty)(context, builder)
-        intp = context.get_value_type(types.intp)
-        context.populate_array(ary, data=ptr, shape=[intp(size)], strides=[intp(4)], itemsize=intp(4), meminfo=None)
-        return ary._getvalue()
 
-    return arrty(n), codegen
+@intrinsic
+def local_u32(typingctx, n):
+    """A uint32 array of ``n`` on the stack, as :func:`local_f32`."""
+    return _local_array(n, types.uint32, ir.IntType(32), 4)
 
 
 @intrinsic

@@ -164,31 +164,9 @@ def round16(x, r, stochastic, emin, mbits, ebias, fmax):
 
 
 @numba.njit(inline="always")
-def _fast16_edges(a, e, sign, r):
-    """:func:`round16`'s stochastic float16 pattern of ``|x|``'s bits ``a`` (exponent field
-    ``e``) outside float16's normal range, from the bits alone where they decide: above it
-    (finite) the largest finite, saturated; below it down to 2**-54 a subnormal, the value
-    in units of 2**-24 as a 32.32 fixed-point number to which adding ``r`` carries into the
-    integer part exactly when :func:`rounds_up` rounds up (the float64 arithmetic is exact
-    there).  Zero is itself; infinities, NaNs and the rest below: 0x10000."""
-    if e == 255:
-        return np.uint32(0x10000)
-    if e > 142:
-        return sign | np.uint32(0x7BFF)
-    if a == 0:
-        return sign
-    if e < 73:
-        return np.uint32(0x10000)
-    m = np.uint64((a & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
-    fixed = (m << np.uint64(32)) >> (np.uint64(126) - np.uint64(e))
-    return sign | np.uint32((fixed + np.uint64(r)) >> np.uint64(32))
-
-
-@numba.njit(inline="always")
 def fast16(b, r, stochastic, bf16):
     """:func:`round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
-    finite value; float16: its normal range, 2**-14 <= |x| < 2**16, and stochastically
-    every finite value but the smallest, :func:`_fast16_edges`); 0x10000 elsewhere.
+    finite value; float16: its normal range, 2**-14 <= |x| < 2**16); 0x10000 elsewhere.
     Adding ``r``'s top bits below the kept ones and truncating rounds up exactly when
     :func:`rounds_up` does, so both paths give the same pattern."""
     sign = (b >> np.uint32(16)) & np.uint32(0x8000)
@@ -204,8 +182,6 @@ def fast16(b, r, stochastic, bf16):
         else:
             h = (a + np.uint32(0x7FFF) + ((a >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
         return sign | h
-    if stochastic and (e < 113 or e > 142):
-        return _fast16_edges(a, e, sign, r)
     if e < 113 or e > 142:
         return np.uint32(0x10000)
     if stochastic:
@@ -221,6 +197,41 @@ def fast16(b, r, stochastic, bf16):
     return sign | h
 
 
+@numba.njit(inline="always")
+def sr16_slow(b, bf16):
+    """Whether :func:`sr16` leaves the float32 bits ``b`` to :func:`round16`: a NaN or an
+    infinity, and for float16 a value other than zero below 2**-54 (a uint32, 0 or 1)."""
+    a = b & np.uint32(0x7FFFFFFF)
+    if bf16:
+        return np.uint32(a >= np.uint32(0x7F800000))
+    return np.uint32(a >= np.uint32(0x7F800000)) | (np.uint32(a != 0) & np.uint32(a < np.uint32(73 << 23)))
+
+
+@numba.njit(inline="always")
+def sr16(b, r, bf16):
+    """:func:`round16`'s stochastic 16-bit pattern of the float32 bits ``b`` with the random
+    bits ``r``, exact wherever :func:`sr16_slow` is 0, in operations without a branch (a
+    loop of them vectorizes).  Adding ``r``'s top bits below the kept ones and truncating
+    rounds up exactly when :func:`rounds_up` does; float16's subnormals are the value in
+    units of 2**-24 as a 32.32 fixed-point number to which ``r`` is added (the float64
+    arithmetic is exact down to 2**-54); above float16's range, its largest finite."""
+    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
+    a = b & np.uint32(0x7FFFFFFF)
+    if bf16:
+        return sign | min((a + (r >> np.uint32(16))) >> np.uint32(16), np.uint32(0x7F7F))
+    e = a >> np.uint32(23)
+    t = a + (r >> np.uint32(19))
+    normal = ((t >> np.uint32(23)) - np.uint32(112)) << np.uint32(10) | ((t >> np.uint32(13)) & np.uint32(0x3FF))
+    normal = min(normal, np.uint32(0x7BFF))
+    m = np.uint64((a & np.uint32(0x7FFFFF)) | np.uint32(0x800000))
+    shift = np.uint64(min(max(np.int64(126) - np.int64(e), np.int64(0)), np.int64(63)))
+    sub = np.uint32((((m << np.uint64(32)) >> shift) + np.uint64(r)) >> np.uint64(32))
+    h = normal if e >= np.uint32(113) else sub
+    h = np.uint32(0x7BFF) if e > np.uint32(142) else h
+    h = np.uint32(0) if a == np.uint32(0) else h
+    return sign | h
+
+
 @kernel(parallel=True)
 def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generic):
     """``out16[slots[i], :]`` = the 16-bit patterns of ``vals[i]`` (float32 (k, dim), ``bits``
@@ -232,7 +243,12 @@ def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generi
         row = row_key(key, ids[i])
         for j in range(dim):
             r = column_bits(row, col0 + j) if stochastic else np.uint32(0)
-            h = np.uint32(0x10000) if generic else fast16(bits[i, j], r, stochastic, bf16)
+            if generic:
+                h = np.uint32(0x10000)
+            elif stochastic:
+                h = np.uint32(0x10000) if sr16_slow(bits[i, j], bf16) else sr16(bits[i, j], r, bf16)
+            else:
+                h = fast16(bits[i, j], r, False, bf16)
             if h != 0x10000:
                 out16[s, j] = np.uint16(h)
             elif bf16:

@@ -25,6 +25,7 @@ from tiered_emb._jit import (
     f32_of_half,
     kernel,
     local_f32,
+    local_u32,
     pow_by_squaring,
     prefetch_hint,
     square_sums4,
@@ -35,11 +36,12 @@ from tiered_emb.precision import (
     F16,
     LUT,
     column_bits,
-    fast16,
     pair_bits,
     round16,
     rounds_up,
     row_key,
+    sr16,
+    sr16_slow,
     state_key,
 )
 
@@ -76,34 +78,29 @@ def _prefetch_ahead(words, slots, k):
 
 
 @numba.njit(inline="always")
-def _store16(out16, s, new, row, col0, bf16, off=0):
+def _store16(out16, s, new, bits, row, col0, bf16, off=0):
     """``out16[s, :]`` = the float32 values ``new`` (n,) rounded stochastically to 16-bit
-    floats (``precision.encode``'s rule, bits of ``row``'s key): the bit-level rounding of
-    every value (a loop the compiler vectorizes, one hash a pair of columns), then the few
-    it leaves (float16 outside its normal range) again by the arithmetic path.  ``off``: the
-    16-bit word the values start at (a state array's, after the weights)."""
+    floats (``precision.encode``'s rule, bits of ``row``'s key), in two loops the compiler
+    vectorizes: each column's random bits into ``bits`` (uint32, at least n + 2: one hash a
+    pair of columns, the pairs counted from an even column), then the bit-level rounding of
+    every value (:func:`~tiered_emb.precision.sr16`); the few values that leaves (a NaN, an
+    infinity, a float16 below 2**-54) again by the arithmetic path.  ``off``: the 16-bit
+    word the values start at (a state array's, after the weights)."""
     n = new.shape[0]
+    odd = col0 & 1
+    for p in range((n + odd + 1) >> 1):
+        x = pair_bits(row, (col0 >> 1) + p)
+        bits[2 * p] = np.uint32(x >> np.uint64(32))
+        bits[2 * p + 1] = np.uint32(x & np.uint64(0xFFFFFFFF))
     slow = np.uint32(0)
-    if col0 & 1 == 0:  # (columns in pairs: one hash for two values)
-        for p in range(n >> 1):
-            x = pair_bits(row, (col0 >> 1) + p)
-            h = fast16(f32_bits(new[2 * p]), np.uint32(x >> np.uint64(32)), True, bf16)
-            out16[s, off + 2 * p] = np.uint16(h & np.uint32(0xFFFF))
-            slow |= h
-            h = fast16(f32_bits(new[2 * p + 1]), np.uint32(x & np.uint64(0xFFFFFFFF)), True, bf16)
-            out16[s, off + 2 * p + 1] = np.uint16(h & np.uint32(0xFFFF))
-            slow |= h
-        first = n & ~1
-    else:
-        first = 0
-    for j in range(first, n):
-        h = fast16(f32_bits(new[j]), column_bits(row, col0 + j), True, bf16)
-        out16[s, off + j] = np.uint16(h & np.uint32(0xFFFF))
-        slow |= h
-    if slow & np.uint32(0x10000):
+    for j in range(n):
+        b = f32_bits(new[j])
+        out16[s, off + j] = np.uint16(sr16(b, bits[j + odd], bf16))
+        slow |= sr16_slow(b, bf16)
+    if slow:
         for j in range(n):
-            r = column_bits(row, col0 + j)
-            if fast16(f32_bits(new[j]), r, True, bf16) != 0x10000:
+            r = bits[j + odd]
+            if not sr16_slow(f32_bits(new[j]), bf16):
                 continue
             if bf16:
                 out16[s, off + j] = round16(new[j], r, True, BF16[0], BF16[1], BF16[2], BF16[3])
@@ -225,7 +222,7 @@ def _adam_row(vals, st, g_row, params):
 
 
 @numba.njit(inline="always")
-def _state_step(vals, w16, w32, s, state, skeys, id_, col0, g_row, params, st):
+def _state_step(vals, w16, w32, s, state, skeys, id_, col0, g_row, params, st, bits):
     """Adagrad's or Adam's step of record ``s``, its state laid out as ``state`` =
     ``(sw, per, narrow_state, adam)`` says (:func:`update`): at word ``sw``, float32 words
     stepped where they lie, or (``narrow_state``) bfloat16 arrays of ``per`` words each
@@ -250,7 +247,7 @@ def _state_step(vals, w16, w32, s, state, skeys, id_, col0, g_row, params, st):
     else:
         _adagrad_row(vals, st, g_row, params)
     for a in range(arrays):
-        _store16(w16, s, st[a * dim : (a + 1) * dim], row_key(skeys[a], id_), col0, True, 2 * (sw + a * per))
+        _store16(w16, s, st[a * dim : (a + 1) * dim], bits, row_key(skeys[a], id_), col0, True, 2 * (sw + a * per))
 
 
 def update_kernels(dim: int, kind: int):
@@ -261,6 +258,7 @@ def update_kernels(dim: int, kind: int):
     if kernels is not None:
         return kernels
     state_len = 2 * dim + 1  # (Adam's m, v and step count read out of narrow state arrays)
+    bits_len = dim + 2  # (a row's random bits: _store16)
 
     @numba.njit(inline="always")
     def _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u, mean):
@@ -277,7 +275,7 @@ def update_kernels(dim: int, kind: int):
             w = _dec(src[j], lut, kind)
             g = grads[u, j] + wd * w if mode == 1.0 else grads[u, j]
             new[j] = c * w - step * g
-        _store16(w16, s, new, row_key(key, ids[u]), col0, bf16)
+        _store16(w16, s, new, local_u32(bits_len), row_key(key, ids[u]), col0, bf16)
 
     @kernel(parallel=True)
     def _rowwise16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, means):
@@ -321,7 +319,7 @@ def update_kernels(dim: int, kind: int):
                 w = _dec(w16[s, j], lut, kind)
                 g = grads[k, j] + wd * w if mode == 1.0 else grads[k, j]
                 new[j] = c * w - lr * g
-            _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
+            _store16(w16, s, new, local_u32(bits_len), row_key(key, ids[k]), col0, bf16)
 
     @kernel(parallel=True)
     def _state16(w16, w32, lut, slots, ids, grads, params, key, skeys, col0, state, bf16):
@@ -334,8 +332,9 @@ def update_kernels(dim: int, kind: int):
             st = local_f32(state_len)
             for j in range(dim):
                 new[j] = _dec(w16[s, j], lut, kind)
-            _state_step(new, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st)
-            _store16(w16, s, new, row_key(key, ids[k]), col0, bf16)
+            bits = local_u32(bits_len)
+            _state_step(new, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st, bits)
+            _store16(w16, s, new, bits, row_key(key, ids[k]), col0, bf16)
 
     kernels = {"rowwise_adagrad": _rowwise16, "sgd": _sgd16, "state": _state16}
     _UPDATE[(dim, kind)] = kernels
@@ -386,6 +385,7 @@ def update_kernels8(dim: int):
     if kernels is not None:
         return kernels
     state_len = 2 * dim + 1
+    bits_len = dim + 2  # (a narrow state's random bits: _store16)
 
     @kernel(parallel=True)
     def _rowwise8(w8, w32, slots, ids, grads, params, key, col0, sw, means):
@@ -437,7 +437,7 @@ def update_kernels8(dim: int):
             vals = local_f32(dim)
             st = local_f32(state_len)
             _load8(w8, w32, s, vals)
-            _state_step(vals, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st)
+            _state_step(vals, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st, local_u32(bits_len))
             _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
 
     kernels = {"rowwise_adagrad": _rowwise8, "sgd": _sgd8, "state": _state8}
