@@ -164,36 +164,23 @@ def round16(x, r, stochastic, emin, mbits, ebias, fmax):
 
 
 @numba.njit(inline="always")
-def fast16(b, r, stochastic, bf16):
-    """:func:`round16` on the float32's bits ``b`` where they decide alone (bfloat16: every
-    finite value; float16: its normal range, 2**-14 <= |x| < 2**16); 0x10000 elsewhere.
-    Adding ``r``'s top bits below the kept ones and truncating rounds up exactly when
-    :func:`rounds_up` does, so both paths give the same pattern."""
+def nearest16(b, bf16):
+    """:func:`round16`'s pattern, rounded to nearest, of the float32 bits ``b`` where they
+    decide alone (bfloat16: every finite value; float16: its normal range, 2**-14 <= |x| <
+    2**16); 0x10000 elsewhere."""
     sign = (b >> np.uint32(16)) & np.uint32(0x8000)
     a = b & np.uint32(0x7FFFFFFF)
     e = a >> np.uint32(23)
     if bf16:
         if e == 255:
             return np.uint32(0x10000)
-        if stochastic:
-            h = (a + (r >> np.uint32(16))) >> np.uint32(16)
-            if h >= 0x7F80:  # saturate
-                h = np.uint32(0x7F7F)
-        else:
-            h = (a + np.uint32(0x7FFF) + ((a >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-        return sign | h
+        return sign | ((a + np.uint32(0x7FFF) + ((a >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     if e < 113 or e > 142:
         return np.uint32(0x10000)
-    if stochastic:
-        t = a + (r >> np.uint32(19))
-        h = ((t >> np.uint32(23)) - np.uint32(112)) << np.uint32(10) | ((t >> np.uint32(13)) & np.uint32(0x3FF))
-        if h >= 0x7C00:
-            h = np.uint32(0x7BFF)
-    else:
-        h = ((e - np.uint32(112)) << np.uint32(10)) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
-        low = a & np.uint32(0x1FFF)
-        if low > 0x1000 or (low == 0x1000 and (h & np.uint32(1))):
-            h += np.uint32(1)
+    h = ((e - np.uint32(112)) << np.uint32(10)) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
+    low = a & np.uint32(0x1FFF)
+    if low > 0x1000 or (low == 0x1000 and (h & np.uint32(1))):
+        h += np.uint32(1)
     return sign | h
 
 
@@ -248,7 +235,7 @@ def _encode16(vals, bits, out16, slots, ids, key, col0, stochastic, bf16, generi
             elif stochastic:
                 h = np.uint32(0x10000) if sr16_slow(bits[i, j], bf16) else sr16(bits[i, j], r, bf16)
             else:
-                h = fast16(bits[i, j], r, False, bf16)
+                h = nearest16(bits[i, j], bf16)
             if h != 0x10000:
                 out16[s, j] = np.uint16(h)
             elif bf16:
