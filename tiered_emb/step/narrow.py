@@ -261,8 +261,9 @@ def update_kernels(dim: int, kind: int):
     bits_len = dim + 2  # (a row's random bits: _store16)
 
     @numba.njit(inline="always")
-    def _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u, mean):
-        """Row ``u``'s step, given its mean of the squared gradient."""
+    def _rowwise16_row(w16, w32, lut, slots, grads, params, col0, sw, bf16, u, mean, rkey):
+        """Row ``u``'s step, given its mean of the squared gradient and its rounding key
+        (:func:`~tiered_emb.precision.row_key`)."""
         lr, eps, wd, mode = params[0], params[1], params[2], params[3]
         c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
         s = slots[u]
@@ -275,7 +276,7 @@ def update_kernels(dim: int, kind: int):
             w = _dec(src[j], lut, kind)
             g = grads[u, j] + wd * w if mode == 1.0 else grads[u, j]
             new[j] = c * w - step * g
-        _store16(w16, s, new, local_u32(bits_len), row_key(key, ids[u]), col0, bf16)
+        _store16(w16, s, new, local_u32(bits_len), rkey, col0, bf16)
 
     @kernel(parallel=True)
     def _rowwise16(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, means):
@@ -293,7 +294,8 @@ def update_kernels(dim: int, kind: int):
                 accs = square_sums4(grads, u0)
                 for d in range(4):
                     mean = np.float32(accs[d] / dim)
-                    _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u0 + d, mean)
+                    rkey = row_key(key, ids[u0 + d])
+                    _rowwise16_row(w16, w32, lut, slots, grads, params, col0, sw, bf16, u0 + d, mean, rkey)
                 continue
             for u in range(u0, min(u0 + 4, k)):
                 if means.shape[0]:
@@ -305,7 +307,8 @@ def update_kernels(dim: int, kind: int):
                         g = grads[u, j] + wd * _dec(src[j], lut, kind) if mode == 1.0 else grads[u, j]
                         acc += np.float64(g) * np.float64(g)
                     mean = np.float32(acc / dim)
-                _rowwise16_row(w16, w32, lut, slots, ids, grads, params, key, col0, sw, bf16, u, mean)
+                rkey = row_key(key, ids[u])
+                _rowwise16_row(w16, w32, lut, slots, grads, params, col0, sw, bf16, u, mean, rkey)
 
     @kernel(parallel=True)
     def _sgd16(w16, lut, slots, ids, grads, params, key, col0, bf16):
