@@ -192,8 +192,8 @@ def square_sums4(grads, u0):
 
 @numba.njit(inline="always")
 def prefetch_row_hint(records, row):
-    """Prefetch every 64-byte line of ``records[row]`` (float32)."""
-    for c in range(0, records.shape[1], 16):
+    """Prefetch every 64-byte line of ``records[row]`` (the records as any 2-D view)."""
+    for c in range(0, records.shape[1], 64 // records.itemsize):
         prefetch_hint(records, (row, c))
 
 

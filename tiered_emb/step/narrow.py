@@ -28,6 +28,7 @@ from tiered_emb._jit import (
     local_u32,
     pow_by_squaring,
     prefetch_hint,
+    prefetch_row_hint,
     square_sums4,
 )
 from tiered_emb.config import weight_words
@@ -72,9 +73,7 @@ def _prefetch_ahead(words, slots, k):
     columns, rounding) is long enough that the CPU's own look-ahead does not reach the next
     rows' misses, which then cost more than the work (docs/benchmarks.md, "Kernel choices")."""
     if k + ROW_PREFETCH_DISTANCE < slots.shape[0]:
-        row = slots[k + ROW_PREFETCH_DISTANCE]
-        for c in range(0, words.shape[1], 64 // words.itemsize):
-            prefetch_hint(words, (row, c))
+        prefetch_row_hint(words, slots[k + ROW_PREFETCH_DISTANCE])
 
 
 @numba.njit(inline="always")
