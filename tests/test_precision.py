@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tiered_emb import Adagrad, Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
-from tiered_emb.precision import decode, encode, records_of, rounding_key, values_of
+from tiered_emb.precision import decode, encode, records_of, row_range, rounding_key, values_of
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.testing.reference import ReferenceStore, pool_bags
 from tiered_emb.tiers.ssd.codec import TOMBSTONE_WORD
@@ -107,6 +107,35 @@ def test_int8_error_within_the_rows_scale(key):
     bound = scale[:, None] * (0.5 if key is None else 1.0) * (1 + 1e-5) + 1e-6 * np.abs(v)
     assert (err <= bound).all()
     assert (err[0] == 0).all()
+
+
+def _range_in_order(v):
+    lo = hi = v[0]
+    for x in v[1:]:
+        lo = x if x < lo else lo
+        hi = x if x > hi else hi
+    return lo, hi
+
+
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 47, 64, 100, 128])
+def test_int8_row_range_is_the_loop_in_order_bit_for_bit(n):
+    """An int8 row's (min, max), sixteen lanes at a time, is the loop's in order: the zero of
+    the sign that comes first, a NaN passed over unless it comes first."""
+    rng = np.random.default_rng(n)
+    for case in range(64):
+        v = rng.standard_normal(n).astype(np.float32)
+        if case % 4 == 1:  # zeros of both signs, the smallest or largest values
+            v = np.abs(v) if case % 8 == 1 else -np.abs(v)
+            at = rng.choice(n, min(n, 3), replace=False)
+            v[at] = rng.choice(np.array([0.0, -0.0], np.float32), at.shape[0])
+        elif case % 4 == 2:  # NaNs, sometimes first
+            v[rng.choice(n, min(n, 2), replace=False)] = np.nan
+            if case % 8 == 2:
+                v[0] = np.nan
+        elif case % 4 == 3:  # ties away from zero
+            v = np.round(v).astype(np.float32)
+        got, want = row_range(v), _range_in_order(v)
+        assert np.array(got, np.float32).view(np.uint32).tolist() == np.array(want, np.float32).view(np.uint32).tolist()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -37,7 +37,7 @@ import math
 import numba
 import numpy as np
 
-from tiered_emb._jit import kernel
+from tiered_emb._jit import kernel, local_f32
 from tiered_emb.config import DTYPES, TableConfig, weight_words
 from tiered_emb.errors import ConfigError
 
@@ -256,6 +256,50 @@ def _decode16(in16, slots, lut, out):
             out[i, j] = lut[in16[s, j]]
 
 
+@numba.njit(inline="always")
+def row_range(vals):
+    """``(min, max)`` of ``vals`` (float32 (n,)) as the loop over them in order gives them
+    (``lo = min(lo, v)``, ``hi = max(hi, v)``: a NaN is passed over unless it comes first,
+    and of equal values the first is kept): sixteen running pairs side by side, which the
+    compiler vectorizes, where one pair is a chain of dependent compares.  The pairs give
+    the loop's answer but where it picks between a zero and a negative zero (the order
+    decides) or where a NaN begins a lane (which then passes over the lane's values, the
+    loop only that NaN): such a range is taken again in order."""
+    n = vals.shape[0]
+    lo = vals[0]
+    hi = vals[0]
+    if n >= 32:
+        los = local_f32(16)
+        his = local_f32(16)
+        for lane in range(16):
+            los[lane] = vals[lane]
+            his[lane] = vals[lane]
+        whole = n - n % 16
+        for b in range(16, whole, 16):
+            for lane in range(16):
+                v = vals[b + lane]
+                los[lane] = min(los[lane], v)
+                his[lane] = max(his[lane], v)
+        lo = los[0]
+        hi = his[0]
+        poisoned = False  # (a lane begun by a NaN kept it, and passed its other values over)
+        for lane in range(1, 16):
+            poisoned |= los[lane] != los[lane]
+            lo = min(lo, los[lane])
+            hi = max(hi, his[lane])
+        for j in range(whole, n):
+            lo = min(lo, vals[j])
+            hi = max(hi, vals[j])
+        if lo != 0.0 and hi != 0.0 and not poisoned:
+            return lo, hi
+        lo = vals[0]
+        hi = vals[0]
+    for j in range(1, n):
+        lo = min(lo, vals[j])
+        hi = max(hi, vals[j])
+    return lo, hi
+
+
 @kernel(parallel=True)
 def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
     """Quantize each row of ``vals`` (float32 (k, dim)) into ``slots``' records: scale and
@@ -263,11 +307,7 @@ def _encode8(vals, out32, out8, slots, ids, key, col0, stochastic):
     dim = vals.shape[1]
     for i in numba.prange(vals.shape[0]):
         s = slots[i] if slots.shape[0] else np.int64(i)
-        lo = vals[i, 0]
-        hi = vals[i, 0]
-        for j in range(1, dim):
-            lo = min(lo, vals[i, j])
-            hi = max(hi, vals[i, j])
+        lo, hi = row_range(vals[i])
         scale = np.float32((hi - lo) / np.float32(255.0))
         if not scale > 0.0:  # (a constant row: every code 0, the value its bias)
             scale = np.float32(1.0)

@@ -36,11 +36,11 @@ from tiered_emb.precision import (
     BF16,
     F16,
     LUT,
-    column_bits,
     pair_bits,
     round16,
     rounds_up,
     row_key,
+    row_range,
     sr16,
     sr16_slow,
     state_key,
@@ -356,25 +356,29 @@ def _load8(w8, w32, s, vals):
 
 
 @numba.njit(inline="always")
-def _store8(w8, w32, s, vals, row, col0):
+def _store8(w8, w32, s, vals, bits, row, col0):
     """Record ``s`` = the float32 values ``vals`` quantized to int8 as
     :func:`tiered_emb.precision.encode` does (scale ``(max - min) / 255``, bias the min,
-    codes rounded stochastically from ``row``'s bits), its padding zero."""
+    codes rounded stochastically from ``row``'s bits), its padding zero.  In loops the
+    compiler vectorizes, as :func:`_store16`: each column's random bits into ``bits``
+    (uint32, at least n + 2), then every code, with no branch."""
     n = vals.shape[0]
-    lo = vals[0]
-    hi = vals[0]
-    for j in range(1, n):
-        lo = min(lo, vals[j])
-        hi = max(hi, vals[j])
+    lo, hi = row_range(vals)
     scale = np.float32((hi - lo) / np.float32(255.0))
     if not scale > 0.0:
         scale = np.float32(1.0)
     w32[s, 0] = scale
     w32[s, 1] = lo
+    odd = col0 & 1
+    for p in range((n + odd + 1) >> 1):
+        x = pair_bits(row, (col0 >> 1) + p)
+        bits[2 * p] = np.uint32(x >> np.uint64(32))
+        bits[2 * p + 1] = np.uint32(x & np.uint64(0xFFFFFFFF))
+    lo64, scale64 = np.float64(lo), np.float64(scale)
     for j in range(n):
-        t = (np.float64(vals[j]) - np.float64(lo)) / np.float64(scale)
+        t = (np.float64(vals[j]) - lo64) / scale64
         fl = math.floor(t)
-        q = fl + (1.0 if rounds_up(t - fl, column_bits(row, col0 + j)) else 0.0)
+        q = fl + (1.0 if rounds_up(t - fl, bits[j + odd]) else 0.0)
         w8[s, 8 + j] = np.uint8(min(max(q, 0.0), 255.0))
     for j in range(8 + n, 8 + 4 * ((n + 3) // 4)):
         w8[s, j] = 0
@@ -387,32 +391,54 @@ def update_kernels8(dim: int):
     if kernels is not None:
         return kernels
     state_len = 2 * dim + 1
-    bits_len = dim + 2  # (a narrow state's random bits: _store16)
+    bits_len = dim + 2  # (a row's random bits, and a narrow state's: _store8, _store16)
+
+    @numba.njit(inline="always")
+    def _rowwise8_row(w8, w32, slots, grads, params, col0, sw, u, vals, mean, rkey):
+        """Row ``u``'s step, its values decoded into ``vals``, given its mean of the squared
+        gradient and its rounding key (:func:`~tiered_emb.precision.row_key`)."""
+        lr, eps, wd, mode = params[0], params[1], params[2], params[3]
+        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
+        s = slots[u]
+        st = w32[s, sw] + mean
+        w32[s, sw] = st
+        step = lr / (np.sqrt(st) + eps)
+        for j in range(dim):
+            g = grads[u, j] + wd * vals[j] if mode == 1.0 else grads[u, j]
+            vals[j] = c * vals[j] - step * g
+        _store8(w8, w32, s, vals, local_u32(bits_len), rkey, col0)
 
     @kernel(parallel=True)
     def _rowwise8(w8, w32, slots, ids, grads, params, key, col0, sw, means):
-        lr, eps, wd, mode = params[0], params[1], params[2], params[3]
-        c = np.float32(1.0) - lr * wd if mode == 2.0 else np.float32(1.0)
-        for k in numba.prange(slots.shape[0]):
-            _prefetch_ahead(w32, slots, k)
-            s = slots[k]
-            vals = local_f32(dim)
-            _load8(w8, w32, s, vals)
-            if means.shape[0]:
-                mean = means[k]
-            else:
-                acc = 0.0
-                for j in range(dim):
-                    g = grads[k, j] + wd * vals[j] if mode == 1.0 else grads[k, j]
-                    acc += np.float64(g) * np.float64(g)
-                mean = np.float32(acc / dim)
-            st = w32[s, sw] + mean
-            w32[s, sw] = st
-            step = lr / (np.sqrt(st) + eps)
-            for j in range(dim):
-                g = grads[k, j] + wd * vals[j] if mode == 1.0 else grads[k, j]
-                vals[j] = c * vals[j] - step * g
-            _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
+        """Row-wise Adagrad on int8 rows, as :func:`_rowwise16` (four rows' means side by
+        side where they need the gradients alone)."""
+        wd, mode = params[2], params[3]
+        k = slots.shape[0]
+        for q in numba.prange((k + 3) // 4):
+            u0 = 4 * q
+            for u in range(u0, min(u0 + 4, k)):
+                _prefetch_ahead(w32, slots, u)
+            if not means.shape[0] and mode != 1.0 and u0 + 4 <= k:
+                accs = square_sums4(grads, u0)
+                for d in range(4):
+                    vals = local_f32(dim)
+                    _load8(w8, w32, slots[u0 + d], vals)
+                    mean = np.float32(accs[d] / dim)
+                    rkey = row_key(key, ids[u0 + d])
+                    _rowwise8_row(w8, w32, slots, grads, params, col0, sw, u0 + d, vals, mean, rkey)
+                continue
+            for u in range(u0, min(u0 + 4, k)):
+                vals = local_f32(dim)
+                _load8(w8, w32, slots[u], vals)
+                if means.shape[0]:
+                    mean = means[u]
+                else:
+                    acc = 0.0
+                    for j in range(dim):
+                        g = grads[u, j] + wd * vals[j] if mode == 1.0 else grads[u, j]
+                        acc += np.float64(g) * np.float64(g)
+                    mean = np.float32(acc / dim)
+                _rowwise8_row(w8, w32, slots, grads, params, col0, sw, u, vals, mean, row_key(key, ids[u]))
 
     @kernel(parallel=True)
     def _sgd8(w8, w32, slots, ids, grads, params, key, col0):
@@ -426,7 +452,7 @@ def update_kernels8(dim: int):
             for j in range(dim):
                 g = grads[k, j] + wd * vals[j] if mode == 1.0 else grads[k, j]
                 vals[j] = c * vals[j] - lr * g
-            _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
+            _store8(w8, w32, s, vals, local_u32(bits_len), row_key(key, ids[k]), col0)
 
     @kernel(parallel=True)
     def _state8(w8, w32, slots, ids, grads, params, key, skeys, col0, state):
@@ -439,8 +465,9 @@ def update_kernels8(dim: int):
             vals = local_f32(dim)
             st = local_f32(state_len)
             _load8(w8, w32, s, vals)
-            _state_step(vals, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st, local_u32(bits_len))
-            _store8(w8, w32, s, vals, row_key(key, ids[k]), col0)
+            bits = local_u32(bits_len)
+            _state_step(vals, w16, w32, s, state, skeys, ids[k], col0, grads[k], params, st, bits)
+            _store8(w8, w32, s, vals, bits, row_key(key, ids[k]), col0)
 
     kernels = {"rowwise_adagrad": _rowwise8, "sgd": _sgd8, "state": _state8}
     _UPDATE8[dim] = kernels
@@ -450,29 +477,6 @@ def update_kernels8(dim: int):
 _UPDATE8: dict = {}
 _NO_MEANS = np.empty(0, dtype=np.float32)
 _NO_KEYS = np.zeros(2, dtype=np.uint64)
-
-
-@numba.njit(parallel=True, cache=True, nogil=True)
-def _square_means(grads):
-    """Each row's mean of its squared gradient (float32 of the float64 sum in column order,
-    row-wise Adagrad's), four rows side by side: each sum is a chain of dependent adds, and
-    four chains hide each other's latency."""
-    k, dim = grads.shape
-    out = np.empty(k, dtype=np.float32)
-    for q in numba.prange((k + 3) // 4):
-        u0 = 4 * q
-        if u0 + 4 <= k:
-            accs = square_sums4(grads, u0)
-            for d in range(4):
-                out[u0 + d] = np.float32(accs[d] / dim)
-        else:
-            for u in range(u0, k):
-                a = 0.0
-                for j in range(dim):
-                    g = np.float64(grads[u, j])
-                    a += g * g
-                out[u] = np.float32(a / dim)
-    return out
 
 
 def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None) -> bool:
@@ -485,12 +489,7 @@ def update(cfg, records: np.ndarray, slots, ids, grads, key: int, row_means=None
         return False
     params, k = cfg.optimizer.params(), np.uint64(key)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
-    means = _NO_MEANS
-    if name == "rowwise_adagrad":
-        if row_means is not None:
-            means = row_means
-        elif params[3] != 1.0 and cfg.dtype == "int8":  # (without L2 decay the means need the gradients alone)
-            means = _square_means(grads)
+    means = row_means if name == "rowwise_adagrad" and row_means is not None else _NO_MEANS
     sw, col0, adam = cfg.weight_words, cfg.init_column, name == "adam"
     narrow_state = cfg.state_dtype != "float32"
     per = weight_words(cfg.state_dtype, cfg.dim)
