@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tiered_emb import Adagrad, Adam, ConfigError, RowWiseAdagrad, TableConfig, TierConfig, TieredStore
-from tiered_emb.precision import decode, encode, records_of, row_range, rounding_key, values_of
+from tiered_emb.precision import decode, encode, records_of, rounding_key, row_range, values_of
 from tiered_emb.step.plan import plan_bags
 from tiered_emb.testing.reference import ReferenceStore, pool_bags
 from tiered_emb.tiers.ssd.codec import TOMBSTONE_WORD
