@@ -150,7 +150,11 @@ def init_rows_into(table: TableConfig, ids: np.ndarray, seed: int, out: np.ndarr
     records ``out`` (.., record_width): the same values, no buffer of their own."""
     if not ids.shape[0]:
         return
-    if table.dtype != "float32":
-        out[at] = init_rows(table, ids, seed)
+    at = np.ascontiguousarray(at, dtype=np.int64)
+    if table.dtype != "float32":  # (the weights drawn apart, encoded into the rows; the state zeros)
+        weights = np.empty((ids.shape[0], table.dim), np.float32)
+        _fill(table, ids, seed, weights, _NO_AT)
+        out[at, table.weight_words :] = 0
+        encode(table.dtype, weights, out, at)
         return
-    _fill(table, ids, seed, out, np.ascontiguousarray(at, dtype=np.int64))
+    _fill(table, ids, seed, out, at)
