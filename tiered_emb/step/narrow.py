@@ -77,6 +77,23 @@ def _prefetch_ahead(words, slots, k):
 
 
 @numba.njit(inline="always")
+def _quad_start(w32, slots, grads, means, mode, u0, k):
+    """The start of a quad of rows ``u0 .. u0 + 3`` (of ``k``) in a fused row-wise Adagrad
+    kernel: the rows ahead prefetched, and where the quad is whole and its means of the
+    squared gradient come from the gradients alone (none given, no L2 decay), those four
+    means, formed side by side (:func:`square_sums4`): ``(True, means)``; else ``(False,
+    zeros)``, the caller taking them row by row."""
+    for u in range(u0, min(u0 + 4, k)):
+        _prefetch_ahead(w32, slots, u)
+    if not means.shape[0] and mode != 1.0 and u0 + 4 <= k:
+        a = square_sums4(grads, u0)
+        n = grads.shape[1]
+        return True, (np.float32(a[0] / n), np.float32(a[1] / n), np.float32(a[2] / n), np.float32(a[3] / n))
+    z = np.float32(0.0)
+    return False, (z, z, z, z)
+
+
+@numba.njit(inline="always")
 def _store16(out16, s, new, bits, row, col0, bf16, off=0):
     """``out16[s, :]`` = the float32 values ``new`` (n,) rounded stochastically to 16-bit
     floats (``precision.encode``'s rule, bits of ``row``'s key), in two loops the compiler
@@ -287,14 +304,11 @@ def update_kernels(dim: int, kind: int):
         k = slots.shape[0]
         for q in numba.prange((k + 3) // 4):
             u0 = 4 * q
-            for u in range(u0, min(u0 + 4, k)):
-                _prefetch_ahead(w32, slots, u)
-            if not means.shape[0] and mode != 1.0 and u0 + 4 <= k:
-                accs = square_sums4(grads, u0)
+            fused, quad = _quad_start(w32, slots, grads, means, mode, u0, k)
+            if fused:
                 for d in range(4):
-                    mean = np.float32(accs[d] / dim)
                     rkey = row_key(key, ids[u0 + d])
-                    _rowwise16_row(w16, w32, lut, slots, grads, params, col0, sw, bf16, u0 + d, mean, rkey)
+                    _rowwise16_row(w16, w32, lut, slots, grads, params, col0, sw, bf16, u0 + d, quad[d], rkey)
                 continue
             for u in range(u0, min(u0 + 4, k)):
                 if means.shape[0]:
@@ -416,16 +430,13 @@ def update_kernels8(dim: int):
         k = slots.shape[0]
         for q in numba.prange((k + 3) // 4):
             u0 = 4 * q
-            for u in range(u0, min(u0 + 4, k)):
-                _prefetch_ahead(w32, slots, u)
-            if not means.shape[0] and mode != 1.0 and u0 + 4 <= k:
-                accs = square_sums4(grads, u0)
+            fused, quad = _quad_start(w32, slots, grads, means, mode, u0, k)
+            if fused:
                 for d in range(4):
                     vals = local_f32(dim)
                     _load8(w8, w32, slots[u0 + d], vals)
-                    mean = np.float32(accs[d] / dim)
                     rkey = row_key(key, ids[u0 + d])
-                    _rowwise8_row(w8, w32, slots, grads, params, col0, sw, u0 + d, vals, mean, rkey)
+                    _rowwise8_row(w8, w32, slots, grads, params, col0, sw, u0 + d, vals, quad[d], rkey)
                 continue
             for u in range(u0, min(u0 + 4, k)):
                 vals = local_f32(dim)
