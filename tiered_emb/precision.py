@@ -113,6 +113,20 @@ def pair_bits(row, pair):
 
 
 @numba.njit(inline="always")
+def row_bits(bits, row, col0, n):
+    """The random bits of columns ``col0 .. col0 + n - 1`` of a row (its key ``row``) into
+    ``bits`` (uint32, at least n + 2), one :func:`pair_bits` a pair of columns, the pairs
+    counted from an even column; returns the offset of column ``col0``'s bits (0 or 1).  A
+    loop the compiler vectorizes, where :func:`column_bits` hashes once a column."""
+    odd = col0 & 1
+    for p in range((n + odd + 1) >> 1):
+        x = pair_bits(row, (col0 >> 1) + p)
+        bits[2 * p] = np.uint32(x >> np.uint64(32))
+        bits[2 * p + 1] = np.uint32(x & np.uint64(0xFFFFFFFF))
+    return odd
+
+
+@numba.njit(inline="always")
 def column_bits(row, col):
     """32 random bits of (a row's key, column): its half of :func:`pair_bits`."""
     x = pair_bits(row, col >> 1)

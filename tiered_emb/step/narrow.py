@@ -36,9 +36,9 @@ from tiered_emb.precision import (
     BF16,
     F16,
     LUT,
-    pair_bits,
     round16,
     rounds_up,
+    row_bits,
     row_key,
     row_range,
     sr16,
@@ -103,11 +103,7 @@ def _store16(out16, s, new, bits, row, col0, bf16, off=0):
     infinity, a float16 below 2**-54) again by the arithmetic path.  ``off``: the 16-bit
     word the values start at (a state array's, after the weights)."""
     n = new.shape[0]
-    odd = col0 & 1
-    for p in range((n + odd + 1) >> 1):
-        x = pair_bits(row, (col0 >> 1) + p)
-        bits[2 * p] = np.uint32(x >> np.uint64(32))
-        bits[2 * p + 1] = np.uint32(x & np.uint64(0xFFFFFFFF))
+    odd = row_bits(bits, row, col0, n)
     slow = np.uint32(0)
     for j in range(n):
         b = f32_bits(new[j])
@@ -383,11 +379,7 @@ def _store8(w8, w32, s, vals, bits, row, col0):
         scale = np.float32(1.0)
     w32[s, 0] = scale
     w32[s, 1] = lo
-    odd = col0 & 1
-    for p in range((n + odd + 1) >> 1):
-        x = pair_bits(row, (col0 >> 1) + p)
-        bits[2 * p] = np.uint32(x >> np.uint64(32))
-        bits[2 * p + 1] = np.uint32(x & np.uint64(0xFFFFFFFF))
+    odd = row_bits(bits, row, col0, n)
     lo64, scale64 = np.float64(lo), np.float64(scale)
     for j in range(n):
         t = (np.float64(vals[j]) - lo64) / scale64
