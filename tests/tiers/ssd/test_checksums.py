@@ -12,7 +12,7 @@ from tiered_emb._jit import split_parts, take_rows
 from tiered_emb.errors import CorruptStoreError
 from tiered_emb.testing import flip_bit
 from tiered_emb.tiers.ssd import codec
-from tiered_emb.tiers.ssd.mapped import pack_rows, row_sum
+from tiered_emb.tiers.ssd.mapped import pack_rows, row_sum, take_checked
 from tiered_emb.tiers.ssd.segments import GATHER_SPLIT_FROM
 
 TABLES = [TableConfig("a", dim=8, optimizer=SGD(lr=0.1)), TableConfig("b", dim=4, optimizer=SGD(lr=0.1))]
@@ -170,3 +170,57 @@ def test_the_main_process_encodes_a_segment_as_the_writer_process_does(ids, widt
     assert np.array_equal(twin_ids, numpy_ids) and twin_rows.tobytes() == numpy_rows.tobytes()
     want = codec.encode_segment(ids, rows, None, 9)
     assert codec.encode_segment(ids, rows, None, 9, pack_rows).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("summed", [True, False])
+def test_take_checked_copies_as_numpy_and_names_the_first_bad_row(summed):
+    """The compaction's take: each row copied as NumPy's fancy indexing would, and the first
+    position (in order, whatever the threads) whose row fails its checksum; a version 1
+    segment (no checksum word) is copied unchecked."""
+    rng = np.random.default_rng(5)
+    n, width = 5000, 13
+    ids = np.sort(rng.choice(1 << 40, n, replace=False)).astype(np.int64)
+    words = rng.integers(0, 2**32, (n, width), dtype=np.uint32)
+    records = np.empty((n, width + 1), np.uint32)
+    pack_rows(ids, words, records)
+    if not summed:
+        records = np.ascontiguousarray(records[:, :width])
+    src = rng.choice(n, 3000, replace=False)
+    dst = rng.permutation(3000)
+    out = np.zeros((3000, width), np.uint32)
+    assert take_checked(records, src, ids, out, dst) == -1
+    want = np.zeros_like(out)
+    want[dst] = words[src]
+    np.testing.assert_array_equal(out, want)
+    records[src[[2500, 700, 1900]], [0, width - 1, 3]] ^= np.uint32(1 << 31)  # three rows damaged
+    assert take_checked(records, src, ids, out, dst) == (700 if summed else -1)
+
+
+def _twice_written(path):
+    """Table a, rows 0..ROWS written, then rows 0..ROWS/2 written again: the first copies of
+    those are stale, the rest of the first segment's rows live."""
+    tiers = TierConfig(hbm_rows=64, ddr_rows=64, device="cpu", background_writes=False)
+    rng = np.random.default_rng(9)
+    with TieredStore.create(path, TABLES[:1], tiers, seed=3) as s:
+        s.write("a", np.arange(ROWS), rng.standard_normal((ROWS, 8)).astype(np.float32))
+        s.write("a", np.arange(ROWS // 2), rng.standard_normal((ROWS // 2, 8)).astype(np.float32))
+        return s.peek("a", np.arange(ROWS))
+
+
+def test_compaction_checks_the_rows_it_keeps(tmp_path):
+    _twice_written(tmp_path / "s")
+    flip_bit(tmp_path / "s", "a", 2000)  # (its one copy: the compaction keeps it)
+    with TieredStore.open(tmp_path / "s") as s:
+        with pytest.raises(CorruptStoreError, match=r"table 'a'.*checksums: first the row of id 2000"):
+            s.engine.ssd.compact(["a"])
+        assert [f["bad_ids"] for f in s.verify()["damaged"]] == [[2000]]  # nothing rewritten
+
+
+def test_compaction_drops_a_damaged_stale_copy_unread(tmp_path):
+    rows = _twice_written(tmp_path / "s")
+    flip_bit(tmp_path / "s", "a", 10)  # (its first copy: stale, the second one is read)
+    with TieredStore.open(tmp_path / "s") as s:
+        assert [f["bad_ids"] for f in s.verify()["damaged"]] == [[10]]
+        s.engine.ssd.compact(["a"])
+        assert s.verify()["damaged"] == []  # (the segment that held it is rewritten)
+        np.testing.assert_array_equal(s.peek("a", np.arange(ROWS)), rows)

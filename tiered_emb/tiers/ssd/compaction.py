@@ -25,8 +25,9 @@ import numpy as np
 
 from tiered_emb.tiers.ssd.codec import is_tombstone, put_segment, segment_key
 from tiered_emb.tiers.ssd.context import SsdContext
+from tiered_emb.tiers.ssd.decode import checksum_error
 from tiered_emb.tiers.ssd.index import POS_BITS
-from tiered_emb.tiers.ssd.mapped import pack_rows
+from tiered_emb.tiers.ssd.mapped import pack_rows, take_checked
 from tiered_emb.tiers.ssd.segments import SegmentLog
 
 
@@ -59,6 +60,9 @@ class Compactor:
         # segment -> (mark, rows) when it was rewritten and kept rows the index does not name
         # (the checkpoint's copies of rows written since): not again until the mark moves
         self._tried: dict[int, tuple[int, int]] = {}
+        # the rows a run keeps, taken into the same memory run after run (a quarter of
+        # ``budget_bytes`` at most, or one segment): fresh pages cost more than the copy
+        self._kept = np.empty(0, dtype=np.uint32)
 
     def due(self) -> list[str]:
         """The tables whose stale copies passed the bound, in name order."""
@@ -199,17 +203,18 @@ class Compactor:
 
     def needed(self, txn, table: str, run: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(ids, rows, moved_at)``: the rows ``run`` still needs, in id order, and the
-        positions among them of those the index names (whose location moves)."""
+        positions among them of those the index names (whose location moves).  Only those
+        rows are copied out of the segments, each checked against its checksum; the stale
+        copies go unread (``tiered-emb verify`` reads every row)."""
         db = self._lmdb.pending[table]
-        parts_ids, parts_locs, parts_rows = [], [], []
-        for seq in run:
-            value = txn.get(segment_key(seq), db=db)
-            seg_ids = self._segments.ids_of(table, seq, value).astype(np.int64)
-            n = seg_ids.shape[0]
-            parts_ids.append(seg_ids)
-            parts_locs.append((np.int64(seq) << np.int64(POS_BITS)) + np.arange(n, dtype=np.int64))
-            parts_rows.append(self._segments.rows_of(table, seq, value))
-        ids, locs = np.concatenate(parts_ids), np.concatenate(parts_locs)
+        segs = [self._segments.records_of(table, seq, txn.get(segment_key(seq), db=db)) for seq in run]
+        ids = np.concatenate([seg_ids for seg_ids, _ in segs]).astype(np.int64)
+        locs = np.concatenate(
+            [
+                (np.int64(seq) << np.int64(POS_BITS)) + np.arange(s[0].shape[0], dtype=np.int64)
+                for seq, s in zip(run, segs, strict=True)
+            ]
+        )
         # each id's last copy in the run (segments in number order: the last is the newest)
         last = ids.shape[0] - 1 - np.unique(ids[::-1], return_index=True)[1]
         ids, locs = ids[last], locs[last]
@@ -219,11 +224,33 @@ class Compactor:
         # a kept checkpoint after the run reads the run's copy unless a newer one lies before its mark
         after = [m for m in self._segments.marks if m > run[0]]
         keep = named | (bool(after) & ((now >> POS_BITS) >= (after[0] if after else 0)))
-        rows = np.concatenate(parts_rows)[last]
         # (a store of the format before segments may hold an older copy in t:, read below them)
         if self.purging and run[-1] < min(self._segments.marks, default=0) and not self._lmdb.records[table]:
-            gone = named & is_tombstone(rows)  # (see purge: no older copy, no checkpoint needs it)
+            # (see purge: no older copy, no checkpoint needs it)
+            gone = named & is_tombstone(self._take(table, run, segs, last))
             if gone.any():
                 keep &= ~gone
                 self._dropped.add(table)
-        return ids[keep], np.ascontiguousarray(rows[keep]), np.flatnonzero(named[keep])
+        return ids[keep], self._take(table, run, segs, last[keep]), np.flatnonzero(named[keep])
+
+    def _take(self, table: str, run: list[int], segs: list, at: np.ndarray) -> np.ndarray:
+        """The rows (k, W) float32 at positions ``at`` of the run's records laid end to end
+        (``segs``: each segment's ``(ids, records)``), each checked against its checksum; valid
+        until the next call."""
+        width = self._widths[table]
+        if self._kept.shape[0] < at.shape[0] * width:
+            self._kept = np.empty(at.shape[0] * width, dtype=np.uint32)
+        out = self._kept[: at.shape[0] * width].reshape(at.shape[0], width)
+        starts = np.cumsum([0] + [seg_ids.shape[0] for seg_ids, _ in segs])
+        part = np.searchsorted(starts, at, side="right") - 1
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.arange(len(segs) + 1))
+        for k, (seg_ids, records) in enumerate(segs):
+            dst = order[bounds[k] : bounds[k + 1]]
+            if not dst.shape[0]:
+                continue
+            src = at[dst] - starts[k]
+            bad = take_checked(records, src, seg_ids, out, dst)
+            if bad >= 0:
+                raise checksum_error(self._lmdb.path, table, run[k], seg_ids, src[bad : bad + 1])
+        return out.view(np.float32)

@@ -1,9 +1,10 @@
 """Reading one segment of ``p:`` back, every byte checked (format: :mod:`.codec`).
 
 :func:`head` checks a segment's header and length, :func:`ids_of` its ids (increasing,
-in range, their CRC-32), :func:`rows_of` its rows (each against its checksum).  A check
-that fails raises :class:`~tiered_emb.errors.CorruptStoreError` naming the table, the
-segment, its ids and the file; :mod:`.verify` collects the same findings instead.
+in range, their CRC-32); :func:`bad_rows` checks the records :func:`records_of` gives
+against their checksums.  A check that fails raises
+:class:`~tiered_emb.errors.CorruptStoreError` naming the table, the segment, its ids and
+the file; :mod:`.verify` collects the same findings instead.
 """
 
 from __future__ import annotations
@@ -120,17 +121,4 @@ def checksum_error(path: Path, table: str, seq: int, ids: np.ndarray, bad: np.nd
     )
 
 
-def rows_of(
-    path: Path, table: str, seq: int, value, width: int, decompressor, num_rows: int | None, dtype: int = 0
-) -> np.ndarray:
-    """The rows (n, W) float32 of segment ``seq`` of ``table``, every check above passed."""
-    h = head(path, table, seq, value, width, dtype)
-    ids = ids_of(path, table, seq, value, h, num_rows)
-    records = records_of(path, table, seq, value, h, decompressor)
-    bad = bad_rows(ids, records, width)
-    if bad.shape[0]:
-        raise checksum_error(path, table, seq, ids, bad)
-    return records[:, :width].view(np.float32)
-
-
-__all__ = ["Head", "bad_rows", "checksum_error", "damaged", "head", "ids_of", "ids_sound", "records_of", "rows_of"]
+__all__ = ["Head", "bad_rows", "checksum_error", "damaged", "head", "ids_of", "ids_sound", "records_of"]

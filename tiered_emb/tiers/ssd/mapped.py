@@ -217,6 +217,31 @@ def _pack_rows(ids, words, records, weights):
         dst[width] = np.uint32(row_sum(dst, 0, width, ids[i], weights))
 
 
+@numba.njit(parallel=True, cache=True, nogil=True)  # (Numba's lowering of the reduction allocates)
+def _take_checked(records, src_at, ids, out, dst_at, width, weights):
+    n = src_at.shape[0]
+    checked = records.shape[1] > width
+    first = n
+    for i in numba.prange(n):
+        s = src_at[i]
+        src = records[s]
+        dst = out[dst_at[i]]
+        for k in range(width):
+            dst[k] = src[k]
+        if checked and np.uint32(row_sum(dst, 0, width, ids[s], weights)) != src[width]:
+            first = min(first, i)
+    return first if first < n else -1
+
+
+def take_checked(records: np.ndarray, src_at: np.ndarray, ids: np.ndarray, out: np.ndarray, dst_at: np.ndarray) -> int:
+    """``out[dst_at[i]] = records[src_at[i], :W]`` (uint32; W: ``out``'s width) for every ``i``,
+    each row checked against its checksum under ``ids[src_at[i]]`` where ``records`` carries
+    one (a word past W; a version 1 segment does not), rows side by side on Numba's threads.
+    Returns the first ``i`` whose row fails its check, or -1 (every row is copied either way)."""
+    width = out.shape[1]
+    return int(_take_checked(records, src_at, ids, out, dst_at, width, sum_weights(width)))
+
+
 def pack_rows(ids: np.ndarray, words: np.ndarray, records: np.ndarray) -> None:
     """``records[:, :W] = words`` and ``records[:, W]`` = each row's checksum under its id
     (:func:`.codec.row_sums`, by its twin :func:`row_sum`), rows side by side on Numba's
@@ -224,4 +249,4 @@ def pack_rows(ids: np.ndarray, words: np.ndarray, records: np.ndarray) -> None:
     _pack_rows(ids, words, records, sum_weights(words.shape[1]))
 
 
-__all__ = ["MappedFile", "gather", "gather_split", "pack_rows", "row_sum", "value_offset"]
+__all__ = ["MappedFile", "gather", "gather_split", "pack_rows", "row_sum", "take_checked", "value_offset"]

@@ -266,10 +266,13 @@ class SegmentLog:
             "whole, but under another number: its key is damaged, and it may be the checkpoint's; nothing was deleted",
         )
 
-    def rows_of(self, table: str, seq: int, value) -> np.ndarray:
-        """The rows (n, W) float32 of segment ``seq`` of ``table``, each checked against its checksum."""
-        args = (self._lmdb.path, table, seq, value, self._widths[table])
-        return decode.rows_of(*args, self._zd, self._table_rows[table], self.dtypes[table])
+    def records_of(self, table: str, seq: int, value) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, records)`` of segment ``seq`` of ``table``: its ids checked (:meth:`ids_of`),
+        its records (n, W + 1) uint32, each row's checksum the word past its W (n, W in a
+        version 1 segment), not checked yet: :func:`.mapped.take_checked` checks the rows it takes."""
+        h = self.head(table, seq, value)
+        ids = decode.ids_of(self._lmdb.path, table, seq, value, h, self._table_rows[table])
+        return ids, decode.records_of(self._lmdb.path, table, seq, value, h, self._zd)
 
     def read(self, table: str, ids: np.ndarray, locs: np.ndarray, out_rows: np.ndarray, at: np.ndarray) -> None:
         """Rows of ``ids`` at ``locs`` (index locations, int64) of ``p:<table>`` into
