@@ -150,7 +150,7 @@ class Compactor:
 
         with self._segments.gate.exclusive():
             try:
-                self._lmdb.write(fn)
+                self._lmdb.write(fn, buffers=True)  # (the run read, and its kept rows copied, before any write)
             except _NoGain:
                 for seq in run:
                     self._tried[seq] = (self._segments.mark, int(self._segments.nrows[seq]))

@@ -242,11 +242,12 @@ class LmdbEnv:
         the pages of their snapshot from reuse); returns how many."""
         return int(self.env.reader_check())
 
-    def write(self, fn) -> None:
-        """Run ``fn(txn)`` in one write transaction; grow the map and retry when full."""
+    def write(self, fn, buffers: bool = False) -> None:
+        """Run ``fn(txn)`` in one write transaction; grow the map and retry when full.
+        ``buffers``: values read in place (each valid until the transaction's next write)."""
         while True:
             try:
-                with self.env.begin(write=True) as txn:
+                with self.env.begin(write=True, buffers=buffers) as txn:
                     fn(txn)
                 return
             except lmdb.MapFullError:
