@@ -238,8 +238,8 @@ class Compactor:
         (``segs``: each segment's ``(ids, records)``), each checked against its checksum; valid
         until the next call."""
         width = self._widths[table]
-        if self._kept.shape[0] < at.shape[0] * width:
-            self._kept = np.empty(at.shape[0] * width, dtype=np.uint32)
+        if self._kept.shape[0] < at.shape[0] * width:  # (room for every row of the run: grown once)
+            self._kept = np.empty(sum(seg_ids.shape[0] for seg_ids, _ in segs) * width, dtype=np.uint32)
         out = self._kept[: at.shape[0] * width].reshape(at.shape[0], width)
         starts = np.cumsum([0] + [seg_ids.shape[0] for seg_ids, _ in segs])
         part = np.searchsorted(starts, at, side="right") - 1

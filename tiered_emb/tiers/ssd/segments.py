@@ -240,11 +240,6 @@ class SegmentLog:
         """The layout of segment ``seq`` of ``table``, its header and length checked."""
         return decode.head(self._lmdb.path, table, seq, value, self._widths[table], self.dtypes[table])
 
-    def ids_of(self, table: str, seq: int, value) -> np.ndarray:
-        """The ids of segment ``seq`` of ``table``, checked (a view of ``value``)."""
-        h = self.head(table, seq, value)
-        return decode.ids_of(self._lmdb.path, table, seq, value, h, self._table_rows[table])
-
     def moved_here(self, table: str, seq: int, key, value) -> bool:
         """Whether segment ``seq`` is whole but stored under another number (its header, length
         and ids are sound, the CRC of its number and ids is not): a damaged key."""
@@ -267,7 +262,7 @@ class SegmentLog:
         )
 
     def records_of(self, table: str, seq: int, value) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, records)`` of segment ``seq`` of ``table``: its ids checked (:meth:`ids_of`),
+        """``(ids, records)`` of segment ``seq`` of ``table``: its ids checked (a view of ``value``),
         its records (n, W + 1) uint32, each row's checksum the word past its W (n, W in a
         version 1 segment), not checked yet: :func:`.mapped.take_checked` checks the rows it takes."""
         h = self.head(table, seq, value)
