@@ -74,9 +74,9 @@ def compactions(store: Any) -> list[str]:
     compactor = store.engine.ssd.compactor
     real, seen = compactor.compact_run, []
 
-    def run(table: str) -> Any:
+    def run(table: str, stalest: bool = False) -> Any:
         seen.append(table)
-        return real(table)
+        return real(table, stalest)
 
     compactor.compact_run = run
     return seen

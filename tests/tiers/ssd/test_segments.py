@@ -319,6 +319,67 @@ def test_compaction_bounds_p_and_keeps_every_row(tmp_path, monkeypatch, backgrou
         _same_rows(r, ref)
 
 
+def test_copies_a_kept_checkpoint_reads_leave_compaction_due_no_longer(tmp_path, monkeypatch):
+    """Three kept checkpoints each read their own copy of every row: copies no run can free
+    before the marks move.  Once a run has found a segment so, it counts on neither side of
+    the bound, so the store stops compacting where the rest is within it (counted, the
+    stale copies kept it past the bound for good, and every write-back waited for the
+    writer to compact ever harder); every row and checkpoint reads back."""
+    monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 200)
+    tiers = TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=False, keep_checkpoints=3)
+    s = TieredStore.create(tmp_path / "s", TABLES, tiers, seed=4)
+    s.engine.ssd.writeback_rows = 32
+    ref = ReferenceStore(TABLES, seed=4)
+    ids = np.arange(300)
+    for k in range(3):  # every row of "a" written out, then kept by a checkpoint
+        _train(s, ref, 10, seed=k)
+        s.write("a", ids, s.peek("a", ids) + np.float32(0.5))
+        ref.write("a", ids, ref.lookup("a", ids) + np.float32(0.5))
+        s.checkpoint()
+    _train(s, ref, 40, seed=3)
+    ssd = s.engine.ssd
+    with s.engine.lock:
+        ssd.compact()
+    runs = ssd.compactor.runs
+    rows = ssd.table_stats("a")
+    assert rows["stored_rows"] > Compactor.COMPACT_RATIO * rows["rows"]  # (past the bound, counted whole)
+    assert ssd.compactor.due() == []
+    with s.engine.lock:
+        ssd.compactor.step()
+    assert ssd.compactor.runs == runs
+    _same_rows(s, ref)
+    s.close()
+    with TieredStore.open(tmp_path / "s") as r:
+        assert len(r.snapshots()) == 3
+        _same_rows(r, ref)
+
+
+def test_a_write_back_compacts_the_run_from_the_stalest_segment(tmp_path, monkeypatch):
+    """The run a write-back compacts begins at the segment with the smallest share of live
+    rows among those at least half stale (the fewest rows copied for the rows freed),
+    wherever the cursor of the runs in number order stands; the rows read back."""
+    monkeypatch.setattr(Compactor, "COMPACT_MIN_ROWS", 1 << 40)  # (none until asked)
+    s = TieredStore.create(
+        tmp_path / "s", TABLES, TierConfig(hbm_rows=8, ddr_rows=8, device="cpu", background_writes=False), seed=4
+    )
+    s.engine.ssd.writeback_rows = 32
+    ref = ReferenceStore(TABLES, seed=4)
+    _train(s, ref, 60)
+    seg = s.engine.ssd.segments
+    with seg.lmdb.reading() as txn, txn.cursor(db=seg.lmdb.pending["a"]) as cur:
+        seqs = [int.from_bytes(k, "big") for k in cur.iternext(keys=True, values=False)]
+    share = {q: seg.live[q] / seg.nrows[q] for q in seqs if seg.nrows[q] > 0 and 2 * seg.live[q] <= seg.nrows[q]}
+    stalest = min(share, key=lambda q: (share[q], q))
+    compactor = s.engine.ssd.compactor
+    compactor.cursor["a"] = max(seqs) + 1  # (in number order from the cursor, no run is left)
+    with s.engine.lock:
+        assert compactor.compact_run("a", stalest=True)
+    assert seg.nrows[stalest] == seg.live[stalest]  # (rewritten: its live rows alone, or gone)
+    assert compactor.cursor["a"] == max(seqs) + 1
+    _same_rows(s, ref)
+    s.close()
+
+
 def test_a_staged_read_across_a_compaction_is_discarded(tmp_path, monkeypatch):
     s = TieredStore.create(
         tmp_path / "s", TABLES, TierConfig(hbm_rows=8, device="cpu", background_writes=False), seed=4

@@ -57,26 +57,51 @@ class Compactor:
         #: run; ``"all"``, every segment below the oldest kept mark (for its tombstones)
         self.purging: str | None = None
         self._dropped: set[str] = set()  # tables whose tombstones a purge dropped
-        # segment -> (mark, rows) when it was rewritten and kept rows the index does not name
-        # (the checkpoint's copies of rows written since): not again until the mark moves
-        self._tried: dict[int, tuple[int, int]] = {}
+        # table -> {segment -> (mark, rows)}: segments that hold only rows still needed at that
+        # mark (a run that kept every row, or a run's output that kept rows the index does not
+        # name: the checkpoint's copies of rows written since); not taken again, nor counted
+        # by :meth:`due`, until the mark moves
+        self._tried: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in sorted(self._widths)}
         # the rows a run keeps, taken into the same memory run after run (a quarter of
         # ``budget_bytes`` at most, or one segment): fresh pages cost more than the copy
         self._kept = np.empty(0, dtype=np.uint32)
 
     def due(self) -> list[str]:
-        """The tables whose stale copies passed the bound, in name order."""
-        stored, index = self._segments.stored_rows, self._segments.index
-        return [
-            t
-            for t in sorted(self._widths)
-            if stored[t] >= self.COMPACT_MIN_ROWS and stored[t] > self.COMPACT_RATIO * len(index[t])
-        ]
+        """The tables whose stale copies passed the bound, in name order.  The segments that
+        hold only rows a kept checkpoint still reads (tried at this mark) count on neither
+        side: no run can shrink them before the mark moves, and counting their stale copies
+        would keep the bound passed, every write-back waiting for the writer to compact the
+        rest ever harder."""
+        seg = self._segments
+        out = []
+        for t in sorted(self._widths):
+            stored, live = seg.stored_rows[t], len(seg.index[t])
+            if stored < self.COMPACT_MIN_ROWS:
+                continue
+            held = self._held_by_mark(t)
+            if held.shape[0]:
+                stored -= int(seg.nrows[held].sum())
+                live -= int(seg.live[held].sum())
+            if stored > self.COMPACT_RATIO * live:
+                out.append(t)
+        return out
+
+    def _held_by_mark(self, table: str) -> np.ndarray:
+        """The numbers of ``table``'s segments tried at the current mark and unchanged since
+        (int64); the entries of earlier marks are dropped."""
+        seg, tried = self._segments, self._tried[table]
+        for seq in [q for q, (mark, _) in tried.items() if mark != seg.mark]:
+            del tried[seq]
+        return np.array(
+            [q for q, (_, n) in tried.items() if q < seg.nrows.shape[0] and int(seg.nrows[q]) == n > 0],
+            dtype=np.int64,
+        )
 
     def step(self) -> None:
-        """Compact one run of each table that is due (under the store's lock, no write in flight)."""
+        """Compact one run of each table that is due, the run that begins at its stalest
+        segment (under the store's lock, no write in flight)."""
         for t in self.due():
-            self.compact_run(t)
+            self.compact_run(t, stalest=True)
 
     def compact(self, tables: list[str]) -> None:
         """Compact every run of each of ``tables``, oldest first (:meth:`compact_run` until none is left)."""
@@ -106,23 +131,25 @@ class Compactor:
                     self._segments.reload(table)
             self._dropped.clear()
 
-    def compact_run(self, table: str) -> bool:
+    def compact_run(self, table: str, stalest: bool = False) -> bool:
         """Rewrite the next run of ``table`` from :attr:`cursor`; False when there was none left
-        (the cursor is back at the start).  A failure rolls back and leaves ``p:`` as it was."""
-        run = self._next_run(table)
+        (the cursor is back at the start).  With ``stalest``, the run that begins at the
+        segment worth compacting with the smallest share of live rows instead (the cursor
+        left as it is): the fewest rows copied for the rows freed.  A failure rolls back and
+        leaves ``p:`` as it was."""
+        start = self._stalest(table) if stalest else self.cursor[table]
+        run = self._next_run(table, start) if start is not None else []
+        if not stalest:
+            self.cursor[table] = run[-1] + 1 if run else 0
         if not run:
-            self.cursor[table] = 0
             return False
-        self.cursor[table] = run[-1] + 1
         old_rows = self._segments.nrows_of(run)
         moved: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
         out: list = []
 
         def fn(txn):
             nonlocal moved, out
-            ids, rows, moved_at = self.needed(txn, table, run)
-            if ids.shape[0] == old_rows:
-                raise _NoGain  # (rolled back: nothing to reclaim)
+            ids, rows, moved_at = self.needed(txn, table, run)  # (raises _NoGain: nothing to reclaim)
             # (segments written under another setting may be larger than this one's: the
             # run's numbers must hold what it keeps)
             step = max(self._segments.rows_per_segment(table), -(-ids.shape[0] // len(run)))
@@ -153,7 +180,7 @@ class Compactor:
                 self._lmdb.write(fn, buffers=True)  # (the run read, and its kept rows copied, before any write)
             except _NoGain:
                 for seq in run:
-                    self._tried[seq] = (self._segments.mark, int(self._segments.nrows[seq]))
+                    self._tried[table][seq] = (self._segments.mark, int(self._segments.nrows[seq]))
                 return True
             with self._lock:  # first: a failed locate below leaves reads going through LMDB
                 self._segments.replaced(table, run, old_rows, out, moved)
@@ -161,11 +188,11 @@ class Compactor:
             self._segments.locate(out)
         for _, seq, seg_ids, _ in out:
             if self._segments.live[seq] < seg_ids.shape[0]:
-                self._tried[seq] = (self._segments.mark, seg_ids.shape[0])
+                self._tried[table][seq] = (self._segments.mark, seg_ids.shape[0])
         self.runs += 1
         return True
 
-    def _worth(self, seq: int) -> bool:
+    def _worth(self, table: str, seq: int) -> bool:
         """Whether segment ``seq`` is at least half stale copies (and was not rewritten at this
         mark already, keeping copies only a reopening at the checkpoint reads)."""
         seg = self._segments
@@ -174,22 +201,38 @@ class Compactor:
             worth = seq < min(seg.marks, default=0)
         else:
             worth = int(seg.live[seq]) < n if self.purging else 2 * int(seg.live[seq]) <= n
-        return n > 0 and worth and self._tried.get(seq) != (seg.mark, n)
+        return n > 0 and worth and self._tried[table].get(seq) != (seg.mark, n)
 
-    def _next_run(self, table: str) -> list[int]:
-        """The numbers of the segments of the run from :attr:`cursor`: the first segment worth
-        compacting, and those right after it that are too, on its side of the mark, their rows
-        within a quarter of the budget."""
+    def _stalest(self, table: str) -> int | None:
+        """The number of ``table``'s segment worth compacting (:meth:`_worth`) whose rows are
+        the fewest live for their count, the lowest number on a tie; None when none is."""
+        seg = self._segments
+        with self._lmdb.reading() as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
+            if not cur.first():
+                return None
+            seqs = np.array([int.from_bytes(k, "big") for k in cur.iternext(keys=True, values=False)], dtype=np.int64)
+        seqs = seqs[seqs < seg.nrows.shape[0]]
+        n, live = seg.nrows[seqs], seg.live[seqs]
+        worth = (n > 0) & (2 * live <= n) & ~np.isin(seqs, self._held_by_mark(table))
+        if self.purging or not worth.any():  # (a purge takes its runs in order, from the cursor)
+            return None
+        share = np.where(worth, live / np.maximum(n, 1), np.inf)
+        return int(seqs[int(np.argmin(share))])
+
+    def _next_run(self, table: str, start: int) -> list[int]:
+        """The numbers of the segments of the run from segment ``start`` on: the first segment
+        worth compacting, and those right after it that are too, on its side of the mark,
+        their rows within a quarter of the budget."""
         marks, width = self._segments.marks, self._widths[table]
         row_bytes = 8 + 4 * (width + 1)  # (its id, its words and their checksum)
         run: list[int] = []
         total = 0
         with self._lmdb.reading() as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
-            if not cur.set_range(segment_key(self.cursor[table])):
+            if not cur.set_range(segment_key(start)):
                 return run
             for key in cur.iternext(keys=True, values=False):
                 seq = int.from_bytes(key, "big")
-                if not self._worth(seq):
+                if not self._worth(table, seq):
                     if run:
                         break
                     continue
@@ -205,7 +248,8 @@ class Compactor:
         """``(ids, rows, moved_at)``: the rows ``run`` still needs, in id order, and the
         positions among them of those the index names (whose location moves).  Only those
         rows are copied out of the segments, each checked against its checksum; the stale
-        copies go unread (``tiered-emb verify`` reads every row)."""
+        copies go unread (``tiered-emb verify`` reads every row).  Raises ``_NoGain``, before
+        any row is copied, when the run needs every row it holds."""
         db = self._lmdb.pending[table]
         segs = [self._segments.records_of(table, seq, txn.get(segment_key(seq), db=db)) for seq in run]
         ids = np.concatenate([seg_ids for seg_ids, _ in segs]).astype(np.int64)
@@ -215,6 +259,7 @@ class Compactor:
                 for seq, s in zip(run, segs, strict=True)
             ]
         )
+        locs_all = locs.shape[0]
         # each id's last copy in the run (segments in number order: the last is the newest)
         last = ids.shape[0] - 1 - np.unique(ids[::-1], return_index=True)[1]
         ids, locs = ids[last], locs[last]
@@ -231,6 +276,8 @@ class Compactor:
             if gone.any():
                 keep &= ~gone
                 self._dropped.add(table)
+        if keep.all() and keep.shape[0] == locs_all:
+            raise _NoGain  # (before any row is copied)
         return ids[keep], self._take(table, run, segs, last[keep]), np.flatnonzero(named[keep])
 
     def _take(self, table: str, run: list[int], segs: list, at: np.ndarray) -> np.ndarray:
