@@ -24,7 +24,11 @@ step; the rest of the step (plan, gather, reduce, update, torch) is the mean ste
 those parts (the plot).  Beside them, in the same run: a ``memcpy`` of the bytes the step
 moved between tiers (one contiguous copy) and a gather-copy of as many rows of the
 table's width at random (``numpy.take``).  The headline: the tiered step's
-overhead over resident, in units of that memcpy and of that gather.
+overhead over resident, in units of that memcpy and of that gather.  After the timed
+steps, the copies LMDB's segments hold against the live rows (compaction's bound: twice
+the live rows, plus the copies the fill's checkpoint still reads); compaction is due
+only after ~40 steps of the LMDB case, so its long-run cost needs ``--steps`` of a few
+hundred (``--configs lmdb --steps 1000``).
 
 Command (figures in docs/benchmarks.md, plot in docs/img/tiers.png)::
 
@@ -207,6 +211,9 @@ def _summary(args, hbm_rows: int, ddr_rows: int, before: dict, after: dict, time
         "hbm_evictions": delta["evictions"],
         "ssd_reads": delta["hits"],
         "ssd_writebacks": delta["writebacks"],
+        # after the timed steps: every copy LMDB's segments hold (stale ones too), and the live rows
+        "ssd_stored_rows": after["ssd"]["stored_rows"],
+        "ssd_live_rows": after["ssd"]["rows"],
     }
 
 
@@ -442,6 +449,8 @@ def main(argv=None) -> dict:
             if m["seconds"]:
                 ms, mb = 1e3 * m["seconds"], m["bytes"] / 1e6
                 print(f"    {part:<12} {ms:>7.2f} ms {m['rows']:>9.0f} rows {mb:>7.2f} MB")
+        if c["ssd_stored_rows"]:
+            print(f"    LMDB holds {c['ssd_stored_rows']:,} copies of {c['ssd_live_rows']:,} live rows")
     if free is not None:
         print(f"{'cache-free':<10} {1e3 * free['step_median_s']:>8.1f}  (torch, no cache: the table in host memory)")
         for name in ("ddr", "lmdb"):
