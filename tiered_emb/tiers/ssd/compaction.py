@@ -210,7 +210,7 @@ class Compactor:
         with self._lmdb.reading() as txn, txn.cursor(db=self._lmdb.pending[table]) as cur:
             if not cur.first():
                 return None
-            seqs = np.array([int.from_bytes(k, "big") for k in cur.iternext(keys=True, values=False)], dtype=np.int64)
+            seqs = np.frombuffer(b"".join(cur.iternext(keys=True, values=False)), dtype=">u8").astype(np.int64)
         seqs = seqs[seqs < seg.nrows.shape[0]]
         n, live = seg.nrows[seqs], seg.live[seqs]
         worth = (n > 0) & (2 * live <= n) & ~np.isin(seqs, self._held_by_mark(table))
