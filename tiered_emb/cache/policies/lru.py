@@ -38,9 +38,10 @@ def _lru_compact(P):
     P[TAIL] = w
 
 
-@numba.njit(inline="never")
+@numba.njit(inline="always")
 def lru_attach(P, slot):
-    """Make ``slot`` the most recently used candidate."""
+    """Make ``slot`` the most recently used candidate (inlined by Numba, not left to LLVM:
+    LLVM 22 (llvmlite 0.50, Numba 0.68) keeps it a call of its own in the tier kernels)."""
     if P[TAIL] == P[RING_LEN]:
         _lru_compact(P)
     gi = P[GEN] + slot
